@@ -1,0 +1,92 @@
+"""The engine's entry points: pick a method, borrow the model, return per-example norms."""
+from __future__ import annotations
+
+import weakref
+from typing import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .errors import UnsupportedModel
+from .params import select_params
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (logits, targets) -> [B]
+
+
+def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits, targets, reduction="none")
+
+
+def _method_table():
+    from .ghost import ghost_norms
+    from .loop import loop_norms
+    from .replicate import replicate_norms
+    from .vmap import vmap_norms
+    return {"loop": loop_norms, "replicate": replicate_norms, "vmap": vmap_norms, "ghost": ghost_norms}
+
+
+METHODS = ("auto", "ghost", "replicate", "vmap", "loop")
+AUTO_ORDER = ("ghost", "vmap", "loop")  # fastest exact first; loop always works
+
+# model -> {(params key, loss_fn): (method, reason)}: what `auto` settled on, so later batches
+# do not retry methods that failed on this model.
+_auto_choice: "weakref.WeakKeyDictionary[nn.Module, dict]" = weakref.WeakKeyDictionary()
+
+
+def per_example_grad_norms(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, *,
+                           params: Sequence[str] | str | None = None, method: str = "auto",
+                           loss_fn: LossFn | None = None) -> torch.Tensor:
+    """L2 norm of the gradient of each example's own loss w.r.t. the selected parameters -> [B]."""
+    norms, _ = grad_norms_per_target(model, inputs, [targets], params=params, method=method,
+                                     loss_fn=loss_fn)
+    return norms[0]
+
+
+def grad_norms_per_target(model: nn.Module, inputs: torch.Tensor, target_sets: Sequence[torch.Tensor],
+                          *, params=None, method: str = "auto", loss_fn: LossFn | None = None):
+    """Norms for several target sets from one forward pass -> ([K, B] norms, [B, C] logits).
+
+    Used for expected gradient length, where target set k is "every example labelled class k".
+    The norms come back in the model's dtype; the logits are detached.
+    """
+    if method not in METHODS:
+        raise ValueError(f"unknown method '{method}'; choose one of {', '.join(METHODS)}")
+    loss_fn = loss_fn or cross_entropy
+    selection = select_params(model, params)
+    from .state import borrowed
+
+    table = _method_table()
+    if method != "auto":
+        with borrowed(model, selection.params):
+            norms, logits = table[method](model, inputs, list(target_sets), selection, loss_fn)
+        return norms.to(_dtype(model, inputs)), logits.detach()
+
+    key = (tuple(selection.names), id(loss_fn))
+    known = _auto_choice.setdefault(model, {})
+    order = [known[key][0]] if key in known else AUTO_ORDER
+    failures = []
+    for name in order:
+        try:
+            with borrowed(model, selection.params):
+                norms, logits = table[name](model, inputs, list(target_sets), selection, loss_fn)
+        except UnsupportedModel as err:
+            failures.append(f"{name}: {err}")
+            continue
+        reason = "; ".join(failures) if failures else "every selected module has an exact rule"
+        known[key] = (name, reason)
+        return norms.to(_dtype(model, inputs)), logits.detach()
+    raise UnsupportedModel("no method can serve this model: " + "; ".join(failures))
+
+
+def auto_choice(model: nn.Module, params=None, loss_fn: LossFn | None = None):
+    """(method, reason) that `auto` settled on for this model, or None before its first call."""
+    selection = select_params(model, params)
+    return _auto_choice.get(model, {}).get((tuple(selection.names), id(loss_fn or cross_entropy)))
+
+
+def _dtype(model: nn.Module, inputs: torch.Tensor) -> torch.dtype:
+    for p in model.parameters():
+        if p.is_floating_point():
+            return p.dtype
+    return inputs.dtype if inputs.is_floating_point() else torch.get_default_dtype()

@@ -1,0 +1,23 @@
+"""The oracle: one forward and backward per example (the seed's method 1)."""
+from __future__ import annotations
+
+import torch
+
+from .params import Selection
+
+
+def loop_norms(model, inputs, target_sets, selection: Selection, loss_fn):
+    """-> [K, B] norms, one row per target set, and the batched logits [B, C]."""
+    batch = inputs.shape[0]
+    norms = torch.empty(len(target_sets), batch, dtype=torch.float64)
+    for i in range(batch):
+        logits_i = model(inputs[i:i + 1])
+        for k, targets in enumerate(target_sets):
+            loss = loss_fn(logits_i, targets[i:i + 1]).sum()
+            grads = torch.autograd.grad(loss, selection.params, retain_graph=k + 1 < len(target_sets),
+                                        allow_unused=True)
+            sq = sum(g.double().pow(2).sum() for g in grads if g is not None)
+            norms[k, i] = torch.as_tensor(sq).sqrt()
+    with torch.no_grad():
+        logits = model(inputs)
+    return norms, logits
