@@ -1,6 +1,220 @@
-"""Placeholder until implemented."""
+"""Ghost norms: one batched forward and one backward that stops at the selected layers' outputs.
+
+1. Forward hooks on every module that owns (or whose rule claims) a selected parameter record its
+   inputs and add a zero "tap" to its output: out + Z with Z a stride-0 zero leaf. dL/dZ is the
+   loss gradient at the output as the module produced it, even if later code modifies the output
+   in place, and the backward never runs past the earliest tap.
+2. One `torch.autograd.grad(sum of losses, taps)`: row i is example i's own output gradient.
+3. Each layer rule turns (inputs, output gradient) into per-example squared norms, or per-example
+   gradients for parameters used more than once (calls add before the norm; cross terms count).
+"""
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
+
 from .errors import UnsupportedModel
+from .params import Selection
+from .rules import rule_for
+from .uses import UseWatch
 
 
-def ghost_norms(model, inputs, target_sets, selection, loss_fn):
-    raise UnsupportedModel("method 'ghost' is not implemented yet")
+@dataclass
+class Call:
+    """What one call of a module left behind for its rule."""
+    args: tuple
+    kwargs: dict
+    batch: int
+    taps: list = field(default_factory=list)        # stride-0 zero leaves, one per float output
+    out_spec: object = None                          # pytree spec of the output
+    tapped: list = field(default_factory=list)       # per output leaf: does it carry a tap
+    versions: list = field(default_factory=list)     # input tensors' version counters at capture
+    grad_out: object = None
+    cache: dict = field(default_factory=dict)
+
+
+@dataclass
+class Plan:
+    """Which modules are hooked and which parameter paths each rule must cover."""
+    modules: dict    # module name -> module
+    rules: dict      # module name -> (rule name, rule)
+    paths: dict      # module name -> {param path within module: parameter}
+
+
+def make_plan(model, selection: Selection) -> Plan:
+    modules = dict(model.named_modules(remove_duplicate=False))
+    claimed_children: set[str] = set()
+    plan = Plan({}, {}, {})
+    for name, module in modules.items():
+        rule_name, rule, claims = rule_for(module)
+        for child in claims:
+            claimed_children.add(f"{name}.{child}" if name else child)
+    selected = {id(p) for p in selection.params}
+    for name, module in modules.items():
+        if name in claimed_children:
+            continue
+        rule_name, rule, claims = rule_for(module)
+        paths = {attr: p for attr, p in module.named_parameters(recurse=False) if id(p) in selected}
+        for child in claims:
+            sub = getattr(module, child, None)
+            if sub is not None:
+                for attr, p in sub.named_parameters(recurse=False):
+                    if id(p) in selected:
+                        paths[f"{child}.{attr}"] = p
+        if paths:
+            plan.modules[name] = module
+            plan.rules[name] = (rule_name, rule)
+            plan.paths[name] = paths
+    return plan
+
+
+def describe(model, selection: Selection) -> list[tuple[str, str, str, int]]:
+    """[(module name, module type, rule name, selected parameter count)] for `alcli inspect`."""
+    plan = make_plan(model, selection)
+    return [(name, type(plan.modules[name]).__name__, plan.rules[name][0],
+             sum(p.numel() for p in plan.paths[name].values())) for name in plan.modules]
+
+
+# model -> selection names already checked for parameters used outside their modules
+_verified: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def ghost_norms(model, inputs, target_sets, selection: Selection, loss_fn):
+    """-> [K, B] norms and [B, C] logits."""
+    plan = make_plan(model, selection)
+    batch = inputs.shape[0]
+    calls: dict[str, list[Call]] = {name: [] for name in plan.modules}
+    capturing = [True]
+    stack: list[str] = []
+    handles = []
+
+    def pre_hook(name):
+        def hook(module, args, kwargs):
+            stack.append(name)
+        return hook
+
+    def post_hook(name):
+        def hook(module, args, kwargs, output):
+            stack.pop()
+            if not capturing[0]:
+                return None
+            call = Call(tuple(args), dict(kwargs), batch)
+            call.versions = [(t, t._version) for t in tree_flatten((args, kwargs))[0]
+                             if isinstance(t, torch.Tensor)]
+            leaves, call.out_spec = tree_flatten(output)
+            tapped = []
+            for leaf in leaves:
+                if isinstance(leaf, torch.Tensor) and leaf.is_floating_point():
+                    tap = torch.zeros((), dtype=leaf.dtype, device=leaf.device).expand(leaf.shape)
+                    tap.requires_grad_()
+                    call.taps.append(tap)
+                    tapped.append(leaf + tap)
+                    call.tapped.append(True)
+                else:
+                    tapped.append(leaf)
+                    call.tapped.append(False)
+            calls[name].append(call)
+            return tree_unflatten(tapped, call.out_spec)
+        return hook
+
+    key = tuple(selection.names)
+    verify = key not in _verified.get(model, set())
+    try:
+        for name, module in plan.modules.items():
+            handles.append(module.register_forward_pre_hook(pre_hook(name), with_kwargs=True))
+            handles.append(module.register_forward_hook(post_hook(name), with_kwargs=True))
+        if verify:
+            with UseWatch(_covering_modules(plan), stack):
+                logits = model(inputs)
+            _verified.setdefault(model, set()).add(key)
+        else:
+            logits = model(inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    capturing[0] = False
+
+    _check_unmodified(calls)
+    all_taps = [tap for name in calls for call in calls[name] for tap in call.taps]
+    uses = _count_uses(plan, calls)
+    rows = []
+    for k, targets in enumerate(target_sets):
+        loss = loss_fn(logits, targets).sum()
+        tap_grads = torch.autograd.grad(loss, all_taps, retain_graph=k + 1 < len(target_sets),
+                                        allow_unused=True)
+        _attach_grads(calls, tap_grads)
+        rows.append(_combine(plan, calls, uses, batch))
+    return torch.stack(rows), logits
+
+
+def _covering_modules(plan: Plan) -> dict:
+    """parameter id -> (its name, names of the hooked modules whose rules cover it)"""
+    covered: dict[int, tuple[str, set]] = {}
+    for name, paths in plan.paths.items():
+        for path, p in paths.items():
+            label = f"{name}.{path}" if name else path
+            covered.setdefault(id(p), (label, set()))[1].add(name)
+    return covered
+
+
+def _check_unmodified(calls):
+    for name, module_calls in calls.items():
+        for call in module_calls:
+            for tensor, version in call.versions:
+                if tensor._version != version:
+                    raise UnsupportedModel(f"the input of module '{name}' is modified in place after "
+                                           "the module ran")
+
+
+def _count_uses(plan: Plan, calls) -> dict[int, int]:
+    uses: dict[int, int] = {}
+    for name, paths in plan.paths.items():
+        for p in paths.values():
+            uses[id(p)] = uses.get(id(p), 0) + len(calls[name])
+    return uses
+
+
+def _attach_grads(calls, tap_grads):
+    """Give every call its output gradient, shaped like its output (None for untapped leaves)."""
+    grads = iter(tap_grads)
+    for module_calls in calls.values():
+        for call in module_calls:
+            taps = iter(call.taps)
+            leaves = []
+            for has_tap in call.tapped:
+                if not has_tap:
+                    leaves.append(None)
+                    continue
+                tap, g = next(taps), next(grads)
+                leaves.append(torch.zeros(tap.shape, dtype=tap.dtype, device=tap.device) if g is None else g)
+            call.grad_out = tree_unflatten(leaves, call.out_spec)
+
+
+def _combine(plan: Plan, calls, uses, batch) -> torch.Tensor:
+    """Sum per-parameter squared norms; gradients of parameters used more than once add first."""
+    sq = None
+    summed_grads: dict[int, torch.Tensor] = {}
+    for name, module_calls in calls.items():
+        module = plan.modules[name]
+        rule_name, rule = plan.rules[name]
+        wanted = {path: uses[id(p)] > 1 for path, p in plan.paths[name].items()}
+        for call in module_calls:
+            try:
+                result = rule(module, call, wanted)
+            except UnsupportedModel as err:
+                raise UnsupportedModel(f"module '{name}' ({type(module).__name__}): {err}") from err
+            for path, value in result.items():
+                p = plan.paths[name][path]
+                if wanted[path]:
+                    summed_grads[id(p)] = summed_grads[id(p)] + value if id(p) in summed_grads else value
+                else:
+                    sq = value.double() if sq is None else sq + value.double()
+    for g in summed_grads.values():
+        part = g.flatten(1).double().pow(2).sum(1)
+        sq = part if sq is None else sq + part
+    if sq is None:  # selected parameters that the forward never used
+        return torch.zeros(batch, dtype=torch.float64)
+    return sq.clamp_min(0).sqrt()

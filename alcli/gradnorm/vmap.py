@@ -1,6 +1,42 @@
-"""Placeholder until implemented."""
+"""torch.func: per-example gradients by vmap(grad(loss of one example)), in bounded chunks."""
+from __future__ import annotations
+
+import torch
+from torch.func import functional_call, grad, vmap
+
 from .errors import UnsupportedModel
+from .params import Selection
+
+CHUNK_ELEMENTS = 1 << 25  # per-example gradients held at once (~128 MB in float32)
 
 
-def vmap_norms(model, inputs, target_sets, selection, loss_fn):
-    raise UnsupportedModel("method 'vmap' is not implemented yet")
+def vmap_norms(model, inputs, target_sets, selection: Selection, loss_fn):
+    """-> [K, B] norms and [B, C] logits."""
+    batch = inputs.shape[0]
+    params = {name: p.detach() for name, p in zip(selection.names, selection.params)}
+    numel = sum(p.numel() for p in params.values())
+    chunk = max(1, min(batch, CHUNK_ELEMENTS // max(numel, 1)))
+
+    def loss_of_one(p, x, t):
+        logits = functional_call(model, p, (x.unsqueeze(0),))
+        return loss_fn(logits, t.unsqueeze(0)).sum(), logits.squeeze(0)
+
+    per_example = vmap(grad(loss_of_one, has_aux=True), in_dims=(None, 0, 0))
+    rows, logits_parts = [], []
+    try:
+        for targets in target_sets:
+            sq_parts = []
+            for start in range(0, batch, chunk):
+                grads, logits = per_example(params, inputs[start:start + chunk], targets[start:start + chunk])
+                sq_parts.append(sum(g.flatten(1).double().pow(2).sum(1) for g in grads.values()))
+                if len(rows) == 0:
+                    logits_parts.append(logits)
+            rows.append(torch.cat(sq_parts).sqrt())
+    except (RuntimeError, NotImplementedError, TypeError) as err:
+        raise UnsupportedModel(f"torch.func cannot vmap this model's forward ({_first_line(err)})") from err
+    return torch.stack(rows), torch.cat(logits_parts)
+
+
+def _first_line(err: Exception) -> str:
+    text = str(err).strip().splitlines()
+    return text[0][:200] if text else type(err).__name__

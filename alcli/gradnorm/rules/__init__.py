@@ -1,0 +1,76 @@
+"""Layer rules: one file per layer family, each registered for its module types.
+
+A rule has one signature:
+
+    rule(module, call, wanted) -> {param_path: tensor}
+
+`call` holds what the ghost pass captured for one call of `module`: `call.args`, `call.kwargs`
+(its inputs), `call.grad_out` (d(sum of losses)/d(output), same pytree as the output; row i is
+example i's own output gradient because examples do not interact in eval mode) and `call.cache`
+(a dict the rule may fill to reuse work across target sets). `wanted` maps each selected
+parameter path (`"weight"`, `"out_proj.bias"`) to True when the per-example gradient
+[B, *shape] is needed (the parameter is used more than once and the uses add before the norm),
+False when its per-example squared norm [B] is enough.
+
+A rule that cannot serve a particular call raises `UnsupportedModel` with the reason.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from torch import nn
+
+Rule = Callable[..., dict]
+
+# module type -> (rule, children whose parameters the rule also covers)
+RULES: dict[type, tuple[Rule, tuple[str, ...]]] = {}
+
+
+def register(*types: type, claims_children: tuple[str, ...] = ()):
+    def wrap(rule: Rule) -> Rule:
+        for module_type in types:
+            RULES[module_type] = (rule, claims_children)
+        return rule
+    return wrap
+
+
+def rule_for(module: nn.Module) -> tuple[str, Rule, tuple[str, ...]]:
+    """(name, rule, claimed children) for a module; the exact generic rule when none is registered.
+
+    A registered rule serves subclasses only when they keep the registered type's forward.
+    """
+    from . import attention, conv, embedding, linear, norm  # noqa: F401  (fill the registry)
+    from .generic import generic_rule
+
+    for module_type in type(module).__mro__:
+        if module_type in RULES:
+            if type(module).forward is module_type.forward:
+                rule, claims = RULES[module_type]
+                return rule.__module__.rsplit(".", 1)[-1], rule, claims
+            break
+    return "generic", generic_rule, ()
+
+
+def flat_batch(t):
+    """[B, *, d] -> [B, T, d] (T = product of the middle dims, 1 for 2-D input)."""
+    return t.reshape(t.shape[0], -1, t.shape[-1])
+
+
+def sq_norm_of_product(a, g, cache: dict | None = None, key: str = ""):
+    """Per-example ||G_i^T A_i||_F^2 for A [B, T, k], G [B, T, o] -> [B].
+
+    T == 1: ||g||^2 ||a||^2 (Goodfellow 2015). Otherwise the Gram form
+    <A_i A_i^T, G_i G_i^T> when T^2 <= k*o, else the materialised [B, o, k] product.
+    """
+    batch, steps, k = a.shape
+    o = g.shape[-1]
+    if steps == 1:
+        return a.pow(2).sum((1, 2)) * g.pow(2).sum((1, 2))
+    if steps * steps <= k * o:
+        gram_a = None if cache is None else cache.get(key)
+        if gram_a is None:
+            gram_a = a @ a.transpose(1, 2)  # [B, T, T]
+            if cache is not None:
+                cache[key] = gram_a
+        return (gram_a * (g @ g.transpose(1, 2))).sum((1, 2))
+    return (g.transpose(1, 2) @ a).pow(2).sum((1, 2))

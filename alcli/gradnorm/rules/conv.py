@@ -1,0 +1,63 @@
+"""nn.Conv1d/2d/3d (stride, padding incl. 'same' and non-zero modes, dilation, groups).
+
+A convolution is a Linear applied at every output position t to the unfolded input patch:
+W grad_i = sum_t g_it a_it^T per group, with a_it the (C_in/groups * prod(kernel)) patch.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import UnsupportedModel
+from . import register
+
+
+def unfold_patches(module, x):
+    """x [B, C_in, *S] -> patches [B, groups, T, C_in/groups * K], ordered like weight.flatten(1)."""
+    mode = "constant" if module.padding_mode == "zeros" else module.padding_mode
+    x = F.pad(x, module._reversed_padding_repeated_twice, mode=mode)
+    spatial = len(module.kernel_size)
+    for d in range(spatial):
+        k, s, dil = module.kernel_size[d], module.stride[d], module.dilation[d]
+        x = x.unfold(2 + d, dil * (k - 1) + 1, s)  # appends a window dim
+        if dil > 1:
+            x = x[..., ::dil]
+    batch, channels = x.shape[:2]
+    out_shape = x.shape[2:2 + spatial]
+    # [B, C, O..., k...] -> [B, O..., C, k...] -> [B, groups, T, C/groups * K]
+    perm = [0, *range(2, 2 + spatial), 1, *range(2 + spatial, 2 + 2 * spatial)]
+    x = x.permute(perm).reshape(batch, out_shape.numel(), module.groups, -1)
+    return x.transpose(1, 2)
+
+
+@register(nn.Conv1d, nn.Conv2d, nn.Conv3d)
+def conv_rule(module, call, wanted):
+    x = call.args[0]
+    if x.dim() != len(module.kernel_size) + 2:
+        raise UnsupportedModel("unbatched convolution input")
+    g = call.grad_out
+    batch, c_out = g.shape[:2]
+    groups = module.groups
+    g = g.reshape(batch, groups, c_out // groups, -1).transpose(2, 3)  # [B, groups, T, C_out/groups]
+    out = {}
+    if "weight" in wanted:
+        a = call.cache.get("patches")
+        if a is None:
+            a = call.cache["patches"] = unfold_patches(module, x)  # [B, groups, T, k]
+        steps, k = a.shape[2], a.shape[3]
+        o = g.shape[3]
+        if wanted["weight"]:
+            out["weight"] = (g.transpose(2, 3) @ a).reshape(batch, *module.weight.shape)
+        elif steps * steps <= k * o:
+            # Gram form: <A A^T, G G^T> per group, [B, groups, T, T]
+            gram_a = call.cache.get("gram")
+            if gram_a is None:
+                gram_a = call.cache["gram"] = a @ a.transpose(2, 3)
+            out["weight"] = (gram_a * (g @ g.transpose(2, 3))).sum((1, 2, 3))
+        else:
+            out["weight"] = (g.transpose(2, 3) @ a).pow(2).sum((1, 2, 3))
+    if "bias" in wanted:
+        bias_grad = g.sum(2).reshape(batch, c_out)
+        out["bias"] = bias_grad if wanted["bias"] else bias_grad.pow(2).sum(1)
+    return out

@@ -1,0 +1,36 @@
+"""nn.Embedding: example i's gradient puts sum_{t: idx_t = v} g_t into row v.
+
+Squared norm without materialising [V, D]: sum_{t,s} [idx_t == idx_s] <g_t, g_s>.
+Positions holding padding_idx receive no gradient.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..errors import UnsupportedModel
+from . import register
+
+
+@register(nn.Embedding)
+def embedding_rule(module, call, wanted):
+    if module.scale_grad_by_freq:
+        raise UnsupportedModel("scale_grad_by_freq scales by counts over the whole batch")
+    if module.max_norm is not None:
+        raise UnsupportedModel("max_norm renormalises the weight in place during forward")
+    idx = call.args[0]
+    batch = idx.shape[0]
+    idx = idx.reshape(batch, -1)                            # [B, T]
+    g = call.grad_out.reshape(batch, idx.shape[1], -1)      # [B, T, D]
+    if module.padding_idx is not None:
+        g = g * (idx != module.padding_idx).unsqueeze(-1).to(g.dtype)
+    if "weight" not in wanted:
+        return {}
+    if wanted["weight"]:
+        rows = module.num_embeddings
+        flat = (idx + rows * torch.arange(batch, device=idx.device).unsqueeze(1)).flatten()
+        grad = torch.zeros(batch * rows, g.shape[-1], dtype=g.dtype, device=g.device)
+        grad.index_add_(0, flat, g.reshape(-1, g.shape[-1]))
+        return {"weight": grad.view(batch, rows, -1)}
+    same = (idx.unsqueeze(2) == idx.unsqueeze(1)).to(g.dtype)  # [B, T, T]
+    return {"weight": (same * (g @ g.transpose(1, 2))).sum((1, 2))}

@@ -1,0 +1,22 @@
+"""nn.Linear on inputs [B, d_in] or [B, *, d_in]: W grad_i = sum_t g_it a_it^T, b grad_i = sum_t g_it."""
+from __future__ import annotations
+
+from torch import nn
+
+from . import flat_batch, register, sq_norm_of_product
+
+
+@register(nn.Linear)
+def linear_rule(module, call, wanted):
+    a = flat_batch(call.args[0])   # [B, T, d_in]
+    g = flat_batch(call.grad_out)  # [B, T, d_out]
+    out = {}
+    if "weight" in wanted:
+        if wanted["weight"]:
+            out["weight"] = g.transpose(1, 2) @ a  # [B, d_out, d_in]
+        else:
+            out["weight"] = sq_norm_of_product(a, g, call.cache, "gram")
+    if "bias" in wanted:
+        bias_grad = g.sum(1)  # [B, d_out]
+        out["bias"] = bias_grad if wanted["bias"] else bias_grad.pow(2).sum(1)
+    return out

@@ -1,0 +1,55 @@
+"""Catch parameters used where the method cannot see them.
+
+Ghost rules see a parameter only through the calls of the module that owns it (or whose rule
+claims it); replicate swaps in per-example copies only inside those modules. A forward that
+uses the parameter elsewhere (a parent computing `h @ self.embed.weight.T`) would be silently
+missed, so the first forward of a model runs under this watch and such a use is an error.
+"""
+from __future__ import annotations
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from .errors import UnsupportedModel
+
+
+class UseWatch(TorchFunctionMode):
+    """`covered`: parameter id -> (name, modules allowed to use it); `stack`: running modules."""
+
+    def __init__(self, covered: dict, stack: list):
+        super().__init__()
+        self.covered = covered
+        self.stack = stack
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if _op_name(func) not in METADATA:
+            for leaf in _shallow_tensors(args, kwargs):
+                entry = self.covered.get(id(leaf))
+                if entry is not None and not entry[1].intersection(self.stack):
+                    where = self.stack[-1] if self.stack else ""
+                    raise UnsupportedModel(f"parameter '{entry[0]}' is used outside the module that owns "
+                                           f"it (in {repr(where) if where else 'the root forward'})")
+        return func(*args, **kwargs)
+
+
+# reading these from a parameter is not a use of its value
+METADATA = {"shape", "device", "dtype", "requires_grad", "is_nested", "is_cuda", "is_leaf", "layout",
+            "ndim", "grad", "grad_fn", "data", "is_sparse", "is_quantized", "is_meta", "names",
+            "size", "dim", "numel", "stride", "is_floating_point", "is_complex", "element_size",
+            "is_contiguous", "data_ptr", "storage_offset", "__len__", "__hash__", "__format__"}
+
+
+def _op_name(func) -> str:
+    name = getattr(func, "__name__", "")
+    if name == "__get__":  # a property such as Tensor.shape or Tensor.T
+        return getattr(getattr(func, "__self__", None), "__name__", name)
+    return name
+
+
+def _shallow_tensors(args, kwargs):
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor):
+            yield value
+        elif isinstance(value, (list, tuple)):
+            yield from (v for v in value if isinstance(v, torch.Tensor))
