@@ -1,0 +1,428 @@
+"""A zoo of small models for the gradient-norm engine's tests, and the tests' own float64 oracle.
+
+Every case builds a model (float32, deterministic weights), a batch of inputs and targets. The
+oracle here is independent of alcli: a deep copy of the model in float64, one forward and one
+`torch.autograd.grad` per example, exactly the seed's method 1.
+"""
+from __future__ import annotations
+
+import copy
+import functools
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+VOCAB = 20
+PAD = 0
+
+
+# ----------------------------------------------------------------------------------------- models
+class SimpleModel(nn.Module):
+    """The seed's model: input 3x10x10."""
+
+    def __init__(self, num_classes=10):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 10, kernel_size=3, padding=1, bias=False)  # 10x10x10
+        self.conv2 = nn.Conv2d(10, 20, kernel_size=3, stride=2, padding=1, bias=False)  # 20x5x5
+        self.fc = nn.Linear(20 * 5 * 5, num_classes, bias=False)
+
+    def forward(self, x):
+        x = self.conv1(x)
+        x = self.conv2(x)
+        x = x.view(x.shape[0], -1)
+        return self.fc(x)
+
+
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(12, 16), nn.ReLU(), nn.Linear(16, 8), nn.Tanh(),
+                                 nn.Linear(8, 5))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+class BNResCNN(nn.Module):
+    """Conv + BatchNorm (eval, non-trivial stats) + in-place ReLU + a residual add."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn1 = nn.BatchNorm2d(8)
+        self.relu = nn.ReLU(inplace=True)
+        self.conv2 = nn.Conv2d(8, 8, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(8)
+        self.pool = nn.AdaptiveAvgPool2d(2)
+        self.bn3 = nn.BatchNorm1d(32)
+        self.drop = nn.Dropout(0.5)
+        self.fc = nn.Linear(32, 6)
+
+    def forward(self, x):
+        h = self.relu(self.bn1(self.conv1(x)))
+        r = self.bn2(self.conv2(h))
+        r += h  # residual add, in place
+        h = self.relu(r)
+        h = self.pool(h).flatten(1)
+        return self.fc(self.drop(self.bn3(h)))
+
+
+class TextTransformer(nn.Module):
+    """Embedding + TransformerEncoder(batch_first) + LayerNorm + masked mean pool + Linear head."""
+
+    def __init__(self, d=16, classes=4):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, d)
+        layer = nn.TransformerEncoderLayer(d_model=d, nhead=2, dim_feedforward=32, dropout=0.1,
+                                           batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(d)
+        self.head = nn.Linear(d, classes)
+
+    def forward(self, tokens):  # [B, T]
+        pad = tokens == PAD
+        h = self.encoder(self.emb(tokens), src_key_padding_mask=pad)  # [B, T, d]
+        h = self.norm(h)
+        keep = (~pad).unsqueeze(-1).to(h.dtype)
+        return self.head((h * keep).sum(1) / keep.sum(1))
+
+
+class LSTMClassifier(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, 8)
+        self.lstm = nn.LSTM(8, 12, num_layers=2, batch_first=True)
+        self.head = nn.Linear(12, 5)
+
+    def forward(self, tokens):
+        out, _ = self.lstm(self.emb(tokens))  # [B, T, 12]
+        return self.head(out[:, -1])
+
+
+class TiedLM(nn.Module):
+    """Output Linear's weight IS the embedding weight; predicts a token from a context."""
+
+    def __init__(self, d=8):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, d)
+        self.mix = nn.Linear(d, d)
+        self.head = nn.Linear(d, VOCAB, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, tokens):
+        h = torch.tanh(self.mix(self.emb(tokens))).mean(1)  # [B, d]
+        return self.head(h)  # [B, VOCAB]
+
+
+class LinearTwice(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inp = nn.Linear(6, 8)
+        self.shared = nn.Linear(8, 8)
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x):
+        h = torch.tanh(self.inp(x))
+        h = torch.tanh(self.shared(h))
+        h = torch.tanh(self.shared(h))  # the same Linear again
+        return self.head(h)
+
+
+class Affine(nn.Module):
+    """A module the engine has no rule for: owns parameters used in elementwise math."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(d) * 0.5 + 1)
+        self.b = nn.Parameter(torch.randn(d) * 0.1)
+
+    def forward(self, x):
+        return x * self.w + self.b
+
+
+class BareParam(nn.Module):
+    """Parameters used directly in the parent's forward: a cls token and a learned scale."""
+
+    def __init__(self, d=8):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, d)
+        self.cls = nn.Parameter(torch.randn(1, 1, d))
+        self.scale = nn.Parameter(torch.tensor(1.5))
+        self.affine = Affine(d)
+        self.mix = nn.Linear(d, d)
+        self.head = nn.Linear(d, 5)
+
+    def forward(self, tokens):
+        h = self.emb(tokens)  # [B, T, d]
+        h = torch.cat([self.cls.expand(h.shape[0], -1, -1), h], dim=1) * self.scale  # [B, 1+T, d]
+        h = torch.tanh(self.mix(self.affine(h)))
+        return self.head(h[:, 0] + h[:, 1:].mean(1))
+
+
+class Conv1dNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c1 = nn.Conv1d(4, 8, 3, stride=2, padding=1)  # [8, 8]
+        self.c2 = nn.Conv1d(8, 8, 3, padding="same", dilation=2, groups=2)  # [8, 8]
+        self.c3 = nn.Conv1d(8, 8, 5, padding=2, groups=8)  # depthwise
+        self.c4 = nn.Conv1d(8, 16, 3, stride=2, dilation=2, groups=8, bias=False)  # depthwise x2 [16, 2]
+        self.fc = nn.Linear(32, 5)
+
+    def forward(self, x):  # [B, 4, 16]
+        h = torch.tanh(self.c1(x))
+        h = torch.tanh(self.c2(h))
+        h = torch.tanh(self.c3(h))
+        return self.fc(self.c4(h).flatten(1))
+
+
+class Conv2dVariants(nn.Module):
+    """Asymmetric kernels/strides/dilations, groups, circular padding, a transposed conv."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 6, (3, 2), stride=(2, 1), dilation=(1, 2), padding=(1, 1))
+        self.c2 = nn.Conv2d(6, 6, 3, padding=1, groups=3, padding_mode="circular")
+        self.c3 = nn.Conv2d(6, 12, 3, padding="same", groups=6)  # depthwise, multiplier 2
+        self.up = nn.ConvTranspose2d(12, 4, 2, stride=2)
+        self.fc = nn.Linear(4, 5)
+
+    def forward(self, x):  # [B, 3, 8, 8]
+        h = torch.relu(self.c1(x))
+        h = torch.relu(self.c2(h))
+        h = torch.relu(self.c3(h))
+        return self.fc(self.up(h).mean((2, 3)))
+
+
+class Conv3dNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c1 = nn.Conv3d(2, 4, 3, stride=2, padding=1)  # [4, 3, 3, 3]
+        self.c2 = nn.Conv3d(4, 4, 3, padding="same", dilation=2, groups=2)
+        self.c3 = nn.Conv3d(4, 4, (1, 3, 3), stride=(1, 2, 1), padding=(0, 1, 1), groups=4,
+                            bias=False)  # depthwise [4, 3, 2, 3]
+        self.fc = nn.Linear(72, 5)
+
+    def forward(self, x):  # [B, 2, 6, 6, 6]
+        h = torch.tanh(self.c1(x))
+        h = torch.tanh(self.c2(h))
+        return self.fc(self.c3(h).flatten(1))
+
+
+class GroupNormNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.gn1 = nn.GroupNorm(4, 8)
+        self.conv2 = nn.Conv2d(8, 8, 3, padding=1)
+        self.gn2 = nn.GroupNorm(2, 8)
+        self.gn3 = nn.GroupNorm(1, 8, affine=False)
+        self.fc = nn.Linear(8, 5)
+
+    def forward(self, x):
+        h = F.silu(self.gn1(self.conv1(x)))
+        h = self.gn3(F.silu(self.gn2(self.conv2(h))))
+        return self.fc(h.mean((2, 3)))
+
+
+class MHABatchFirst(nn.Module):
+    def __init__(self, d=8):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, d)
+        self.attn = nn.MultiheadAttention(d, 2, batch_first=True)
+        self.head = nn.Linear(d, 4)
+
+    def forward(self, tokens):
+        pad = tokens == PAD
+        x = self.emb(tokens)
+        h, _ = self.attn(x, x, x, key_padding_mask=pad, need_weights=False)
+        keep = (~pad).unsqueeze(-1).to(h.dtype)
+        return self.head((h * keep).sum(1) / keep.sum(1))
+
+
+class MHASeqFirst(nn.Module):
+    """batch_first=False, separate key/value dims (q/k/v_proj_weight), bias_k/bias_v."""
+
+    def __init__(self, d=8, dkv=6):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, d)
+        self.mem = nn.Linear(d, dkv)
+        self.attn = nn.MultiheadAttention(d, 2, kdim=dkv, vdim=dkv, add_bias_kv=True)
+        self.self_attn = nn.MultiheadAttention(d, 1, bias=False)
+        self.head = nn.Linear(d, 4)
+
+    def forward(self, tokens):
+        pad = tokens == PAD  # [B, T]
+        x = self.emb(tokens).transpose(0, 1)  # [T, B, d]
+        m = torch.tanh(self.mem(x))  # [T, B, dkv]
+        h, _ = self.attn(x, m, m, key_padding_mask=pad)
+        h, _ = self.self_attn(h, h, h, key_padding_mask=pad, need_weights=False)
+        keep = (~pad).t().unsqueeze(-1).to(h.dtype)  # [T, B, 1]
+        return self.head((h * keep).sum(0) / keep.sum(0))
+
+
+class Linear3d(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(6, 10)
+        self.proj4 = nn.Linear(10, 7)
+        self.head = nn.Linear(7, 4)
+
+    def forward(self, x):  # [B, T, 6]
+        h = torch.relu(self.proj(x))  # [B, T, 10]
+        h = h.view(h.shape[0], 2, -1, 10)  # [B, 2, T/2, 10]
+        h = torch.tanh(self.proj4(h))  # Linear on a 4-D input
+        return self.head(h.mean((1, 2)))
+
+
+class EmbeddingPad(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, 6, padding_idx=PAD)
+        self.head = nn.Linear(6, 4)
+
+    def forward(self, tokens):
+        return self.head(torch.tanh(self.emb(tokens).sum(1)))
+
+
+# ------------------------------------------------------------------------------------------ cases
+def randomize_batchnorm(model: nn.Module, gen: torch.Generator) -> nn.Module:
+    """Non-trivial running stats and affine parameters for every BatchNorm."""
+    for m in model.modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm):
+            with torch.no_grad():
+                m.running_mean.copy_(torch.randn(m.running_mean.shape, generator=gen) * 0.3)
+                m.running_var.copy_(torch.rand(m.running_var.shape, generator=gen) * 1.5 + 0.5)
+                if m.affine:
+                    m.weight.copy_(torch.rand(m.weight.shape, generator=gen) + 0.5)
+                    m.bias.copy_(torch.randn(m.bias.shape, generator=gen) * 0.2)
+    return model
+
+
+def _tokens(gen, batch, length):
+    t = torch.randint(1, VOCAB, (batch, length), generator=gen)
+    for i in range(batch):  # trailing padding of varying length; the first token is never padding
+        n_pad = i % max(1, length // 2)
+        if n_pad:
+            t[i, length - n_pad:] = PAD
+    return t
+
+
+def _targets(gen, model, inputs):
+    """Random targets, avoiding the argmax so no example's gradient is vanishingly small."""
+    with torch.no_grad():
+        logits = model.eval()(inputs)
+    classes = logits.shape[1]
+    t = torch.randint(0, classes, (inputs.shape[0],), generator=gen)
+    top = logits.argmax(1)
+    return torch.where(t == top, (t + 1) % classes, t)
+
+
+def _resnet18():
+    import torchvision
+    return torchvision.models.resnet18(weights=None, num_classes=10)
+
+
+def _mobilenet():
+    import torchvision
+    return torchvision.models.mobilenet_v3_small(weights=None, num_classes=10)
+
+
+# name -> (model factory, input factory(gen, batch), batch size)
+_BUILDERS: dict[str, tuple[Callable[[], nn.Module], Callable, int]] = {
+    "simple": (SimpleModel, lambda g, b: torch.rand(b, 3, 10, 10, generator=g), 5),
+    "mlp": (MLP, lambda g, b: torch.randn(b, 12, generator=g), 6),
+    "bn_res_cnn": (BNResCNN, lambda g, b: torch.randn(b, 3, 8, 8, generator=g), 4),
+    "resnet18": (_resnet18, lambda g, b: torch.randn(b, 3, 32, 32, generator=g), 2),
+    "mobilenet_v3_small": (_mobilenet, lambda g, b: torch.randn(b, 3, 32, 32, generator=g), 3),
+    "transformer": (TextTransformer, lambda g, b: _tokens(g, b, 7), 4),
+    "lstm": (LSTMClassifier, lambda g, b: _tokens(g, b, 6), 4),
+    "tied": (TiedLM, lambda g, b: _tokens(g, b, 5), 4),
+    "linear_twice": (LinearTwice, lambda g, b: torch.randn(b, 6, generator=g), 5),
+    "bare_param": (BareParam, lambda g, b: _tokens(g, b, 5), 4),
+    "conv1d": (Conv1dNet, lambda g, b: torch.randn(b, 4, 16, generator=g), 4),
+    "conv2d_variants": (Conv2dVariants, lambda g, b: torch.randn(b, 3, 8, 8, generator=g), 4),
+    "conv3d": (Conv3dNet, lambda g, b: torch.randn(b, 2, 6, 6, 6, generator=g), 3),
+    "groupnorm": (GroupNormNet, lambda g, b: torch.randn(b, 3, 6, 6, generator=g), 4),
+    "mha_batch_first": (MHABatchFirst, lambda g, b: _tokens(g, b, 6), 4),
+    "mha_seq_first": (MHASeqFirst, lambda g, b: _tokens(g, b, 6), 4),
+    "linear_3d": (Linear3d, lambda g, b: torch.randn(b, 4, 6, generator=g), 4),
+    "embedding_padding_idx": (EmbeddingPad, lambda g, b: _tokens(g, b, 6), 4),
+}
+
+
+@functools.lru_cache(maxsize=None)
+def _built(name: str):
+    factory, make_inputs, batch = _BUILDERS[name]
+    torch.manual_seed(1000 + sorted(_BUILDERS).index(name))
+    gen = torch.Generator().manual_seed(7 + sorted(_BUILDERS).index(name))
+    model = randomize_batchnorm(factory(), gen).eval()
+    inputs = make_inputs(gen, batch)
+    targets = _targets(gen, model, inputs)
+    return model, inputs, targets
+
+
+def build(name: str):
+    """A fresh float32 copy of case `name`: (model in eval mode, inputs, targets)."""
+    model, inputs, targets = _built(name)
+    return copy.deepcopy(model), inputs.clone(), targets.clone()
+
+
+def model_names() -> list[str]:
+    return list(_BUILDERS)
+
+
+@dataclass(frozen=True)
+class Case:
+    """A model, and which parameters are selected: `params` goes to the engine, `select` (a test
+    of a parameter's name, any of its names when it is tied) is the oracle's own reading of it."""
+
+    id: str
+    model: str
+    params: tuple[str, ...] | None = None
+    select: Callable[[str], bool] | None = None
+
+
+def _under(*prefixes):
+    return lambda name: any(name.startswith(p + ".") or name == p for p in prefixes)
+
+
+CASES = [Case(name, name) for name in _BUILDERS] + [
+    Case("simple[conv2]", "simple", ("conv2",), _under("conv2")),
+    Case("resnet18[layer4.*]", "resnet18", ("layer4.*",), _under("layer4")),
+    Case("tied[head]", "tied", ("head",), lambda n: n == "head.weight"),  # selects the shared weight
+    Case("bare_param[cls,scale]", "bare_param", ("cls", "scale"), lambda n: n in ("cls", "scale")),
+]
+CASE_BY_ID = {c.id: c for c in CASES}
+
+
+# ----------------------------------------------------------------------------------------- oracle
+def default_loss(logits, targets):
+    return F.cross_entropy(logits, targets, reduction="none")
+
+
+def as_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return x.to(dtype) if x.is_floating_point() else x
+
+
+def oracle_norms(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
+                 select: Callable[[str], bool] | None = None, loss_fn=None) -> torch.Tensor:
+    """The seed's per-example loop, in float64 on a deep copy in eval mode -> [B] float64."""
+    loss_fn = loss_fn or default_loss
+    m = copy.deepcopy(model).double().eval()
+    chosen: dict[int, nn.Parameter] = {}
+    for name, p in m.named_parameters(remove_duplicate=False):
+        if (p.requires_grad if select is None else select(name)) and id(p) not in chosen:
+            chosen[id(p)] = p
+    params = list(chosen.values())
+    assert params, "the oracle selected no parameter"
+    x = as_dtype(inputs, torch.float64)
+    out = torch.empty(x.shape[0], dtype=torch.float64)
+    for i in range(x.shape[0]):
+        loss = loss_fn(m(x[i:i + 1]), targets[i:i + 1]).sum()
+        grads = torch.autograd.grad(loss, params, allow_unused=True)
+        out[i] = torch.sqrt(sum((g.pow(2).sum() for g in grads if g is not None),
+                                torch.zeros((), dtype=torch.float64)))
+    return out

@@ -1,0 +1,231 @@
+"""The engine's numbers against an independent float64 per-example loop (tests/gradnorm_zoo.py).
+
+Every method is run on every zoo case in float64 (must match the oracle to 1e-6 relative) and in
+float32 (1e-3). `replicate`, `vmap` and `ghost` may decline a model with UnsupportedModel naming the
+module at fault (recorded as a warning); `auto` and `loop` must always serve.
+"""
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from alcli.gradnorm import UnsupportedModel, grad_norms_per_target, per_example_grad_norms
+
+from gradnorm_zoo import CASE_BY_ID, CASES, as_dtype, build, default_loss, oracle_norms
+
+METHODS = ["loop", "auto", "ghost", "vmap", "replicate"]
+MAY_DECLINE = {"ghost", "vmap", "replicate"}
+TOL = {torch.float64: 1e-6, torch.float32: 1e-3}
+
+
+class Declined(UserWarning):
+    """A method declined a model with UnsupportedModel (allowed for ghost/vmap/replicate)."""
+
+
+_ORACLE: dict = {}
+
+
+def oracle_for(case_id: str, targets_key: str = "default", loss_key: str = "ce"):
+    """Cached float64 oracle for a zoo case (the slow part of the suite)."""
+    key = (case_id, targets_key, loss_key)
+    if key not in _ORACLE:
+        case = CASE_BY_ID[case_id]
+        model, inputs, targets = build(case.model)
+        if targets_key != "default":
+            targets = TARGET_SETS[targets_key](targets)
+        _ORACLE[key] = oracle_norms(model, inputs, targets, case.select, LOSSES[loss_key])
+    return _ORACLE[key]
+
+
+def names_a_module(message: str, model: nn.Module) -> bool:
+    names = {n for n, _ in model.named_modules() if n} | {type(m).__name__ for m in model.modules()}
+    return any(n in message for n in names)
+
+
+def call(method, model, inputs, targets, **kw):
+    """Run the engine; None when a method that may decline a model does so properly."""
+    try:
+        return per_example_grad_norms(model, inputs, targets, method=method, **kw)
+    except UnsupportedModel as err:
+        if method not in MAY_DECLINE:
+            raise
+        assert names_a_module(str(err), model), \
+            f"{method}: UnsupportedModel must name the module at fault, got: {err}"
+        warnings.warn(Declined(f"{method} declined {type(model).__name__}: {err}"))
+        return None
+
+
+def assert_matches(actual, expected, rtol, what=""):
+    assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+    assert actual.is_floating_point()
+    assert torch.isfinite(actual).all(), f"{what}: non-finite norms {actual}"
+    torch.testing.assert_close(actual.double(), expected, rtol=rtol,
+                               atol=rtol * 1e-3 * float(expected.abs().max()),
+                               msg=lambda m: f"{what}\n{m}\nactual   {actual.tolist()}\n"
+                                             f"expected {expected.tolist()}")
+
+
+# ----------------------------------------------------------------------------------- exactness
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("case_id", [c.id for c in CASES])
+def test_matches_oracle(case_id, method, dtype):
+    case = CASE_BY_ID[case_id]
+    model, inputs, targets = build(case.model)
+    model = model.to(dtype)
+    inputs = as_dtype(inputs, dtype)
+    norms = call(method, model, inputs, targets, params=list(case.params) if case.params else None)
+    if norms is None:
+        return
+    assert_matches(norms, oracle_for(case_id), TOL[dtype], f"{case_id} / {method} / {dtype}")
+
+
+def test_oracle_is_the_seeds_loop():
+    """Sanity check of the oracle itself against the seed's method 1 (zero_grad + backward)."""
+    model, inputs, targets = build("simple")
+    model = model.double()
+    x = inputs.double()
+    expected = []
+    for i in range(x.shape[0]):
+        model.zero_grad()
+        F.cross_entropy(model(x[i:i + 1]), targets[i:i + 1]).backward()
+        expected.append(model.conv2.weight.grad.norm())
+    model.zero_grad(set_to_none=True)
+    torch.testing.assert_close(oracle_for("simple[conv2]"), torch.stack(expected), rtol=1e-12, atol=0)
+
+
+# ---------------------------------------------------------------------------- parameter selection
+SELECTIONS = [
+    # (model, params given to the engine, the oracle's own reading of it)
+    ("simple", ["conv2"], lambda n: n.startswith("conv2.")),
+    ("simple", ["conv1", "fc"], lambda n: n.split(".")[0] in ("conv1", "fc")),
+    ("simple", "fc", lambda n: n.startswith("fc.")),
+    ("simple", ["conv2.weight"], lambda n: n == "conv2.weight"),
+    ("resnet18", ["layer4"], lambda n: n.startswith("layer4.")),
+    ("resnet18", ["layer3.1.*", "fc"], lambda n: n.startswith(("layer3.1.", "fc."))),
+    ("bn_res_cnn", ["bn1", "bn3"], lambda n: n.startswith(("bn1.", "bn3."))),
+    ("transformer", ["encoder.layers.1.self_attn", "head"],
+     lambda n: n.startswith(("encoder.layers.1.self_attn.", "head."))),
+    ("mlp", ["net.2"], lambda n: n.startswith("net.2.")),
+]
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("sel", range(len(SELECTIONS)),
+                         ids=[f"{m}{p}" for m, p, _ in SELECTIONS])
+def test_params_selection(sel, method):
+    name, params, select = SELECTIONS[sel]
+    key = ("selection", sel)
+    model, inputs, targets = build(name)
+    if key not in _ORACLE:
+        _ORACLE[key] = oracle_norms(model, inputs, targets, select)
+    model, inputs = model.double(), as_dtype(inputs, torch.float64)
+    norms = call(method, model, inputs, targets, params=params)
+    if norms is not None:
+        assert_matches(norms, _ORACLE[key], 1e-6, f"{name} params={params} / {method}")
+
+
+def test_frozen_params_are_not_selected_by_default():
+    model, inputs, targets = build("simple")
+    model.conv1.weight.requires_grad_(False)
+    expected = oracle_norms(model, inputs, targets, lambda n: n != "conv1.weight")
+    model = model.double()
+    for method in ("loop", "auto"):
+        assert_matches(per_example_grad_norms(model, inputs.double(), targets, method=method),
+                       expected, 1e-6, method)
+
+
+# ------------------------------------------------------------------------------------- loss
+def smooth_ce(logits, targets):
+    return 0.5 * F.cross_entropy(logits, targets, reduction="none", label_smoothing=0.2)
+
+
+def brier(logits, targets):
+    onehot = F.one_hot(targets, logits.shape[1]).to(logits.dtype)
+    return (logits.softmax(1) - onehot).pow(2).sum(1) + 0.01 * logits.pow(2).mean(1)
+
+
+LOSSES = {"ce": None, "smooth_ce": smooth_ce, "brier": brier}
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("loss_key", ["smooth_ce", "brier"])
+@pytest.mark.parametrize("case_id", ["simple", "simple[conv2]", "transformer", "tied"])
+def test_custom_loss(case_id, loss_key, method):
+    case = CASE_BY_ID[case_id]
+    model, inputs, targets = build(case.model)
+    expected = oracle_for(case_id, loss_key=loss_key)
+    norms = call(method, model.double(), as_dtype(inputs, torch.float64), targets,
+                 params=list(case.params) if case.params else None, loss_fn=LOSSES[loss_key])
+    if norms is not None:
+        assert_matches(norms, expected, 1e-6, f"{case_id} / {loss_key} / {method}")
+
+
+def test_default_loss_is_per_example_cross_entropy():
+    model, inputs, targets = build("mlp")
+    model = model.double()
+    x = inputs.double()
+    a = per_example_grad_norms(model, x, targets, method="auto")
+    b = per_example_grad_norms(model, x, targets, method="auto", loss_fn=default_loss)
+    torch.testing.assert_close(a, b, rtol=1e-12, atol=0)
+
+
+# ------------------------------------------------------------------------------ several targets
+TARGET_SETS = {
+    "plus1": lambda t: (t + 1) % 4,
+    "zeros": lambda t: torch.zeros_like(t),
+    "three": lambda t: torch.full_like(t, 3),
+}
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("case_id", ["simple", "simple[conv2]", "transformer", "tied", "bn_res_cnn"])
+def test_grad_norms_per_target(case_id, method):
+    case = CASE_BY_ID[case_id]
+    model, inputs, targets = build(case.model)
+    model, x = model.double(), as_dtype(inputs, torch.float64)
+    sets = [targets] + [TARGET_SETS[k](targets) for k in TARGET_SETS]
+    expected = torch.stack([oracle_for(case_id)] + [oracle_for(case_id, k) for k in TARGET_SETS])
+    with torch.no_grad():
+        expected_logits = copy.deepcopy(model).eval()(x)
+    try:
+        norms, logits = grad_norms_per_target(model, x, sets, method=method,
+                                              params=list(case.params) if case.params else None)
+    except UnsupportedModel as err:
+        if method not in MAY_DECLINE:
+            raise
+        assert names_a_module(str(err), model), str(err)
+        warnings.warn(Declined(f"{method} declined {type(model).__name__}: {err}"))
+        return
+    assert norms.shape == (len(sets), x.shape[0])
+    for k in range(len(sets)):
+        assert_matches(norms[k], expected[k], 1e-6, f"{case_id} / {method} / target set {k}")
+    assert not logits.requires_grad
+    torch.testing.assert_close(logits, expected_logits, rtol=1e-9, atol=1e-12)
+
+
+# --------------------------------------------------------------------------------- batch edges
+@pytest.mark.parametrize("method", METHODS)
+def test_batch_of_one(method):
+    model, inputs, targets = build("bn_res_cnn")
+    expected = oracle_for("bn_res_cnn")[:1]
+    norms = call(method, model.double(), inputs[:1].double(), targets[:1])
+    if norms is not None:
+        assert_matches(norms, expected, 1e-6, method)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_repeated_calls_and_new_batch_sizes(method):
+    """A second call on the same model (another batch size) is exact too: no stale state."""
+    model, inputs, targets = build("transformer")
+    model, expected = model.double(), oracle_for("transformer")
+    for sl in (slice(0, 4), slice(1, 3), slice(0, 4)):
+        norms = call(method, model, inputs[sl], targets[sl])
+        if norms is None:
+            return
+        assert_matches(norms, expected[sl], 1e-6, f"{method} batch {sl}")

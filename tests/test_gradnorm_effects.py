@@ -1,0 +1,144 @@
+"""The engine borrows a model and gives it back exactly; autograd does no work it was not asked for."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from alcli.gradnorm import UnsupportedModel, auto_choice, per_example_grad_norms
+
+from gradnorm_zoo import build, oracle_norms
+
+METHODS = ["loop", "auto", "ghost", "vmap", "replicate"]
+MAY_DECLINE = {"ghost", "vmap", "replicate"}
+
+
+def snapshot(model: nn.Module):
+    return {
+        "modules": [(n, m, type(m), m.training, len(m._forward_hooks), len(m._forward_pre_hooks),
+                     len(m._backward_hooks), len(getattr(m, "_backward_pre_hooks", {})))
+                    for n, m in model.named_modules(remove_duplicate=False)],
+        "params": [(n, p, p.detach().clone(), p.requires_grad, p.grad,
+                    None if p.grad is None else p.grad.clone(), p.dtype,
+                    len(p._backward_hooks or {}))
+                   for n, p in model.named_parameters(remove_duplicate=False)],
+        "buffers": [(n, b, b.clone()) for n, b in model.named_buffers(remove_duplicate=False)],
+        "state_keys": list(model.state_dict().keys()),
+    }
+
+
+def assert_unchanged(before, after):
+    assert [m[:2] for m in before["modules"]] == [m[:2] for m in after["modules"]], "modules replaced"
+    for b, a in zip(before["modules"], after["modules"]):
+        assert a[2] is b[2], f"module {b[0]!r} changed type"
+        assert a[3] == b[3], f"module {b[0]!r}: training flag {b[3]} -> {a[3]}"
+        assert a[4:] == b[4:], f"module {b[0]!r}: hooks left behind {b[4:]} -> {a[4:]}"
+    assert len(before["params"]) == len(after["params"])
+    for b, a in zip(before["params"], after["params"]):
+        name = b[0]
+        assert a[0] == name and a[1] is b[1], f"parameter {name!r} replaced"
+        assert torch.equal(a[2], b[2]), f"parameter {name!r} values changed"
+        assert a[3] == b[3], f"parameter {name!r}: requires_grad {b[3]} -> {a[3]}"
+        if b[4] is None:
+            assert a[4] is None, f"parameter {name!r}: .grad was None, now filled"
+        else:
+            assert a[4] is b[4], f"parameter {name!r}: .grad tensor replaced"
+            assert torch.equal(a[4], b[5]), f"parameter {name!r}: .grad values changed"
+        assert a[6] == b[6], f"parameter {name!r}: dtype changed"
+        assert a[7] == b[7], f"parameter {name!r}: tensor hooks left behind"
+    assert [(n, x) for n, x, _ in before["buffers"]] == [(n, x) for n, x, _ in after["buffers"]]
+    for (name, _, b), (_, x, _) in zip(before["buffers"], after["buffers"]):
+        assert torch.equal(x, b), f"buffer {name!r} changed"
+    assert before["state_keys"] == after["state_keys"]
+
+
+def _borrowable_model():
+    """bn_res_cnn left in train mode (one submodule in eval), a frozen parameter, .grad partly filled."""
+    model, inputs, targets = build("bn_res_cnn")
+    model = model.double()
+    model.train()
+    model.bn2.eval()  # mixed flags must come back mixed
+    model.conv2.weight.requires_grad_(False)  # frozen
+    gen = torch.Generator().manual_seed(3)
+    model.conv1.weight.grad = torch.randn(model.conv1.weight.shape, generator=gen, dtype=torch.float64)
+    model.fc.bias.grad = torch.randn(model.fc.bias.shape, generator=gen, dtype=torch.float64)
+    return model, inputs.double(), targets
+
+
+@pytest.mark.parametrize("params", [None, ["conv1", "bn3"], ["fc"]], ids=["all", "conv1+bn3", "fc"])
+@pytest.mark.parametrize("method", METHODS)
+def test_no_side_effects(method, params):
+    model, x, targets = _borrowable_model()
+    select = (lambda n: n != "conv2.weight") if params is None else \
+        (lambda n: n.split(".")[0] in params)
+    expected = oracle_norms(model, x, targets, select)  # deep copy, eval mode
+    before = snapshot(model)
+    try:
+        norms = per_example_grad_norms(model, x, targets, params=params, method=method)
+    except UnsupportedModel:
+        if method not in MAY_DECLINE:
+            raise
+        norms = None
+    assert_unchanged(before, snapshot(model))
+    if norms is not None:  # computed in eval mode although the model was left in train mode
+        torch.testing.assert_close(norms.double(), expected, rtol=1e-6, atol=1e-12)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_no_side_effects_tied_and_bare_params(method):
+    for name in ("tied", "bare_param", "transformer", "lstm"):
+        model, inputs, targets = build(name)
+        model = model.double().train()
+        first = next(model.parameters())
+        first.grad = torch.ones_like(first)
+        before = snapshot(model)
+        try:
+            per_example_grad_norms(model, inputs, targets, method=method)
+        except UnsupportedModel:
+            if method not in MAY_DECLINE:
+                raise
+        assert_unchanged(before, snapshot(model))
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_unselected_params_get_no_autograd_work(method):
+    """The seed's case, params=["conv2"]: no .grad is filled and no hook on conv1/fc fires."""
+    model, inputs, targets = build("simple")
+    fired = []
+    handles = [model.conv1.weight.register_hook(lambda g: fired.append("conv1.weight")),
+               model.fc.weight.register_hook(lambda g: fired.append("fc.weight"))]
+    conv1_out_needs_grad = []
+
+    def watch_conv1(module, inp, out):
+        conv1_out_needs_grad.append(bool(getattr(out, "requires_grad", False)))
+        if out.requires_grad:
+            out.register_hook(lambda g: fired.append("conv1 output"))
+
+    handles.append(model.conv1.register_forward_hook(watch_conv1))
+    try:
+        norms = per_example_grad_norms(model, inputs, targets, params=["conv2"], method=method)
+    except UnsupportedModel:
+        if method not in MAY_DECLINE:
+            raise
+        norms = None
+    finally:
+        for h in handles:
+            h.remove()
+    assert fired == [], f"{method}: autograd reached {sorted(set(fired))}"
+    for name, p in model.named_parameters():
+        assert p.grad is None, f"{method}: {name}.grad was filled"
+    if method in ("ghost", "auto"):  # the backward stops at conv2's output
+        assert not any(conv1_out_needs_grad), f"{method}: conv1's output was made to require grad"
+    if norms is not None:
+        expected = oracle_norms(model, inputs, targets, lambda n: n.startswith("conv2."))
+        torch.testing.assert_close(norms.double(), expected, rtol=1e-3, atol=1e-9)
+
+
+def test_auto_says_which_and_why():
+    model, inputs, targets = build("simple")
+    per_example_grad_norms(model, inputs, targets, method="auto")
+    choice = auto_choice(model)
+    assert choice is not None
+    method, reason = choice
+    assert method in ("ghost", "vmap", "replicate", "loop")
+    assert isinstance(reason, str) and reason
