@@ -27,8 +27,9 @@ def replicate_norms(model, inputs, target_sets, selection: Selection, loss_fn):
     for name in plan.modules:
         for other in plan.modules:
             if other != name and other.startswith(name + "." if name else ""):
-                raise UnsupportedModel(f"module '{name or 'the root module'}' owns selected parameters "
-                                       f"and so does its child '{other}'; replicate cannot nest copies")
+                owner = f"module '{name}'" if name else "the root module"
+                raise UnsupportedModel(f"{owner} owns selected parameters and so does its child "
+                                       f"'{other}'; replicate cannot nest copies")
     copies: dict[int, torch.Tensor] = {}
     for p in selection.params:
         copy = p.detach().expand(batch, *p.shape)  # [B, *p.shape], stride 0 in dim 0
@@ -41,18 +42,13 @@ def replicate_norms(model, inputs, target_sets, selection: Selection, loss_fn):
             if "forward" in module.__dict__:
                 continue  # the same module object under a second name: already patched
             paths = plan.paths[name]
-            module.forward = _replicated_forward(module, {path: copies[id(p)] for path, p in paths.items()},
+            module.forward = _replicated_forward(module, name, {path: copies[id(p)] for path, p in paths.items()},
                                                  batch)
             patched.append(module)
         # inside patched modules the copies stand in for the parameters: any use of a real one
         # is outside them and would be missed
         with UseWatch({id(p): (name, set()) for name, p in zip(selection.names, selection.params)}, []):
             logits = model(inputs)
-    except (RuntimeError, NotImplementedError, TypeError, ValueError) as err:
-        if isinstance(err, UnsupportedModel):
-            raise
-        reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
-        raise UnsupportedModel(f"a replicated module cannot run under vmap ({reason})") from err
     finally:
         for module in patched:
             del module.forward
@@ -67,9 +63,10 @@ def replicate_norms(model, inputs, target_sets, selection: Selection, loss_fn):
     return torch.stack(rows), logits
 
 
-def _replicated_forward(module, copies: dict, batch: int):
+def _replicated_forward(module, name: str, copies: dict, batch: int):
     """A forward that runs example i through `module` with parameter copies[attr][i]."""
     original = type(module).forward
+    label = f"module '{name}' ({type(module).__name__})" if name else "the root module"
     inside = [False]
 
     def forward(*args, **kwargs):
@@ -92,6 +89,9 @@ def _replicated_forward(module, copies: dict, batch: int):
         inside[0] = True
         try:
             tensors = iter(vmap(one_example, in_dims=(0, args_dims, kwargs_dims))(copies, args, kwargs))
+        except (RuntimeError, NotImplementedError, TypeError, ValueError) as err:
+            reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+            raise UnsupportedModel(f"{label} cannot run with per-example copies under vmap ({reason})") from err
         finally:
             inside[0] = False
         # vmap put the batch in dim 0 of every tensor; move it where the module keeps it

@@ -53,3 +53,38 @@ def _shallow_tensors(args, kwargs):
             yield value
         elif isinstance(value, (list, tuple)):
             yield from (v for v in value if isinstance(v, torch.Tensor))
+
+
+class ModuleStack:
+    """Tracks which modules are running (outermost first), to name the one where an error arose."""
+
+    def __init__(self, model):
+        self.model = model
+        self.names: list[str] = []
+        self.handles = []
+
+    def __enter__(self):
+        for name, module in self.model.named_modules():
+            self.handles.append(module.register_forward_pre_hook(self._push(name)))
+            self.handles.append(module.register_forward_hook(self._pop))
+        return self
+
+    def __exit__(self, *exc):
+        for handle in self.handles:
+            handle.remove()
+        return False
+
+    def _push(self, name):
+        def hook(module, args):
+            self.names.append(name)
+        return hook
+
+    def _pop(self, module, args, output):
+        self.names.pop()
+
+    def where(self) -> str:
+        """The innermost module running, as "module 'name' (Type)"."""
+        if not self.names or not self.names[-1]:
+            return "the root module"
+        name = self.names[-1]
+        return f"module '{name}' ({type(self.model.get_submodule(name)).__name__})"

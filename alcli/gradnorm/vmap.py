@@ -6,6 +6,7 @@ from torch.func import functional_call, grad, vmap
 
 from .errors import UnsupportedModel
 from .params import Selection
+from .uses import ModuleStack
 
 CHUNK_ELEMENTS = 1 << 25  # per-example gradients held at once (~128 MB in float32)
 
@@ -22,19 +23,28 @@ def vmap_norms(model, inputs, target_sets, selection: Selection, loss_fn):
         return loss_fn(logits, t.unsqueeze(0)).sum(), logits.squeeze(0)
 
     per_example = vmap(grad(loss_of_one, has_aux=True), in_dims=(None, 0, 0))
-    rows, logits_parts = [], []
+    stack = ModuleStack(model)
     try:
-        for targets in target_sets:
-            sq_parts = []
-            for start in range(0, batch, chunk):
-                grads, logits = per_example(params, inputs[start:start + chunk], targets[start:start + chunk])
-                sq_parts.append(sum(g.flatten(1).double().pow(2).sum(1) for g in grads.values()))
-                if len(rows) == 0:
-                    logits_parts.append(logits)
-            rows.append(torch.cat(sq_parts).sqrt())
+        with stack:
+            rows, logits_parts = _chunked(per_example, params, inputs, target_sets, chunk)
     except (RuntimeError, NotImplementedError, TypeError) as err:
-        raise UnsupportedModel(f"torch.func cannot vmap this model's forward ({_first_line(err)})") from err
+        raise UnsupportedModel(f"torch.func cannot vmap {stack.where()} ({_first_line(err)})") from err
     return torch.stack(rows), torch.cat(logits_parts)
+
+
+def _chunked(per_example, params, inputs, target_sets, chunk):
+    """Per-example gradients for `chunk` examples at a time, reduced to norms at once."""
+    batch = inputs.shape[0]
+    rows, logits_parts = [], []
+    for targets in target_sets:
+        sq_parts = []
+        for start in range(0, batch, chunk):
+            grads, logits = per_example(params, inputs[start:start + chunk], targets[start:start + chunk])
+            sq_parts.append(sum(g.flatten(1).double().pow(2).sum(1) for g in grads.values()))
+            if len(rows) == 0:
+                logits_parts.append(logits)
+        rows.append(torch.cat(sq_parts).sqrt())
+    return rows, logits_parts
 
 
 def _first_line(err: Exception) -> str:
