@@ -1,0 +1,4 @@
+"""`python -m alcli` is the `alcli` command."""
+from .cli import main
+
+main()

@@ -1,0 +1,185 @@
+"""The Python API the CLI calls: settings in, rows out, no printing.
+
+    import alcli
+    rows = alcli.score_pool("data/demo/pool", model="data/demo/model.pt",
+                            arch="alcli.demo:DigitsCNN", strategy="egl")
+    batch = alcli.select(rows, 20)
+
+Keyword options are the config keys (see alcli.config.Settings); `config=` reads a YAML file first.
+`model` may also be a torch.nn.Module and `pool` a tensor / array (or an (x, y) pair) or a Pool.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from torch import nn
+
+from .checkpoint import load_model
+from .config import Settings, load_settings
+from .errors import ConfigError
+from .pool import Batch, Pool, PoolOptions, collate, open_pool, tensor_pool
+from .runner import RunStats, check_layers, forward, model_channels, resolve_device, run, to_model
+from .selection import rank, top_k
+from .table import read_table
+
+
+@dataclass
+class ScoreRun:
+    rows: list[dict]   # ranked
+    stats: RunStats
+    pool: Pool
+
+
+def settings_for(config=None, **options) -> Settings:
+    """Settings from an optional YAML file and keyword options (errors name the argument)."""
+    return load_settings(config, options, flag_names=False)
+
+
+def model_for(settings: Settings, model: nn.Module | None = None) -> nn.Module:
+    if isinstance(model, nn.Module):
+        return model
+    if settings.model is None:
+        raise ConfigError("no model given; pass --model PATH (or set model: in a config)")
+    return load_model(settings.model, arch=settings.arch, arch_kwargs=settings.arch_kwargs,
+                      trust=settings.trust_checkpoint)
+
+
+def pool_for(settings: Settings, model: nn.Module, pool=None, stdin=None) -> Pool:
+    """The pool object: given as data, or opened from `settings.pool`."""
+    if isinstance(pool, Pool):
+        return pool
+    if isinstance(pool, tuple) and len(pool) == 2:
+        return tensor_pool(*pool)
+    if pool is not None and not isinstance(pool, str):
+        return tensor_pool(pool)
+    if settings.pool is None:
+        raise ConfigError("no pool given; pass POOL: a folder of images, a .csv/.jsonl manifest, "
+                          "a .pt/.npy/.npz tensor file, or - for image paths on stdin")
+    opts = PoolOptions(settings.labels_from_folders, settings.transform, model_channels(model))
+    return open_pool(settings.pool, opts, stdin)
+
+
+def run_score(settings: Settings, *, model: nn.Module | None = None, pool=None, stdin=None,
+              on_start: Callable[[int], None] | None = None,
+              on_batch: Callable[[int], None] | None = None) -> ScoreRun:
+    """Load, check, score and rank. `on_start(n)` and `on_batch(k)` drive a progress display."""
+    net = model_for(settings, model)
+    device = resolve_device(settings.device)
+    modes = [(m, m.training) for m in net.modules()]
+    try:
+        net.to(device).eval()
+        check_layers(net, settings.layers)
+        the_pool = pool_for(settings, net, pool, stdin)
+        if on_start:
+            on_start(len(the_pool))
+        rows, stats = run(net, the_pool, settings, device, on_batch)
+    finally:
+        for m, mode in modes:
+            m.training = mode
+    return ScoreRun(rank(rows), stats, the_pool)
+
+
+def score_pool(pool=None, model=None, *, config=None, **options) -> list[dict]:
+    """Score every example of `pool` with `model`; the ranked rows (dicts, best first)."""
+    if isinstance(pool, str):
+        options["pool"] = pool
+    if isinstance(model, str):
+        options["model"] = model
+    settings = settings_for(config, **options)
+    return run_score(settings, model=model if isinstance(model, nn.Module) else None,
+                     pool=None if isinstance(pool, str) else pool).rows
+
+
+def select(scores=None, budget: int | None = None, *, pool=None, model=None, config=None,
+           **options) -> list[dict]:
+    """The `budget` examples to label: from ranked rows or a table file, or by scoring `pool` first."""
+    if budget is not None:
+        options["budget"] = budget
+    settings = settings_for(config, **{k: v for k, v in options.items()})
+    if settings.budget is None:
+        raise ConfigError("no budget given; pass budget=N (how many examples to select)")
+    if scores is None:
+        scores = score_pool(pool, model, config=config, **{k: v for k, v in options.items()
+                                                          if k != "budget"})
+    elif not isinstance(scores, list):
+        scores = read_table(scores)
+    return top_k(scores, settings.budget)
+
+
+# --- inspect ------------------------------------------------------------------------------------
+
+@dataclass
+class ModuleInfo:
+    name: str
+    kind: str        # module class name
+    params: int      # parameters it owns directly
+    selected: bool   # in the gradient strategies' selection (--layers)
+    rule: str        # the engine rule that serves it, "-" where the engine offers no lookup
+
+
+@dataclass
+class Inspection:
+    model: str
+    total_params: int
+    selected_params: int
+    channels: int | None
+    modules: list[ModuleInfo] = field(default_factory=list)
+    method: str = "auto"
+    reason: str = ""
+
+
+def _rule_names(model: nn.Module) -> dict[str, str]:
+    """Module name -> the engine rule serving it under method ghost ("via PARENT" for children a
+    parent's rule covers); empty when the engine exposes no rule lookup."""
+    try:
+        from .gradnorm.rules import rule_for
+    except ImportError:
+        return {}
+    names: dict[str, str] = {}
+    for name, module in model.named_modules():
+        if name in names:
+            continue
+        rule_name, _, claims = rule_for(module)
+        names[name] = rule_name
+        for child in claims:
+            names[f"{name}.{child}" if name else child] = f"via {name or '(root)'}"
+    return names
+
+
+def inspect_model(settings: Settings, *, model: nn.Module | None = None, pool=None,
+                  stdin=None) -> Inspection:
+    """Modules, parameter counts, selection and rules; and, given a pool, the method `auto` picks
+    (found by running the engine on the pool's first two examples)."""
+    from .gradnorm import auto_choice, grad_norms_per_target
+    from .gradnorm.params import select_params
+    net = model_for(settings, model).eval()
+    check_layers(net, settings.layers)
+    chosen = {id(p) for p in select_params(net, settings.layers).params}
+    info = Inspection(model=settings.model or type(net).__name__,
+                      total_params=sum(p.numel() for p in net.parameters()),
+                      selected_params=sum(p.numel() for p in net.parameters() if id(p) in chosen),
+                      channels=model_channels(net))
+    rules = _rule_names(net)
+    for name, module in net.named_modules():
+        own = list(module.parameters(recurse=False))
+        if own:
+            info.modules.append(ModuleInfo(name or "(root)", type(module).__name__,
+                                           sum(p.numel() for p in own),
+                                           any(id(p) in chosen for p in own), rules.get(name, "-")))
+    if settings.method != "auto":
+        info.method, info.reason = settings.method, "asked for with --method"
+        return info
+    if settings.pool is None and pool is None:
+        info.reason = "decided at the first batch; give a pool to try it here"
+        return info
+    the_pool = pool_for(settings, net, pool, stdin)
+    batch: Batch = collate([the_pool[i] for i in range(min(2, len(the_pool)))])
+    if batch.errors:
+        raise ConfigError(batch.errors[0][1])
+    inputs = to_model(batch.inputs, net, torch.device("cpu"))
+    targets = forward(net, inputs, the_pool.name).argmax(dim=1)
+    grad_norms_per_target(net, inputs, [targets], params=settings.layers, method="auto")
+    info.method, info.reason = auto_choice(net, settings.layers) or ("auto", "")
+    return info

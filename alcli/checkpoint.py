@@ -1,0 +1,196 @@
+"""Load a model from a checkpoint file.
+
+Accepted: a plain state_dict; a dict nesting one under `state_dict`/`model`/... with a common key
+prefix (`model.` from Lightning, `module.` from DDP, `_orig_mod.` from torch.compile); a TorchScript
+or torch.export archive; and a whole pickled model (`torch.save(model)`), only when trusted, because
+unpickling runs code from the file. Everything else is loaded with `weights_only=True`.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import zipfile
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .errors import CheckpointError
+
+NESTING_KEYS = ("state_dict", "model_state_dict", "model", "module", "net", "weights")
+SHOW = 4  # how many offending keys an error lists
+
+
+def load_model(path: str | Path, *, arch: str | None = None, arch_kwargs: dict | None = None,
+               trust: bool = False) -> nn.Module:
+    """The model in `path`, built from `arch` when the file holds weights only; in eval mode."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"model file {path} does not exist")
+    archive = _archive_kind(path)
+    if archive == "torchscript":
+        return torch.jit.load(str(path), map_location="cpu").eval()
+    if archive == "export":
+        return torch.export.load(str(path)).module()
+    obj = _torch_load(path, trust)
+    module = _find_module(obj)
+    if module is not None:
+        return module.eval()
+    state = find_state_dict(obj)
+    if state is None:
+        keys = ", ".join(map(str, list(obj)[:SHOW])) if isinstance(obj, dict) else type(obj).__name__
+        raise CheckpointError(f"model file {path} holds no state_dict or model (found: {keys})")
+    if arch is None:
+        raise CheckpointError(f"model file {path} holds weights only; give the architecture with "
+                              f"--arch (torchvision:NAME or package.module:callable)")
+    model = build_arch(arch, arch_kwargs or {})
+    model.load_state_dict(fit_state_dict(model, state, path, arch))
+    return model.eval()
+
+
+def _archive_kind(path: Path) -> str | None:
+    """'torchscript' or 'export' for those zip archives, else None (a torch.save file)."""
+    if not zipfile.is_zipfile(path):
+        return None
+    with zipfile.ZipFile(path) as zf:
+        names = zf.namelist()
+    if any(n.endswith("/constants.pkl") for n in names) and any("/code/" in n for n in names):
+        return "torchscript"
+    if any(n.endswith("/models/model.json") for n in names):
+        return "export"
+    return None
+
+
+def _torch_load(path: Path, trust: bool):
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001 - torch raises many types for a bad file
+        refused = "Weights only load failed" in str(err)
+        if refused and not trust:
+            raise CheckpointError(
+                f"model file {path} holds a pickled Python object, and unpickling it runs code from "
+                f"the file; pass --trust-checkpoint if you trust where it came from") from None
+        if not refused:
+            raise CheckpointError(f"model file {path} is not a PyTorch checkpoint "
+                                  f"({_first_line(err)})") from None
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as err:  # noqa: BLE001 - e.g. the pickled class cannot be imported
+        raise CheckpointError(f"model file {path} could not be unpickled ({_first_line(err)})") from None
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
+
+
+def _find_module(obj) -> nn.Module | None:
+    if isinstance(obj, nn.Module):
+        return obj
+    if isinstance(obj, dict):
+        for key in NESTING_KEYS:
+            if isinstance(obj.get(key), nn.Module):
+                return obj[key]
+    return None
+
+
+def _is_state_dict(obj) -> bool:
+    return (isinstance(obj, dict) and bool(obj)
+            and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items()))
+
+
+def find_state_dict(obj) -> dict | None:
+    """The tensor mapping in a checkpoint: the object itself, or nested under a usual key."""
+    if _is_state_dict(obj):
+        return obj
+    if isinstance(obj, dict):
+        for key in NESTING_KEYS:
+            inner = obj.get(key)
+            if _is_state_dict(inner):
+                return inner
+            if isinstance(inner, dict) and find_state_dict(inner) is not None:
+                return find_state_dict(inner)
+    return None
+
+
+def _prefixes(keys) -> list[str]:
+    """'' and every common dotted prefix up to three levels deep ('model.', 'model.module.')."""
+    found = {""}
+    for key in keys:
+        parts = key.split(".")
+        for depth in range(1, min(4, len(parts))):
+            found.add(".".join(parts[:depth]) + ".")
+    return sorted(found, key=len)
+
+
+def fit_state_dict(model: nn.Module, state: dict, path: Path, arch: str) -> dict:
+    """`state` with the prefix stripped that matches `model`'s keys; a clear error when none does."""
+    expected = model.state_dict()
+    best, best_hits = state, -1
+    for prefix in _prefixes(state):
+        sub = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+        hits = len(expected.keys() & sub.keys())
+        if hits > best_hits:
+            best, best_hits = sub, hits
+    missing = [k for k in expected if k not in best]
+    unexpected = [k for k in best if k not in expected]
+    if missing or unexpected:
+        parts = []
+        if missing:
+            parts.append("missing " + _some(missing))
+        if unexpected:
+            parts.append("unexpected " + _some(unexpected))
+        raise CheckpointError(f"model file {path} does not fit arch '{arch}': {'; '.join(parts)}")
+    wrong = [f"{k} is {list(v.shape)} in the file but {list(expected[k].shape)} in the model"
+             for k, v in best.items() if v.shape != expected[k].shape]
+    if wrong:
+        more = f" (and {len(wrong) - 1} more)" if len(wrong) > 1 else ""
+        raise CheckpointError(f"model file {path} does not fit arch '{arch}': {wrong[0]}{more}; "
+                              f"check arch_kwargs (e.g. num_classes)")
+    return best
+
+
+def _some(keys: list[str]) -> str:
+    shown = ", ".join(keys[:SHOW])
+    return shown + (f" (and {len(keys) - SHOW} more)" if len(keys) > SHOW else "")
+
+
+def build_arch(spec: str, kwargs: dict) -> nn.Module:
+    """`torchvision:NAME` (built with weights=None, no download) or `package.module:callable`."""
+    source, sep, name = spec.partition(":")
+    if not sep or not source or not name:
+        raise CheckpointError(f"arch '{spec}' must be torchvision:NAME or package.module:callable")
+    if source == "torchvision":
+        import torchvision
+        if name not in torchvision.models.list_models():
+            raise CheckpointError(f"arch '{spec}': torchvision has no model named '{name}'")
+        factory = lambda **kw: torchvision.models.get_model(name, **{"weights": None, **kw})  # noqa: E731
+    else:
+        factory = _import_callable(spec, source, name)
+    try:
+        model = factory(**kwargs)
+    except Exception as err:  # noqa: BLE001 - user code can raise anything
+        raise CheckpointError(f"arch '{spec}' could not be built with arch_kwargs {kwargs} "
+                              f"({_first_line(err)})") from None
+    if not isinstance(model, nn.Module):
+        raise CheckpointError(f"arch '{spec}' returned a {type(model).__name__}, not a torch.nn.Module")
+    return model
+
+
+def _import_callable(spec: str, module_name: str, attr: str):
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)  # "importable from the working directory"
+    try:
+        obj = importlib.import_module(module_name)
+    except Exception as err:  # noqa: BLE001
+        raise CheckpointError(f"arch '{spec}': cannot import module '{module_name}' "
+                              f"({_first_line(err)})") from None
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise CheckpointError(f"arch '{spec}': module '{module_name}' has no attribute '{attr}'")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise CheckpointError(f"arch '{spec}' is not callable")
+    return obj

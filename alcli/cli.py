@@ -1,0 +1,275 @@
+"""The `alcli` command line. Each command parses, calls alcli.api, and prints; no logic here.
+
+Data goes to stdout, everything for people to stderr. Bad input exits 1 with one sentence.
+"""
+from __future__ import annotations
+
+import contextlib
+import sys
+from typing import List, Optional
+
+import typer
+from typing_extensions import Annotated
+
+from .config import DEFAULT_CONFIG, Settings, load_settings
+from .errors import AlcliError
+
+app = typer.Typer(
+    name="alcli", add_completion=False, pretty_exceptions_enable=False,
+    rich_markup_mode="rich",
+    help="Rank an unlabeled pool for labeling by how much each example would move your model.",
+)
+
+# --- options shared by the commands (every one also has a config key: its name with _ for -) ---
+Config = Annotated[Optional[str], typer.Option(
+    "--config", "-c", help="YAML config file; flags override it. Without --config and --model, "
+                           "./configs/default.yaml is used when present (the demo).")]
+Model = Annotated[Optional[str], typer.Option(
+    "--model", "-m", help="Checkpoint: a state_dict (needs --arch), a Lightning/DDP-style dict, "
+                          "a TorchScript/torch.export archive, or a pickled model.")]
+Arch = Annotated[Optional[str], typer.Option(
+    help="torchvision:NAME or package.module:callable; constructor arguments from the config "
+         "key arch_kwargs.")]
+Trust = Annotated[bool, typer.Option(
+    "--trust-checkpoint", help="Allow a pickled model (unpickling runs code from the file).")]
+LabelsFromFolders = Annotated[bool, typer.Option(
+    "--labels-from-folders", help="Class subfolders of an image folder are the labels (sorted, "
+                                  "like torchvision's ImageFolder).")]
+Strategy = Annotated[Optional[str], typer.Option(
+    "--strategy", "-s", help="egl (default), gradnorm, loss, entropy, margin, least-confidence, random.")]
+TopClasses = Annotated[Optional[int], typer.Option(
+    help="egl: sum over the K most probable classes only (default: all classes, exact).")]
+Layers = Annotated[Optional[List[str]], typer.Option(
+    help="Restrict gradient strategies to these modules (repeatable; e.g. fc, 'layer4.*').")]
+Method = Annotated[Optional[str], typer.Option(
+    help="Engine method: auto (default), ghost, replicate, vmap, loop.")]
+BatchSize = Annotated[Optional[int], typer.Option("--batch-size", "-b", help="Examples per batch \\[default: 64].")]
+Device = Annotated[Optional[str], typer.Option(help="auto (prefers CUDA), cpu, cuda, cuda:N, mps.")]
+Workers = Annotated[Optional[int], typer.Option("--workers", "-j", help="Data-loading worker processes \\[default: 0].")]
+Seed = Annotated[Optional[int], typer.Option(help="Seed for the random strategy \\[default: 0].")]
+Output = Annotated[Optional[str], typer.Option(
+    "--output", "-o", help="Output file, or - for stdout.")]
+Format = Annotated[Optional[str], typer.Option(
+    "--format", "-f", help="csv (default), jsonl, or paths (one id per line).")]
+Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No summary on stderr.")]
+
+SCORE_EPILOG = """[bold]Examples[/bold]
+
+  [dim]# the shipped demo (configs/default.yaml):[/dim]
+
+  alcli score
+
+  [dim]# images, a torchvision model's weights, transforms in cfg.yaml:[/dim]
+
+  alcli score imgs/ -m ckpt.pt --arch torchvision:resnet18 -c cfg.yaml -o s.csv
+
+  [dim]# a pipeline: paths in, the 100 ids to label out:[/dim]
+
+  ls imgs/*.png | alcli score - -c cfg.yaml | alcli select -n 100 -f paths
+"""
+
+SELECT_EPILOG = """[bold]Examples[/bold]
+
+  alcli score data/demo/pool | alcli select -n 10 --format paths
+
+  alcli select scores.csv -n 100 -o batch.csv
+
+  alcli select -n 20 --pool data/demo/pool -m data/demo/model.pt \\
+      --arch alcli.demo:DigitsCNN -c configs/default.yaml
+"""
+
+INSPECT_EPILOG = """[bold]Examples[/bold]
+
+  alcli inspect                          [dim]# the demo model[/dim]
+
+  alcli inspect -m ckpt.pt --arch torchvision:resnet18 --layers 'layer4.*' --pool imgs/
+"""
+
+
+def _fail(message: str) -> typer.Exit:
+    sys.stderr.write(f"alcli: error: {message}\n")
+    return typer.Exit(1)
+
+
+def _settings(config: str | None, flags: dict) -> Settings:
+    """Defaults < config (./configs/default.yaml when no --config and no --model) < flags."""
+    given = {k: (None if v is False or v == [] else v) for k, v in flags.items()}
+    if config is None and given.get("model") is None and DEFAULT_CONFIG.is_file():
+        config = str(DEFAULT_CONFIG)
+    return load_settings(config, given)
+
+
+def _stderr_console():
+    from rich.console import Console
+    return Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+@contextlib.contextmanager
+def _progress(enabled: bool):
+    """(on_start, on_batch) callbacks driving a rich progress bar on stderr, or (None, None)."""
+    if not enabled:
+        yield None, None
+        return
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, ProgressColumn,
+                               TextColumn, TimeElapsedColumn, TimeRemainingColumn)
+    from rich.text import Text
+
+    class Speed(ProgressColumn):
+        def render(self, task):
+            return Text(f"{task.speed:,.0f} ex/s" if task.speed else "")
+
+    with Progress(TextColumn("scoring"), BarColumn(), MofNCompleteColumn(), Speed(),
+                  TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
+                  console=_stderr_console(), transient=True) as bar:
+        task = bar.add_task("scoring", total=None)
+        yield (lambda n: bar.update(task, total=n)), (lambda k: bar.advance(task, k))
+
+
+def _summary(result, settings: Settings) -> None:
+    """A short table on stderr: count, time, speed, device, method, and the top 5 rows."""
+    from rich.table import Table
+    from .table import columns_of, format_value
+    s = result.stats
+    console = _stderr_console()
+    method = f"{s.method} ({s.method_reason})" if s.method else "no gradients needed"
+    facts = Table.grid(padding=(0, 2))
+    for key, value in (("examples", f"{s.count}"), ("time", f"{s.seconds:.2f} s"),
+                       ("speed", f"{s.per_second:,.1f} examples/s"), ("device", s.device),
+                       ("strategy", s.strategy), ("method", method)):
+        facts.add_row(key, value)
+    console.print(facts)
+    columns = [c for c in columns_of(result.rows[:5]) if c in ("rank", "id", "score", "pred",
+                                                               "confidence", "label")]
+    top = Table(title="top 5", title_justify="left")
+    for c in columns:
+        top.add_column(c, overflow="fold")
+    for row in result.rows[:5]:
+        top.add_row(*[_short(format_value(row.get(c))) for c in columns])
+    console.print(top)
+    for note in s.notes:
+        console.print(f"note: {note}", markup=False)
+
+
+def _short(text: str) -> str:
+    try:
+        return f"{float(text):.4g}" if "." in text or "e" in text else text
+    except ValueError:
+        return text
+
+
+def _score(settings: Settings):
+    from . import api
+    with _progress(sys.stderr.isatty() and not settings.quiet) as (on_start, on_batch):
+        return api.run_score(settings, on_start=on_start, on_batch=on_batch)
+
+
+@app.command(epilog=SCORE_EPILOG)
+def score(
+    pool: Annotated[Optional[str], typer.Argument(
+        help="Image folder, .csv/.jsonl manifest (path, id, label), .pt/.npy/.npz tensors, "
+             "or - for image paths on stdin.", show_default=False, metavar="POOL")] = None,
+    config: Config = None, model: Model = None, arch: Arch = None, trust_checkpoint: Trust = False,
+    labels_from_folders: LabelsFromFolders = False, strategy: Strategy = None,
+    top_classes: TopClasses = None, layers: Layers = None, method: Method = None,
+    batch_size: BatchSize = None, device: Device = None, workers: Workers = None,
+    seed: Seed = None, output: Output = None, format: Format = None, quiet: Quiet = False,
+):
+    """Score every example of POOL and write the ranked table (rank,id,score,pred,confidence,...).
+
+    The table goes to --output, or to stdout when that is not a terminal (else to scores.csv).
+    """
+    flags = dict(locals())
+    try:
+        settings = _settings(flags.pop("config"), flags)
+        result = _score(settings)
+        from .table import write_table
+        dest = settings.output or ("scores.csv" if sys.stdout.isatty() else "-")
+        write_table(result.rows, dest, settings.format)
+    except AlcliError as err:
+        raise _fail(str(err)) from None
+    if not settings.quiet:
+        _summary(result, settings)
+        if dest != "-":
+            _stderr_console().print(f"wrote {len(result.rows)} rows to {dest}", markup=False)
+
+
+@app.command(epilog=SELECT_EPILOG)
+def select(
+    scores: Annotated[Optional[str], typer.Argument(
+        help="Ranked table (CSV or JSONL) from `alcli score`, or - for stdin (the default when "
+             "piped).", show_default=False, metavar="SCORES")] = None,
+    budget: Annotated[Optional[int], typer.Option("--budget", "-n", help="How many examples to select.")] = None,
+    pool: Annotated[Optional[str], typer.Option(
+        help="Score this pool first instead of reading SCORES (same forms as `score POOL`).")] = None,
+    config: Config = None, model: Model = None, arch: Arch = None, trust_checkpoint: Trust = False,
+    labels_from_folders: LabelsFromFolders = False, strategy: Strategy = None,
+    top_classes: TopClasses = None, layers: Layers = None, method: Method = None,
+    batch_size: BatchSize = None, device: Device = None, workers: Workers = None,
+    seed: Seed = None, output: Output = None, format: Format = None, quiet: Quiet = False,
+):
+    """Write the BUDGET best examples of a ranked table: the batch to label.
+
+    Reads SCORES, or stdin when piped; with --pool/--model (or --config) it scores first, in one
+    process. The batch goes to --output, else to stdout.
+    """
+    flags = dict(locals())
+    config_path = flags.pop("config")
+    try:
+        settings = _settings(config_path, flags)
+        if settings.budget is None:
+            raise _fail("no budget given; pass -n/--budget N (or set budget: in the config)")
+        from .selection import top_k
+        from .table import read_table, write_table
+        source = scores or settings.scores
+        score_first = source is None and (pool or model or config_path or sys.stdin.isatty())
+        if score_first:
+            rows = _score(settings).rows
+        else:
+            rows = read_table(source or "-")
+        chosen = top_k(rows, settings.budget)
+        write_table(chosen, settings.output or "-", settings.format)
+    except AlcliError as err:
+        raise _fail(str(err)) from None
+    if len(chosen) < settings.budget and not settings.quiet:
+        _stderr_console().print(f"warning: the budget is {settings.budget} but the table has only "
+                                f"{len(chosen)} rows; selected them all", markup=False)
+
+
+@app.command(epilog=INSPECT_EPILOG)
+def inspect(
+    config: Config = None, model: Model = None, arch: Arch = None, trust_checkpoint: Trust = False,
+    pool: Annotated[Optional[str], typer.Option(
+        help="A pool to try the engine on, to see which method auto picks.")] = None,
+    labels_from_folders: LabelsFromFolders = False, layers: Layers = None, method: Method = None,
+):
+    """Show the model's modules, parameter counts, which gradient rule serves each selected
+    module, and which engine method auto will use."""
+    flags = dict(locals())
+    try:
+        settings = _settings(flags.pop("config"), flags)
+        from . import api
+        info = api.inspect_model(settings)
+    except AlcliError as err:
+        raise _fail(str(err)) from None
+    from rich.console import Console
+    from rich.table import Table
+    table = Table(title=f"{info.model}: {info.total_params:,} parameters, "
+                        f"{info.selected_params:,} selected", title_justify="left")
+    for c in ("module", "type", "params", "selected", "rule"):
+        table.add_column(c, justify="right" if c == "params" else "left")
+    for m in info.modules:
+        table.add_row(m.name, m.kind, f"{m.params:,}", "yes" if m.selected else "no",
+                      m.rule if m.selected else "")
+    console = Console(highlight=False, soft_wrap=True)
+    console.print(table)
+    console.print(f"input channels: {info.channels if info.channels else 'unknown (no convolution)'}",
+                  markup=False)
+    console.print(f"method: {info.method}" + (f" ({info.reason})" if info.reason else ""), markup=False)
+
+
+def main() -> None:
+    app(prog_name="alcli")
+
+
+if __name__ == "__main__":
+    main()

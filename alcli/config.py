@@ -1,0 +1,253 @@
+"""Typed settings: defaults < YAML config < command-line flags (or Python keyword arguments).
+
+Every option has one key, the flag's long name with `_` for `-` (`--batch-size` -> `batch_size`).
+Unknown keys and wrong types are errors that name the key and where it came from. Relative paths
+are taken as they are, i.e. relative to the working directory.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Callable
+
+from .errors import ConfigError
+
+DEFAULT_CONFIG = Path("configs") / "default.yaml"  # used by the CLI when neither --config nor --model
+FORMATS = ("csv", "jsonl", "paths")
+DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
+
+
+@dataclass
+class Transform:
+    """Image preprocessing, applied to image pools only (tensor pools are model inputs as they are)."""
+
+    resize: int | list[int] | None = None       # shorter side to N, or [height, width]
+    center_crop: int | list[int] | None = None  # N -> NxN, or [height, width]
+    grayscale: bool = False                     # drop colour first (then match the model's channels)
+    normalize: dict | None = None               # {mean: [...], std: [...]} per channel
+
+
+@dataclass
+class Settings:
+    model: str | None = None
+    arch: str | None = None
+    arch_kwargs: dict = field(default_factory=dict)
+    trust_checkpoint: bool = False
+    pool: str | None = None
+    labels_from_folders: bool = False
+    transform: Transform = field(default_factory=Transform)
+    strategy: str = "egl"
+    top_classes: int | None = None
+    layers: list[str] | None = None
+    method: str = "auto"
+    batch_size: int = 64
+    device: str = "auto"
+    workers: int = 0
+    seed: int = 0
+    output: str | None = None
+    format: str = "csv"
+    scores: str | None = None   # `select`: the ranked table to read
+    budget: int | None = None   # `select`: how many to pick
+    quiet: bool = False
+    # where each non-default value came from, for error messages: key -> "--flag" or "key 'x' in F"
+    sources: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def where(self, key: str) -> str:
+        return self.sources.get(key, f"option --{key.replace('_', '-')}")
+
+
+KEYS = tuple(f.name for f in fields(Settings) if f.name != "sources")
+
+
+# --- value checks: each takes the raw value and returns the typed one or raises ValueError(what) ---
+
+def _str(v):
+    if isinstance(v, (str, Path)):
+        return str(v)
+    raise ValueError("must be a string")
+
+
+def _opt_str(v):
+    return None if v is None else _str(v)
+
+
+def _bool(v):
+    if isinstance(v, bool):
+        return v
+    raise ValueError("must be true or false")
+
+
+def _int(minimum: int) -> Callable[[Any], int]:
+    def check(v):
+        if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+            raise ValueError(f"must be an integer >= {minimum}")
+        return v
+    return check
+
+
+def _opt(check):
+    return lambda v: None if v is None else check(v)
+
+
+def _choice(names):
+    def check(v):
+        if v not in names:
+            raise ValueError(f"must be one of {', '.join(names)}")
+        return v
+    return check
+
+
+def _strategy(v):
+    from .utilities import STRATEGIES  # the registry is the list of names
+    return _choice(tuple(STRATEGIES))(v)
+
+
+def _method(v):
+    from .gradnorm import METHODS
+    return _choice(METHODS)(v)
+
+
+def _device(v):
+    if not isinstance(v, str) or not DEVICE_RE.match(v):
+        raise ValueError("must be auto, cpu, cuda, cuda:N or mps")
+    return v
+
+
+def _mapping(v):
+    if not isinstance(v, dict) or not all(isinstance(k, str) for k in v):
+        raise ValueError("must be a mapping of names to values")
+    return dict(v)
+
+
+def _layers(v):
+    if v is None:
+        return None
+    if isinstance(v, str):
+        v = [v]
+    if not isinstance(v, (list, tuple)) or not v or not all(isinstance(p, str) and p for p in v):
+        raise ValueError("must be a module-name pattern or a list of them")
+    return list(v)
+
+
+def _size(v):
+    if v is None:
+        return None
+    if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+        return v
+    if (isinstance(v, (list, tuple)) and len(v) == 2
+            and all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in v)):
+        return list(v)
+    raise ValueError("must be a positive integer or [height, width]")
+
+
+def _numbers(v):
+    if (isinstance(v, (list, tuple)) and v
+            and all(isinstance(n, (int, float)) and not isinstance(n, bool) for n in v)):
+        return [float(n) for n in v]
+    raise ValueError("must be a list of numbers")
+
+
+def _transform(v):
+    if isinstance(v, Transform):
+        return v
+    if v is None:
+        return Transform()
+    if not isinstance(v, dict):
+        raise ValueError("must be a mapping with keys resize, center_crop, grayscale, normalize")
+    checks = {"resize": _size, "center_crop": _size, "grayscale": _bool, "normalize": _normalize}
+    out = {}
+    for key, value in v.items():
+        if key not in checks:
+            raise ValueError(f"has unknown key '{key}' (known: {', '.join(checks)})")
+        try:
+            out[key] = checks[key](value)
+        except ValueError as err:
+            raise _SubKeyError(key, value, str(err)) from None
+    return Transform(**out)
+
+
+class _SubKeyError(ValueError):
+    """A nested key (`transform.resize`) has a bad value."""
+
+    def __init__(self, key, value, what):
+        super().__init__(what)
+        self.key, self.value = key, value
+
+
+def _normalize(v):
+    if v is None:
+        return None
+    if not isinstance(v, dict) or set(v) != {"mean", "std"}:
+        raise ValueError("must be a mapping with exactly mean and std")
+    mean, std = _numbers(v["mean"]), _numbers(v["std"])
+    if len(mean) != len(std):
+        raise ValueError("must have as many mean values as std values")
+    if any(s <= 0 for s in std):
+        raise ValueError("must have positive std values")
+    return {"mean": mean, "std": std}
+
+
+CHECKS: dict[str, Callable[[Any], Any]] = {
+    "model": _opt_str, "arch": _opt_str, "arch_kwargs": _mapping, "trust_checkpoint": _bool,
+    "pool": _opt_str, "labels_from_folders": _bool, "transform": _transform,
+    "strategy": _strategy, "top_classes": _opt(_int(1)), "layers": _layers,
+    "method": _method, "batch_size": _int(1), "device": _device, "workers": _int(0),
+    "seed": _int(0), "output": _opt_str, "format": _choice(FORMATS), "scores": _opt_str,
+    "budget": _opt(_int(1)), "quiet": _bool,
+}
+assert set(CHECKS) == set(KEYS)
+
+
+def read_yaml(path: str | Path) -> dict:
+    """The mapping in a YAML config file; a missing file or bad YAML is a ConfigError."""
+    import yaml
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except OSError as err:
+        raise ConfigError(f"config file {path} cannot be read: {err.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"config file {path} is not valid YAML{at}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of keys to values")
+    return data
+
+
+def _apply(settings: Settings, values: dict, source: Callable[[str], str]) -> None:
+    for key, value in values.items():
+        if key not in CHECKS:
+            raise ConfigError(f"{source(key)} is not a known setting (known: {', '.join(KEYS)})")
+        try:
+            setattr(settings, key, CHECKS[key](value))
+        except _SubKeyError as err:
+            raise ConfigError(f"{source(key + '.' + err.key)} {err}, got {err.value!r}") from None
+        except ValueError as err:
+            raise ConfigError(f"{source(key)} {err}, got {value!r}") from None
+        settings.sources[key] = source(key)
+
+
+def load_settings(config: str | Path | None = None, overrides: dict | None = None, *,
+                  flag_names: bool = True) -> Settings:
+    """Defaults, then the YAML file `config`, then `overrides` (values of None are 'not given').
+
+    `flag_names` words errors in `overrides` as command-line options (`option --batch-size`);
+    the Python API passes False to name them as keyword arguments.
+    """
+    settings = Settings()
+    if config is not None:
+        _apply(settings, read_yaml(config), lambda k: f"key '{k}' in {config}")
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    if flag_names:
+        _apply(settings, given, lambda k: f"option --{k.replace('_', '-')}")
+    else:
+        _apply(settings, given, lambda k: f"argument {k}=")
+    return settings

@@ -1,0 +1,25 @@
+"""Errors for bad input or a failed run: the CLI prints the message as one sentence and exits 1."""
+
+
+class AlcliError(Exception):
+    """Base of every error whose message is meant for the user as it stands (no traceback)."""
+
+
+class ConfigError(AlcliError):
+    """A config key or command-line option has a bad value."""
+
+
+class CheckpointError(AlcliError):
+    """The model file cannot be loaded or does not fit the architecture."""
+
+
+class PoolError(AlcliError):
+    """The pool cannot be read: missing file, bad manifest row, unreadable image, ..."""
+
+
+class TableError(AlcliError):
+    """A ranked table cannot be read or written."""
+
+
+class RunError(AlcliError):
+    """The model cannot be run on the pool (wrong input shape, labels out of range, ...)."""

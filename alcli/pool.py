@@ -1,0 +1,328 @@
+"""Pool sources -> a torch Dataset of (id, input, label) items, and the collate that batches them.
+
+A source is a small function `(spec, opts) -> Pool`, picked by what `spec` names: `-` (paths on
+stdin), a directory of images, a manifest (.csv/.jsonl with a `path` column), or a tensor file
+(.pt/.npy/.npz). Labels are class indices; -1 means unknown. Reading an example never raises: the
+item carries the error instead, so a DataLoader worker can hand it back and the runner decides.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, NamedTuple
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from .config import Transform
+from .errors import ConfigError, PoolError
+
+IMAGE_EXTS = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".tiff")
+TENSOR_EXTS = (".pt", ".pth", ".npy", ".npz")
+MANIFEST_EXTS = (".csv", ".jsonl")
+
+
+@dataclass
+class PoolOptions:
+    labels_from_folders: bool = False
+    transform: Transform = field(default_factory=Transform)
+    channels: int | None = None  # what the model's first convolution takes; None if unknown
+
+
+class Item(NamedTuple):
+    id: str
+    input: torch.Tensor | None  # None when reading failed
+    label: int                  # -1: unknown
+    error: str | None
+
+
+class Batch(NamedTuple):
+    ids: list[str]
+    inputs: torch.Tensor | None  # [B, ...]
+    labels: torch.Tensor         # [B] long, -1 unknown
+    errors: list[tuple[str, str]]  # (id, message) of items that could not be read
+
+
+class Pool(Dataset):
+    """A dataset with the ids known up front; `name` is what error messages call it."""
+
+    name: str
+    ids: list[str]
+    has_labels: bool
+    kind: str  # "images" or "tensors"
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+class ImagePool(Pool):
+    kind = "images"
+
+    def __init__(self, name: str, ids: list[str], paths: list[Path], labels: list[int],
+                 transform: Callable):
+        self.name, self.ids, self.paths, self.labels = name, ids, paths, labels
+        self.has_labels = any(label >= 0 for label in labels)
+        self.transform = transform
+
+    def __getitem__(self, i: int) -> Item:
+        try:
+            from PIL import Image
+            with Image.open(self.paths[i]) as img:
+                x = self.transform(img)
+        except Exception as err:  # noqa: BLE001 - any unreadable file becomes an error row
+            return Item(self.ids[i], None, self.labels[i],
+                        f"cannot read image {self.paths[i]} ({_reason(err)})")
+        return Item(self.ids[i], x, self.labels[i], None)
+
+
+def _reason(err: BaseException) -> str:
+    text = getattr(err, "strerror", None) or str(err).strip()
+    return text.splitlines()[0][:200] if text else type(err).__name__
+
+
+class TensorPool(Pool):
+    kind = "tensors"
+
+    def __init__(self, name: str, x: torch.Tensor, y: torch.Tensor | None, ids: list[str] | None):
+        n = x.shape[0]
+        for what, other in (("y", y), ("ids", ids)):
+            if other is not None and len(other) != n:
+                raise PoolError(f"tensor pool {name}: '{what}' has {len(other)} entries but 'x' has {n}")
+        self.name, self.x = name, x
+        self.y = y.long() if y is not None else torch.full((n,), -1, dtype=torch.long)
+        self.ids = [str(i) for i in ids] if ids is not None else [str(i) for i in range(n)]
+        self.has_labels = bool((self.y >= 0).any())
+
+    def __getitem__(self, i: int) -> Item:
+        return Item(self.ids[i], self.x[i], int(self.y[i]), None)
+
+
+def collate(items: list[Item]) -> Batch:
+    """Stack the readable items; same-shaped inputs are required (use transform.resize)."""
+    good = [it for it in items if it.error is None]
+    errors = [(it.id, it.error) for it in items if it.error is not None]
+    if not good:
+        return Batch([], None, torch.empty(0, dtype=torch.long), errors)
+    first = good[0]
+    for it in good[1:]:
+        if it.input.shape != first.input.shape:
+            errors.append((it.id, f"example {it.id} has shape {list(it.input.shape)} but "
+                                  f"{first.id} has {list(first.input.shape)}; set transform.resize "
+                                  f"and transform.center_crop in the config"))
+    good = [it for it in good if it.input.shape == first.input.shape]
+    return Batch([it.id for it in good], torch.stack([it.input for it in good]),
+                 torch.tensor([it.label for it in good], dtype=torch.long), errors)
+
+
+# --- images -------------------------------------------------------------------------------------
+
+class _ToMode:
+    """PIL image -> the mode the model's channel count needs (grayscale first if asked)."""
+
+    def __init__(self, mode: str, grayscale: bool):
+        self.mode, self.grayscale = mode, grayscale
+
+    def __call__(self, img):
+        if self.grayscale and img.mode != "L":
+            img = img.convert("L")
+        return img if img.mode == self.mode else img.convert(self.mode)
+
+
+def image_transform(t: Transform, channels: int | None) -> Callable:
+    """PIL image -> float tensor [C, H, W] in [0, 1], resized, cropped and normalized as configured."""
+    from torchvision import transforms as T
+    modes = {1: "L", 3: "RGB", 4: "RGBA"}
+    if channels is None:
+        channels = 1 if t.grayscale else 3
+    if channels not in modes:
+        raise PoolError(f"the model takes {channels}-channel inputs, which images cannot provide; "
+                        f"use a tensor pool (.pt, .npy, .npz)")
+    steps = [_ToMode(modes[channels], t.grayscale)]
+    if t.resize is not None:
+        steps.append(T.Resize(t.resize))
+    if t.center_crop is not None:
+        steps.append(T.CenterCrop(t.center_crop))
+    steps.append(T.ToTensor())
+    if t.normalize is not None:
+        n = len(t.normalize["mean"])
+        if n not in (1, channels):
+            raise ConfigError(f"transform.normalize has {n} mean/std values but the model takes "
+                              f"{channels}-channel images")
+        steps.append(T.Normalize(t.normalize["mean"], t.normalize["std"]))
+    return T.Compose(steps)
+
+
+def _image_pool(name: str, rows: list[tuple[str, Path, int]], opts: PoolOptions) -> ImagePool:
+    if not rows:
+        raise PoolError(f"pool {name} holds no images (looked for {', '.join(IMAGE_EXTS)})")
+    _check_unique(name, [r[0] for r in rows])
+    ids, paths, labels = (list(col) for col in zip(*rows))
+    return ImagePool(name, ids, paths, labels, image_transform(opts.transform, opts.channels))
+
+
+def _check_unique(name: str, ids: list[str]) -> None:
+    seen: dict[str, int] = {}
+    for i, id_ in enumerate(ids):
+        if id_ in seen:
+            raise PoolError(f"pool {name} has the id '{id_}' twice (entries {seen[id_] + 1} and {i + 1})")
+        seen[id_] = i
+
+
+def from_directory(spec: str, opts: PoolOptions) -> Pool:
+    """Every image under the folder (recursive, sorted); ids are paths relative to it."""
+    root = Path(spec)
+    files = sorted((p for p in root.rglob("*") if p.suffix.lower() in IMAGE_EXTS and p.is_file()),
+                   key=lambda p: p.relative_to(root).as_posix())
+    classes: dict[str, int] = {}
+    if opts.labels_from_folders:  # ImageFolder's convention: sorted class subfolders
+        classes = {d.name: i for i, d in enumerate(sorted(d for d in root.iterdir() if d.is_dir()))}
+    rows = []
+    for p in files:
+        rel = p.relative_to(root).as_posix()
+        label = -1
+        if opts.labels_from_folders:
+            if "/" not in rel:
+                raise PoolError(f"with --labels-from-folders every image must be in a class folder, "
+                                f"but {p} is directly in {root}")
+            label = classes[rel.split("/", 1)[0]]
+        rows.append((rel, p, label))
+    return _image_pool(str(root), rows, opts)
+
+
+def from_stdin(spec: str, opts: PoolOptions, stream=None) -> Pool:
+    """Newline-separated image paths; each path as given is its id."""
+    stream = stream if stream is not None else sys.stdin
+    lines = [line.strip() for line in stream.read().splitlines()]
+    rows = [(line, Path(line), -1) for line in lines if line]
+    return _image_pool("from stdin", rows, opts)
+
+
+def _label(value, where: str) -> int:
+    if value is None or value == "":
+        return -1
+    try:
+        label = int(value)
+    except (TypeError, ValueError):
+        raise PoolError(f"{where}: label {value!r} is not a class index (an integer)") from None
+    if label < 0:
+        raise PoolError(f"{where}: label {label} is negative")
+    return label
+
+
+def from_manifest(spec: str, opts: PoolOptions) -> Pool:
+    """A .csv or .jsonl with `path` (relative to the manifest), optional `id` and `label`."""
+    path = Path(spec)
+    records: list[tuple[int, dict]] = []  # (line number, record)
+    with open(path, newline="") as f:
+        if path.suffix.lower() == ".csv":
+            reader = csv.DictReader(f)
+            if not reader.fieldnames or "path" not in reader.fieldnames:
+                raise PoolError(f"manifest {path} has no 'path' column "
+                                f"(columns: {', '.join(reader.fieldnames or [])})")
+            records = [(reader.line_num, row) for row in reader]
+        else:
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:
+                    raise PoolError(f"manifest {path} line {n} is not valid JSON") from None
+                if not isinstance(row, dict):
+                    raise PoolError(f"manifest {path} line {n} is not a JSON object")
+                records.append((n, row))
+    rows = []
+    for n, row in records:
+        where = f"manifest {path} line {n}"
+        if not row.get("path"):
+            raise PoolError(f"{where} has no path")
+        p = Path(str(row["path"]))
+        full = p if p.is_absolute() else path.parent / p
+        id_ = row.get("id")
+        rows.append((str(id_) if id_ not in (None, "") else str(row["path"]), full,
+                     _label(row.get("label"), where)))
+    return _image_pool(str(path), rows, opts)
+
+
+def from_tensor_file(spec: str, opts: PoolOptions) -> Pool:
+    """.pt (a tensor, or a dict with x and optional y, ids), .npy (x), .npz (x, optional y, ids)."""
+    path = Path(spec)
+    suffix = path.suffix.lower()
+    try:
+        if suffix in (".pt", ".pth"):
+            data = torch.load(path, map_location="cpu", weights_only=True)
+        elif suffix == ".npy":
+            data = np.load(path, allow_pickle=False)
+        else:
+            with np.load(path, allow_pickle=False) as npz:
+                data = {k: npz[k] for k in npz.files}
+                if "x" not in data and len(data) == 1:
+                    data = {"x": next(iter(data.values()))}
+    except Exception as err:  # noqa: BLE001
+        raise PoolError(f"tensor pool {path} cannot be read ({_reason(err)})") from None
+    if not isinstance(data, dict):
+        data = {"x": data}
+    if "x" not in data:
+        raise PoolError(f"tensor pool {path} must hold a tensor or a dict with 'x' "
+                        f"(found keys: {', '.join(map(str, data))})")
+    x, y, ids = (_as_tensor(data.get(k), path, k) for k in ("x", "y", "ids"))
+    if x is None or x.dim() == 0 or x.shape[0] == 0:
+        raise PoolError(f"tensor pool {path} holds no examples")
+    if ids is not None:
+        ids = [str(i.item()) if isinstance(i, torch.Tensor) else str(i) for i in ids]
+        _check_unique(str(path), ids)
+    if y is not None and y.is_floating_point():
+        raise PoolError(f"tensor pool {path}: 'y' must hold integer class indices")
+    return TensorPool(str(path), x, y, ids)
+
+
+def _as_tensor(value, path: Path, key: str):
+    if value is None or isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, np.ndarray):
+        if value.dtype.kind in "US" and key == "ids":
+            return [str(v) for v in value.tolist()]
+        if value.dtype.kind not in "biuf":
+            raise PoolError(f"tensor pool {path}: '{key}' has unsupported dtype {value.dtype}")
+        return torch.from_numpy(np.ascontiguousarray(value))
+    if key == "ids" and isinstance(value, (list, tuple)):
+        return list(value)
+    raise PoolError(f"tensor pool {path}: '{key}' must be a tensor or array, not {type(value).__name__}")
+
+
+def open_pool(spec: str, opts: PoolOptions, stdin=None) -> Pool:
+    """Pick the source for `spec` and open it."""
+    if spec == "-":
+        return from_stdin(spec, opts, stdin)
+    path = Path(spec)
+    if not path.exists():
+        raise PoolError(f"pool {spec} does not exist")
+    if opts.labels_from_folders and not path.is_dir():
+        raise ConfigError("--labels-from-folders needs a directory pool with class subfolders")
+    suffix = path.suffix.lower()
+    if path.is_dir():
+        return from_directory(spec, opts)
+    if suffix in MANIFEST_EXTS:
+        return from_manifest(spec, opts)
+    if suffix in TENSOR_EXTS:
+        return from_tensor_file(spec, opts)
+    raise PoolError(f"pool {spec} is not a folder, a manifest ({', '.join(MANIFEST_EXTS)}) "
+                    f"or a tensor file ({', '.join(TENSOR_EXTS)})")
+
+
+def tensor_pool(x, y=None, ids=None, name: str = "tensor pool") -> TensorPool:
+    """A pool from in-memory data (the Python API): x [N, ...], optional labels y [N] and ids."""
+    x = torch.as_tensor(x)
+    y = None if y is None else torch.as_tensor(y)
+    if ids is not None:
+        ids = [str(i) for i in ids]
+        _check_unique(name, ids)
+    return TensorPool(name, x, y, ids)
+
+
+__all__ = ["Batch", "Item", "Pool", "PoolOptions", "collate", "image_transform", "open_pool",
+           "tensor_pool", "IMAGE_EXTS"]

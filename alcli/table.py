@@ -1,0 +1,197 @@
+"""Reading and writing ranked tables: CSV, JSONL, or bare ids ("paths"); files written atomically.
+
+Rows are plain dicts. Columns come in a fixed order: rank,id,score,pred,confidence, then label (when
+known), loss, then whatever else the rows carry, in first-seen order. Floats are written with
+`repr`, so reading a table back gives the very same numbers.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import sys
+from pathlib import Path
+from typing import IO, Iterable, Iterator
+
+from .errors import TableError
+
+BASE_COLUMNS = ("rank", "id", "score", "pred", "confidence", "label", "loss")
+INT_COLUMNS = ("rank", "pred", "label")
+FORMATS = ("csv", "jsonl", "paths")
+
+
+def columns_of(rows: Iterable[dict]) -> list[str]:
+    """The base columns any row has, in their fixed order, then the others in first-seen order."""
+    seen: dict[str, None] = {}
+    for row in rows:
+        for key in row:
+            seen.setdefault(key, None)
+    return [c for c in BASE_COLUMNS if c in seen] + [c for c in seen if c not in BASE_COLUMNS]
+
+
+def format_value(value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return repr(value)  # shortest string that reads back as the same float ('nan', 'inf' too)
+    return str(value)
+
+
+def _json_value(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None if math.isnan(value) else repr(value)
+    return value
+
+
+def render(rows: Iterable[dict], columns: list[str], fmt: str = "csv",
+           header: bool = True) -> Iterator[str]:
+    """Lines of text (each ending in a newline) for `rows` in `fmt`."""
+    if fmt not in FORMATS:
+        raise TableError(f"unknown table format '{fmt}' (choose {', '.join(FORMATS)})")
+    if fmt == "paths":
+        for row in rows:
+            yield f"{row['id']}\n"
+        return
+    if fmt == "jsonl":
+        for row in rows:
+            yield json.dumps({c: _json_value(row.get(c)) for c in columns}) + "\n"
+        return
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    if header:
+        writer.writerow(columns)
+    for row in rows:
+        writer.writerow([format_value(row.get(c)) for c in columns])
+        yield buf.getvalue()
+        buf.seek(0)
+        buf.truncate()
+    if buf.tell():
+        yield buf.getvalue()
+
+
+def write_table(rows: list[dict], dest: str | Path | IO[str] | None, fmt: str = "csv") -> None:
+    """Write `rows` to a file (atomically: a temporary file renamed into place), or to stdout
+    when `dest` is None or '-', or to an open text stream."""
+    columns = columns_of(rows)
+    if dest is None or str(dest) == "-":
+        dest = sys.stdout
+    if not isinstance(dest, (str, Path)):
+        dest.writelines(render(rows, columns, fmt))
+        dest.flush()
+        return
+    path = Path(dest)
+    if path.is_dir():
+        raise TableError(f"output {path} is a directory")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w", newline="") as f:
+            f.writelines(render(rows, columns, fmt))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        raise TableError(f"cannot write output {path} ({err.strerror or err})") from None
+
+
+# --- reading ------------------------------------------------------------------------------------
+
+def _parse(column: str, text, where: str):
+    if text is None or text == "":
+        return None
+    if not isinstance(text, str):  # JSONL values come typed
+        return str(text) if column == "id" else text
+    if column == "id":
+        return text
+    if column in INT_COLUMNS:
+        try:
+            return int(text)
+        except ValueError:
+            raise TableError(f"{where}: {column} '{text}' is not an integer") from None
+    try:
+        number = float(text)
+    except ValueError:
+        if column in BASE_COLUMNS:
+            raise TableError(f"{where}: {column} '{text}' is not a number") from None
+        return text
+    if column not in BASE_COLUMNS and text.lstrip("-").isdigit() and not text.lstrip("-").startswith("0"):
+        return int(text)  # an integer extra column (no leading zeros, which would be an id-like code)
+    return number
+
+
+def read_table(source: str | Path | IO[str], name: str | None = None) -> list[dict]:
+    """Rows of a CSV or JSONL table (file, '-' for stdin, or a text stream); needs id and score."""
+    if isinstance(source, (str, Path)) and str(source) != "-":
+        path = Path(source)
+        name = name or str(path)
+        try:
+            text = path.read_text()
+        except FileNotFoundError:
+            raise TableError(f"table {path} does not exist") from None
+        except (OSError, UnicodeDecodeError) as err:
+            raise TableError(f"table {path} cannot be read ({err})") from None
+    else:
+        stream = sys.stdin if not hasattr(source, "read") else source
+        name = name or "stdin"
+        text = stream.read()
+    if text.lstrip().startswith("{"):
+        rows = _read_jsonl(text, name)
+    else:
+        rows = _read_csv(text, name)
+    if not rows:
+        raise TableError(f"table {name} has no rows")
+    seen: dict[str, int] = {}
+    for n, row in enumerate(rows, 1):
+        if row["id"] in seen:
+            raise TableError(f"table {name} has the id '{row['id']}' twice (rows {seen[row['id']]} and {n})")
+        seen[row["id"]] = n
+    return rows
+
+
+def _check_columns(columns, name: str) -> None:
+    for needed in ("id", "score"):
+        if needed not in columns:
+            raise TableError(f"table {name} has no '{needed}' column (columns: {', '.join(columns)})")
+
+
+def _read_csv(text: str, name: str) -> list[dict]:
+    reader = csv.DictReader(io.StringIO(text))
+    if not reader.fieldnames:
+        return []
+    _check_columns(reader.fieldnames, name)
+    rows = []
+    for raw in reader:
+        where = f"table {name} line {reader.line_num}"
+        row = {c: _parse(c, v, where) for c, v in raw.items() if c is not None}
+        if row.get("score") is None:
+            raise TableError(f"{where} has no score")
+        if row.get("id") is None:
+            raise TableError(f"{where} has no id")
+        rows.append(row)
+    return rows
+
+
+def _read_jsonl(text: str, name: str) -> list[dict]:
+    rows = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"table {name} line {n}"
+        try:
+            raw = json.loads(line)
+        except json.JSONDecodeError:
+            raise TableError(f"{where} is not valid JSON") from None
+        if not isinstance(raw, dict):
+            raise TableError(f"{where} is not a JSON object")
+        _check_columns(list(raw), name)
+        if raw["id"] is None:
+            raise TableError(f"{where} has no id")
+        row = {c: _parse(c, v, where) for c, v in raw.items()}
+        score = raw["score"]
+        if isinstance(score, bool) or not isinstance(score, (int, float, str, type(None))):
+            raise TableError(f"{where}: score {score!r} is not a number")
+        row["score"] = float("nan") if score is None else _parse("score", str(score), where)
+        rows.append(row)
+    return rows

@@ -1,0 +1,133 @@
+"""Strategies: model outputs (+ per-example gradient norms) -> one score per example.
+
+Every strategy has the same signature, `fn(s: StrategyInputs) -> dict[str, Tensor]`, returning
+"score" [B] (higher = more worth labeling) and any extra columns [B] it has. The runner adds the
+columns every strategy shares (pred, confidence, label, loss) from the same logits.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+Columns = dict[str, torch.Tensor]
+
+
+@dataclass
+class StrategyInputs:
+    """One batch as a strategy sees it. `logits` come from a plain no-grad forward in eval mode."""
+
+    model: nn.Module
+    inputs: torch.Tensor       # [B, ...] on the model's device
+    labels: torch.Tensor       # [B] long, -1 = unknown
+    logits: torch.Tensor       # [B, C] detached
+    ids: list[str]
+    layers: list[str] | None = None  # module patterns for gradient strategies (None = all)
+    method: str = "auto"             # engine method
+    top_classes: int | None = None   # egl: sum over the K most probable classes only
+    seed: int = 0
+
+    @property
+    def probs(self) -> torch.Tensor:  # [B, C] float64
+        return torch.softmax(self.logits.double(), dim=1)
+
+    @property
+    def targets(self) -> torch.Tensor:
+        """The given label where known, else the predicted class -> [B] long."""
+        pred = self.logits.argmax(dim=1)
+        return torch.where(self.labels >= 0, self.labels.to(pred.device), pred)
+
+
+@dataclass(frozen=True)
+class Strategy:
+    name: str
+    fn: Callable[[StrategyInputs], Columns]
+    gradients: bool  # does it call the gradient engine?
+    help: str
+
+
+STRATEGIES: dict[str, Strategy] = {}
+
+
+def strategy(name: str, *, gradients: bool = False):
+    """Register `fn` under `name`; its docstring's first line is its help."""
+    def register(fn):
+        STRATEGIES[name] = Strategy(name, fn, gradients, (fn.__doc__ or "").strip().splitlines()[0])
+        return fn
+    return register
+
+
+def _grad_norms(s: StrategyInputs, target_sets: list[torch.Tensor]) -> torch.Tensor:
+    """[K, B] float64 norms of each example's loss gradient at each target set (one forward)."""
+    from .gradnorm import grad_norms_per_target
+    norms, _ = grad_norms_per_target(s.model, s.inputs, target_sets, params=s.layers, method=s.method)
+    return norms.detach().double().to(s.logits.device)
+
+
+@strategy("egl", gradients=True)
+def egl(s: StrategyInputs) -> Columns:
+    """Expected gradient length: sum over classes c of p(c|x) * ||grad loss(x, c)||."""
+    probs = s.probs                                            # [B, C]
+    k = min(s.top_classes or probs.shape[1], probs.shape[1])
+    order = probs.argsort(dim=1, descending=True, stable=True)[:, :k]  # [B, K] most probable first
+    norms = _grad_norms(s, [order[:, j] for j in range(k)])   # [K, B]
+    weights = probs.gather(1, order)                          # [B, K]
+    cols = {"score": (weights * norms.T).sum(dim=1)}
+    if k < probs.shape[1]:
+        cols["mass_left"] = (1.0 - weights.sum(dim=1)).clamp_min(0.0)
+    return cols
+
+
+@strategy("gradnorm", gradients=True)
+def gradnorm(s: StrategyInputs) -> Columns:
+    """Gradient norm at the example's label where known, else at the predicted class."""
+    return {"score": _grad_norms(s, [s.targets])[0]}
+
+
+def loss_at_targets(s: StrategyInputs) -> torch.Tensor:
+    """Cross-entropy at the given label where known, else at the predicted class -> [B] float64."""
+    return F.cross_entropy(s.logits.double(), s.targets, reduction="none")
+
+
+@strategy("loss")
+def loss(s: StrategyInputs) -> Columns:
+    """Cross-entropy loss at the label where known, else at the predicted class."""
+    return {"score": loss_at_targets(s)}
+
+
+@strategy("entropy")
+def entropy(s: StrategyInputs) -> Columns:
+    """Entropy of the predicted distribution."""
+    p = s.probs
+    return {"score": -torch.special.xlogy(p, p).sum(dim=1)}
+
+
+@strategy("margin")
+def margin(s: StrategyInputs) -> Columns:
+    """1 - (p(best) - p(second best)): the smallest margin ranks first."""
+    p = s.probs
+    top = p.topk(min(2, p.shape[1]), dim=1).values
+    gap = top[:, 0] - top[:, 1] if top.shape[1] > 1 else top[:, 0]
+    return {"score": 1.0 - gap, "margin": gap}
+
+
+@strategy("least-confidence")
+def least_confidence(s: StrategyInputs) -> Columns:
+    """1 - p(predicted class)."""
+    return {"score": 1.0 - s.probs.max(dim=1).values}
+
+
+def seeded_uniform(seed: int, id_: str) -> float:
+    """A number in [0, 1) fixed by (seed, id): independent of batch size, order and sharding."""
+    digest = hashlib.blake2b(f"{seed}\0{id_}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2.0 ** 64
+
+
+@strategy("random")
+def random(s: StrategyInputs) -> Columns:
+    """A seeded random number per example (a baseline)."""
+    return {"score": torch.tensor([seeded_uniform(s.seed, i) for i in s.ids], dtype=torch.float64)}
