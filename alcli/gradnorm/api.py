@@ -85,6 +85,16 @@ def auto_choice(model: nn.Module, params=None, loss_fn: LossFn | None = None):
     return _auto_choice.get(model, {}).get((tuple(selection.names), id(loss_fn or cross_entropy)))
 
 
+def explain(model: nn.Module, params=None, loss_fn: LossFn | None = None) -> dict:
+    """What the engine will do for this model: the rule serving each selected module and
+    the method `auto` settled on with its reason (None before its first call)."""
+    from .ghost import describe
+
+    selection = select_params(model, params)
+    return {"rules": describe(model, selection), "auto": auto_choice(model, params, loss_fn),
+            "selected_params": sum(p.numel() for p in selection.params)}
+
+
 def _dtype(model: nn.Module, inputs: torch.Tensor) -> torch.dtype:
     for p in model.parameters():
         if p.is_floating_point():
