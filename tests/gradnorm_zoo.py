@@ -90,6 +90,26 @@ class TextTransformer(nn.Module):
         return self.head((h * keep).sum(1) / keep.sum(1))
 
 
+class SeqFirstTransformer(nn.Module):
+    """The default nn.TransformerEncoder layout, batch_first=False: every layer sees [T, B, d].
+
+    Built with T == B so an engine that takes dim 0 for the batch gets no shape error to warn it.
+    """
+
+    def __init__(self, d=8, classes=4):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, d)
+        layer = nn.TransformerEncoderLayer(d_model=d, nhead=2, dim_feedforward=16, dropout=0.1)
+        self.encoder = nn.TransformerEncoder(layer, num_layers=1, enable_nested_tensor=False)
+        self.head = nn.Linear(d, classes)
+
+    def forward(self, tokens):  # [B, T]
+        pad = tokens == PAD
+        h = self.encoder(self.emb(tokens).transpose(0, 1), src_key_padding_mask=pad)  # [T, B, d]
+        keep = (~pad).t().unsqueeze(-1).to(h.dtype)
+        return self.head((h * keep).sum(0) / keep.sum(0))
+
+
 class LSTMClassifier(nn.Module):
     def __init__(self):
         super().__init__()
@@ -336,8 +356,9 @@ _BUILDERS: dict[str, tuple[Callable[[], nn.Module], Callable, int]] = {
     "mlp": (MLP, lambda g, b: torch.randn(b, 12, generator=g), 6),
     "bn_res_cnn": (BNResCNN, lambda g, b: torch.randn(b, 3, 8, 8, generator=g), 4),
     "resnet18": (_resnet18, lambda g, b: torch.randn(b, 3, 32, 32, generator=g), 2),
-    "mobilenet_v3_small": (_mobilenet, lambda g, b: torch.randn(b, 3, 32, 32, generator=g), 3),
+    "mobilenet_v3_small": (_mobilenet, lambda g, b: torch.randn(b, 3, 32, 32, generator=g), 2),
     "transformer": (TextTransformer, lambda g, b: _tokens(g, b, 7), 4),
+    "transformer_seq_first": (SeqFirstTransformer, lambda g, b: _tokens(g, b, 4), 4),
     "lstm": (LSTMClassifier, lambda g, b: _tokens(g, b, 6), 4),
     "tied": (TiedLM, lambda g, b: _tokens(g, b, 5), 4),
     "linear_twice": (LinearTwice, lambda g, b: torch.randn(b, 6, generator=g), 5),

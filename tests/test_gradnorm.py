@@ -43,8 +43,9 @@ def oracle_for(case_id: str, targets_key: str = "default", loss_key: str = "ce")
 
 
 def names_a_module(message: str, model: nn.Module) -> bool:
+    """The message names a submodule (path or type), the root module, or the loss function."""
     names = {n for n, _ in model.named_modules() if n} | {type(m).__name__ for m in model.modules()}
-    return any(n in message for n in names)
+    return any(n in message for n in names | {"root module", "loss"})
 
 
 def call(method, model, inputs, targets, **kw):
@@ -106,8 +107,7 @@ SELECTIONS = [
     ("simple", ["conv1", "fc"], lambda n: n.split(".")[0] in ("conv1", "fc")),
     ("simple", "fc", lambda n: n.startswith("fc.")),
     ("simple", ["conv2.weight"], lambda n: n == "conv2.weight"),
-    ("resnet18", ["layer4"], lambda n: n.startswith("layer4.")),
-    ("resnet18", ["layer3.1.*", "fc"], lambda n: n.startswith(("layer3.1.", "fc."))),
+    ("bn_res_cnn", ["conv*"], lambda n: n.startswith("conv")),
     ("bn_res_cnn", ["bn1", "bn3"], lambda n: n.startswith(("bn1.", "bn3."))),
     ("transformer", ["encoder.layers.1.self_attn", "head"],
      lambda n: n.startswith(("encoder.layers.1.self_attn.", "head."))),
