@@ -73,7 +73,7 @@ def grad_norms_per_target(model: nn.Module, inputs: torch.Tensor, target_sets: S
         except UnsupportedModel as err:
             failures.append(f"{name}: {err}")
             continue
-        reason = "; ".join(failures) if failures else "every selected module has an exact rule"
+        reason = "; ".join(failures + [_why(name, model, selection)])
         known[key] = (name, reason)
         return norms.to(_dtype(model, inputs)), logits.detach()
     raise UnsupportedModel("no method can serve this model: " + "; ".join(failures))
@@ -83,6 +83,17 @@ def auto_choice(model: nn.Module, params=None, loss_fn: LossFn | None = None):
     """(method, reason) that `auto` settled on for this model, or None before its first call."""
     selection = select_params(model, params)
     return _auto_choice.get(model, {}).get((tuple(selection.names), id(loss_fn or cross_entropy)))
+
+
+def _why(method: str, model, selection) -> str:
+    if method != "ghost":
+        return f"{method} serves this model"
+    from .ghost import describe
+    generic = [name or "(root)" for name, _, rule, _ in describe(model, selection) if rule == "generic"]
+    if not generic:
+        return "ghost: a layer rule serves every selected module"
+    return "ghost: layer rules, and the exact generic rule for " + ", ".join(generic[:5]) + (
+        f" and {len(generic) - 5} more" if len(generic) > 5 else "")
 
 
 def explain(model: nn.Module, params=None, loss_fn: LossFn | None = None) -> dict:
