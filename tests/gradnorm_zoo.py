@@ -370,6 +370,8 @@ _BUILDERS: dict[str, tuple[Callable[[], nn.Module], Callable, int]] = {
     "mha_batch_first": (MHABatchFirst, lambda g, b: _tokens(g, b, 6), 4),
     "mha_seq_first": (MHASeqFirst, lambda g, b: _tokens(g, b, 6), 4),
     "linear_3d": (Linear3d, lambda g, b: torch.randn(b, 4, 6, generator=g), 4),
+    # long sequence, small layers: T^2 > d_in * d_out, the per-example-gradient side of the rule
+    "linear_3d_long": (Linear3d, lambda g, b: torch.randn(b, 24, 6, generator=g), 3),
     "embedding_padding_idx": (EmbeddingPad, lambda g, b: _tokens(g, b, 6), 4),
 }
 
