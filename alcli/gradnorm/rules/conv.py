@@ -14,21 +14,19 @@ from . import register
 
 
 def unfold_patches(module, x):
-    """x [B, C_in, *S] -> patches [B, groups, T, C_in/groups * K], ordered like weight.flatten(1)."""
+    """x [B, C_in, *S] -> patches [B, groups, C_in/groups * K, T], rows ordered like weight.flatten(1)."""
+    batch, spatial = x.shape[0], len(module.kernel_size)
     mode = "constant" if module.padding_mode == "zeros" else module.padding_mode
     x = F.pad(x, module._reversed_padding_repeated_twice, mode=mode)
-    spatial = len(module.kernel_size)
     for d in range(spatial):
         k, s, dil = module.kernel_size[d], module.stride[d], module.dilation[d]
         x = x.unfold(2 + d, dil * (k - 1) + 1, s)  # appends a window dim
         if dil > 1:
             x = x[..., ::dil]
-    batch, channels = x.shape[:2]
     out_shape = x.shape[2:2 + spatial]
-    # [B, C, O..., k...] -> [B, O..., C, k...] -> [B, groups, T, C/groups * K]
-    perm = [0, *range(2, 2 + spatial), 1, *range(2 + spatial, 2 + 2 * spatial)]
-    x = x.permute(perm).reshape(batch, out_shape.numel(), module.groups, -1)
-    return x.transpose(1, 2)
+    # [B, C, O..., k...] -> [B, C, k..., O...] -> [B, groups, C/groups * K, T]
+    perm = [0, 1, *range(2 + spatial, 2 + 2 * spatial), *range(2, 2 + spatial)]
+    return x.permute(perm).reshape(batch, module.groups, -1, out_shape.numel())
 
 
 @register(nn.Conv1d, nn.Conv2d, nn.Conv3d)
@@ -38,26 +36,25 @@ def conv_rule(module, call, wanted):
         raise UnsupportedModel("unbatched convolution input")
     g = call.grad_out
     batch, c_out = g.shape[:2]
-    groups = module.groups
-    g = g.reshape(batch, groups, c_out // groups, -1).transpose(2, 3)  # [B, groups, T, C_out/groups]
+    g = g.reshape(batch, module.groups, c_out // module.groups, -1)  # [B, groups, C_out/groups, T]
     out = {}
     if "weight" in wanted:
         a = call.cache.get("patches")
         if a is None:
-            a = call.cache["patches"] = unfold_patches(module, x)  # [B, groups, T, k]
-        steps, k = a.shape[2], a.shape[3]
-        o = g.shape[3]
+            a = call.cache["patches"] = unfold_patches(module, x)  # [B, groups, k, T]
+        k, steps = a.shape[2], a.shape[3]
+        o = g.shape[2]
         if wanted["weight"]:
-            out["weight"] = (g.transpose(2, 3) @ a).reshape(batch, *module.weight.shape)
+            out["weight"] = (g @ a.transpose(2, 3)).reshape(batch, *module.weight.shape)
         elif steps * steps <= k * o:
-            # Gram form: <A A^T, G G^T> per group, [B, groups, T, T]
+            # Gram form <A^T A, G^T G> per group: [T, T] is no larger than the [o, k] product
             gram_a = call.cache.get("gram")
             if gram_a is None:
-                gram_a = call.cache["gram"] = a @ a.transpose(2, 3)
-            out["weight"] = (gram_a * (g @ g.transpose(2, 3))).sum((1, 2, 3))
+                gram_a = call.cache["gram"] = a.transpose(2, 3) @ a  # [B, groups, T, T]
+            out["weight"] = (gram_a * (g.transpose(2, 3) @ g)).sum((1, 2, 3))
         else:
-            out["weight"] = (g.transpose(2, 3) @ a).pow(2).sum((1, 2, 3))
+            out["weight"] = (g @ a.transpose(2, 3)).square().sum((1, 2, 3))
     if "bias" in wanted:
-        bias_grad = g.sum(2).reshape(batch, c_out)
-        out["bias"] = bias_grad if wanted["bias"] else bias_grad.pow(2).sum(1)
+        bias_grad = g.sum(3).reshape(batch, c_out)
+        out["bias"] = bias_grad if wanted["bias"] else bias_grad.square().sum(1)
     return out
