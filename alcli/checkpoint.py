@@ -2,7 +2,7 @@
 
 Accepted: a plain state_dict; a dict nesting one under `state_dict`/`model`/... with a common key
 prefix (`model.` from Lightning, `module.` from DDP, `_orig_mod.` from torch.compile); a TorchScript
-or torch.export archive; and a whole pickled model (`torch.save(model)`), only when trusted, because
+archive; and a whole pickled model (`torch.save(model)`), only when trusted, because
 unpickling runs code from the file. Everything else is loaded with `weights_only=True`.
 """
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -30,9 +31,13 @@ def load_model(path: str | Path, *, arch: str | None = None, arch_kwargs: dict |
         raise CheckpointError(f"model file {path} does not exist")
     archive = _archive_kind(path)
     if archive == "torchscript":
-        return torch.jit.load(str(path), map_location="cpu").eval()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # "torch.jit is deprecated"
+            return torch.jit.load(str(path), map_location="cpu").eval()
     if archive == "export":
-        return torch.export.load(str(path)).module()
+        raise CheckpointError(f"model file {path} is a torch.export archive, whose graph cannot "
+                              f"be switched to eval mode or differentiated per example; save the "
+                              f"model's state_dict and pass --arch instead")
     obj = _torch_load(path, trust)
     module = _find_module(obj)
     if module is not None:
@@ -74,6 +79,7 @@ def _torch_load(path: Path, trust: bool):
         if not refused:
             raise CheckpointError(f"model file {path} is not a PyTorch checkpoint "
                                   f"({_first_line(err)})") from None
+    _cwd_importable()  # the pickled model's classes, like --arch, import from the working directory
     try:
         return torch.load(path, map_location="cpu", weights_only=False)
     except Exception as err:  # noqa: BLE001 - e.g. the pickled class cannot be imported
@@ -178,10 +184,14 @@ def build_arch(spec: str, kwargs: dict) -> nn.Module:
     return model
 
 
-def _import_callable(spec: str, module_name: str, attr: str):
+def _cwd_importable() -> None:
     cwd = os.getcwd()
     if cwd not in sys.path:
-        sys.path.insert(0, cwd)  # "importable from the working directory"
+        sys.path.insert(0, cwd)
+
+
+def _import_callable(spec: str, module_name: str, attr: str):
+    _cwd_importable()  # "a class or factory importable from the working directory"
     try:
         obj = importlib.import_module(module_name)
     except Exception as err:  # noqa: BLE001

@@ -26,7 +26,7 @@ Config = Annotated[Optional[str], typer.Option(
                            "./configs/default.yaml is used when present (the demo).")]
 Model = Annotated[Optional[str], typer.Option(
     "--model", "-m", help="Checkpoint: a state_dict (needs --arch), a Lightning/DDP-style dict, "
-                          "a TorchScript/torch.export archive, or a pickled model.")]
+                          "a TorchScript archive, or a pickled model (see --trust-checkpoint).")]
 Arch = Annotated[Optional[str], typer.Option(
     help="torchvision:NAME or package.module:callable; constructor arguments from the config "
          "key arch_kwargs.")]

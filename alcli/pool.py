@@ -120,40 +120,68 @@ def collate(items: list[Item]) -> Batch:
 
 # --- images -------------------------------------------------------------------------------------
 
-class _ToMode:
-    """PIL image -> the mode the model's channel count needs (grayscale first if asked)."""
+class ImageTransform:
+    """PIL image -> float tensor [C, H, W]: channel mode, resize, center crop, [0, 1], normalize.
 
-    def __init__(self, mode: str, grayscale: bool):
-        self.mode, self.grayscale = mode, grayscale
+    Resize and crop follow torchvision's conventions (bilinear; an int resizes the shorter side;
+    a crop larger than the image pads with zeros) without importing torchvision (startup time).
+    """
 
-    def __call__(self, img):
-        if self.grayscale and img.mode != "L":
+    def __init__(self, mode: str, t: Transform):
+        self.mode, self.t = mode, t
+        norm = t.normalize
+        self.mean = None if norm is None else torch.tensor(norm["mean"]).view(-1, 1, 1)
+        self.std = None if norm is None else torch.tensor(norm["std"]).view(-1, 1, 1)
+
+    def __call__(self, img) -> torch.Tensor:
+        from PIL import Image
+        if self.t.grayscale and img.mode != "L":
             img = img.convert("L")
-        return img if img.mode == self.mode else img.convert(self.mode)
+        if img.mode != self.mode:
+            img = img.convert(self.mode)
+        if self.t.resize is not None:
+            img = img.resize(_resized(img.size, self.t.resize), Image.BILINEAR)
+        if self.t.center_crop is not None:
+            img = img.crop(_crop_box(img.size, self.t.center_crop))
+        x = torch.from_numpy(np.asarray(img, dtype=np.float32) / 255.0)
+        x = x.unsqueeze(0) if x.dim() == 2 else x.permute(2, 0, 1)  # [C, H, W]
+        if self.mean is not None:
+            x = (x - self.mean) / self.std
+        return x.contiguous()
 
 
-def image_transform(t: Transform, channels: int | None) -> Callable:
-    """PIL image -> float tensor [C, H, W] in [0, 1], resized, cropped and normalized as configured."""
-    from torchvision import transforms as T
+def _resized(size: tuple[int, int], resize) -> tuple[int, int]:
+    """(width, height) after resizing: an int sets the shorter side, keeping the aspect ratio."""
+    w, h = size
+    if isinstance(resize, list):
+        return resize[1], resize[0]
+    if w <= h:
+        return resize, int(resize * h / w)
+    return int(resize * w / h), resize
+
+
+def _crop_box(size: tuple[int, int], crop) -> tuple[int, int, int, int]:
+    w, h = size
+    ch, cw = (crop, crop) if isinstance(crop, int) else crop
+    left = int(round((w - cw) / 2.0)) if w >= cw else -((cw - w) // 2)
+    top = int(round((h - ch) / 2.0)) if h >= ch else -((ch - h) // 2)
+    return left, top, left + cw, top + ch
+
+
+def image_transform(t: Transform, channels: int | None) -> ImageTransform:
+    """The transform for images fed to a model whose first convolution takes `channels`."""
     modes = {1: "L", 3: "RGB", 4: "RGBA"}
     if channels is None:
         channels = 1 if t.grayscale else 3
     if channels not in modes:
         raise PoolError(f"the model takes {channels}-channel inputs, which images cannot provide; "
                         f"use a tensor pool (.pt, .npy, .npz)")
-    steps = [_ToMode(modes[channels], t.grayscale)]
-    if t.resize is not None:
-        steps.append(T.Resize(t.resize))
-    if t.center_crop is not None:
-        steps.append(T.CenterCrop(t.center_crop))
-    steps.append(T.ToTensor())
     if t.normalize is not None:
         n = len(t.normalize["mean"])
         if n not in (1, channels):
             raise ConfigError(f"transform.normalize has {n} mean/std values but the model takes "
                               f"{channels}-channel images")
-        steps.append(T.Normalize(t.normalize["mean"], t.normalize["std"]))
-    return T.Compose(steps)
+    return ImageTransform(modes[channels], t)
 
 
 def _image_pool(name: str, rows: list[tuple[str, Path, int]], opts: PoolOptions) -> ImagePool:

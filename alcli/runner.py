@@ -39,9 +39,13 @@ def resolve_device(spec: str) -> torch.device:
 
 def model_channels(model: nn.Module) -> int | None:
     """Input channels of the model's first convolution (what images are converted to), if any."""
+    conv_names = ("Conv1d", "Conv2d", "Conv3d")
     for module in model.modules():
-        if isinstance(module, nn.modules.conv._ConvNd):
-            return module.in_channels
+        if (isinstance(module, nn.modules.conv._ConvNd)
+                or getattr(module, "original_name", None) in conv_names):  # TorchScript modules
+            channels = getattr(module, "in_channels", None)
+            if isinstance(channels, int):
+                return channels
     return None
 
 

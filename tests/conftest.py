@@ -1,0 +1,130 @@
+"""Shared fixtures for the CLI tests: a small real workspace on disk (model, images, manifest,
+tensors, config) and the independent float64 oracle the scores are checked against."""
+from __future__ import annotations
+
+import csv
+import io
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+TINYNET = textwrap.dedent('''
+    import torch
+    from torch import nn
+
+    class TinyNet(nn.Module):
+        """3x6x6 images -> logits [B, num_classes]."""
+        def __init__(self, num_classes=3, channels=3):
+            super().__init__()
+            self.conv = nn.Conv2d(channels, 4, 3, padding=1)
+            self.pool = nn.MaxPool2d(2)
+            self.fc = nn.Linear(4 * 3 * 3, num_classes)
+
+        def forward(self, x):
+            return self.fc(self.pool(torch.relu(self.conv(x))).flatten(1))
+''')
+CLASSES = ("a", "b", "c")
+MEAN, STD = 0.5, 0.25
+CONFIG = textwrap.dedent(f'''
+    arch: tinynet:TinyNet
+    arch_kwargs: {{num_classes: 3}}
+    transform:
+      normalize: {{mean: [{MEAN}, {MEAN}, {MEAN}], std: [{STD}, {STD}, {STD}]}}
+    batch_size: 5
+''')
+
+
+class Workspace:
+    """Paths of the files the `workspace` fixture wrote, plus helpers to read them independently."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.model = root / "model.pt"
+        self.pool = root / "pool"
+        self.manifest = root / "manifest.csv"
+        self.config = root / "config.yaml"
+        self.tensors = root / "pool.pt"
+        self.images: dict[str, tuple[Path, int]] = {}  # id (relative path) -> (file, label)
+
+    def net(self, dtype=torch.float64):
+        sys.path.insert(0, str(self.root))
+        try:
+            from tinynet import TinyNet
+        finally:
+            sys.path.remove(str(self.root))
+        model = TinyNet(3)
+        model.load_state_dict(torch.load(self.model, weights_only=True))
+        return model.to(dtype).eval()
+
+    def image_input(self, rel: str) -> torch.Tensor:
+        """The model input for one image, computed here without alcli: [3, 6, 6] float64."""
+        with Image.open(self.images[rel][0]) as img:
+            arr = np.asarray(img.convert("RGB"), dtype=np.float64) / 255.0
+        return (torch.from_numpy(arr).permute(2, 0, 1) - MEAN) / STD
+
+
+def oracle_grad_norm(model, x: torch.Tensor, target: int) -> float:
+    """The seed's loop for one example: ||d loss(x, target) / d params|| in float64."""
+    params = [p for p in model.parameters()]
+    loss = F.cross_entropy(model(x[None].double()), torch.tensor([target]))
+    grads = torch.autograd.grad(loss, params)
+    return float(torch.sqrt(sum(g.pow(2).sum() for g in grads)))
+
+
+def parse_csv(text: str) -> list[dict]:
+    return list(csv.DictReader(io.StringIO(text)))
+
+
+@pytest.fixture(scope="session")
+def workspace(tmp_path_factory) -> Workspace:
+    root = tmp_path_factory.mktemp("alcli_ws")
+    ws = Workspace(root)
+    (root / "tinynet.py").write_text(TINYNET)
+    torch.manual_seed(0)
+    sys.path.insert(0, str(root))
+    try:
+        from tinynet import TinyNet
+    finally:
+        sys.path.remove(str(root))
+    net = TinyNet(3)
+    with torch.no_grad():
+        for p in net.parameters():
+            p.mul_(3.0)  # confident but not saturated predictions: scores spread out
+    torch.save(net.state_dict(), ws.model)
+
+    rng = np.random.default_rng(0)
+    rows = []
+    for i in range(14):
+        label = i % 3
+        ext = {5: ".jpg", 7: ".bmp"}.get(i, ".png")
+        sub = f"{CLASSES[label]}/deep" if i == 9 else CLASSES[label]
+        rel = f"{sub}/img{i:02d}{ext}"
+        path = ws.pool / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(rng.integers(0, 256, (6, 6, 3), dtype=np.uint8), "RGB").save(path)
+        ws.images[rel] = (path, label)
+        rows.append((rel, f"pool/{rel}", label))
+    (ws.pool / "notes.txt").write_text("not an image\n")
+    with open(ws.manifest, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["id", "path", "label"])
+        w.writerows(rows)
+    ws.config.write_text(CONFIG)
+    ids = sorted(ws.images)
+    x = torch.stack([ws.image_input(r) for r in ids]).float()
+    y = torch.tensor([ws.images[r][1] for r in ids])
+    torch.save({"x": x, "y": y, "ids": ids}, ws.tensors)
+    return ws
+
+
+@pytest.fixture
+def in_ws(workspace, monkeypatch) -> Workspace:
+    """Run inside the workspace, so `--arch tinynet:TinyNet` imports from the working directory."""
+    monkeypatch.chdir(workspace.root)
+    return workspace
