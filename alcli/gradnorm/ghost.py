@@ -4,9 +4,11 @@
    inputs and add a zero "tap" to its output: out + Z with Z a stride-0 zero leaf. dL/dZ is the
    loss gradient at the output as the module produced it, even if later code modifies the output
    in place, and the backward never runs past the earliest tap.
-2. One `torch.autograd.grad(sum of losses, taps)`: row i is example i's own output gradient.
-3. Each layer rule turns (inputs, output gradient) into per-example squared norms, or per-example
-   gradients for parameters used more than once (calls add before the norm; cross terms count).
+2. One backward of the summed loss into the taps: row i of dL/dZ is example i's own output
+   gradient (examples do not interact in eval mode).
+3. As each tap's gradient arrives, the layer rule turns (inputs, output gradient) into per-example
+   squared norms, or per-example gradients for parameters used more than once (calls add before
+   the norm; cross terms count).
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ class Call:
     tapped: list = field(default_factory=list)       # per output leaf: does it carry a tap
     versions: list = field(default_factory=list)     # input tensors' version counters at capture
     grad_out: object = None
+    arrived: list | None = None                      # output gradients received so far in this pass
     cache: dict = field(default_factory=dict)
 
 
@@ -138,16 +141,81 @@ def ghost_norms(model, inputs, target_sets, selection: Selection, loss_fn):
     capturing[0] = False
 
     _check_unmodified(calls)
-    all_taps = [tap for name in calls for call in calls[name] for tap in call.taps]
     uses = _count_uses(plan, calls)
+    all_taps = [tap for module_calls in calls.values() for call in module_calls for tap in call.taps]
     rows = []
     for k, targets in enumerate(target_sets):
-        loss = loss_fn(logits, targets).sum()
-        tap_grads = torch.autograd.grad(loss, all_taps, retain_graph=k + 1 < len(target_sets),
-                                        allow_unused=True)
-        _attach_grads(calls, tap_grads)
-        rows.append(_combine(plan, calls, uses, batch))
+        backward_pass = _Pass(plan, uses, batch, last=k + 1 == len(target_sets))
+        hooks = backward_pass.hook_taps(calls)
+        try:
+            loss = loss_fn(logits, targets).sum()
+            torch.autograd.backward(loss, inputs=all_taps, retain_graph=k + 1 < len(target_sets))
+        finally:
+            for hook in hooks:
+                hook.remove()
+        rows.append(backward_pass.finish(calls))
     return torch.stack(rows), logits
+
+
+class _Pass:
+    """One target set's backward pass. Each call's rule runs as soon as its output gradient has
+    arrived, so output gradients (and, on the last pass, captured inputs) are freed as the
+    backward proceeds instead of all being held at once."""
+
+    def __init__(self, plan: Plan, uses: dict, batch: int, last: bool):
+        self.plan, self.uses, self.last = plan, uses, last
+        self.sq = torch.zeros(batch, dtype=torch.float64)
+        self.summed_grads: dict[int, torch.Tensor] = {}  # parameter id -> [B, *shape]
+
+    def hook_taps(self, calls) -> list:
+        hooks = []
+        for name, module_calls in calls.items():
+            for call in module_calls:
+                call.arrived = [None] * len(call.taps)
+                for i, tap in enumerate(call.taps):
+                    hooks.append(tap.register_post_accumulate_grad_hook(self._on_grad(name, call, i)))
+        return hooks
+
+    def _on_grad(self, name, call, i):
+        def hook(tap):
+            call.arrived[i], tap.grad = tap.grad, None
+            if all(g is not None for g in call.arrived):
+                self._run(name, call)
+        return hook
+
+    def _run(self, name, call):
+        grads = iter(g if g is not None else torch.zeros(t.shape, dtype=t.dtype, device=t.device)
+                     for g, t in zip(call.arrived, call.taps))
+        call.grad_out = tree_unflatten([next(grads) if has_tap else None for has_tap in call.tapped],
+                                       call.out_spec)
+        call.arrived = None
+        module = self.plan.modules[name]
+        paths = self.plan.paths[name]
+        wanted = {path: self.uses[id(p)] > 1 for path, p in paths.items()}
+        try:
+            result = self.plan.rules[name][1](module, call, wanted)
+        except UnsupportedModel as err:
+            raise UnsupportedModel(f"module '{name}' ({type(module).__name__}): {err}") from err
+        for path, value in result.items():
+            key = id(paths[path])
+            if wanted[path]:
+                self.summed_grads[key] = value + self.summed_grads[key] if key in self.summed_grads else value
+            else:
+                self.sq += value.double()
+        call.grad_out = None
+        if self.last:
+            call.args, call.kwargs, call.cache = None, None, None
+
+    def finish(self, calls) -> torch.Tensor:
+        """Calls whose outputs got only part of their gradient (an unused output) run now with
+        zeros for the rest; calls that got none contribute nothing."""
+        for name, module_calls in calls.items():
+            for call in module_calls:
+                if call.arrived is not None and any(g is not None for g in call.arrived):
+                    self._run(name, call)
+        for g in self.summed_grads.values():
+            self.sq += g.flatten(1).double().square().sum(1)
+        return self.sq.clamp_min(0).sqrt()
 
 
 def _covering_modules(plan: Plan) -> dict:
@@ -167,6 +235,7 @@ def _check_unmodified(calls):
                 if tensor._version != version:
                     raise UnsupportedModel(f"the input of module '{name}' is modified in place after "
                                            "the module ran")
+            call.versions = []
 
 
 def _count_uses(plan: Plan, calls) -> dict[int, int]:
@@ -175,46 +244,3 @@ def _count_uses(plan: Plan, calls) -> dict[int, int]:
         for p in paths.values():
             uses[id(p)] = uses.get(id(p), 0) + len(calls[name])
     return uses
-
-
-def _attach_grads(calls, tap_grads):
-    """Give every call its output gradient, shaped like its output (None for untapped leaves)."""
-    grads = iter(tap_grads)
-    for module_calls in calls.values():
-        for call in module_calls:
-            taps = iter(call.taps)
-            leaves = []
-            for has_tap in call.tapped:
-                if not has_tap:
-                    leaves.append(None)
-                    continue
-                tap, g = next(taps), next(grads)
-                leaves.append(torch.zeros(tap.shape, dtype=tap.dtype, device=tap.device) if g is None else g)
-            call.grad_out = tree_unflatten(leaves, call.out_spec)
-
-
-def _combine(plan: Plan, calls, uses, batch) -> torch.Tensor:
-    """Sum per-parameter squared norms; gradients of parameters used more than once add first."""
-    sq = None
-    summed_grads: dict[int, torch.Tensor] = {}
-    for name, module_calls in calls.items():
-        module = plan.modules[name]
-        rule_name, rule = plan.rules[name]
-        wanted = {path: uses[id(p)] > 1 for path, p in plan.paths[name].items()}
-        for call in module_calls:
-            try:
-                result = rule(module, call, wanted)
-            except UnsupportedModel as err:
-                raise UnsupportedModel(f"module '{name}' ({type(module).__name__}): {err}") from err
-            for path, value in result.items():
-                p = plan.paths[name][path]
-                if wanted[path]:
-                    summed_grads[id(p)] = summed_grads[id(p)] + value if id(p) in summed_grads else value
-                else:
-                    sq = value.double() if sq is None else sq + value.double()
-    for g in summed_grads.values():
-        part = g.flatten(1).double().pow(2).sum(1)
-        sq = part if sq is None else sq + part
-    if sq is None:  # selected parameters that the forward never used
-        return torch.zeros(batch, dtype=torch.float64)
-    return sq.clamp_min(0).sqrt()

@@ -33,10 +33,11 @@ def attention_rule(module, call, wanted):
     grad_out, grad_weights = call.grad_out if isinstance(call.grad_out, tuple) else (call.grad_out, None)
     if not module.batch_first:
         grad_out = grad_out.transpose(0, 1)
-    objective = (out * grad_out).sum()
-    if weights is not None and grad_weights is not None:
-        objective = objective + (weights * grad_weights).sum()
-    dq, dk, dv = torch.autograd.grad(objective, leaves, retain_graph=True)
+    with torch.enable_grad():  # rules may run inside the backward pass, where grad mode is off
+        objective = (out * grad_out).sum()
+        if weights is not None and grad_weights is not None:
+            objective = objective + (weights * grad_weights).sum()
+        dq, dk, dv = torch.autograd.grad(objective, leaves, retain_graph=True)
     o = o.detach()
 
     def product(a, g, want_grad, key):
