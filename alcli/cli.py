@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from typing import List, Optional
+from typing import Annotated, List, Optional
 
 import typer
-from typing_extensions import Annotated
+
 
 from .config import DEFAULT_CONFIG, Settings, load_settings
 from .errors import AlcliError
@@ -131,7 +131,7 @@ def _summary(result, settings: Settings) -> None:
     from .table import columns_of, format_value
     s = result.stats
     console = _stderr_console()
-    method = f"{s.method} ({s.method_reason})" if s.method else "no gradients needed"
+    method = f"{s.method} ({_reason(s.method, s.method_reason)})" if s.method else "no gradients needed"
     facts = Table.grid(padding=(0, 2))
     for key, value in (("examples", f"{s.count}"), ("time", f"{s.seconds:.2f} s"),
                        ("speed", f"{s.per_second:,.1f} examples/s"), ("device", s.device),
@@ -148,6 +148,11 @@ def _summary(result, settings: Settings) -> None:
     console.print(top)
     for note in s.notes:
         console.print(f"note: {note}", markup=False)
+
+
+def _reason(method: str, reason: str | None) -> str:
+    reason = reason or ""
+    return reason[len(method) + 2:] if reason.startswith(f"{method}: ") else reason
 
 
 def _short(text: str) -> str:
@@ -264,7 +269,8 @@ def inspect(
     console.print(table)
     console.print(f"input channels: {info.channels if info.channels else 'unknown (no convolution)'}",
                   markup=False)
-    console.print(f"method: {info.method}" + (f" ({info.reason})" if info.reason else ""), markup=False)
+    reason = _reason(info.method, info.reason)
+    console.print(f"method: {info.method}" + (f" ({reason})" if reason else ""), markup=False)
 
 
 def main() -> None:
