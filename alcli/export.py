@@ -1,0 +1,232 @@
+"""Hand-offs for a selected batch: Label Studio tasks, JSON Lines, and a contact sheet PNG.
+
+Rows are dicts with at least `id` and `score` (and optionally `rank`, `pred`), in batch order.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import sys
+import tempfile
+from typing import Iterable, Mapping, Sequence
+from urllib.parse import quote
+
+import numpy as np
+from PIL import Image, ImageDraw, ImageFont, ImageOps
+
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+# --- Label Studio ---------------------------------------------------------------------------------
+
+def model_version_from(checkpoint_path: str) -> str:
+    """Label Studio's model_version for a checkpoint: its file name (`runs/best.pt` -> `best.pt`)."""
+    return os.path.basename(checkpoint_path.rstrip("/\\")) or checkpoint_path
+
+
+def image_ref(row_id: str, image_root: str | None) -> str:
+    """The `data.image` value for an id: the id itself, or the id under `image_root`.
+
+    A URL root (`https://host/pool`, `s3://bucket/x`) gets the id percent-encoded, joined with `/`
+    unless the root already ends in `/` or `=` (e.g. Label Studio's local-files
+    `http://host:8080/data/local-files/?d=`). A non-URL root is joined as a file path. Ids that are
+    URLs already are left alone.
+    """
+    row_id = str(row_id)
+    if image_root is None or _URL.match(row_id):
+        return row_id
+    if _URL.match(image_root):
+        path = quote(row_id.replace("\\", "/").lstrip("/"), safe="/")
+        sep = "" if image_root.endswith(("/", "=")) else "/"
+        return image_root + sep + path
+    return os.path.join(image_root, row_id)
+
+
+def to_labelstudio(rows: Sequence[Mapping], image_root: str | None, model_version: str) -> list[dict]:
+    """Label Studio import tasks, one per row, in row order.
+
+    Shape (Label Studio's "basic JSON format" with pre-annotations, a JSON array of tasks):
+      {"data": {"image": <url or path>, "alcli_id", "alcli_rank", "alcli_score"[, "alcli_pred"]},
+       "predictions": [{"model_version": <str>, "score": <float>, "result": []}]}
+    `data.image` feeds an `<Image value="$image"/>` tag; the prediction's score lets the Data
+    Manager sort by it; `result` is empty because regions/choices depend on the project's labeling
+    config. The top-level task `id` is reserved by Label Studio and not set.
+    """
+    tasks = []
+    for n, row in enumerate(rows, 1):
+        score = _finite(row, n)
+        data = {"image": image_ref(row["id"], image_root), "alcli_id": str(row["id"]),
+                "alcli_rank": int(row.get("rank", n)), "alcli_score": score}
+        if row.get("pred") is not None:
+            data["alcli_pred"] = _plain(row["pred"])
+        tasks.append({"data": data,
+                      "predictions": [{"model_version": str(model_version), "score": score,
+                                       "result": []}]})
+    return tasks
+
+
+def _finite(row: Mapping, n: int) -> float:
+    try:
+        s = float(row["score"])
+    except (KeyError, TypeError, ValueError):
+        raise ValueError(f"row {n} (id '{row.get('id')}') has no numeric score") from None
+    if not math.isfinite(s):
+        raise ValueError(f"row {n} (id '{row.get('id')}') has a score that is not finite; "
+                         f"JSON cannot hold it")
+    return s
+
+
+def _plain(v):
+    """numpy / torch scalars -> Python numbers, so json can write them."""
+    return v.item() if hasattr(v, "item") and not isinstance(v, (str, bytes)) else v
+
+
+# --- writing --------------------------------------------------------------------------------------
+
+def _atomic_write_text(path: str, text: str) -> None:
+    if path == "-":
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".alcli-", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_json(obj, path: str) -> None:
+    """Write one JSON document (e.g. Label Studio tasks) atomically; `-` = stdout. NaN is an error."""
+    _atomic_write_text(path, json.dumps(obj, indent=2, ensure_ascii=False, allow_nan=False,
+                                        default=_plain) + "\n")
+
+
+def write_jsonl(rows: Iterable[Mapping], path: str) -> None:
+    """Write one JSON object per line, keys in row order, atomically; `-` = stdout."""
+    lines = [json.dumps(dict(r), ensure_ascii=False, allow_nan=False, default=_plain) for r in rows]
+    _atomic_write_text(path, "".join(line + "\n" for line in lines))
+
+
+# --- contact sheet --------------------------------------------------------------------------------
+
+PAD = 4
+CAPTION_LINES = 3  # "#rank", id, "score …"
+BACKGROUND = (255, 255, 255)
+TILE_BACKGROUND = (235, 235, 235)
+
+
+def _font():
+    return ImageFont.load_default()
+
+
+def _line_height(font) -> int:
+    top, bottom = font.getbbox("Ag#|(")[1::2]
+    return bottom - min(top, 0) + 2
+
+
+def sheet_layout(n: int, tile: int = 160, columns: int = 8) -> tuple[int, int, int, int]:
+    """Grid of a contact sheet for n images -> (cols, rows, cell_w, cell_h); the PNG is
+    (cols·cell_w) × (rows·cell_h), image i (0-based) in cell (i % cols, i // cols), its picture
+    fitted into the tile×tile square at (PAD, PAD) inside the cell, the caption below."""
+    if n < 1 or tile < 8 or columns < 1:
+        raise ValueError(f"contact sheet needs >= 1 image, tile >= 8 and columns >= 1; "
+                         f"got {n}, {tile}, {columns}")
+    cols = min(columns, n)
+    rows = -(-n // cols)
+    return cols, rows, tile + 2 * PAD, tile + 3 * PAD + CAPTION_LINES * _line_height(_font())
+
+
+def _to_rgb(im: Image.Image) -> Image.Image:
+    """Any Pillow mode -> RGB: high-bit-depth greyscale is min-max stretched, alpha is composited
+    over the tile background, palette / CMYK / 1-bit are converted."""
+    if im.mode in ("I", "F") or im.mode.startswith("I;"):
+        arr = np.asarray(im, dtype=np.float64)
+        lo, hi = (float(np.nanmin(arr)), float(np.nanmax(arr))) if arr.size else (0.0, 0.0)
+        arr = np.nan_to_num((arr - lo) / (hi - lo) * 255.0 if hi > lo else arr * 0.0)
+        return Image.fromarray(arr.clip(0, 255).astype(np.uint8), "L").convert("RGB")
+    if im.mode in ("RGBA", "LA", "PA", "La", "RGBa") or (im.mode == "P" and "transparency" in im.info):
+        rgba = im.convert("RGBA")
+        out = Image.new("RGB", rgba.size, TILE_BACKGROUND)
+        out.paste(rgba, mask=rgba.getchannel("A"))
+        return out
+    return im.convert("RGB")
+
+
+def _load_picture(path: str, tile: int) -> Image.Image:
+    with Image.open(path) as im:
+        im.draft("RGB", (tile, tile))  # JPEG: decode at a reduced scale when much larger
+        im = _to_rgb(ImageOps.exif_transpose(im))
+    w, h = im.size
+    scale = min(tile / w, tile / h)
+    size = (max(1, round(w * scale)), max(1, round(h * scale)))
+    # small images (28×28 digits) are enlarged with crisp pixels, large ones reduced smoothly
+    return im.resize(size, Image.Resampling.NEAREST if scale >= 1 else Image.Resampling.LANCZOS)
+
+
+def _fit(draw: ImageDraw.ImageDraw, text: str, font, width: int) -> str:
+    """The text, or its tail after "...", so it fits in `width` pixels (paths end in the name)."""
+    if draw.textlength(text, font=font) <= width:
+        return text
+    for cut in range(1, len(text)):
+        t = "..." + text[cut:]
+        if draw.textlength(t, font=font) <= width:
+            return t
+    return "..."
+
+
+def contact_sheet(rows: Sequence[Mapping], image_root_dir: str | None, out_png: str, *,
+                  tile: int = 160, columns: int = 8) -> list[str]:
+    """Draw the batch as one PNG grid, each image with its rank, id and score beneath it.
+
+    Image paths are the ids, under `image_root_dir` when given (absolute ids stay as they are).
+    An image that cannot be read gets a grey tile marked "unreadable"; those ids are returned so
+    the caller can warn. The PNG is written atomically.
+    """
+    cols, nrows, cell_w, cell_h = sheet_layout(len(rows), tile, columns)
+    font = _font()
+    line_h = _line_height(font)
+    sheet = Image.new("RGB", (cols * cell_w, nrows * cell_h), BACKGROUND)
+    draw = ImageDraw.Draw(sheet)
+    failed = []
+    for i, row in enumerate(rows):
+        x0, y0 = (i % cols) * cell_w, (i // cols) * cell_h
+        draw.rectangle([x0 + PAD, y0 + PAD, x0 + PAD + tile - 1, y0 + PAD + tile - 1],
+                       fill=TILE_BACKGROUND)
+        rid = str(row["id"])
+        path = rid if image_root_dir is None else os.path.join(image_root_dir, rid)
+        try:
+            pic = _load_picture(path, tile)
+            sheet.paste(pic, (x0 + PAD + (tile - pic.width) // 2, y0 + PAD + (tile - pic.height) // 2))
+        except (OSError, ValueError, SyntaxError, Image.DecompressionBombError):
+            failed.append(rid)
+            draw.text((x0 + PAD + 4, y0 + PAD + tile // 2 - line_h // 2), "unreadable",
+                      fill=(160, 0, 0), font=font)
+        draw.rectangle([x0 + PAD - 1, y0 + PAD - 1, x0 + PAD + tile, y0 + PAD + tile],
+                       outline=(200, 200, 200))  # frames white images on the white sheet
+        score = float(row["score"])
+        caption = [f"#{row.get('rank', i + 1)}", rid, f"score {score:.4g}"]
+        for j, text in enumerate(caption):
+            draw.text((x0 + PAD, y0 + 2 * PAD + tile + j * line_h), _fit(draw, text, font, tile),
+                      fill=(0, 0, 0), font=font)
+    _atomic_save_png(sheet, out_png)
+    return failed
+
+
+def _atomic_save_png(img: Image.Image, path: str) -> None:
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".sheet-", suffix=".png", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            img.save(fh, format="PNG")
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
