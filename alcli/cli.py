@@ -214,8 +214,8 @@ def select(
 ):
     """Write the BUDGET best examples of a ranked table: the batch to label.
 
-    Reads SCORES, or stdin when piped; with --pool/--model (or --config) it scores first, in one
-    process. The batch goes to --output, else to stdout.
+    Reads SCORES, or stdin when piped; with --pool/--model (or nothing piped in) it scores the
+    config's pool first, in one process. The batch goes to --output, else to stdout.
     """
     flags = dict(locals())
     config_path = flags.pop("config")
@@ -226,7 +226,7 @@ def select(
         from .selection import top_k
         from .table import read_table, write_table
         source = scores or settings.scores
-        score_first = source is None and (pool or model or config_path or sys.stdin.isatty())
+        score_first = source is None and (pool or model or sys.stdin.isatty())
         if score_first:
             rows = _score(settings).rows
         else:

@@ -188,6 +188,7 @@ def test_output_file_jsonl_and_summary_on_stderr(in_ws, tmp_path):
     assert result.exit_code == 0, result.stderr
     assert result.stdout == ""
     assert "examples/s" in result.stderr and "top 5" in result.stderr and "cpu" in result.stderr
+    assert "scoring" not in result.stderr and "eta" not in result.stderr  # no progress bar off a terminal
     import json
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["rank"] for r in rows] == list(range(1, len(in_ws.images) + 1))
@@ -336,6 +337,30 @@ def test_two_stage_pipe_prints_the_top_ids(in_ws, tmp_path):
     assert len(table) == len(in_ws.images) > 10
     check_ranked(table)
     assert pipe.stdout.splitlines() == [r["id"] for r in table[:10]]
+
+
+def test_on_a_terminal_progress_shows_and_the_table_goes_to_scores_csv(in_ws):
+    import pty
+    master, slave = pty.openpty()
+    proc = subprocess.run([sys.executable, "-m", "alcli", "score", "pool", "-m", "model.pt", "-c",
+                           "config.yaml", "-s", "entropy"], stdout=slave, stderr=slave, env=_env())
+    os.close(slave)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(master)
+    text = seen.decode(errors="replace")
+    assert proc.returncode == 0, text
+    assert "scoring" in text and "wrote 14 rows to scores.csv" in text
+    rows = parse_csv((in_ws.root / "scores.csv").read_text())
+    (in_ws.root / "scores.csv").unlink()
+    assert len(rows) == 14
 
 
 def test_no_arguments_scores_the_demo(tmp_path):
