@@ -11,12 +11,23 @@ import functools
 from dataclasses import dataclass
 from typing import Callable
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 VOCAB = 20
 PAD = 0
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """These models are tiny: one intra-op thread is faster, and far faster on a shared CPU where
+    OpenMP threads wait on each other. Import this fixture into a test module to use it."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 # ----------------------------------------------------------------------------------------- models

@@ -7,6 +7,7 @@ from torch import nn
 
 from alcli.gradnorm import UnsupportedModel, auto_choice, per_example_grad_norms
 
+from gradnorm_zoo import one_thread  # noqa: F401  (autouse fixture)
 from gradnorm_zoo import build, oracle_norms
 
 METHODS = ["loop", "auto", "ghost", "vmap", "replicate"]
