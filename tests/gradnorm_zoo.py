@@ -318,6 +318,19 @@ class EmbeddingPad(nn.Module):
         return self.head(torch.tanh(self.emb(tokens).sum(1)))
 
 
+class WeightNormNet(nn.Module):
+    """torch.nn.utils.parametrizations.weight_norm: the weight is computed from original0/1."""
+
+    def __init__(self):
+        super().__init__()
+        wn = nn.utils.parametrizations.weight_norm
+        self.conv = wn(nn.Conv1d(3, 4, 3, padding=1))
+        self.fc = wn(nn.Linear(20, 5))
+
+    def forward(self, x):  # [B, 3, 5]
+        return self.fc(torch.tanh(self.conv(x)).flatten(1))
+
+
 # ------------------------------------------------------------------------------------------ cases
 def randomize_batchnorm(model: nn.Module, gen: torch.Generator) -> nn.Module:
     """Non-trivial running stats and affine parameters for every BatchNorm."""
@@ -384,6 +397,7 @@ _BUILDERS: dict[str, tuple[Callable[[], nn.Module], Callable, int]] = {
     # long sequence, small layers: T^2 > d_in * d_out, the per-example-gradient side of the rule
     "linear_3d_long": (Linear3d, lambda g, b: torch.randn(b, 24, 6, generator=g), 3),
     "embedding_padding_idx": (EmbeddingPad, lambda g, b: _tokens(g, b, 6), 4),
+    "weight_norm": (WeightNormNet, lambda g, b: torch.randn(b, 3, 5, generator=g), 4),
 }
 
 
@@ -426,6 +440,7 @@ def _under(*prefixes):
 CASES = [Case(name, name) for name in _BUILDERS] + [
     Case("simple[conv2]", "simple", ("conv2",), _under("conv2")),
     Case("resnet18[layer4.*]", "resnet18", ("layer4.*",), _under("layer4")),
+    Case("linear_twice[shared]", "linear_twice", ("shared",), _under("shared")),
     Case("tied[head]", "tied", ("head",), lambda n: n == "head.weight"),  # selects the shared weight
     Case("bare_param[cls,scale]", "bare_param", ("cls", "scale"), lambda n: n in ("cls", "scale")),
 ]

@@ -95,7 +95,8 @@ def test_no_side_effects(method, params):
 
 
 @pytest.mark.parametrize("method", METHODS)
-@pytest.mark.parametrize("name", ["tied", "bare_param", "transformer", "lstm", "mha_seq_first"])
+@pytest.mark.parametrize("name", ["tied", "bare_param", "transformer", "lstm", "mha_seq_first",
+                                  "weight_norm"])
 def test_no_side_effects_more_models(name, method):
     model, inputs, targets = build(name)
     model = model.double().train()
