@@ -8,7 +8,7 @@ from torch import nn
 from alcli.gradnorm import UnsupportedModel, auto_choice, per_example_grad_norms
 
 from gradnorm_zoo import one_thread  # noqa: F401  (autouse fixture)
-from gradnorm_zoo import build, oracle_norms
+from gradnorm_zoo import as_dtype, build, oracle_norms
 
 METHODS = ["loop", "auto", "ghost", "vmap", "replicate"]
 MAY_DECLINE = {"ghost", "vmap", "replicate"}
@@ -102,7 +102,7 @@ def test_no_side_effects_more_models(name, method):
     model = model.double().train()
     first = next(model.parameters())
     first.grad = torch.ones_like(first)
-    _call_then_check(method, model, snapshot(model), inputs, targets)
+    _call_then_check(method, model, snapshot(model), as_dtype(inputs, torch.float64), targets)
 
 
 @pytest.mark.parametrize("method", METHODS)
