@@ -21,6 +21,7 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 from .errors import UnsupportedModel
 from .params import Selection
 from .rules import rule_for
+from .layout import call_layouts, check_batch
 from .uses import UseWatch
 
 
@@ -36,6 +37,8 @@ class Call:
     versions: list = field(default_factory=list)     # input tensors' version counters at capture
     grad_out: object = None
     arrived: list | None = None                      # output gradients received so far in this pass
+    layout: object = None                            # layout.Layout: batch dim of every leaf
+    out_move: int = 0                                # batch dim of the output, moved to 0 for the rule
     cache: dict = field(default_factory=dict)
 
 
@@ -43,25 +46,26 @@ class Call:
 class Plan:
     """Which modules are hooked and which parameter paths each rule must cover."""
     modules: dict    # module name -> module
-    rules: dict      # module name -> (rule name, rule)
+    rules: dict      # module name -> rules.Entry
     paths: dict      # module name -> {param path within module: parameter}
 
 
 def make_plan(model, selection: Selection) -> Plan:
+    if isinstance(model, torch.jit.ScriptModule):
+        raise UnsupportedModel("a TorchScript module cannot take the forward hooks this method needs")
     modules = dict(model.named_modules(remove_duplicate=False))
     claimed_children: set[str] = set()
     plan = Plan({}, {}, {})
     for name, module in modules.items():
-        rule_name, rule, claims = rule_for(module)
-        for child in claims:
+        for child in rule_for(module).claims_children:
             claimed_children.add(f"{name}.{child}" if name else child)
     selected = {id(p) for p in selection.params}
     for name, module in modules.items():
         if name in claimed_children:
             continue
-        rule_name, rule, claims = rule_for(module)
+        entry = rule_for(module)
         paths = {attr: p for attr, p in module.named_parameters(recurse=False) if id(p) in selected}
-        for child in claims:
+        for child in entry.claims_children:
             sub = getattr(module, child, None)
             if sub is not None:
                 for attr, p in sub.named_parameters(recurse=False):
@@ -69,7 +73,7 @@ def make_plan(model, selection: Selection) -> Plan:
                         paths[f"{child}.{attr}"] = p
         if paths:
             plan.modules[name] = module
-            plan.rules[name] = (rule_name, rule)
+            plan.rules[name] = entry
             plan.paths[name] = paths
     return plan
 
@@ -77,7 +81,7 @@ def make_plan(model, selection: Selection) -> Plan:
 def describe(model, selection: Selection) -> list[tuple[str, str, str, int]]:
     """[(module name, module type, rule name, selected parameter count)] for `alcli inspect`."""
     plan = make_plan(model, selection)
-    return [(name, type(plan.modules[name]).__name__, plan.rules[name][0],
+    return [(name, type(plan.modules[name]).__name__, plan.rules[name].name,
              sum(p.numel() for p in plan.paths[name].values())) for name in plan.modules]
 
 
@@ -141,6 +145,7 @@ def ghost_norms(model, inputs, target_sets, selection: Selection, loss_fn):
     capturing[0] = False
 
     _check_unmodified(calls)
+    _apply_layouts(plan, calls, call_layouts(model, inputs, plan.modules), batch)
     uses = _count_uses(plan, calls)
     all_taps = [tap for module_calls in calls.values() for call in module_calls for tap in call.taps]
     rows = []
@@ -188,14 +193,20 @@ class _Pass:
                      for g, t in zip(call.arrived, call.taps))
         call.grad_out = tree_unflatten([next(grads) if has_tap else None for has_tap in call.tapped],
                                        call.out_spec)
+        if call.out_move:  # "anywhere" rules get the batch in dim 0
+            call.grad_out = call.grad_out.movedim(call.out_move, 0)
         call.arrived = None
         module = self.plan.modules[name]
         paths = self.plan.paths[name]
         wanted = {path: self.uses[id(p)] > 1 for path, p in paths.items()}
         try:
-            result = self.plan.rules[name][1](module, call, wanted)
+            result = self.plan.rules[name].rule(module, call, wanted)
         except UnsupportedModel as err:
             raise UnsupportedModel(f"module '{name}' ({type(module).__name__}): {err}") from err
+        except (RuntimeError, ValueError, IndexError, TypeError) as err:
+            reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+            raise UnsupportedModel(f"module '{name}' ({type(module).__name__}): its rule failed "
+                                   f"({reason})") from err
         for path, value in result.items():
             key = id(paths[path])
             if wanted[path]:
@@ -214,7 +225,7 @@ class _Pass:
                 if call.arrived is not None and any(g is not None for g in call.arrived):
                     self._run(name, call)
         for g in self.summed_grads.values():
-            self.sq += g.flatten(1).double().square().sum(1)
+            self.sq += g.reshape(g.shape[0], -1).double().square().sum(1)
         return self.sq.clamp_min(0).sqrt()
 
 
@@ -226,6 +237,31 @@ def _covering_modules(plan: Plan) -> dict:
             label = f"{name}.{path}" if name else path
             covered.setdefault(id(p), (label, set()))[1].add(name)
     return covered
+
+
+def _apply_layouts(plan: Plan, calls, layouts, batch: int):
+    """Give each call its batch layout and put the batch where its rule expects it."""
+    for name, module_calls in calls.items():
+        if len(layouts[name]) != len(module_calls):
+            raise UnsupportedModel(f"module '{name}' is called a different number of times for "
+                                   "different batch sizes")
+        kind = plan.rules[name].layout
+        for call, layout in zip(module_calls, layouts[name]):
+            call.layout = layout
+            if kind == "own":
+                continue
+            d_in, d_out = layout.in_dims[0], layout.out_dims[0]
+            x, out = call.args[0], call.taps[0]  # the tap has the output's shape
+            where = f"module '{name}' ({type(plan.modules[name]).__name__})"
+            if d_in is None or d_out is None:
+                raise UnsupportedModel(f"{where}: its input or output is shared by all examples")
+            check_batch([d_in], [x], batch, f"input of {where}")
+            check_batch([d_out], [out], batch, f"output of {where}")
+            if kind == "batch_first" and (d_in, d_out) != (0, 0):
+                raise UnsupportedModel(f"{where}: expects the batch in dim 0")
+            if d_in:
+                call.args = (x.movedim(d_in, 0), *call.args[1:])
+            call.out_move = d_out
 
 
 def _check_unmodified(calls):

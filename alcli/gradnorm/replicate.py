@@ -9,13 +9,14 @@ parameters share the leaf, so their contributions add before the norm, as they s
 from __future__ import annotations
 
 import torch
+from torch import nn
 from torch.func import functional_call, vmap
-
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from .batching import broadcast_dims, input_batch_dims, output_batch_dims, squeeze_at, unsqueeze_at
+from .batching import dims_like, squeeze_leaves, unsqueeze_leaves
 from .errors import UnsupportedModel
 from .ghost import make_plan
+from .layout import MERGED, call_layouts
 from .uses import UseWatch
 from .params import Selection
 
@@ -30,6 +31,10 @@ def replicate_norms(model, inputs, target_sets, selection: Selection, loss_fn):
                 owner = f"module '{name}'" if name else "the root module"
                 raise UnsupportedModel(f"{owner} owns selected parameters and so does its child "
                                        f"'{other}'; replicate cannot nest copies")
+        if isinstance(plan.modules[name], nn.Embedding) and plan.modules[name].padding_idx is not None:
+            raise UnsupportedModel(f"module '{name}' (Embedding): vmap's embedding rule gives the "
+                                   "padding_idx row a gradient")
+    layouts = call_layouts(model, inputs, plan.modules)
     copies: dict[int, torch.Tensor] = {}
     for p in selection.params:
         copy = p.detach().expand(batch, *p.shape)  # [B, *p.shape], stride 0 in dim 0
@@ -43,7 +48,7 @@ def replicate_norms(model, inputs, target_sets, selection: Selection, loss_fn):
                 continue  # the same module object under a second name: already patched
             paths = plan.paths[name]
             module.forward = _replicated_forward(module, name, {path: copies[id(p)] for path, p in paths.items()},
-                                                 batch)
+                                                 layouts[name])
             patched.append(module)
         # inside patched modules the copies stand in for the parameters: any use of a real one
         # is outside them and would be missed
@@ -58,46 +63,45 @@ def replicate_norms(model, inputs, target_sets, selection: Selection, loss_fn):
     for k, targets in enumerate(target_sets):
         loss = loss_fn(logits, targets).sum()
         grads = torch.autograd.grad(loss, leaves, retain_graph=k + 1 < len(target_sets), allow_unused=True)
-        sq = sum(g.flatten(1).double().pow(2).sum(1) for g in grads if g is not None)
+        sq = sum(g.reshape(batch, -1).double().square().sum(1) for g in grads if g is not None)
         rows.append(torch.as_tensor(sq, dtype=torch.float64).expand(batch).sqrt())
     return torch.stack(rows), logits
 
 
-def _replicated_forward(module, name: str, copies: dict, batch: int):
-    """A forward that runs example i through `module` with parameter copies[attr][i]."""
+def _replicated_forward(module, name: str, copies: dict, layouts: list):
+    """A forward that runs example i through `module` with parameter copies[path][i]."""
     original = type(module).forward
     label = f"module '{name}' ({type(module).__name__})" if name else "the root module"
     inside = [False]
+    calls = iter(layouts)
 
     def forward(*args, **kwargs):
         if inside[0]:  # functional_call below re-enters module(...)
             return original(module, *args, **kwargs)
-        args_dims, kwargs_dims = input_batch_dims(module, args, kwargs, batch)
-        structure = []  # (output pytree spec, which leaves are tensors, their batch dims)
+        layout = next(calls, None)
+        if layout is None or MERGED in layout.out_dims or None in layout.out_dims:
+            raise UnsupportedModel(f"{label}: its outputs do not all carry the batch in one dim")
+        in_dims = dims_like((args, kwargs), layout.in_dims)
+        structure = []
 
-        def one_example(params, args_i, kwargs_i):
-            out = functional_call(module, params, unsqueeze_at(args_i, args_dims),
-                                  unsqueeze_at(kwargs_i, kwargs_dims), strict=False)
-            nested_dims = output_batch_dims(module, out)
-            dims = broadcast_dims(nested_dims, out)
-            out = squeeze_at(out, nested_dims)
+        def one_example(params, inputs_i):
+            args_i, kwargs_i = unsqueeze_leaves(inputs_i, layout.in_dims)
+            out = squeeze_leaves(functional_call(module, params, args_i, kwargs_i, strict=False), layout.out_dims)
             leaves, spec = tree_flatten(out)
-            is_tensor = [isinstance(leaf, torch.Tensor) for leaf in leaves]
-            structure.append((spec, leaves, is_tensor, dims))
-            return tuple(leaf for leaf, t in zip(leaves, is_tensor) if t)  # vmap returns tensors only
+            structure.append((spec, leaves))
+            return tuple(leaf for leaf in leaves if isinstance(leaf, torch.Tensor))  # vmap returns tensors only
 
         inside[0] = True
         try:
-            tensors = iter(vmap(one_example, in_dims=(0, args_dims, kwargs_dims))(copies, args, kwargs))
+            tensors = iter(vmap(one_example, in_dims=(0, in_dims))(copies, (args, kwargs)))
         except (RuntimeError, NotImplementedError, TypeError, ValueError) as err:
             reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
             raise UnsupportedModel(f"{label} cannot run with per-example copies under vmap ({reason})") from err
         finally:
             inside[0] = False
         # vmap put the batch in dim 0 of every tensor; move it where the module keeps it
-        spec, leaves, is_tensor, dims = structure[-1]
-        rebuilt = [next(tensors).movedim(0, d or 0) if t else leaf for leaf, t, d in zip(leaves, is_tensor, dims)]
-        return tree_unflatten(rebuilt, spec)
+        spec, leaves = structure[-1]
+        return tree_unflatten([next(tensors).movedim(0, d) if isinstance(leaf, torch.Tensor) else leaf
+                               for leaf, d in zip(leaves, layout.out_dims)], spec)
 
     return forward
-

@@ -64,6 +64,8 @@ class ModuleStack:
         self.handles = []
 
     def __enter__(self):
+        if isinstance(self.model, torch.jit.ScriptModule):
+            return self  # takes no hooks; errors then name the root module
         for name, module in self.model.named_modules():
             self.handles.append(module.register_forward_pre_hook(self._push(name)))
             self.handles.append(module.register_forward_hook(self._pop))

@@ -40,7 +40,7 @@ def _chunked(per_example, params, inputs, target_sets, chunk):
         sq_parts = []
         for start in range(0, batch, chunk):
             grads, logits = per_example(params, inputs[start:start + chunk], targets[start:start + chunk])
-            sq_parts.append(sum(g.flatten(1).double().pow(2).sum(1) for g in grads.values()))
+            sq_parts.append(sum(g.reshape(g.shape[0], -1).double().square().sum(1) for g in grads.values()))
             if len(rows) == 0:
                 logits_parts.append(logits)
         rows.append(torch.cat(sq_parts).sqrt())

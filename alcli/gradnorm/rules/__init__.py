@@ -13,29 +13,42 @@ parameter path (`"weight"`, `"out_proj.bias"`) to True when the per-example grad
 False when its per-example squared norm [B] is enough.
 
 A rule that cannot serve a particular call raises `UnsupportedModel` with the reason.
+
+Each rule also says where it expects the batch (`layout`):
+- "batch_first": dim 0 of its input and output, as for convolutions and BatchNorm ([N, C, ...]);
+- "anywhere": the driver moves the batch dim of the first input and the output to dim 0
+  (Linear, LayerNorm, Embedding see [T, B, d] in a seq-first transformer);
+- "own": the rule reads `call.layout` itself (MultiheadAttention, the generic rule).
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from torch import nn
 
 Rule = Callable[..., dict]
 
-# module type -> (rule, children whose parameters the rule also covers)
-RULES: dict[type, tuple[Rule, tuple[str, ...]]] = {}
+
+class Entry(NamedTuple):
+    name: str                        # the rule's file, as `alcli inspect` shows it
+    rule: Rule
+    claims_children: tuple[str, ...]  # children whose parameters the rule also covers
+    layout: str                      # "batch_first" | "anywhere" | "own"
 
 
-def register(*types: type, claims_children: tuple[str, ...] = ()):
+RULES: dict[type, Entry] = {}
+
+
+def register(*types: type, layout: str, claims_children: tuple[str, ...] = ()):
     def wrap(rule: Rule) -> Rule:
         for module_type in types:
-            RULES[module_type] = (rule, claims_children)
+            RULES[module_type] = Entry(rule.__module__.rsplit(".", 1)[-1], rule, claims_children, layout)
         return rule
     return wrap
 
 
-def rule_for(module: nn.Module) -> tuple[str, Rule, tuple[str, ...]]:
-    """(name, rule, claimed children) for a module; the exact generic rule when none is registered.
+def rule_for(module: nn.Module) -> Entry:
+    """The rule serving a module; the exact generic rule when none is registered.
 
     A registered rule serves subclasses only when they keep the registered type's forward.
     """
@@ -45,10 +58,9 @@ def rule_for(module: nn.Module) -> tuple[str, Rule, tuple[str, ...]]:
     for module_type in type(module).__mro__:
         if module_type in RULES:
             if type(module).forward is module_type.forward:
-                rule, claims = RULES[module_type]
-                return rule.__module__.rsplit(".", 1)[-1], rule, claims
+                return RULES[module_type]
             break
-    return "generic", generic_rule, ()
+    return Entry("generic", generic_rule, (), "own")
 
 
 def flat_batch(t):

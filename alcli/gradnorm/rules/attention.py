@@ -16,16 +16,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import UnsupportedModel
 from . import register, sq_norm_of_product
 from .generic import generic_rule
 
 _SIGNATURE = inspect.signature(nn.MultiheadAttention.forward)
 
 
-@register(nn.MultiheadAttention, claims_children=("out_proj",))
+@register(nn.MultiheadAttention, layout="own", claims_children=("out_proj",))
 def attention_rule(module, call, wanted):
     if module.bias_k is not None or module.add_zero_attn:
         return generic_rule(module, call, wanted)
+    if call.args and call.layout.in_dims[0] != (0 if module.batch_first else 1):
+        raise UnsupportedModel("its query does not carry the batch where batch_first says")
     cached = call.cache.get("core")
     if cached is None:
         cached = call.cache["core"] = _recompute(module, call)

@@ -29,7 +29,7 @@ def unfold_patches(module, x):
     return x.permute(perm).reshape(batch, module.groups, -1, out_shape.numel())
 
 
-@register(nn.Conv1d, nn.Conv2d, nn.Conv3d)
+@register(nn.Conv1d, nn.Conv2d, nn.Conv3d, layout="batch_first")
 def conv_rule(module, call, wanted):
     x = call.args[0]
     if x.dim() != len(module.kernel_size) + 2:

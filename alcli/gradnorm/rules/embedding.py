@@ -12,7 +12,7 @@ from ..errors import UnsupportedModel
 from . import register
 
 
-@register(nn.Embedding)
+@register(nn.Embedding, layout="anywhere")
 def embedding_rule(module, call, wanted):
     if module.scale_grad_by_freq:
         raise UnsupportedModel("scale_grad_by_freq scales by counts over the whole batch")

@@ -6,7 +6,7 @@ from torch import nn
 from . import flat_batch, register, sq_norm_of_product
 
 
-@register(nn.Linear)
+@register(nn.Linear, layout="anywhere")
 def linear_rule(module, call, wanted):
     a = flat_batch(call.args[0])   # [B, T, d_in]
     g = flat_batch(call.grad_out)  # [B, T, d_out]

@@ -21,7 +21,7 @@ def _affine_grads(x_hat, g, keep_dims: int, wanted):
     for name, per_example in (("weight", lambda: g * x_hat), ("bias", lambda: g)):
         if name in wanted:
             grad = _sum_to(per_example(), keep_dims)
-            out[name] = grad if wanted[name] else grad.flatten(1).pow(2).sum(1)
+            out[name] = grad if wanted[name] else grad.reshape(grad.shape[0], -1).square().sum(1)
     return out
 
 
@@ -31,7 +31,7 @@ def _sum_to(t, keep):
     return t.reshape(t.shape[0], -1, *t.shape[t.dim() - keep:]).sum(1)  # keep the last `keep` dims
 
 
-@register(nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
+@register(nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm, layout="batch_first")
 def batchnorm_rule(module, call, wanted):
     if module.running_mean is None or module.running_var is None:
         raise UnsupportedModel("BatchNorm without running statistics normalises with batch "
@@ -42,14 +42,14 @@ def batchnorm_rule(module, call, wanted):
     return _affine_grads(x_hat, call.grad_out, "channel", wanted)
 
 
-@register(nn.LayerNorm)
+@register(nn.LayerNorm, layout="anywhere")
 def layernorm_rule(module, call, wanted):
     x = call.args[0]
     x_hat = F.layer_norm(x, module.normalized_shape, None, None, module.eps)
     return _affine_grads(x_hat, call.grad_out, len(module.normalized_shape), wanted)
 
 
-@register(nn.GroupNorm)
+@register(nn.GroupNorm, layout="batch_first")
 def groupnorm_rule(module, call, wanted):
     x = call.args[0]
     x_hat = F.group_norm(x, module.num_groups, None, None, module.eps)
@@ -57,7 +57,7 @@ def groupnorm_rule(module, call, wanted):
 
 
 if hasattr(nn, "RMSNorm"):
-    @register(nn.RMSNorm)
+    @register(nn.RMSNorm, layout="anywhere")
     def rmsnorm_rule(module, call, wanted):
         x = call.args[0]
         x_hat = F.rms_norm(x, module.normalized_shape, None, module.eps)

@@ -1,0 +1,95 @@
+"""Where the batch dimension lives in every tensor a module call sees.
+
+It cannot be read off one shape: a seq-first transformer feeds its Linear layers [T, B, d], and
+when T == B no size tells the two apart. So the model is run on a 1-example and a 2-example
+batch, and for every hooked module call, the one dim whose size changes (1 -> 2) in an input or
+output is that tensor's batch dim; a tensor with no changing dim is shared by all examples.
+A dim that changes any other way (batch merged with another dim, [B*T, d]) is recorded as
+MERGED, and rules that need the batch refuse it. The result is cached per model, hooked
+modules and example shape.
+"""
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+
+import torch
+from torch.utils._pytree import tree_flatten
+
+from .errors import UnsupportedModel
+
+MERGED = -1
+
+
+@dataclass
+class Layout:
+    """Batch dims of one module call: per leaf of (args, kwargs) and per leaf of the output."""
+    in_dims: list
+    out_dims: list
+
+
+_cache: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def call_layouts(model, inputs: torch.Tensor, modules: dict) -> dict[str, list[Layout]]:
+    """module name -> the Layout of each of its calls, in call order."""
+    key = (tuple(modules), tuple(inputs.shape[1:]), inputs.dtype)
+    per_model = _cache.setdefault(model, {})
+    if key not in per_model:
+        one = _record_shapes(model, inputs[:1], modules)
+        two = _record_shapes(model, inputs[:1].repeat(2, *[1] * (inputs.dim() - 1)), modules)
+        layouts = {}
+        for name in modules:
+            if len(one[name]) != len(two[name]):
+                raise UnsupportedModel(f"module '{name}' is called a different number of times for "
+                                       "different batch sizes")
+            layouts[name] = [Layout(_dims(a_in, b_in), _dims(a_out, b_out))
+                             for (a_in, a_out), (b_in, b_out) in zip(one[name], two[name])]
+        per_model[key] = layouts
+    return per_model[key]
+
+
+def _record_shapes(model, inputs, modules) -> dict[str, list]:
+    shapes: dict[str, list] = {name: [] for name in modules}
+    handles = []
+
+    def hook(name):
+        def record(module, args, kwargs, output):
+            shapes[name].append((_shapes((args, kwargs)), _shapes(output)))
+        return record
+
+    try:
+        for name, module in modules.items():
+            handles.append(module.register_forward_hook(hook(name), with_kwargs=True))
+        model(inputs)  # with grad enabled, so modules take the same code paths as the real pass
+    finally:
+        for handle in handles:
+            handle.remove()
+    return shapes
+
+
+def _shapes(tree) -> list:
+    return [tuple(leaf.shape) if isinstance(leaf, torch.Tensor) else None for leaf in tree_flatten(tree)[0]]
+
+
+def _dims(one: list, two: list) -> list:
+    dims = []
+    for a, b in zip(one, two):
+        if a is None or b is None:
+            dims.append(None)
+            continue
+        changed = [d for d in range(len(a)) if len(a) != len(b) or a[d] != b[d]]
+        if not changed:
+            dims.append(None)
+        elif len(a) == len(b) and len(changed) == 1 and a[changed[0]] == 1 and b[changed[0]] == 2:
+            dims.append(changed[0])
+        else:
+            dims.append(MERGED)
+    return dims
+
+
+def check_batch(dims: list, leaves: list, batch: int, what: str):
+    """Every batched leaf must carry the whole batch in its batch dim."""
+    for d, leaf in zip(dims, leaves):
+        if d == MERGED or (d is not None and leaf.shape[d] != batch):
+            raise UnsupportedModel(f"its {what} merges the batch with another dimension")
