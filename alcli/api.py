@@ -141,9 +141,9 @@ def _rule_names(model: nn.Module) -> dict[str, str]:
     for name, module in model.named_modules():
         if name in names:
             continue
-        rule_name, _, claims = rule_for(module)
-        names[name] = rule_name
-        for child in claims:
+        entry = rule_for(module)
+        names[name] = entry.name
+        for child in entry.claims_children:
             names[f"{name}.{child}" if name else child] = f"via {name or '(root)'}"
     return names
 

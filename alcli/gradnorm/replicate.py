@@ -79,7 +79,7 @@ def _replicated_forward(module, name: str, copies: dict, layouts: list):
         if inside[0]:  # functional_call below re-enters module(...)
             return original(module, *args, **kwargs)
         layout = next(calls, None)
-        if layout is None or MERGED in layout.out_dims or None in layout.out_dims:
+        if layout is None or MERGED in layout.out_dims:
             raise UnsupportedModel(f"{label}: its outputs do not all carry the batch in one dim")
         in_dims = dims_like((args, kwargs), layout.in_dims)
         structure = []
@@ -101,6 +101,8 @@ def _replicated_forward(module, name: str, copies: dict, layouts: list):
             inside[0] = False
         # vmap put the batch in dim 0 of every tensor; move it where the module keeps it
         spec, leaves = structure[-1]
+        if any(isinstance(leaf, torch.Tensor) and d is None for leaf, d in zip(leaves, layout.out_dims)):
+            raise UnsupportedModel(f"{label}: an output is shared by all examples")
         return tree_unflatten([next(tensors).movedim(0, d) if isinstance(leaf, torch.Tensor) else leaf
                                for leaf, d in zip(leaves, layout.out_dims)], spec)
 
