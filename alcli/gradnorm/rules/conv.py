@@ -17,7 +17,8 @@ def unfold_patches(module, x):
     """x [B, C_in, *S] -> patches [B, groups, C_in/groups * K, T], rows ordered like weight.flatten(1)."""
     batch, spatial = x.shape[0], len(module.kernel_size)
     mode = "constant" if module.padding_mode == "zeros" else module.padding_mode
-    x = F.pad(x, module._reversed_padding_repeated_twice, mode=mode)
+    if any(module._reversed_padding_repeated_twice):
+        x = F.pad(x, module._reversed_padding_repeated_twice, mode=mode)
     for d in range(spatial):
         k, s, dil = module.kernel_size[d], module.stride[d], module.dilation[d]
         x = x.unfold(2 + d, dil * (k - 1) + 1, s)  # appends a window dim
