@@ -331,6 +331,54 @@ class WeightNormNet(nn.Module):
         return self.fc(torch.tanh(self.conv(x)).flatten(1))
 
 
+class ManualRNN(nn.Module):
+    """A GRUCell unrolled to the longest sequence in the batch, padded steps masked: the cell is
+    called a batch-dependent number of times, yet each example's output is its own."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, 4)
+        self.cell = nn.GRUCell(4, 5)
+        self.head = nn.Linear(5, 3)
+
+    def forward(self, tokens):
+        lengths = (tokens != PAD).sum(1)
+        x = self.emb(tokens)
+        h = x.new_zeros(tokens.shape[0], 5)
+        for t in range(int(lengths.max())):
+            h = torch.where((t < lengths)[:, None], self.cell(x[:, t], h), h)
+        return self.head(h)
+
+
+class PackedTokens(nn.Module):
+    """Runs its Linear on the packed non-padding tokens [N, d] (unpadding, as varlen attention
+    does), then scatters back. The batch is merged with the tokens in `lin`'s input."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, 4)
+        self.lin = nn.Linear(4, 4)
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, tokens):
+        mask = tokens != PAD
+        x = self.emb(tokens)
+        packed = self.lin(x[mask])  # [N, 4]
+        out = torch.zeros_like(x).index_put(mask.nonzero(as_tuple=True), packed)
+        return self.head(torch.tanh(out).sum(1) + 0.1)
+
+
+def _packed_inputs(gen, batch):
+    """Token counts [1, 2, 0, 1]: example 0 has one token and N == B, so no size gives the
+    merged batch away (an example with no tokens is valid input: all padding)."""
+    t = torch.randint(1, VOCAB, (4, 3), generator=gen)
+    t[0, 1:] = PAD
+    t[1, 2:] = PAD
+    t[2, :] = PAD
+    t[3, 1:] = PAD
+    return t
+
+
 # ------------------------------------------------------------------------------------------ cases
 def randomize_batchnorm(model: nn.Module, gen: torch.Generator) -> nn.Module:
     """Non-trivial running stats and affine parameters for every BatchNorm."""
@@ -397,6 +445,8 @@ _BUILDERS: dict[str, tuple[Callable[[], nn.Module], Callable, int]] = {
     # long sequence, small layers: T^2 > d_in * d_out, the per-example-gradient side of the rule
     "linear_3d_long": (Linear3d, lambda g, b: torch.randn(b, 24, 6, generator=g), 3),
     "embedding_padding_idx": (EmbeddingPad, lambda g, b: _tokens(g, b, 6), 4),
+    "manual_rnn": (ManualRNN, lambda g, b: _tokens(g, b, 5), 4),
+    "packed_tokens": (PackedTokens, _packed_inputs, 4),
     "weight_norm": (WeightNormNet, lambda g, b: torch.randn(b, 3, 5, generator=g), 4),
 }
 

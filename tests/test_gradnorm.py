@@ -17,7 +17,7 @@ from torch import nn
 from alcli.gradnorm import UnsupportedModel, grad_norms_per_target, per_example_grad_norms
 
 from gradnorm_zoo import one_thread  # noqa: F401  (autouse fixture)
-from gradnorm_zoo import CASE_BY_ID, CASES, as_dtype, build, default_loss, oracle_norms
+from gradnorm_zoo import CASE_BY_ID, CASES, ManualRNN, as_dtype, build, default_loss, oracle_norms
 
 METHODS = ["loop", "auto", "ghost", "vmap", "replicate"]
 MAY_DECLINE = {"ghost", "vmap", "replicate"}
@@ -234,3 +234,18 @@ def test_repeated_calls_and_new_batch_sizes(method):
         if norms is None:
             return
         assert_matches(norms, expected[sl], 1e-6, f"{method} batch {sl}")
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_later_batch_that_a_method_cannot_serve(method):
+    """A method that served one batch may have to decline the next (here the first batch's
+    example 0 is its longest sequence, the second's is not); `auto` must still answer."""
+    torch.manual_seed(0)
+    model = ManualRNN().double().eval()
+    targets = torch.tensor([0, 1, 2])
+    for tokens in (torch.tensor([[1, 2, 3, 0], [3, 1, 0, 0], [1, 2, 0, 0]]),
+                   torch.tensor([[1, 2, 3, 0], [3, 1, 3, 4], [1, 2, 5, 0]])):
+        expected = oracle_norms(model, tokens, targets)
+        norms = call(method, model, tokens, targets)
+        if norms is not None:
+            assert_matches(norms, expected, 1e-6, f"{method} on {tokens.tolist()}")
