@@ -249,3 +249,14 @@ def test_later_batch_that_a_method_cannot_serve(method):
         norms = call(method, model, tokens, targets)
         if norms is not None:
             assert_matches(norms, expected, 1e-6, f"{method} on {tokens.tolist()}")
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_called_under_no_grad(method):
+    """Scoring code often runs under torch.no_grad(); the engine needs gradients and must turn
+    them on for itself rather than fail."""
+    model, inputs, targets = build("bn_res_cnn")
+    with torch.no_grad():
+        norms = call(method, model.double(), inputs.double(), targets)
+    if norms is not None:
+        assert_matches(norms, oracle_for("bn_res_cnn"), 1e-6, method)
