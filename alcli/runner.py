@@ -14,6 +14,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from .config import Settings
+from .embeddings import EmbeddingRecorder, record
 from .errors import ConfigError, PoolError, RunError
 from .gradnorm import UnsupportedModel
 from .pool import Batch, Pool, collate
@@ -98,7 +99,8 @@ def forward(model: nn.Module, inputs: torch.Tensor, pool_name: str) -> torch.Ten
 
 
 def score_batch(model: nn.Module, batch: Batch, settings: Settings, device: torch.device,
-                has_labels: bool, pool_name: str = "the pool") -> list[dict]:
+                has_labels: bool, pool_name: str = "the pool", *,
+                embeddings: EmbeddingRecorder | None = None) -> list[dict]:
     """One collated batch -> one row per example: id, score, pred, confidence, [label], loss, extras."""
     if batch.errors:  # strict for now: the first unreadable example stops the run
         raise PoolError(batch.errors[0][1])
@@ -106,7 +108,8 @@ def score_batch(model: nn.Module, batch: Batch, settings: Settings, device: torc
         return []
     inputs = to_model(batch.inputs, model, device)
     labels = batch.labels.to(device)
-    logits = forward(model, inputs, pool_name)             # [B, C]
+    with record(embeddings, model, batch.ids):             # BADGE factors, when asked for
+        logits = forward(model, inputs, pool_name)         # [B, C]
     classes = logits.shape[1]
     bad = (labels >= classes).nonzero().flatten()
     if len(bad):
@@ -138,12 +141,13 @@ def score_batch(model: nn.Module, batch: Batch, settings: Settings, device: torc
     return rows
 
 
-def iter_rows(model: nn.Module, pool: Pool, settings: Settings,
-              device: torch.device) -> Iterator[list[dict]]:
+def iter_rows(model: nn.Module, pool: Pool, settings: Settings, device: torch.device, *,
+              embeddings: EmbeddingRecorder | None = None) -> Iterator[list[dict]]:
     """Rows batch by batch, streaming the pool through a DataLoader."""
     loader = make_loader(pool, settings.batch_size, settings.workers, device)
     for batch in loader:
-        yield score_batch(model, batch, settings, device, pool.has_labels, pool.name)
+        yield score_batch(model, batch, settings, device, pool.has_labels, pool.name,
+                          embeddings=embeddings)
 
 
 @dataclass
@@ -162,12 +166,14 @@ class RunStats:
 
 
 def run(model: nn.Module, pool: Pool, settings: Settings, device: torch.device,
-        on_batch: Callable[[int], None] | None = None) -> tuple[list[dict], RunStats]:
-    """Score the whole pool -> (rows in pool order, stats). The model must already be on `device`."""
+        on_batch: Callable[[int], None] | None = None, *,
+        embeddings: EmbeddingRecorder | None = None) -> tuple[list[dict], RunStats]:
+    """Score the whole pool -> (rows in pool order, stats). The model must already be on `device`.
+    With `embeddings`, each example's BADGE factors are recorded into it as well."""
     stats = RunStats(device=str(device), strategy=settings.strategy)
     start = time.perf_counter()
     rows: list[dict] = []
-    for batch_rows in iter_rows(model, pool, settings, device):
+    for batch_rows in iter_rows(model, pool, settings, device, embeddings=embeddings):
         rows.extend(batch_rows)
         if on_batch:
             on_batch(len(batch_rows))

@@ -1,0 +1,113 @@
+"""Capture BADGE embeddings while scoring: the penultimate features h and the probabilities p.
+
+The model's final classification layer is found by shape: the last nn.Linear (in module order)
+whose out_features equals the number of classes the model outputs. A forward hook on it records its
+input h [B, D] during the runner's plain no-grad forward only (the gradient engine's own forwards
+run outside that window), and p = softmax(model output). The factors (p − onehot(ŷ), h) are kept;
+the C·D outer product never is (see alcli.diverse).
+
+    rec = EmbeddingRecorder()
+    with record(rec, model, ids):        # around the runner's forward
+        logits = model(inputs)
+    ids, a, b = rec.result()
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .diverse import badge_factors
+from .errors import RunError
+
+
+@dataclass
+class Embeddings:
+    """BADGE factors of scored examples, in scoring order: a [N, C] = p − onehot(ŷ), b [N, D] = h."""
+
+    ids: list[str]
+    a: torch.Tensor
+    b: torch.Tensor
+
+
+def find_head(model: nn.Module, classes: int) -> tuple[str, nn.Linear]:
+    """(name, module) of the last nn.Linear with `classes` outputs; a RunError if there is none."""
+    found = [(name, m) for name, m in model.named_modules()
+             if isinstance(m, nn.Linear) and m.out_features == classes]
+    if not found:
+        kind = "a TorchScript model" if isinstance(model, torch.jit.ScriptModule) else "the model"
+        raise RunError(f"--embeddings needs the model's final classification layer, an nn.Linear "
+                       f"with {classes} outputs (one per class), and {kind} has none")
+    return found[-1]
+
+
+class EmbeddingRecorder:
+    """Collects (ids, a, b) batch by batch; the head is found at the first batch."""
+
+    def __init__(self) -> None:
+        self.head: tuple[str, nn.Linear] | None = None
+        self._ids: list[str] = []
+        self._a: list[torch.Tensor] = []
+        self._b: list[torch.Tensor] = []
+
+    @contextlib.contextmanager
+    def capture(self, model: nn.Module, ids: list[str]):
+        """Around one plain forward of `model` on the batch `ids`: record its factors."""
+        seen: dict = {}
+
+        def on_output(module, args, output):  # the model's own output: the logits [B, C]
+            seen["logits"] = output
+
+        def on_input(name):
+            def hook(module, args, output):
+                seen.setdefault("inputs", {})[name] = args[0] if args else None
+            return hook
+
+        heads = ([self.head] if self.head is not None else
+                 [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)])
+        try:
+            handles = [model.register_forward_hook(on_output)]
+            handles += [m.register_forward_hook(on_input(n)) for n, m in heads]
+        except RuntimeError as err:  # TorchScript modules take no Python hooks
+            raise RunError(f"--embeddings cannot hook into this model ({str(err).splitlines()[0]}); "
+                           f"it needs a plain PyTorch model (not TorchScript)") from None
+        try:
+            yield
+        finally:
+            for h in handles:
+                h.remove()
+        self._add(model, ids, seen)
+
+    def _add(self, model: nn.Module, ids: list[str], seen: dict) -> None:
+        logits = seen.get("logits")
+        if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
+            return  # the runner reports a bad model output itself
+        if self.head is None:
+            self.head = find_head(model, logits.shape[1])
+        name, _ = self.head
+        h = seen.get("inputs", {}).get(name)
+        if not isinstance(h, torch.Tensor):
+            raise RunError(f"--embeddings: the final layer '{name}' (nn.Linear with "
+                           f"{logits.shape[1]} outputs) did not run in the model's forward")
+        if h.dim() != 2 or h.shape[0] != len(ids):
+            raise RunError(f"--embeddings: the final layer '{name}' gets inputs of shape "
+                           f"{list(h.shape)}, not [batch, features]")
+        h = h.detach()
+        dtype = h.dtype if h.dtype in (torch.float32, torch.float64) else torch.float32
+        probs = torch.softmax(logits.detach().double(), dim=1)           # [B, C]
+        a, b = badge_factors(probs, h.to(torch.float64 if dtype == torch.float64 else dtype))
+        self._ids.extend(ids)
+        self._a.append(a.to(dtype).cpu())
+        self._b.append(b.to(dtype).cpu())
+
+    def result(self) -> Embeddings:
+        if not self._ids:
+            return Embeddings([], torch.zeros(0, 0), torch.zeros(0, 0))
+        return Embeddings(list(self._ids), torch.cat(self._a), torch.cat(self._b))
+
+
+def record(recorder: EmbeddingRecorder | None, model: nn.Module, ids: list[str]):
+    """`recorder.capture(model, ids)`, or a no-op context when no embeddings are wanted."""
+    return contextlib.nullcontext() if recorder is None else recorder.capture(model, ids)
