@@ -14,7 +14,8 @@ from typing import Any, Callable
 from .errors import ConfigError
 
 DEFAULT_CONFIG = Path("configs") / "default.yaml"  # used by the CLI when neither --config nor --model
-FORMATS = ("csv", "jsonl", "paths")
+FORMATS = ("csv", "jsonl", "paths", "labelstudio")  # labelstudio: `select` only
+PER_CLASS_MODES = ("proportional", "equal")
 DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 
 
@@ -49,6 +50,15 @@ class Settings:
     format: str = "csv"
     scores: str | None = None   # `select`: the ranked table to read
     budget: int | None = None   # `select`: how many to pick
+    # BADGE embeddings: score writes them (true: beside the table, or this file); select reads them
+    embeddings: bool | str | None = None
+    diverse: bool = False                 # `select`: BADGE k-means++ among the best scores
+    diverse_candidates: int | None = None  # `select --diverse`: shortlist size (default 10 x budget)
+    per_class: str | None = None          # `select`: proportional | equal quotas per predicted class
+    exclude: list[str] | None = None      # `select`: files of ids never to select
+    image_root: str | None = None         # `select -f labelstudio`: URL/path prefix for data.image
+    image_dir: str | None = None          # `select --contact-sheet`: folder the image ids are under
+    contact_sheet: str | None = None      # `select`: PNG grid of the selected images
     quiet: bool = False
     # where each non-default value came from, for error messages: key -> "--flag" or "key 'x' in F"
     sources: dict = field(default_factory=dict, repr=False, compare=False)
@@ -130,6 +140,24 @@ def _layers(v):
     return list(v)
 
 
+def _embeddings(v):
+    if v is None or isinstance(v, bool):
+        return v
+    if isinstance(v, (str, Path)) and str(v):
+        return str(v)
+    raise ValueError("must be true, false or a file path")
+
+
+def _files(v):
+    if v is None:
+        return None
+    if isinstance(v, (str, Path)):
+        v = [v]
+    if not isinstance(v, (list, tuple)) or not all(isinstance(f, (str, Path)) and str(f) for f in v):
+        raise ValueError("must be a file path or a list of them")
+    return [str(f) for f in v] or None
+
+
 def _size(v):
     if v is None:
         return None
@@ -195,6 +223,9 @@ CHECKS: dict[str, Callable[[Any], Any]] = {
     "method": _method, "batch_size": _int(1), "device": _device, "workers": _int(0),
     "seed": _int(0), "output": _opt_str, "format": _choice(FORMATS), "scores": _opt_str,
     "budget": _opt(_int(1)), "quiet": _bool,
+    "embeddings": _embeddings, "diverse": _bool, "diverse_candidates": _opt(_int(1)),
+    "per_class": _opt(_choice(PER_CLASS_MODES)), "exclude": _files, "image_root": _opt_str,
+    "image_dir": _opt_str, "contact_sheet": _opt_str,
 }
 assert set(CHECKS) == set(KEYS)
 
