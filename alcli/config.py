@@ -59,6 +59,11 @@ class Settings:
     image_root: str | None = None         # `select -f labelstudio`: URL/path prefix for data.image
     image_dir: str | None = None          # `select --contact-sheet`: folder the image ids are under
     contact_sheet: str | None = None      # `select`: PNG grid of the selected images
+    # long runs (`score`): OUTPUT.partial flushed every N examples, resume it, shards, bad examples
+    checkpoint_every: int = 2048
+    resume: bool = False
+    strict: bool = False                  # an unreadable example stops the run instead of being skipped
+    shard: str | None = None              # "K/N": score shard K (0-based) of N, by a hash of the id
     quiet: bool = False
     # where each non-default value came from, for error messages: key -> "--flag" or "key 'x' in F"
     sources: dict = field(default_factory=dict, repr=False, compare=False)
@@ -158,6 +163,15 @@ def _files(v):
     return [str(f) for f in v] or None
 
 
+def _shard(v):
+    if v is None:
+        return None
+    m = re.match(r"^(\d+)/(\d+)$", str(v).strip()) if isinstance(v, str) else None
+    if not m or int(m.group(2)) < 1 or int(m.group(1)) >= int(m.group(2)):
+        raise ValueError("must be K/N with 0 <= K < N (shards are numbered from 0)")
+    return f"{int(m.group(1))}/{int(m.group(2))}"
+
+
 def _size(v):
     if v is None:
         return None
@@ -226,6 +240,7 @@ CHECKS: dict[str, Callable[[Any], Any]] = {
     "embeddings": _embeddings, "diverse": _bool, "diverse_candidates": _opt(_int(1)),
     "per_class": _opt(_choice(PER_CLASS_MODES)), "exclude": _files, "image_root": _opt_str,
     "image_dir": _opt_str, "contact_sheet": _opt_str,
+    "checkpoint_every": _int(1), "resume": _bool, "strict": _bool, "shard": _shard,
 }
 assert set(CHECKS) == set(KEYS)
 
