@@ -17,11 +17,13 @@ import torch
 from torch import nn
 
 from .checkpoint import load_model
+from .embeddings import EmbeddingRecorder, Embeddings
 from .config import Settings, load_settings
 from .errors import ConfigError
 from .pool import Batch, Pool, PoolOptions, collate, open_pool, tensor_pool
 from .runner import RunStats, check_layers, forward, model_channels, resolve_device, run, to_model
-from .selection import rank, top_k
+from .labeling import Selection, pick, prepare
+from .selection import rank
 from .table import read_table
 
 
@@ -30,6 +32,7 @@ class ScoreRun:
     rows: list[dict]   # ranked
     stats: RunStats
     pool: Pool
+    embeddings: Embeddings | None = None  # BADGE factors, when asked for (in pool order)
 
 
 def settings_for(config=None, **options) -> Settings:
@@ -63,8 +66,12 @@ def pool_for(settings: Settings, model: nn.Module, pool=None, stdin=None) -> Poo
 
 def run_score(settings: Settings, *, model: nn.Module | None = None, pool=None, stdin=None,
               on_start: Callable[[int], None] | None = None,
-              on_batch: Callable[[int], None] | None = None) -> ScoreRun:
-    """Load, check, score and rank. `on_start(n)` and `on_batch(k)` drive a progress display."""
+              on_batch: Callable[[int], None] | None = None,
+              embeddings: bool | None = None) -> ScoreRun:
+    """Load, check, score and rank. `on_start(n)` and `on_batch(k)` drive a progress display.
+    `embeddings` (default: the setting) also captures each example's BADGE factors."""
+    recorder = EmbeddingRecorder() if (settings.embeddings if embeddings is None else embeddings) \
+        else None
     net = model_for(settings, model)
     device = resolve_device(settings.device)
     modes = [(m, m.training) for m in net.modules()]
@@ -74,11 +81,11 @@ def run_score(settings: Settings, *, model: nn.Module | None = None, pool=None, 
         the_pool = pool_for(settings, net, pool, stdin)
         if on_start:
             on_start(len(the_pool))
-        rows, stats = run(net, the_pool, settings, device, on_batch)
+        rows, stats = run(net, the_pool, settings, device, on_batch, embeddings=recorder)
     finally:
         for m, mode in modes:
             m.training = mode
-    return ScoreRun(rank(rows), stats, the_pool)
+    return ScoreRun(rank(rows), stats, the_pool, recorder.result() if recorder else None)
 
 
 def score_pool(pool=None, model=None, *, config=None, **options) -> list[dict]:
@@ -88,24 +95,48 @@ def score_pool(pool=None, model=None, *, config=None, **options) -> list[dict]:
     if isinstance(model, str):
         options["model"] = model
     settings = settings_for(config, **options)
-    return run_score(settings, model=model if isinstance(model, nn.Module) else None,
-                     pool=None if isinstance(pool, str) else pool).rows
+    from .labeling import embeddings_destination, save_embeddings
+    emb_file = embeddings_destination(settings, settings.output)  # embeddings=PATH (or True + output=)
+    result = run_score(settings, model=model if isinstance(model, nn.Module) else None,
+                       pool=None if isinstance(pool, str) else pool)
+    if emb_file:
+        save_embeddings(result.embeddings, emb_file)
+    return result.rows
 
 
 def select(scores=None, budget: int | None = None, *, pool=None, model=None, config=None,
            **options) -> list[dict]:
-    """The `budget` examples to label: from ranked rows or a table file, or by scoring `pool` first."""
+    """The `budget` examples to label: from ranked rows or a table file, or by scoring `pool` first.
+
+    Selection options are the config keys: diverse=True (with embeddings=FILE for rows or a table
+    whose embeddings are not beside it), per_class="proportional"|"equal", exclude=[FILES],
+    contact_sheet="sheet.png" (written), seed, diverse_candidates."""
     if budget is not None:
         options["budget"] = budget
-    settings = settings_for(config, **{k: v for k, v in options.items()})
+    if isinstance(pool, str):
+        options["pool"] = pool
+    if isinstance(model, str):
+        options["model"] = model
+    settings = settings_for(config, **options)
     if settings.budget is None:
         raise ConfigError("no budget given; pass budget=N (how many examples to select)")
+    return run_select(settings, scores=scores, model=model if isinstance(model, nn.Module) else None,
+                      pool=None if isinstance(pool, str) else pool).rows
+
+
+def run_select(settings: Settings, *, scores=None, model: nn.Module | None = None, pool=None,
+               stdin=None, on_start: Callable[[int], None] | None = None,
+               on_batch: Callable[[int], None] | None = None) -> Selection:
+    """The batch from `scores` (ranked rows, a table file, or '-' for stdin), or, when None, from
+    scoring the pool first in this process (embeddings kept in memory for --diverse)."""
+    source = None if scores is None or isinstance(scores, list) else str(scores)
+    plan = prepare(settings, source, score_first=scores is None)
     if scores is None:
-        scores = score_pool(pool, model, config=config, **{k: v for k, v in options.items()
-                                                          if k != "budget"})
-    elif not isinstance(scores, list):
-        scores = read_table(scores)
-    return top_k(scores, settings.budget)
+        scored = run_score(settings, model=model, pool=pool, stdin=stdin, on_start=on_start,
+                           on_batch=on_batch, embeddings=settings.diverse)
+        return pick(settings, scored.rows, plan, embeddings=scored.embeddings, pool=scored.pool)
+    rows = scores if isinstance(scores, list) else read_table(source)
+    return pick(settings, rows, plan)
 
 
 # --- inspect ------------------------------------------------------------------------------------

@@ -46,12 +46,41 @@ Method = Annotated[Optional[str], typer.Option(
 BatchSize = Annotated[Optional[int], typer.Option("--batch-size", "-b", help="Examples per batch \\[default: 64].")]
 Device = Annotated[Optional[str], typer.Option(help="auto (prefers CUDA), cpu, cuda, cuda:N, mps.")]
 Workers = Annotated[Optional[int], typer.Option("--workers", "-j", help="Data-loading worker processes \\[default: 0].")]
-Seed = Annotated[Optional[int], typer.Option(help="Seed for the random strategy \\[default: 0].")]
+Seed = Annotated[Optional[int], typer.Option(
+    help="Seed for the random strategy and for select --diverse \\[default: 0].")]
 Output = Annotated[Optional[str], typer.Option(
     "--output", "-o", help="Output file, or - for stdout.")]
 Format = Annotated[Optional[str], typer.Option(
-    "--format", "-f", help="csv (default), jsonl, or paths (one id per line).")]
+    "--format", "-f", help="csv (default), jsonl, paths (one id per line); select also "
+                           "labelstudio (Label Studio tasks JSON).")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No summary on stderr.")]
+# selection (select only, except --embeddings which score writes and select reads)
+WriteEmbeddings = Annotated[bool, typer.Option(
+    "--embeddings", help="Also write each example's BADGE embedding (last-layer gradient, "
+                         "factored) beside the table, as OUTPUT.emb.npz, for select --diverse.")]
+ReadEmbeddings = Annotated[Optional[str], typer.Option(
+    "--embeddings", metavar="FILE", help="Embeddings for --diverse \\[default: SCORES.emb.npz].")]
+Diverse = Annotated[bool, typer.Option(
+    "--diverse", help="BADGE: k-means++ on gradient embeddings among the best scores, so the batch "
+                      "holds no near-duplicates (needs `score --embeddings`, or --pool).")]
+DiverseCandidates = Annotated[Optional[int], typer.Option(
+    "--diverse-candidates", metavar="M", help="--diverse picks among the M best-scoring examples "
+                                              "(per class with --per-class) \\[default: 10 x budget].")]
+PerClass = Annotated[Optional[str], typer.Option(
+    "--per-class", metavar="proportional|equal", help="Spread the budget over predicted classes, in "
+                                                      "proportion to their counts or equally.")]
+Exclude = Annotated[Optional[List[str]], typer.Option(
+    "--exclude", metavar="FILE", help="Never select the ids in FILE (.csv id column, .jsonl/"
+                                            ".json ids, else one per line; repeatable).")]
+ImageRoot = Annotated[Optional[str], typer.Option(
+    "--image-root", metavar="URL", help="-f labelstudio: prefix ids with this URL or path in "
+                                        "data.image.")]
+ImageDir = Annotated[Optional[str], typer.Option(
+    "--image-dir", metavar="DIR", help="--contact-sheet: the folder the image ids are relative to "
+                                       "\\[default: the config's pool].")]
+ContactSheet = Annotated[Optional[str], typer.Option(
+    "--contact-sheet", metavar="PNG", help="Also draw the selected images in one PNG grid with "
+                                           "rank, id and score under each.")]
 
 SCORE_EPILOG = """[bold]Examples[/bold]
 
@@ -178,6 +207,7 @@ def score(
     top_classes: TopClasses = None, layers: Layers = None, method: Method = None,
     batch_size: BatchSize = None, device: Device = None, workers: Workers = None,
     seed: Seed = None, output: Output = None, format: Format = None, quiet: Quiet = False,
+    embeddings: WriteEmbeddings = False,
 ):
     """Score every example of POOL and write the ranked table (rank,id,score,pred,confidence,...).
 
@@ -186,16 +216,22 @@ def score(
     flags = dict(locals())
     try:
         settings = _settings(flags.pop("config"), flags)
+        from .labeling import embeddings_destination, save_embeddings
+        dest = settings.output or ("scores.csv" if sys.stdout.isatty() else "-")
+        emb_file = embeddings_destination(settings, dest)  # checked before the work
         result = _score(settings)
         from .table import write_table
-        dest = settings.output or ("scores.csv" if sys.stdout.isatty() else "-")
         write_table(result.rows, dest, settings.format)
+        if emb_file:
+            save_embeddings(result.embeddings, emb_file)
     except AlcliError as err:
         raise _fail(str(err)) from None
     if not settings.quiet:
         _summary(result, settings)
         if dest != "-":
             _stderr_console().print(f"wrote {len(result.rows)} rows to {dest}", markup=False)
+        if emb_file:
+            _stderr_console().print(f"wrote their embeddings to {emb_file}", markup=False)
 
 
 @app.command(epilog=SELECT_EPILOG)
@@ -211,11 +247,15 @@ def select(
     top_classes: TopClasses = None, layers: Layers = None, method: Method = None,
     batch_size: BatchSize = None, device: Device = None, workers: Workers = None,
     seed: Seed = None, output: Output = None, format: Format = None, quiet: Quiet = False,
+    diverse: Diverse = False, diverse_candidates: DiverseCandidates = None,
+    embeddings: ReadEmbeddings = None, per_class: PerClass = None, exclude: Exclude = None,
+    image_root: ImageRoot = None, contact_sheet: ContactSheet = None, image_dir: ImageDir = None,
 ):
     """Write the BUDGET best examples of a ranked table: the batch to label.
 
     Reads SCORES, or stdin when piped; with --pool/--model (or nothing piped in) it scores the
-    config's pool first, in one process. The batch goes to --output, else to stdout.
+    config's pool first, in one process. The batch goes to --output, else to stdout, best score
+    first; its rank column is each example's place in the whole table.
     """
     flags = dict(locals())
     config_path = flags.pop("config")
@@ -223,21 +263,27 @@ def select(
         settings = _settings(config_path, flags)
         if settings.budget is None:
             raise _fail("no budget given; pass -n/--budget N (or set budget: in the config)")
-        from .selection import top_k
-        from .table import read_table, write_table
+        from . import api
+        from .labeling import write_batch
         source = scores or settings.scores
         score_first = source is None and (pool or model or sys.stdin.isatty())
-        if score_first:
-            rows = _score(settings).rows
-        else:
-            rows = read_table(source or "-")
-        chosen = top_k(rows, settings.budget)
-        write_table(chosen, settings.output or "-", settings.format)
+        with _progress(bool(score_first) and sys.stderr.isatty() and not settings.quiet) as bar:
+            picked = api.run_select(settings, scores=None if score_first else (source or "-"),
+                                    on_start=bar[0], on_batch=bar[1])
+        write_batch(picked.rows, settings.output or "-", settings)
     except AlcliError as err:
         raise _fail(str(err)) from None
-    if len(chosen) < settings.budget and not settings.quiet:
-        _stderr_console().print(f"warning: the budget is {settings.budget} but the table has only "
-                                f"{len(chosen)} rows; selected them all", markup=False)
+    if settings.quiet:
+        return
+    console = _stderr_console()
+    if len(picked.rows) < settings.budget:
+        console.print(f"warning: the budget is {settings.budget} but only {picked.available} rows "
+                      f"are left to choose from; selected them all", markup=False)
+    for note in picked.notes:
+        console.print(f"warning: {note}", markup=False)
+    if settings.contact_sheet:
+        console.print(f"wrote a contact sheet of {len(picked.rows)} images to "
+                      f"{settings.contact_sheet}", markup=False)
 
 
 @app.command(epilog=INSPECT_EPILOG)

@@ -182,10 +182,12 @@ def _fit(draw: ImageDraw.ImageDraw, text: str, font, width: int) -> str:
 
 
 def contact_sheet(rows: Sequence[Mapping], image_root_dir: str | None, out_png: str, *,
-                  tile: int = 160, columns: int = 8) -> list[str]:
+                  tile: int = 160, columns: int = 8,
+                  paths: Sequence[str] | None = None) -> list[str]:
     """Draw the batch as one PNG grid, each image with its rank, id and score beneath it.
 
-    Image paths are the ids, under `image_root_dir` when given (absolute ids stay as they are).
+    Image paths are the ids, under `image_root_dir` when given (absolute ids stay as they are),
+    or `paths` (one per row) when given.
     An image that cannot be read gets a grey tile marked "unreadable"; those ids are returned so
     the caller can warn. The PNG is written atomically.
     """
@@ -200,7 +202,8 @@ def contact_sheet(rows: Sequence[Mapping], image_root_dir: str | None, out_png: 
         draw.rectangle([x0 + PAD, y0 + PAD, x0 + PAD + tile - 1, y0 + PAD + tile - 1],
                        fill=TILE_BACKGROUND)
         rid = str(row["id"])
-        path = rid if image_root_dir is None else os.path.join(image_root_dir, rid)
+        path = (paths[i] if paths is not None else
+                rid if image_root_dir is None else os.path.join(image_root_dir, rid))
         try:
             pic = _load_picture(path, tile)
             sheet.paste(pic, (x0 + PAD + (tile - pic.width) // 2, y0 + PAD + (tile - pic.height) // 2))

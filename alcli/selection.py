@@ -26,3 +26,58 @@ def top_k(rows: list[dict], budget: int) -> list[dict]:
     if budget < 1:
         raise ValueError("budget must be at least 1")
     return rank(rows)[:budget]
+
+
+def is_scored(row: dict) -> bool:
+    """Whether the row's score is a finite number (NaN / missing rows cannot take part in
+    per-class or diverse selection)."""
+    score = row["score"]
+    return isinstance(score, (int, float)) and math.isfinite(score)
+
+
+def choose(rows: list[dict], budget: int, *, per_class: str | None = None, factors=None,
+           seed: int = 0, candidates: int | None = None) -> list[dict]:
+    """The labeling batch from ranked, already filtered `rows`, best score first (ties by id).
+
+    per_class: None, "proportional" or "equal": quotas per predicted class (`pred`) from
+    alcli.balance, best scores first within a class. factors: (a [N, C], b [N, D]) BADGE factors
+    aligned with `rows` for diverse selection (alcli.diverse.select_diverse, among the
+    `candidates` best; default 10 x the budget), per class when both are asked for. Rows keep
+    their `rank` (their place in the whole table). A ValueError names what is wrong.
+    """
+    if budget < 1:
+        raise ValueError("budget must be at least 1")
+    if per_class is None and factors is None:
+        return sorted(rows, key=order_key)[:budget]
+    if candidates is not None and candidates < budget:
+        raise ValueError(f"--diverse-candidates {candidates} is smaller than the budget {budget}; "
+                         f"diverse selection picks the batch among that many best-scoring examples")
+    groups: dict = {None: list(range(len(rows)))}
+    quota = {None: min(budget, len(rows))}
+    if per_class is not None:
+        from .balance import per_class_quota
+        groups = {}
+        for i, row in enumerate(rows):
+            if row.get("pred") is None:
+                raise ValueError(f"--per-class needs each row's predicted class, but row "
+                                 f"'{row['id']}' has no 'pred'")
+            groups.setdefault(row["pred"], []).append(i)
+        quota = per_class_quota({c: len(members) for c, members in groups.items()}, budget,
+                                per_class)
+    chosen: list[dict] = []
+    for c, members in groups.items():
+        if quota[c] == 0:
+            continue
+        if factors is None:
+            chosen.extend(sorted((rows[i] for i in members), key=order_key)[:quota[c]])
+            continue
+        from .diverse import select_diverse
+        import torch
+        take = torch.tensor(members, dtype=torch.long)
+        ids = [str(rows[i]["id"]) for i in members]
+        m = None if candidates is None else min(candidates, len(members))
+        picked = set(select_diverse(ids, [float(rows[i]["score"]) for i in members],
+                                    factors[0][take], factors[1][take], quota[c], seed,
+                                    candidates=m))
+        chosen.extend(rows[i] for i, id_ in zip(members, ids) if id_ in picked)
+    return sorted(chosen, key=order_key)
