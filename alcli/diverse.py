@@ -69,6 +69,7 @@ def save_embeddings(path: str, ids: Sequence[str], a, b) -> None:
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".emb-", suffix=".npz", dir=directory)
     try:
+        _file_mode(fd)
         with os.fdopen(fd, "wb") as fh:  # a file object, so numpy does not append ".npz"
             np.savez(fh, format=np.array(_FORMAT), ids=np.array(ids, dtype=np.str_), a=a, b=b)
         os.replace(tmp, path)
@@ -76,6 +77,13 @@ def save_embeddings(path: str, ids: Sequence[str], a, b) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def _file_mode(fd: int) -> None:
+    """Give a mkstemp file (0600) the mode a plain open() would: 0666 less the umask."""
+    mask = os.umask(0)
+    os.umask(mask)
+    os.fchmod(fd, 0o666 & ~mask)
 
 
 def load_embeddings(path: str, ids: Sequence[str] | None = None

@@ -93,6 +93,7 @@ def _atomic_write_text(path: str, text: str) -> None:
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".alcli-", dir=directory)
     try:
+        _file_mode(fd)
         with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
             fh.write(text)
         os.replace(tmp, path)
@@ -100,6 +101,13 @@ def _atomic_write_text(path: str, text: str) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def _file_mode(fd: int) -> None:
+    """Give a mkstemp file (0600) the mode a plain open() would: 0666 less the umask."""
+    mask = os.umask(0)
+    os.umask(mask)
+    os.fchmod(fd, 0o666 & ~mask)
 
 
 def write_json(obj, path: str) -> None:
@@ -226,6 +234,7 @@ def _atomic_save_png(img: Image.Image, path: str) -> None:
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".sheet-", suffix=".png", dir=directory)
     try:
+        _file_mode(fd)
         with os.fdopen(fd, "wb") as fh:
             img.save(fh, format="PNG")
         os.replace(tmp, path)
