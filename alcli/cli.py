@@ -105,6 +105,13 @@ SELECT_EPILOG = """[bold]Examples[/bold]
 
   alcli select -n 20 --pool data/demo/pool -m data/demo/model.pt \\
       --arch alcli.demo:DigitsCNN -c configs/default.yaml
+
+  [dim]# diverse (BADGE), balanced over predicted classes, minus what is labeled, as a picture:[/dim]
+
+  alcli score --embeddings -o scores.csv
+
+  alcli select scores.csv -n 40 --diverse --per-class equal --exclude labeled.csv \\
+      --contact-sheet batch.png -f labelstudio --image-root https://data.example.com/pool -o tasks.json
 """
 
 INSPECT_EPILOG = """[bold]Examples[/bold]
