@@ -64,17 +64,19 @@ def grad_norms_per_target(model: nn.Module, inputs: torch.Tensor, target_sets: S
 
     key = (tuple(selection.names), id(loss_fn))
     known = _auto_choice.setdefault(model, {})
-    order = [known[key][0]] if key in known else AUTO_ORDER
+    # start from the method that served this model before; a batch it cannot serve (a
+    # data-dependent forward) moves on to the next ones
+    start = AUTO_ORDER.index(known[key][0]) if key in known else 0
     failures = []
-    for name in order:
+    for name in AUTO_ORDER[start:]:
         try:
             with borrowed(model, selection.params):
                 norms, logits = table[name](model, inputs, list(target_sets), selection, loss_fn)
         except UnsupportedModel as err:
             failures.append(f"{name}: {err}")
             continue
-        reason = "; ".join(failures + [_why(name, model, selection)])
-        known[key] = (name, reason)
+        if key not in known or failures:
+            known[key] = (name, "; ".join(failures + [_why(name, model, selection)]))
         return norms.to(_dtype(model, inputs)), logits.detach()
     raise UnsupportedModel("no method can serve this model: " + "; ".join(failures))
 

@@ -106,33 +106,39 @@ def ghost_norms(model, inputs, target_sets, selection: Selection, loss_fn):
     def post_hook(name):
         def hook(module, args, kwargs, output):
             stack.pop()
-            if not capturing[0]:
+            if not capturing[0] or plan.rules[name].capture is not None:
                 return None
-            call = Call(tuple(args), dict(kwargs), batch)
-            call.versions = [(t, t._version) for t in tree_flatten((args, kwargs))[0]
-                             if isinstance(t, torch.Tensor)]
+            call = _new_call(args, kwargs, batch)
             leaves, call.out_spec = tree_flatten(output)
-            tapped = []
-            for leaf in leaves:
-                if isinstance(leaf, torch.Tensor) and leaf.is_floating_point():
-                    tap = torch.zeros((), dtype=leaf.dtype, device=leaf.device).expand(leaf.shape)
-                    tap.requires_grad_()
-                    call.taps.append(tap)
-                    tapped.append(leaf + tap)
-                    call.tapped.append(True)
-                else:
-                    tapped.append(leaf)
-                    call.tapped.append(False)
+            leaves = [_tap(call, leaf) if isinstance(leaf, torch.Tensor) and leaf.is_floating_point()
+                      else _untapped(call, leaf) for leaf in leaves]
             calls[name].append(call)
-            return tree_unflatten(tapped, call.out_spec)
+            return tree_unflatten(leaves, call.out_spec)
         return hook
+
+    def capturing_forward(name, module):
+        """For rules that tap tensors inside the module (q, k, v of attention): the rule's own
+        forward, given a fresh call to record its inputs and taps in."""
+        capture = plan.rules[name].capture
+
+        def forward(*args, **kwargs):
+            call = _new_call(args, kwargs, batch)
+            calls[name].append(call)
+            output = capture(module, args, kwargs, call, lambda t: _tap(call, t))
+            call.out_spec = tree_flatten([None] * len(call.taps))[1]  # grad_out: one per tap
+            return output
+        return forward
 
     key = tuple(selection.names)
     verify = key not in _verified.get(model, set())
+    patched = []
     try:
         for name, module in plan.modules.items():
             handles.append(module.register_forward_pre_hook(pre_hook(name), with_kwargs=True))
             handles.append(module.register_forward_hook(post_hook(name), with_kwargs=True))
+            if plan.rules[name].capture is not None and "forward" not in module.__dict__:
+                module.forward = capturing_forward(name, module)
+                patched.append(module)
         if verify:
             with UseWatch(_covering_modules(plan), stack):
                 logits = model(inputs)
@@ -142,6 +148,8 @@ def ghost_norms(model, inputs, target_sets, selection: Selection, loss_fn):
     finally:
         for handle in handles:
             handle.remove()
+        for module in patched:
+            del module.forward
     capturing[0] = False
 
     _check_unmodified(calls)
@@ -154,12 +162,32 @@ def ghost_norms(model, inputs, target_sets, selection: Selection, loss_fn):
         hooks = backward_pass.hook_taps(calls)
         try:
             loss = loss_fn(logits, targets).sum()
-            torch.autograd.backward(loss, inputs=all_taps, retain_graph=k + 1 < len(target_sets))
+            torch.autograd.grad(loss, all_taps, retain_graph=k + 1 < len(target_sets), allow_unused=True)
         finally:
             for hook in hooks:
                 hook.remove()
         rows.append(backward_pass.finish(calls))
     return torch.stack(rows), logits
+
+
+def _new_call(args, kwargs, batch) -> Call:
+    call = Call(tuple(args), dict(kwargs), batch)
+    call.versions = [(t, t._version) for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+    return call
+
+
+def _tap(call: Call, tensor: torch.Tensor) -> torch.Tensor:
+    """tensor + Z, with Z a stride-0 zero leaf whose gradient is dL/d(tensor) as it is now."""
+    tap = torch.zeros((), dtype=tensor.dtype, device=tensor.device).expand(tensor.shape)
+    tap.requires_grad_()
+    call.taps.append(tap)
+    call.tapped.append(True)
+    return tensor + tap
+
+
+def _untapped(call: Call, leaf):
+    call.tapped.append(False)
+    return leaf
 
 
 class _Pass:
@@ -178,14 +206,16 @@ class _Pass:
             for call in module_calls:
                 call.arrived = [None] * len(call.taps)
                 for i, tap in enumerate(call.taps):
-                    hooks.append(tap.register_post_accumulate_grad_hook(self._on_grad(name, call, i)))
+                    hooks.append(tap.register_hook(self._on_grad(name, call, i)))
         return hooks
 
     def _on_grad(self, name, call, i):
-        def hook(tap):
-            call.arrived[i], tap.grad = tap.grad, None
+        def hook(grad):
+            call.arrived[i] = grad
             if all(g is not None for g in call.arrived):
                 self._run(name, call)
+            # autograd.grad keeps what the hook returns: a stride-0 zero, not the gradient
+            return torch.zeros((), dtype=grad.dtype, device=grad.device).expand(grad.shape)
         return hook
 
     def _run(self, name, call):

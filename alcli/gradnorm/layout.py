@@ -1,12 +1,13 @@
 """Where the batch dimension lives in every tensor a module call sees.
 
 It cannot be read off one shape: a seq-first transformer feeds its Linear layers [T, B, d], and
-when T == B no size tells the two apart. So the model is run on a 1-example and a 2-example
-batch, and for every hooked module call, the one dim whose size changes (1 -> 2) in an input or
-output is that tensor's batch dim; a tensor with no changing dim is shared by all examples.
-A dim that changes any other way (batch merged with another dim, [B*T, d]) is recorded as
-MERGED, and rules that need the batch refuse it. The result is cached per model, hooked
-modules and example shape.
+when T == B no size tells the two apart. So the model is run on its first example and on its
+first two (real examples, so data-dependent sizes show), and for every hooked module call the one
+dim whose size goes 1 -> 2 in an input or output is that tensor's batch dim; a tensor with no
+changing dim is shared by all examples. A dim that changes any other way (the batch merged with
+another dim, [B*T, d] or packed tokens) is recorded as MERGED, and rules that need the batch
+refuse it; at the full batch every batch dim must have size B. The result is cached per model,
+hooked modules and example shape.
 """
 from __future__ import annotations
 
@@ -37,7 +38,8 @@ def call_layouts(model, inputs: torch.Tensor, modules: dict) -> dict[str, list[L
     per_model = _cache.setdefault(model, {})
     if key not in per_model:
         one = _record_shapes(model, inputs[:1], modules)
-        two = _record_shapes(model, inputs[:1].repeat(2, *[1] * (inputs.dim() - 1)), modules)
+        pair = inputs[:2] if inputs.shape[0] > 1 else inputs[:1].repeat(2, *[1] * (inputs.dim() - 1))
+        two = _record_shapes(model, pair, modules)
         layouts = {}
         for name in modules:
             if len(one[name]) != len(two[name]):

@@ -34,15 +34,19 @@ class Entry(NamedTuple):
     rule: Rule
     claims_children: tuple[str, ...]  # children whose parameters the rule also covers
     layout: str                      # "batch_first" | "anywhere" | "own"
+    capture: Callable | None = None  # a forward that taps tensors inside the module (see attention)
+    accepts: Callable | None = None  # module -> bool; configurations the rule does not cover get
+                                     # the generic rule
 
 
 RULES: dict[type, Entry] = {}
 
 
-def register(*types: type, layout: str, claims_children: tuple[str, ...] = ()):
+def register(*types: type, layout: str, claims_children: tuple[str, ...] = (), capture=None, accepts=None):
     def wrap(rule: Rule) -> Rule:
         for module_type in types:
-            RULES[module_type] = Entry(rule.__module__.rsplit(".", 1)[-1], rule, claims_children, layout)
+            RULES[module_type] = Entry(rule.__module__.rsplit(".", 1)[-1], rule, claims_children, layout,
+                                       capture, accepts)
         return rule
     return wrap
 
@@ -57,8 +61,11 @@ def rule_for(module: nn.Module) -> Entry:
 
     for module_type in type(module).__mro__:
         if module_type in RULES:
+            entry = RULES[module_type]
             if type(module).forward is module_type.forward:
-                return RULES[module_type]
+                if entry.accepts is None or entry.accepts(module):
+                    return entry
+                return Entry("generic", generic_rule, entry.claims_children, "own")
             break
     return Entry("generic", generic_rule, (), "own")
 
