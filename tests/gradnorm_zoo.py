@@ -368,15 +368,18 @@ class PackedTokens(nn.Module):
         return self.head(torch.tanh(out).sum(1) + 0.1)
 
 
-def _packed_inputs(gen, batch):
-    """Token counts [1, 2, 0, 1]: example 0 has one token and N == B, so no size gives the
-    merged batch away (an example with no tokens is valid input: all padding)."""
-    t = torch.randint(1, VOCAB, (4, 3), generator=gen)
-    t[0, 1:] = PAD
-    t[1, 2:] = PAD
-    t[2, :] = PAD
-    t[3, 1:] = PAD
+def packed_inputs(counts, gen=None):
+    """Tokens with the given number of non-padding tokens per example."""
+    t = torch.randint(1, VOCAB, (len(counts), max(3, max(counts))), generator=gen)
+    for i, n in enumerate(counts):
+        t[i, n:] = PAD
     return t
+
+
+def _packed_inputs(gen, batch):
+    """Token counts [1, 1, 0, 2]: examples 0 and 1 have one token each and N == B, so no size
+    gives the merged batch away (an example with no tokens is valid input: all padding)."""
+    return packed_inputs([1, 1, 0, 2], gen)
 
 
 # ------------------------------------------------------------------------------------------ cases

@@ -17,7 +17,8 @@ from torch import nn
 from alcli.gradnorm import UnsupportedModel, grad_norms_per_target, per_example_grad_norms
 
 from gradnorm_zoo import one_thread  # noqa: F401  (autouse fixture)
-from gradnorm_zoo import CASE_BY_ID, CASES, ManualRNN, as_dtype, build, default_loss, oracle_norms
+from gradnorm_zoo import (CASE_BY_ID, CASES, ManualRNN, PackedTokens, as_dtype, build, default_loss,
+                          oracle_norms, packed_inputs)
 
 METHODS = ["loop", "auto", "ghost", "vmap", "replicate"]
 MAY_DECLINE = {"ghost", "vmap", "replicate"}
@@ -249,6 +250,22 @@ def test_later_batch_that_a_method_cannot_serve(method):
         norms = call(method, model, tokens, targets)
         if norms is not None:
             assert_matches(norms, expected, 1e-6, f"{method} on {tokens.tolist()}")
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_packed_tokens_after_a_batch_that_hides_the_packing(method):
+    """One token per example packs to [B, d], which looks batch-first; a later batch of the same
+    shape with counts [2, 1, 0, 1] packs to [4, d] too, but its rows are not its examples."""
+    torch.manual_seed(0)
+    model = PackedTokens().double().eval()
+    targets = torch.tensor([0, 1, 2, 1])
+    gen = torch.Generator().manual_seed(1)
+    for counts in ([1, 1, 1, 1], [2, 1, 0, 1]):
+        tokens = packed_inputs(counts, gen)
+        norms = call(method, model, tokens, targets)
+        if norms is None:
+            return
+        assert_matches(norms, oracle_norms(model, tokens, targets), 1e-6, f"{method} counts {counts}")
 
 
 @pytest.mark.parametrize("method", METHODS)
