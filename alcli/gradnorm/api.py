@@ -90,7 +90,7 @@ def auto_choice(model: nn.Module, params=None, loss_fn: LossFn | None = None):
 def _why(method: str, model, selection) -> str:
     if method != "ghost":
         return f"{method} serves this model"
-    from .ghost import describe
+    from .plan import describe
     generic = [name or "(root)" for name, _, rule, _ in describe(model, selection) if rule == "generic"]
     if not generic:
         return "ghost: a layer rule serves every selected module"
@@ -101,7 +101,7 @@ def _why(method: str, model, selection) -> str:
 def explain(model: nn.Module, params=None, loss_fn: LossFn | None = None) -> dict:
     """What the engine will do for this model: the rule serving each selected module and
     the method `auto` settled on with its reason (None before its first call)."""
-    from .ghost import describe
+    from .plan import describe
 
     selection = select_params(model, params)
     return {"rules": describe(model, selection), "auto": auto_choice(model, params, loss_fn),

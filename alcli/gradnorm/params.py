@@ -4,7 +4,6 @@ from __future__ import annotations
 import fnmatch
 from dataclasses import dataclass
 
-import torch
 from torch import nn
 
 

@@ -15,7 +15,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from .batching import dims_like, squeeze_leaves, unsqueeze_leaves
 from .errors import UnsupportedModel
-from .ghost import make_plan
+from .plan import make_plan
 from .layout import MERGED, call_layouts
 from .uses import UseWatch
 from .params import Selection

@@ -5,7 +5,6 @@ W grad_i = sum_t g_it a_it^T per group, with a_it the (C_in/groups * prod(kernel
 """
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
 from torch import nn
 

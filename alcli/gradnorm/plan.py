@@ -1,0 +1,53 @@
+"""Which modules a method hooks, the rule serving each, and the parameters each rule covers."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .errors import UnsupportedModel
+from .params import Selection
+from .rules import rule_for
+
+
+@dataclass
+class Plan:
+    """Which modules are hooked and which parameter paths each rule must cover."""
+    modules: dict    # module name -> module
+    rules: dict      # module name -> rules.Entry
+    paths: dict      # module name -> {param path within module: parameter}
+
+
+def make_plan(model, selection: Selection) -> Plan:
+    if isinstance(model, torch.jit.ScriptModule):
+        raise UnsupportedModel("a TorchScript module cannot take the forward hooks this method needs")
+    modules = dict(model.named_modules(remove_duplicate=False))
+    claimed_children: set[str] = set()
+    plan = Plan({}, {}, {})
+    for name, module in modules.items():
+        for child in rule_for(module).claims_children:
+            claimed_children.add(f"{name}.{child}" if name else child)
+    selected = {id(p) for p in selection.params}
+    for name, module in modules.items():
+        if name in claimed_children:
+            continue
+        entry = rule_for(module)
+        paths = {attr: p for attr, p in module.named_parameters(recurse=False) if id(p) in selected}
+        for child in entry.claims_children:
+            sub = getattr(module, child, None)
+            if sub is not None:
+                for attr, p in sub.named_parameters(recurse=False):
+                    if id(p) in selected:
+                        paths[f"{child}.{attr}"] = p
+        if paths:
+            plan.modules[name] = module
+            plan.rules[name] = entry
+            plan.paths[name] = paths
+    return plan
+
+
+def describe(model, selection: Selection) -> list[tuple[str, str, str, int]]:
+    """[(module name, module type, rule name, selected parameter count)] for `alcli inspect`."""
+    plan = make_plan(model, selection)
+    return [(name, type(plan.modules[name]).__name__, plan.rules[name].name,
+             sum(p.numel() for p in plan.paths[name].values())) for name in plan.modules]
