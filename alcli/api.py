@@ -19,7 +19,8 @@ from torch import nn
 from .checkpoint import load_model
 from .embeddings import EmbeddingRecorder, Embeddings
 from .config import Settings, load_settings
-from .errors import ConfigError
+from . import preflight
+from .errors import ConfigError, PoolError
 from .pool import Batch, Pool, PoolOptions, collate, open_pool, tensor_pool
 from .runner import RunStats, check_layers, forward, model_channels, resolve_device, run, to_model
 from .labeling import Selection, pick, prepare
@@ -79,13 +80,35 @@ def run_score(settings: Settings, *, model: nn.Module | None = None, pool=None, 
         net.to(device).eval()
         check_layers(net, settings.layers)
         the_pool = pool_for(settings, net, pool, stdin)
+        preflight.check(net, the_pool, settings, device)
         if on_start:
             on_start(len(the_pool))
         rows, stats = run(net, the_pool, settings, device, on_batch, embeddings=recorder)
     finally:
         for m, mode in modes:
             m.training = mode
+    if not rows and stats.errors:
+        raise PoolError(f"no example of pool {the_pool.name} could be read ({len(stats.errors)} "
+                        f"skipped; the first: {stats.errors[0][1]})")
     return ScoreRun(rank(rows), stats, the_pool, recorder.result() if recorder else None)
+
+
+def score_to_table(settings: Settings, dest: str, *, model: nn.Module | None = None, pool=None,
+                   stdin=None, on_start: Callable[[int], None] | None = None,
+                   on_batch: Callable[[int], None] | None = None,
+                   say: Callable[[str], None] | None = None, embeddings=None):
+    """`alcli score`: stream the pool's rows through DEST.partial into the ranked table `dest`
+    (a path, or '-' for stdout), with resume, --shard and torchrun (see alcli.job). Returns a
+    JobResult, or None on torchrun ranks other than 0."""
+    from .job import score_job
+    return score_job(settings, dest, model=model, pool=pool, stdin=stdin, on_start=on_start,
+                     on_batch=on_batch, say=say, embeddings=embeddings)
+
+
+def merge(parts: list[str], dest: str, fmt: str = "csv"):
+    """`alcli merge`: shard tables -> one ranked table at `dest` (see alcli.merge)."""
+    from .merge import merge_tables
+    return merge_tables(parts, dest, fmt)
 
 
 def score_pool(pool=None, model=None, *, config=None, **options) -> list[dict]:

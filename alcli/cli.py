@@ -82,6 +82,19 @@ ContactSheet = Annotated[Optional[str], typer.Option(
     "--contact-sheet", metavar="PNG", help="Also draw the selected images in one PNG grid with "
                                            "rank, id and score under each.")]
 
+# long runs (score only)
+CheckpointEvery = Annotated[Optional[int], typer.Option(
+    "--checkpoint-every", metavar="N", help="Save finished rows to OUTPUT.partial at least every N "
+                                            "examples (and on Ctrl-C/SIGTERM) \\[default: 2048].")]
+Resume = Annotated[bool, typer.Option(
+    "--resume", help="Continue the unfinished run whose rows are in OUTPUT.partial (same settings).")]
+Strict = Annotated[bool, typer.Option(
+    "--strict", help="Stop at the first unreadable example instead of skipping it (skipped ones "
+                     "are listed in OUTPUT.errors.csv).")]
+Shard = Annotated[Optional[str], typer.Option(
+    "--shard", metavar="K/N", help="Score shard K of N (K = 0..N-1; chosen by a hash of the id); "
+                                   "combine the parts with `alcli merge`.")]
+
 SCORE_EPILOG = """[bold]Examples[/bold]
 
   [dim]# the shipped demo (configs/default.yaml):[/dim]
@@ -95,6 +108,25 @@ SCORE_EPILOG = """[bold]Examples[/bold]
   [dim]# a pipeline: paths in, the 100 ids to label out:[/dim]
 
   ls imgs/*.png | alcli score - -c cfg.yaml | alcli select -n 100 -f paths
+
+  [dim]# a long run: killed or stopped, continue where it was:[/dim]
+
+  alcli score imgs/ -c cfg.yaml -o s.csv --resume
+
+  [dim]# 4 array jobs, then one table; or all GPUs of a node with torchrun:[/dim]
+
+  alcli score imgs/ -c cfg.yaml --shard 2/4 -o part2.csv
+
+  alcli merge part0.csv part1.csv part2.csv part3.csv -o s.csv
+
+  torchrun --nproc-per-node 8 -m alcli score imgs/ -c cfg.yaml -o s.csv
+"""
+
+MERGE_EPILOG = """[bold]Examples[/bold]
+
+  alcli merge part0.csv part1.csv part2.csv -o scores.csv
+
+  alcli merge parts/part*.csv | alcli select -n 100 -f paths
 """
 
 SELECT_EPILOG = """[bold]Examples[/bold]
@@ -161,7 +193,7 @@ def _progress(enabled: bool):
         yield (lambda n: bar.update(task, total=n)), (lambda k: bar.advance(task, k))
 
 
-def _summary(result, settings: Settings) -> None:
+def _summary(result, settings: Settings, examples: str | None = None) -> None:
     """A short table on stderr: count, time, speed, device, method, and the top 5 rows."""
     from rich.table import Table
     from .table import columns_of, format_value
@@ -169,7 +201,7 @@ def _summary(result, settings: Settings) -> None:
     console = _stderr_console()
     method = f"{s.method} ({_reason(s.method, s.method_reason)})" if s.method else "no gradients needed"
     facts = Table.grid(padding=(0, 2))
-    for key, value in (("examples", f"{s.count}"), ("time", f"{s.seconds:.2f} s"),
+    for key, value in (("examples", examples or f"{s.count}"), ("time", f"{s.seconds:.2f} s"),
                        ("speed", f"{s.per_second:,.1f} examples/s"), ("device", s.device),
                        ("strategy", s.strategy), ("method", method)):
         facts.add_row(key, value)
@@ -201,7 +233,33 @@ def _short(text: str) -> str:
 def _score(settings: Settings):
     from . import api
     with _progress(sys.stderr.isatty() and not settings.quiet) as (on_start, on_batch):
-        return api.run_score(settings, on_start=on_start, on_batch=on_batch)
+        result = api.run_score(settings, on_start=on_start, on_batch=on_batch)
+    _warn(len(result.stats.errors), result.stats.nans, None, result.stats.errors)
+    return result
+
+
+def _say(message: str) -> None:
+    sys.stderr.write(f"alcli: {message}\n")
+    sys.stderr.flush()
+
+
+def _warn(skipped: int, nans: int, errors_file: str | None, errors=()) -> None:
+    """Warnings that a long run must not hide (printed with --quiet too)."""
+    if skipped:
+        where = (f"they are listed in {errors_file}" if errors_file else
+                 "; ".join(f"{id_}: {message}" for id_, message in list(errors)[:3])
+                 + (" ..." if skipped > 3 else ""))
+        _say(f"warning: skipped {skipped} unreadable example{'s' if skipped > 1 else ''} "
+             f"({where})")
+    if nans:
+        _say(f"warning: {nans} example{'s have' if nans > 1 else ' has'} a NaN score (a "
+             f"non-finite loss or gradient norm), ranked last")
+
+
+def _rank0() -> bool:
+    """False on the torchrun processes other than rank 0, which print nothing."""
+    import os
+    return os.environ.get("RANK", "0") == "0" or os.environ.get("WORLD_SIZE", "1") == "1"
 
 
 @app.command(epilog=SCORE_EPILOG)
@@ -214,31 +272,82 @@ def score(
     top_classes: TopClasses = None, layers: Layers = None, method: Method = None,
     batch_size: BatchSize = None, device: Device = None, workers: Workers = None,
     seed: Seed = None, output: Output = None, format: Format = None, quiet: Quiet = False,
-    embeddings: WriteEmbeddings = False,
+    embeddings: WriteEmbeddings = False, checkpoint_every: CheckpointEvery = None,
+    resume: Resume = False, strict: Strict = False, shard: Shard = None,
 ):
     """Score every example of POOL and write the ranked table (rank,id,score,pred,confidence,...).
 
     The table goes to --output, or to stdout when that is not a terminal (else to scores.csv).
+    Finished rows are kept in OUTPUT.partial until the table is written (see --resume);
+    unreadable examples are skipped and listed in OUTPUT.errors.csv; OUTPUT.meta.json describes
+    the table. Under torchrun each process scores its shard and rank 0 writes the one table.
     """
     flags = dict(locals())
     try:
         settings = _settings(flags.pop("config"), flags)
+        from . import api
         from .labeling import embeddings_destination, save_embeddings
         dest = settings.output or ("scores.csv" if sys.stdout.isatty() else "-")
         emb_file = embeddings_destination(settings, dest)  # checked before the work
-        result = _score(settings)
-        from .table import write_table
-        write_table(result.rows, dest, settings.format)
+        recorder = None
         if emb_file:
-            save_embeddings(result.embeddings, emb_file)
+            from .embeddings import EmbeddingRecorder
+            recorder = EmbeddingRecorder()
+        with _progress(sys.stderr.isatty() and not settings.quiet and _rank0()) as (on_start, on_batch):
+            result = api.score_to_table(settings, dest, on_start=on_start, on_batch=on_batch,
+                                        say=_say if _rank0() else None, embeddings=recorder)
+        if result is None:  # a torchrun rank other than 0: rank 0 wrote the table
+            return
+        if emb_file:
+            save_embeddings(recorder.result(), emb_file)
     except AlcliError as err:
+        if not _rank0():
+            raise typer.Exit(1) from None
+        code = getattr(err, "exit_code", None)
+        if code is not None:  # stopped by a signal, finished rows saved
+            _say(str(err))
+            raise typer.Exit(code) from None
         raise _fail(str(err)) from None
+    done = result.finished
+    errors_file = next((f for f in result.files if f.endswith(".errors.csv")), None)
+    _warn(len(done.errors), done.nans, errors_file, done.errors)
     if not settings.quiet:
-        _summary(result, settings)
+        from .api import ScoreRun
+        examples = f"{done.count}" + (f" ({result.resumed} from the partial file)"
+                                      if result.resumed else "")
+        _summary(ScoreRun(done.top, result.stats, result.pool), settings, examples=examples)
         if dest != "-":
-            _stderr_console().print(f"wrote {len(result.rows)} rows to {dest}", markup=False)
+            _stderr_console().print(f"wrote {done.count} rows to {dest}", markup=False)
         if emb_file:
             _stderr_console().print(f"wrote their embeddings to {emb_file}", markup=False)
+
+
+@app.command(epilog=MERGE_EPILOG)
+def merge(
+    parts: Annotated[List[str], typer.Argument(
+        help="Shard tables written by `alcli score --shard K/N -o PART` (each with its "
+             "PART.meta.json beside it).", show_default=False, metavar="PARTS...")],
+    output: Output = None, format: Format = None, quiet: Quiet = False,
+):
+    """Combine the shard tables of one pool into its ranked table, as one process would have
+    written it. Refuses parts that overlap, miss a shard, or were scored differently.
+
+    The table goes to --output, or to stdout when that is not a terminal (else to scores.csv).
+    """
+    try:
+        from . import api
+        fmt = format or "csv"
+        if fmt not in ("csv", "jsonl", "paths"):
+            raise _fail(f"--format {fmt}: merge writes csv, jsonl or paths")
+        dest = output or ("scores.csv" if sys.stdout.isatty() else "-")
+        result = api.merge(parts, dest, fmt)
+    except AlcliError as err:
+        raise _fail(str(err)) from None
+    errors_file = next((f for f in result.files if f.endswith(".errors.csv")), None)
+    _warn(len(result.finished.errors), result.finished.nans, errors_file, result.finished.errors)
+    if not quiet and dest != "-":
+        _stderr_console().print(f"wrote {result.finished.count} rows from {result.parts} parts "
+                                f"to {dest}", markup=False)
 
 
 @app.command(epilog=SELECT_EPILOG)

@@ -45,6 +45,7 @@ class Batch(NamedTuple):
     inputs: torch.Tensor | None  # [B, ...]
     labels: torch.Tensor         # [B] long, -1 unknown
     errors: list[tuple[str, str]]  # (id, message) of items that could not be read
+    mismatch: str | None = None  # items of another shape than the first: a config error, not a bad file
 
 
 class Pool(Dataset):
@@ -54,6 +55,7 @@ class Pool(Dataset):
     ids: list[str]
     has_labels: bool
     kind: str  # "images" or "tensors"
+    classes: list[str] | None = None  # class names, where the source names them (class folders)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -108,14 +110,16 @@ def collate(items: list[Item]) -> Batch:
     if not good:
         return Batch([], None, torch.empty(0, dtype=torch.long), errors)
     first = good[0]
+    mismatch = None
     for it in good[1:]:
-        if it.input.shape != first.input.shape:
-            errors.append((it.id, f"example {it.id} has shape {list(it.input.shape)} but "
-                                  f"{first.id} has {list(first.input.shape)}; set transform.resize "
-                                  f"and transform.center_crop in the config"))
+        if it.input.shape != first.input.shape and mismatch is None:
+            mismatch = (f"example {it.id} has shape {list(it.input.shape)} but {first.id} has "
+                        f"{list(first.input.shape)}; set transform.resize and "
+                        f"transform.center_crop in the config")
+            errors.append((it.id, mismatch))
     good = [it for it in good if it.input.shape == first.input.shape]
     return Batch([it.id for it in good], torch.stack([it.input for it in good]),
-                 torch.tensor([it.label for it in good], dtype=torch.long), errors)
+                 torch.tensor([it.label for it in good], dtype=torch.long), errors, mismatch)
 
 
 # --- images -------------------------------------------------------------------------------------
@@ -201,9 +205,12 @@ def _check_unique(name: str, ids: list[str]) -> None:
 
 
 def from_directory(spec: str, opts: PoolOptions) -> Pool:
-    """Every image under the folder (recursive, sorted); ids are paths relative to it."""
+    """Every image under the folder (recursive, sorted); ids are paths relative to it.
+
+    Every entry named like an image is listed, so one that is not a readable image file (a
+    directory, a dangling link, a corrupt file) becomes an error row rather than vanishing."""
     root = Path(spec)
-    files = sorted((p for p in root.rglob("*") if p.suffix.lower() in IMAGE_EXTS and p.is_file()),
+    files = sorted((p for p in root.rglob("*") if p.suffix.lower() in IMAGE_EXTS),
                    key=lambda p: p.relative_to(root).as_posix())
     classes: dict[str, int] = {}
     if opts.labels_from_folders:  # ImageFolder's convention: sorted class subfolders
@@ -218,7 +225,10 @@ def from_directory(spec: str, opts: PoolOptions) -> Pool:
                                 f"but {p} is directly in {root}")
             label = classes[rel.split("/", 1)[0]]
         rows.append((rel, p, label))
-    return _image_pool(str(root), rows, opts)
+    pool = _image_pool(str(root), rows, opts)
+    if opts.labels_from_folders:
+        pool.classes = list(classes)
+    return pool
 
 
 def from_stdin(spec: str, opts: PoolOptions, stream=None) -> Pool:

@@ -5,9 +5,10 @@ one collated batch in, one row per example out, nothing else touched.
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import torch
 from torch import nn
@@ -68,8 +69,13 @@ def check_layers(model: nn.Module, layers: list[str] | None) -> None:
         raise ConfigError(str(err)) from None
 
 
-def make_loader(pool: Pool, batch_size: int, workers: int, device: torch.device) -> DataLoader:
-    """Batches in pool order; workers read and decode ahead; pinned memory on CUDA."""
+def make_loader(pool: Pool, batch_size: int, workers: int, device: torch.device,
+                batches: Iterable[list[int]] | None = None) -> DataLoader:
+    """Batches in pool order; workers read and decode ahead; pinned memory on CUDA.
+    `batches` (lists of pool indices) replaces the plain consecutive batches (resume uses it)."""
+    if batches is not None:
+        return DataLoader(pool, batch_sampler=batches, num_workers=workers, collate_fn=collate,
+                          pin_memory=device.type == "cuda", persistent_workers=False)
     return DataLoader(pool, batch_size=batch_size, shuffle=False, num_workers=workers,
                       collate_fn=collate, pin_memory=device.type == "cuda",
                       persistent_workers=False)
@@ -88,6 +94,8 @@ def forward(model: nn.Module, inputs: torch.Tensor, pool_name: str) -> torch.Ten
     try:
         with torch.no_grad():
             out = model(inputs)
+    except torch.cuda.OutOfMemoryError:
+        raise  # the micro-batcher splits the batch and retries
     except Exception as err:  # noqa: BLE001 - shape errors etc. from user models
         text = str(err).strip().splitlines()
         raise RunError(f"the model cannot run on examples of shape {list(inputs.shape[1:])} from "
@@ -102,7 +110,7 @@ def score_batch(model: nn.Module, batch: Batch, settings: Settings, device: torc
                 has_labels: bool, pool_name: str = "the pool", *,
                 embeddings: EmbeddingRecorder | None = None) -> list[dict]:
     """One collated batch -> one row per example: id, score, pred, confidence, [label], loss, extras."""
-    if batch.errors:  # strict for now: the first unreadable example stops the run
+    if batch.errors:  # iter_rows hands the readable part only; called directly, bad items are fatal
         raise PoolError(batch.errors[0][1])
     if not batch.ids:
         return []
@@ -122,13 +130,19 @@ def score_batch(model: nn.Module, batch: Batch, settings: Settings, device: torc
     try:
         cols = STRATEGIES[settings.strategy].fn(s)
     except UnsupportedModel as err:
+        if _is_oom(err):
+            raise  # a CUDA out-of-memory inside a layer rule: the micro-batcher retries
         raise RunError(f"--method {settings.method}: {err}") from None
     probs = s.probs
     conf, pred = probs.max(dim=1)
-    common = {"score": cols.pop("score"), "pred": pred, "confidence": conf}
+    loss = loss_at_targets(s)
+    score = cols.pop("score")
+    finite = torch.isfinite(score) & torch.isfinite(loss.to(score.device))
+    score = torch.where(finite, score, torch.full_like(score, math.nan))  # ranked last, counted
+    common = {"score": score, "pred": pred, "confidence": conf}
     if has_labels:
         common["label"] = labels
-    common["loss"] = loss_at_targets(s)
+    common["loss"] = loss
     values = {k: v.detach().cpu().tolist() for k, v in {**common, **cols}.items()}
     rows = []
     for i, id_ in enumerate(batch.ids):
@@ -141,13 +155,77 @@ def score_batch(model: nn.Module, batch: Batch, settings: Settings, device: torc
     return rows
 
 
+def _is_oom(err: BaseException) -> bool:
+    """A CUDA out-of-memory error, also when the engine wrapped it (UnsupportedModel from it)."""
+    while err is not None:
+        if isinstance(err, torch.cuda.OutOfMemoryError):
+            return True
+        err = err.__cause__
+    return False
+
+
+def _part(batch: Batch, start: int, size: int) -> Batch:
+    stop = start + size
+    return Batch(batch.ids[start:stop], batch.inputs[start:stop], batch.labels[start:stop], [])
+
+
+class MicroBatches:
+    """Score a batch in pieces no larger than the size that last fit in memory.
+
+    On a CUDA out-of-memory error the piece is halved and retried (down to one example); the size
+    that fit is kept for the rest of the run and reported once through `say`. The engine is
+    per-example, so the rows are those of an unsplit run (up to float32 rounding, which depends on
+    how many examples share a matrix product).
+    """
+
+    def __init__(self, say: Callable[[str], None] | None = None):
+        self.limit: int | None = None
+        self.say = say
+
+    def __call__(self, batch: Batch, score: Callable[[Batch], list[dict]]) -> list[dict]:
+        n, start, rows = len(batch.ids), 0, []
+        while start < n:
+            size = n - start if self.limit is None else min(self.limit, n - start)
+            try:
+                rows.extend(score(batch if size == n else _part(batch, start, size)))
+            except (torch.cuda.OutOfMemoryError, UnsupportedModel) as err:
+                if not _is_oom(err):
+                    raise
+                if size == 1:
+                    raise RunError("CUDA ran out of memory on a single example; use a smaller "
+                                   "model input, --layers, or another --device") from None
+                if self.limit is None and self.say:
+                    self.say(f"CUDA out of memory at batch size {size}; scoring in micro-batches "
+                             f"of at most {size // 2} from now on")
+                self.limit = size // 2
+                if torch.cuda.is_initialized():
+                    torch.cuda.empty_cache()
+                continue
+            start += size
+        return rows
+
+
 def iter_rows(model: nn.Module, pool: Pool, settings: Settings, device: torch.device, *,
-              embeddings: EmbeddingRecorder | None = None) -> Iterator[list[dict]]:
-    """Rows batch by batch, streaming the pool through a DataLoader."""
-    loader = make_loader(pool, settings.batch_size, settings.workers, device)
+              embeddings: EmbeddingRecorder | None = None,
+              on_errors: Callable[[list[tuple[str, str]]], None] | None = None,
+              batches: Iterable[list[int]] | None = None,
+              micro: MicroBatches | None = None) -> Iterator[list[dict]]:
+    """Rows batch by batch, streaming the pool through a DataLoader.
+
+    Unreadable examples go to `on_errors` as (id, message) and the rest of the batch is scored;
+    without `on_errors` the first one stops the run. Examples of mismatched shapes always do."""
+    loader = make_loader(pool, settings.batch_size, settings.workers, device, batches)
+    micro = micro or MicroBatches()
     for batch in loader:
-        yield score_batch(model, batch, settings, device, pool.has_labels, pool.name,
-                          embeddings=embeddings)
+        if batch.mismatch:
+            raise PoolError(batch.mismatch)
+        if batch.errors:
+            if on_errors is None:
+                raise PoolError(batch.errors[0][1])
+            on_errors(batch.errors)
+            batch = batch._replace(errors=[])
+        yield micro(batch, lambda b: score_batch(model, b, settings, device, pool.has_labels,
+                                                 pool.name, embeddings=embeddings))
 
 
 @dataclass
@@ -159,6 +237,10 @@ class RunStats:
     method: str | None = None        # engine method used (gradient strategies only)
     method_reason: str | None = None
     notes: list[str] = field(default_factory=list)  # e.g. probability mass left out by --top-classes
+    nans: int = 0                    # rows whose score is NaN (a non-finite loss or norm)
+    skipped: int = 0                 # unreadable examples, left out of the rows
+    errors: list[tuple[str, str]] = field(default_factory=list)  # (id, message), when not streamed
+    micro_batch: int | None = None   # the micro-batch size that fit after a CUDA out-of-memory
 
     @property
     def per_second(self) -> float:
@@ -167,27 +249,48 @@ class RunStats:
 
 def run(model: nn.Module, pool: Pool, settings: Settings, device: torch.device,
         on_batch: Callable[[int], None] | None = None, *,
-        embeddings: EmbeddingRecorder | None = None) -> tuple[list[dict], RunStats]:
+        embeddings: EmbeddingRecorder | None = None,
+        sink: Callable[[list[dict], list[tuple[str, str]]], None] | None = None,
+        batches: Iterable[list[int]] | None = None,
+        say: Callable[[str], None] | None = None) -> tuple[list[dict], RunStats]:
     """Score the whole pool -> (rows in pool order, stats). The model must already be on `device`.
-    With `embeddings`, each example's BADGE factors are recorded into it as well."""
+
+    With `embeddings`, each example's BADGE factors are recorded into it as well. With `sink`,
+    each batch's rows and unreadable examples go to `sink(rows, errors)` as they are done and
+    are not kept (the returned rows are empty). Unreadable examples are skipped unless
+    `settings.strict`. `say` gets warnings meant for people as they happen."""
     stats = RunStats(device=str(device), strategy=settings.strategy)
     start = time.perf_counter()
     rows: list[dict] = []
-    for batch_rows in iter_rows(model, pool, settings, device, embeddings=embeddings):
-        rows.extend(batch_rows)
+    errors: list[tuple[str, str]] = []
+    micro = MicroBatches(say)
+    mass_left: list[float] = []  # [sum, max]
+    for batch_rows in iter_rows(model, pool, settings, device, embeddings=embeddings,
+                                on_errors=None if settings.strict else errors.extend,
+                                batches=batches, micro=micro):
+        done = len(batch_rows) + len(errors)
+        stats.count += len(batch_rows)
+        stats.skipped += len(errors)
+        stats.nans += sum(1 for r in batch_rows if r["score"] != r["score"])
+        left = [r["mass_left"] for r in batch_rows if "mass_left" in r]
+        if left:
+            mass_left = [sum(left) + (mass_left[0] if mass_left else 0.0),
+                         max(left + mass_left[1:])]
+        if sink is not None:
+            sink(batch_rows, errors)
+        else:
+            rows.extend(batch_rows)
+            stats.errors.extend(errors)
+        errors.clear()
         if on_batch:
-            on_batch(len(batch_rows))
+            on_batch(done)
     stats.seconds = time.perf_counter() - start
-    stats.count = len(rows)
+    stats.micro_batch = micro.limit
     if STRATEGIES[settings.strategy].gradients:
         stats.method, stats.method_reason = engine_method(model, settings)
-    left = [r["mass_left"] for r in rows if "mass_left" in r]
-    if left:
+    if mass_left:
         stats.notes.append(f"--top-classes {settings.top_classes} leaves out probability mass "
-                           f"{sum(left) / len(left):.3g} on average, {max(left):.3g} at most")
-    nans = sum(1 for r in rows if r["score"] != r["score"])
-    if nans:
-        stats.notes.append(f"{nans} examples have a NaN score (ranked last)")
+                           f"{mass_left[0] / stats.count:.3g} on average, {mass_left[1]:.3g} at most")
     return rows, stats
 
 

@@ -6,6 +6,7 @@ known), loss, then whatever else the rows carry, in first-seen order. Floats are
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
@@ -74,26 +75,40 @@ def render(rows: Iterable[dict], columns: list[str], fmt: str = "csv",
 def write_table(rows: list[dict], dest: str | Path | IO[str] | None, fmt: str = "csv") -> None:
     """Write `rows` to a file (atomically: a temporary file renamed into place), or to stdout
     when `dest` is None or '-', or to an open text stream."""
-    columns = columns_of(rows)
+    write_rows(rows, columns_of(rows), dest, fmt)
+
+
+def write_rows(rows: Iterable[dict], columns: list[str], dest: str | Path | IO[str] | None,
+               fmt: str = "csv") -> None:
+    """`write_table` for rows that arrive one by one (a generator) with their columns known."""
     if dest is None or str(dest) == "-":
         dest = sys.stdout
     if not isinstance(dest, (str, Path)):
         dest.writelines(render(rows, columns, fmt))
         dest.flush()
         return
+    with atomic_file(dest, "output") as f:
+        f.writelines(render(rows, columns, fmt))
+
+
+@contextlib.contextmanager
+def atomic_file(dest: str | Path, what: str = "output") -> Iterator[IO[str]]:
+    """A text file written as `dest.NAME.PID.tmp` in the same folder, synced and renamed over
+    `dest` on success (removed on failure): readers see the old file or the complete new one."""
     path = Path(dest)
     if path.is_dir():
-        raise TableError(f"output {path} is a directory")
+        raise TableError(f"{what} {path} is a directory")
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "w", newline="") as f:
-            f.writelines(render(rows, columns, fmt))
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except OSError as err:
+        raise TableError(f"cannot write {what} {path} ({err.strerror or err})") from None
+    finally:
         tmp.unlink(missing_ok=True)
-        raise TableError(f"cannot write output {path} ({err.strerror or err})") from None
 
 
 # --- reading ------------------------------------------------------------------------------------

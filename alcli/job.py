@@ -1,0 +1,250 @@
+"""`alcli score` as a long job: streaming rows to OUTPUT.partial, resume, shards and torchrun.
+
+    pool -> [shard K/N] -> [skip what OUTPUT.partial already holds] -> runner.run(sink=partial)
+         -> (torchrun: every rank's rows to rank 0) -> ranked OUTPUT, OUTPUT.errors.csv, OUTPUT.meta.json
+
+Only the DataLoader's batches and at most `checkpoint_every` finished rows are in memory at a time;
+the table is ranked from the partial file (see alcli.partial). Resuming re-forms the very batches
+of the first run (fixed positions in the pool), so a killed and resumed run writes the same bytes
+as one that was never interrupted.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import signal
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch import nn
+
+from . import distributed, preflight
+from .config import Settings
+from .errors import AlcliError, ConfigError, PoolError
+from .partial import (Finished, PartialFile, finish, gather_target, new_partial, sidecar,
+                      write_errors, write_meta)
+from .pool import Pool
+from .runner import RunStats, check_layers, resolve_device, run
+from .shard import SubPool, fingerprint, parse_shard, shard_indices
+
+META_VERSION = 1
+
+
+class Interrupted(AlcliError):
+    """SIGINT or SIGTERM stopped the run after its finished rows were saved."""
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.exit_code = 128 + signum
+
+
+@dataclass
+class JobResult:
+    finished: Finished          # rows, NaN count, skipped examples, top rows
+    stats: RunStats             # this process's scoring (resumed rows not included)
+    resumed: int = 0            # rows taken over from OUTPUT.partial
+    shard: str | None = None
+    files: list[str] = field(default_factory=list)  # written beside the table (errors, meta)
+    pool: Pool | None = None
+
+
+def score_job(settings: Settings, dest: str, *, model: nn.Module | None = None, pool=None,
+              stdin=None, on_start: Callable[[int], None] | None = None,
+              on_batch: Callable[[int], None] | None = None,
+              say: Callable[[str], None] | None = None, embeddings=None) -> JobResult | None:
+    """Score the pool into the table `dest` (a path, or '-' for stdout). Returns None on the
+    torchrun ranks other than 0, which write nothing."""
+    from .api import model_for, pool_for
+    ctx = distributed.from_env()
+    to_stdout = dest == "-"
+    _check_options(settings, ctx, to_stdout, dest, embeddings)
+    device_spec = distributed.device_for(settings.device, ctx) if ctx else settings.device
+    with distributed.session(ctx, device_spec):
+        net = model_for(settings, model)
+        device = resolve_device(device_spec)
+        modes = [(m, m.training) for m in net.modules()]
+        try:
+            net.to(device).eval()
+            check_layers(net, settings.layers)
+            full = pool_for(settings, net, pool, stdin)
+            preflight.check(net, full, settings, device)
+            shard = (ctx.rank, ctx.world) if ctx else parse_shard(settings.shard)
+            todo = SubPool(full, shard_indices(full.ids, *shard)) if shard else full
+            shard_text = f"{shard[0]}/{shard[1]}" if shard else None
+            key = run_key(settings, full, net)
+            with contextlib.ExitStack() as stack:
+                if to_stdout:
+                    folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="alcli-")))
+                    partial_path = folder / "scores.partial"
+                else:
+                    partial_path = sidecar(dest, f"{ctx.rank}-of-{ctx.world}.partial" if ctx
+                                           else "partial")
+                log = PartialFile(partial_path, {**key, "shard": shard_text},
+                                  checkpoint_every=settings.checkpoint_every, resume=settings.resume)
+                if log.resumed and say:
+                    say(f"resuming: {log.resumed} examples of {partial_path} are done already")
+                stats = _score(net, todo, settings, device, log, partial_path, on_start, on_batch,
+                               say, embeddings)
+                result = _write(ctx, settings, dest, partial_path, full, todo, key,
+                                shard_text if not ctx else None, stats, log.resumed)
+                distributed.barrier(ctx)
+                partial_path.unlink(missing_ok=True)
+        finally:
+            for m, mode in modes:
+                m.training = mode
+    if result is not None:
+        result.pool = full
+        _check_something_scored(result, full)
+    return result
+
+
+def _check_options(settings: Settings, ctx, to_stdout: bool, dest: str, embeddings) -> None:
+    if ctx and settings.shard:
+        raise ConfigError(f"--shard {settings.shard} cannot be combined with torchrun, where each "
+                          f"process scores shard RANK/WORLD_SIZE already")
+    if embeddings is not None and (ctx or settings.shard or settings.resume):
+        raise ConfigError("--embeddings cannot be combined with --resume, --shard or torchrun yet; "
+                          "score the whole pool in one process to write embeddings")
+    if to_stdout and settings.resume:
+        raise ConfigError("--resume needs --output FILE: an unfinished run keeps its rows in "
+                          "FILE.partial")
+    if not to_stdout:
+        folder = Path(dest).parent
+        if not folder.is_dir():
+            raise ConfigError(f"output {dest}: the folder {folder} does not exist")
+        if Path(dest).is_dir():
+            raise ConfigError(f"output {dest} is a directory")
+    if settings.format not in ("csv", "jsonl", "paths"):
+        raise ConfigError(f"--format {settings.format} is for select; score writes csv, jsonl or paths")
+
+
+def run_key(settings: Settings, full: Pool, net: nn.Module) -> dict:
+    """What must not change between a run and its resumption, or between the parts of a merge."""
+    transform = dataclasses.asdict(settings.transform) if full.kind == "images" else None
+    return {"pool_fingerprint": fingerprint(full.ids), "model": _model_key(settings, net),
+            "arch": settings.arch, "arch_kwargs": settings.arch_kwargs or None,
+            "strategy": settings.strategy, "top_classes": settings.top_classes,
+            "layers": settings.layers, "seed": settings.seed,
+            "labels_from_folders": settings.labels_from_folders, "transform": transform}
+
+
+def _model_key(settings: Settings, net: nn.Module) -> str:
+    """The checkpoint's name and a hash of its bytes (the first 256 MiB and the size beyond that)."""
+    if settings.model is None:
+        return type(net).__name__
+    path = Path(settings.model)
+    digest = hashlib.blake2b(digest_size=8)
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        left = 256 << 20
+        while left > 0 and (block := f.read(min(left, 1 << 20))):
+            digest.update(block)
+            left -= len(block)
+    return f"{path.name} ({size} bytes, blake2b {digest.hexdigest()})"
+
+
+class _Batches:
+    """Consecutive batches of `size` pool positions, leaving out those whose examples are all
+    done: the same batches the first run formed, so resumed rows match it exactly."""
+
+    def __init__(self, ids: list[str], done: set[str], size: int):
+        self.ids, self.done, self.size = ids, done, size
+
+    def __iter__(self):
+        n = len(self.ids)
+        for start in range(0, n, self.size):
+            positions = list(range(start, min(n, start + self.size)))
+            if any(self.ids[i] not in self.done for i in positions):
+                yield positions
+
+
+def _score(net, todo: Pool, settings: Settings, device, log: PartialFile, partial_path: Path,
+           on_start, on_batch, say, embeddings) -> RunStats:
+    done = log.done
+    left = len(todo) - sum(1 for id_ in todo.ids if id_ in done) if done else len(todo)
+    if on_start:
+        on_start(left)
+    if done:
+        def sink(rows, errors):  # a batch cut short by the crash is scored whole, written once
+            log.add([r for r in rows if r["id"] not in done], [e for e in errors if e[0] not in done])
+        batches = _Batches(todo.ids, done, settings.batch_size)
+    else:
+        sink, batches = log.add, None
+    try:
+        with _signals_raise(partial_path):
+            _, stats = run(net, todo, settings, device, on_batch, sink=sink, batches=batches,
+                           say=say, embeddings=embeddings)
+    finally:
+        log.close()  # what is finished is on disk, whatever stopped the run
+    return stats
+
+
+@contextlib.contextmanager
+def _signals_raise(partial_path: Path):
+    """SIGINT and SIGTERM raise Interrupted (so the partial file is flushed on the way out)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        name = signal.Signals(signum).name
+        raise Interrupted(f"stopped by {name}; the finished rows are in {partial_path}, run the "
+                          f"same command with --resume to continue", signum)
+
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def _write(ctx, settings: Settings, dest: str, partial_path: Path, full: Pool, todo: Pool,
+           key: dict, shard: str | None, stats: RunStats, resumed: int) -> JobResult | None:
+    """The final table (rank 0 under torchrun, after gathering every rank's rows)."""
+    sources = [partial_path]
+    with contextlib.ExitStack() as stack:
+        if ctx is not None:
+            gathered = None
+            if ctx.rank == 0:
+                gathered = gather_target(partial_path)
+                stack.callback(gathered.unlink, missing_ok=True)
+                new_partial(gathered, key)
+                sources.append(gathered)
+            distributed.gather_lines(ctx, partial_path, gathered)
+            if ctx.rank != 0:
+                if not distributed.rank0_ok(ctx, True):
+                    raise AlcliError("rank 0 could not write the table")
+                return None
+        try:
+            finished = finish(sources, dest, settings.format)
+            files = []
+            if dest != "-":
+                errors_path, meta_path = sidecar(dest, "errors.csv"), sidecar(dest, "meta.json")
+                write_errors(errors_path, finished.errors)
+                files += [str(errors_path)] if finished.errors else []
+                write_meta(meta_path, {
+                    "format": "alcli-table", "version": META_VERSION, "table": Path(dest).name,
+                    "table_format": settings.format, "rows": finished.count,
+                    "nan_scores": finished.nans, "skipped": len(finished.errors),
+                    "errors_file": errors_path.name if finished.errors else None,
+                    "shard": shard, "pool": full.name, "pool_size": len(full),
+                    "shard_size": len(todo) if shard else len(full), "run": key})
+                files.append(str(meta_path))
+        except BaseException:
+            distributed.rank0_ok(ctx, False)
+            raise
+        distributed.rank0_ok(ctx, True)
+    return JobResult(finished, stats, resumed, shard, files)
+
+
+def _check_something_scored(result: JobResult, full: Pool) -> None:
+    f = result.finished
+    if f.count == 0 and f.errors:
+        raise PoolError(f"no example of pool {full.name} could be read ({len(f.errors)} skipped; "
+                        f"the first: {f.errors[0][1]})")

@@ -1,0 +1,124 @@
+"""`alcli merge`: shard tables (from `score --shard K/N`) -> the one ranked table of the pool.
+
+Each part is known by its OUTPUT.meta.json sidecar: its shard K/N, the pool's fingerprint and the
+settings it was scored with. The parts must be shards 0..N-1 of one N, each exactly once, of the
+same pool and settings; their rows must not share an id and must add up, with the skipped examples
+of their errors files, to the whole pool. The result is the table one process would have written.
+"""
+from __future__ import annotations
+
+import json
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import ConfigError, TableError
+from .partial import (Finished, finish, new_partial, read_errors, read_meta, sidecar, write_errors,
+                      write_meta)
+from .table import read_table
+
+
+@dataclass
+class MergeResult:
+    finished: Finished
+    parts: int
+    files: list[str]
+
+
+def merge_tables(parts: list[str], dest: str, fmt: str = "csv") -> MergeResult:
+    """Check that `parts` are the complete, non-overlapping shards of one run, and write `dest`."""
+    if not parts:
+        raise ConfigError("no parts given; pass the shard tables to merge")
+    metas = [_meta(part) for part in parts]
+    _check_parts(parts, metas)
+    folder = Path(dest).parent if dest != "-" else Path(tempfile.gettempdir())
+    if not folder.is_dir():
+        raise ConfigError(f"output {dest}: the folder {folder} does not exist")
+    first = metas[0]
+    with tempfile.TemporaryDirectory(prefix=".alcli-merge-", dir=folder) as tmp:
+        combined = Path(tmp) / "merged.partial"
+        new_partial(combined, first["run"])
+        owner: dict[str, str] = {}
+        with open(combined, "a") as out:
+            for part, meta in zip(parts, metas):
+                rows = read_table(part) if meta["rows"] else []
+                if len(rows) != meta["rows"]:
+                    raise TableError(f"part {part} has {len(rows)} rows but its "
+                                     f"{sidecar(part, 'meta.json').name} says {meta['rows']}; "
+                                     f"score that shard again")
+                errors = read_errors(sidecar(part, "errors.csv")) if meta.get("skipped") else []
+                for id_ in [r["id"] for r in rows] + [e[0] for e in errors]:
+                    if id_ in owner:
+                        raise TableError(f"the id '{id_}' is in both {owner[id_]} and {part}; "
+                                         f"the parts overlap")
+                    owner[id_] = part
+                for row in rows:
+                    out.write(json.dumps({k: v for k, v in row.items() if k != "rank"}) + "\n")
+                for id_, message in errors:
+                    out.write(json.dumps({"id": id_, "error": message}) + "\n")
+        if len(owner) != first["pool_size"]:
+            raise TableError(f"the parts hold {len(owner)} examples but the pool "
+                             f"{first['pool']} has {first['pool_size']}; a part is incomplete")
+        finished = finish([combined], dest, fmt)
+    files = []
+    if dest != "-":
+        errors_path, meta_path = sidecar(dest, "errors.csv"), sidecar(dest, "meta.json")
+        write_errors(errors_path, finished.errors)
+        files += [str(errors_path)] if finished.errors else []
+        write_meta(meta_path, {**first, "table": Path(dest).name, "table_format": fmt,
+                               "rows": finished.count, "nan_scores": finished.nans,
+                               "skipped": len(finished.errors),
+                               "errors_file": errors_path.name if finished.errors else None,
+                               "shard": None, "shard_size": first["pool_size"],
+                               "merged_from": [str(p) for p in parts]})
+        files.append(str(meta_path))
+    return MergeResult(finished, len(parts), files)
+
+
+def _meta(part: str) -> dict:
+    if not Path(part).is_file():
+        raise TableError(f"part {part} does not exist")
+    path = sidecar(part, "meta.json")
+    meta = read_meta(path)
+    if meta is None:
+        raise TableError(f"part {part} has no {path.name} beside it; shard tables must be written "
+                         f"by `alcli score --shard K/N -o FILE`")
+    if meta.get("format") != "alcli-table" or "run" not in meta:
+        raise TableError(f"{path} is not an alcli table description")
+    if meta.get("table_format") == "paths":
+        raise TableError(f"part {part} holds ids only (-f paths); score the shard as csv or jsonl")
+    return meta
+
+
+def _check_parts(parts: list[str], metas: list[dict]) -> None:
+    shards: dict[int, str] = {}
+    n_of = None
+    for part, meta in zip(parts, metas):
+        shard = meta.get("shard")
+        if shard is None:
+            raise TableError(f"part {part} is a whole-pool table, not a shard (scored without "
+                             f"--shard)")
+        k, n = (int(x) for x in shard.split("/"))
+        if n_of is None:
+            n_of = (n, part)
+        elif n != n_of[0]:
+            raise TableError(f"part {part} is shard {shard} but {n_of[1]} is a shard of "
+                             f"{n_of[0]}; merge shards of one split")
+        if k in shards:
+            raise TableError(f"parts {shards[k]} and {part} are both shard {shard}; the parts "
+                             f"overlap")
+        shards[k] = part
+        _check_same(metas[0], meta, parts[0], part)
+    n = n_of[0]
+    missing = [f"{k}/{n}" for k in range(n) if k not in shards]
+    if missing:
+        raise TableError(f"shard {', '.join(missing)} is missing; merge needs all {n} shards "
+                         f"(got {', '.join(f'{k}/{n}' for k in sorted(shards))})")
+
+
+def _check_same(a: dict, b: dict, part_a: str, part_b: str) -> None:
+    for key in sorted(set(a["run"]) | set(b["run"])):
+        if a["run"].get(key) != b["run"].get(key):
+            what = "pool" if key == "pool_fingerprint" else key
+            raise TableError(f"parts {part_a} and {part_b} were scored with different {what} "
+                             f"({a['run'].get(key)!r} vs {b['run'].get(key)!r})")

@@ -1,0 +1,309 @@
+"""The files of a scoring run that writes OUTPUT, and how finished work survives a crash.
+
+While it runs:  OUTPUT.partial   a header line, then one JSON object per line: a scored example
+                                 (`{"id": ..., "score": ..., ...}`) or an unreadable one
+                                 (`{"id": ..., "error": ...}`), appended batch by batch.
+When it ends:   OUTPUT           the ranked table (written to a temporary file, then renamed)
+                OUTPUT.errors.csv  `id,error` of the skipped examples (only when there are some)
+                OUTPUT.meta.json   what the table holds: counts, shard, pool fingerprint, settings
+and the partial file is removed. `--resume` reads the partial file back and skips its ids.
+
+Rows wait in memory for at most `checkpoint_every` examples, then go to the file in one write and
+an fsync; the buffer is written out too when the run stops on SIGINT/SIGTERM or an error. The
+final table is ranked from the partial file without holding the rows: only (score, id, offset)
+per example is kept in memory, and each row is read back from its offset when it is written.
+"""
+from __future__ import annotations
+
+import contextlib
+import csv
+import json
+import math
+import os
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+from .errors import ConfigError, RunError
+from .selection import order_key
+from .table import BASE_COLUMNS, atomic_file, write_rows
+
+FORMAT = "alcli-partial"
+VERSION = 1
+
+
+def sidecar(output: str | Path, suffix: str) -> Path:
+    """OUTPUT.partial, OUTPUT.errors.csv, OUTPUT.meta.json, ... beside the table."""
+    output = Path(output)
+    return output.with_name(f"{output.name}.{suffix}")
+
+
+# --- writing ------------------------------------------------------------------------------------
+
+class PartialFile:
+    """Append-only log of finished examples; `done` holds the ids already in it (on resume)."""
+
+    def __init__(self, path: str | Path, run: dict, *, checkpoint_every: int, resume: bool):
+        self.path = Path(path)
+        self.every = checkpoint_every
+        self.done: set[str] = set()
+        self.resumed = 0
+        self._buffer: list[str] = []
+        self._pending = 0
+        if self.path.exists():
+            if not resume:
+                raise ConfigError(f"{self.path} holds the finished rows of an earlier run that "
+                                  f"did not complete; pass --resume to continue it, or delete it "
+                                  f"to start over")
+            header, self.done, end = _scan(self.path)
+            _check_same_run(self.path, header.get("run", {}), run)
+            if end < self.path.stat().st_size:  # a line cut short by the crash
+                os.truncate(self.path, end)
+            self.resumed = len(self.done)
+        else:
+            header_line = json.dumps({"format": FORMAT, "version": VERSION, "run": run})
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                _write_all(fd, (header_line + "\n").encode())
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+
+    def add(self, rows: list[dict], errors: list[tuple[str, str]]) -> None:
+        """Queue one batch's rows and unreadable examples; write them out every `checkpoint_every`."""
+        for row in rows:
+            self._buffer.append(json.dumps(row) + "\n")
+        for id_, message in errors:
+            self._buffer.append(json.dumps({"id": id_, "error": message}) + "\n")
+        self._pending += len(rows) + len(errors)
+        if self._pending >= self.every:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the queued lines in one write and fsync them: they survive any crash now.
+        SIGINT/SIGTERM wait until the lines are written (their handler raises)."""
+        with _signals_held():
+            if self._buffer:
+                _write_all(self._fd, "".join(self._buffer).encode())
+                self._buffer.clear()
+            os.fsync(self._fd)
+            self._pending = 0
+
+    def close(self) -> None:
+        if self._fd is not None:
+            try:
+                self.flush()
+            finally:
+                os.close(self._fd)
+                self._fd = None
+
+
+@contextlib.contextmanager
+def _signals_held():
+    mask = getattr(signal, "pthread_sigmask", None)
+    if mask is None:
+        yield
+        return
+    held = mask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        mask(signal.SIG_SETMASK, held)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def gather_target(partial: Path) -> Path:
+    """Where rank 0 collects the other ranks' rows under torchrun."""
+    return partial.with_name(partial.name + ".gathered")
+
+
+def copy_lines(lines: list[str], path: str | Path) -> None:
+    """Append raw partial-file lines (another process's rows) to `path`."""
+    with open(path, "a") as f:
+        f.writelines(lines)
+
+
+def new_partial(path: str | Path, run: dict) -> None:
+    """An empty partial file (header only) at `path`."""
+    with open(path, "w") as f:
+        f.write(json.dumps({"format": FORMAT, "version": VERSION, "run": run}) + "\n")
+
+
+def data_lines(path: str | Path, chunk: int = 4096) -> Iterator[list[str]]:
+    """The complete row/error lines of a partial file, `chunk` lines at a time (header skipped)."""
+    with open(path) as f:
+        f.readline()
+        lines: list[str] = []
+        for line in f:
+            if not line.endswith("\n"):
+                break
+            lines.append(line)
+            if len(lines) >= chunk:
+                yield lines
+                lines = []
+        if lines:
+            yield lines
+
+
+# --- reading back -------------------------------------------------------------------------------
+
+def _scan(path: Path) -> tuple[dict, set[str], int]:
+    """(header, ids of the complete lines, byte offset after the last complete line)."""
+    done: set[str] = set()
+    with open(path, "rb") as f:
+        first = f.readline()
+        header = _header(path, first)
+        end = len(first)
+        for n, line in enumerate(f, 2):
+            if not line.endswith(b"\n"):
+                break  # cut short by the crash: dropped, that example is scored again
+            done.add(_record(path, n, line)["id"])
+            end += len(line)
+    return header, done, end
+
+
+def _header(path: Path, line: bytes) -> dict:
+    try:
+        header = json.loads(line)
+    except ValueError:
+        header = None
+    if not isinstance(header, dict) or header.get("format") != FORMAT or not line.endswith(b"\n"):
+        raise RunError(f"{path} is not an alcli partial file; move it away to start over")
+    if header.get("version") != VERSION:
+        raise RunError(f"{path} was written by another version of alcli (format "
+                       f"{header.get('version')}); delete it to start over")
+    return header
+
+
+def _record(path: Path, n: int, line: bytes) -> dict:
+    try:
+        record = json.loads(line)
+    except ValueError:
+        record = None
+    if not isinstance(record, dict) or not isinstance(record.get("id"), str):
+        raise RunError(f"{path} line {n} is damaged; delete the file to start over")
+    return record
+
+
+def _check_same_run(path: Path, before: dict, now: dict) -> None:
+    for key in sorted(set(before) | set(now)):
+        if before.get(key) != now.get(key):
+            raise ConfigError(f"{path} was written with {key} {_show(before.get(key))}, but this "
+                              f"run has {key} {_show(now.get(key))}; resume with the same settings, "
+                              f"or delete it to start over")
+
+
+def _show(value) -> str:
+    return "(none)" if value is None else json.dumps(value)
+
+
+# --- the final files ----------------------------------------------------------------------------
+
+@dataclass
+class Finished:
+    count: int = 0                      # rows in the table
+    nans: int = 0                       # of which score NaN (ranked last)
+    errors: list[tuple[str, str]] = field(default_factory=list)  # skipped examples
+    top: list[dict] = field(default_factory=list)  # the best rows, ranked (for the summary)
+
+
+def finish(sources: list[Path], dest, fmt: str, *, top: int = 5) -> Finished:
+    """Rank the rows of the partial files `sources` into the table `dest` (a path, '-' or None
+    for stdout), streaming: rows are read back one by one in rank order."""
+    keys = []          # (order key, source index, offset)
+    errors: dict[str, str] = {}
+    seen: set[str] = set()
+    columns: dict[str, None] = {}
+    nans = 0
+    for s, path in enumerate(sources):
+        with open(path, "rb") as f:
+            offset = len(f.readline())
+            for n, line in enumerate(f, 2):
+                if not line.endswith(b"\n"):
+                    break
+                record = _record(path, n, line)
+                id_ = record["id"]
+                if id_ not in seen:
+                    seen.add(id_)
+                    if "score" in record:
+                        for key in record:
+                            columns.setdefault(key, None)
+                        score = record["score"]
+                        nan = score is None or (isinstance(score, float) and math.isnan(score))
+                        nans += nan
+                        keys.append((order_key({"id": id_, "score": float("nan") if nan else score}),
+                                     s, offset))
+                    else:
+                        errors[id_] = str(record.get("error", ""))
+                offset += len(line)
+    keys.sort()
+    cols = ["rank"] + [c for c in BASE_COLUMNS if c in columns and c != "rank"] + \
+        [c for c in columns if c not in BASE_COLUMNS]
+    out = Finished(count=len(keys), nans=nans, errors=sorted(errors.items()))
+
+    def ranked() -> Iterator[dict]:
+        handles = [open(p, "rb") for p in sources]
+        try:
+            for rank, (_, s, offset) in enumerate(keys, 1):
+                f = handles[s]
+                f.seek(offset)
+                record = json.loads(f.readline())
+                row = {"rank": rank, **record}
+                if row.get("score") is None:
+                    row["score"] = float("nan")
+                if rank <= top:
+                    out.top.append(row)
+                yield row
+        finally:
+            for f in handles:
+                f.close()
+
+    if keys:
+        write_rows(ranked(), cols, dest, fmt)
+    elif dest not in (None, "-"):
+        with atomic_file(dest):  # no rows: an empty file (its meta says 0 rows)
+            pass
+    return out
+
+
+def write_errors(path: Path, errors: list[tuple[str, str]]) -> None:
+    """OUTPUT.errors.csv (`id,error`), or no file (an old one removed) when nothing was skipped."""
+    if not errors:
+        path.unlink(missing_ok=True)
+        return
+    with atomic_file(path, "errors file") as f:
+        writer = csv.writer(f, lineterminator="\n")
+        writer.writerow(["id", "error"])
+        writer.writerows(errors)
+
+
+def read_errors(path: Path) -> list[tuple[str, str]]:
+    if not path.exists():
+        return []
+    with open(path, newline="") as f:
+        return [(row["id"], row["error"]) for row in csv.DictReader(f)]
+
+
+def write_meta(path: Path, meta: dict) -> None:
+    with atomic_file(path, "metadata file") as f:
+        json.dump(meta, f, indent=2, sort_keys=True)
+        f.write("\n")
+
+
+def read_meta(path: Path) -> dict | None:
+    try:
+        meta = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as err:
+        raise RunError(f"{path} cannot be read ({err})") from None
+    if not isinstance(meta, dict):
+        raise RunError(f"{path} is not an alcli metadata file")
+    return meta

@@ -1,0 +1,86 @@
+"""Checks made before any scoring starts, so a long run cannot fail hours in on bad input.
+
+Each failure is one sentence naming the pool, the example or the setting at fault: an empty pool,
+an id used twice, a label outside the model's classes, and a model whose number of outputs differs
+from the class count that the pool (class folders) or the config (`arch_kwargs.num_classes`) gives.
+The model's output size is learned from one forward pass on the first readable example.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .config import Settings
+from .errors import ConfigError, PoolError, RunError
+from .pool import Pool, collate
+from .runner import forward, to_model
+
+PROBE_TRIES = 64  # readable examples looked for before the model's output size is left unknown
+
+
+def check(model: nn.Module, pool: Pool, settings: Settings, device: torch.device) -> int | None:
+    """Run every check; the number of classes the model outputs (None if no example is readable)."""
+    check_pool(pool)
+    classes = model_classes(model, pool, device)
+    if classes is not None:
+        check_classes(pool, settings, classes)
+    return classes
+
+
+def check_pool(pool: Pool) -> None:
+    if len(pool) == 0:
+        raise PoolError(f"pool {pool.name} holds no examples")
+    seen: dict[str, int] = {}
+    for i, id_ in enumerate(pool.ids):
+        if id_ in seen:
+            raise PoolError(f"pool {pool.name} has the id '{id_}' twice (entries {seen[id_] + 1} "
+                            f"and {i + 1})")
+        seen[id_] = i
+
+
+def model_classes(model: nn.Module, pool: Pool, device: torch.device) -> int | None:
+    """The model's output size, from a forward pass on the first readable example."""
+    for i in range(min(len(pool), PROBE_TRIES)):
+        item = pool[i]
+        if item.error is None:
+            batch = collate([item])
+            try:
+                logits = forward(model, to_model(batch.inputs, model, device), pool.name)
+            except torch.cuda.OutOfMemoryError:
+                raise RunError("CUDA ran out of memory on a single example; use a smaller model "
+                               "input, --layers, or another --device") from None
+            return int(logits.shape[1])
+    return None
+
+
+def _labels(pool: Pool) -> list[int] | None:
+    base = getattr(pool, "base", pool)  # a shard's labels are those of its pool
+    if hasattr(base, "labels"):
+        labels = list(base.labels)
+    elif isinstance(getattr(base, "y", None), torch.Tensor):
+        labels = base.y.tolist()
+    else:
+        return None
+    if base is not pool:
+        labels = [labels[i] for i in pool.indices]
+    return labels
+
+
+def check_classes(pool: Pool, settings: Settings, classes: int) -> None:
+    wanted = settings.arch_kwargs.get("num_classes")
+    if isinstance(wanted, int) and wanted != classes:
+        raise ConfigError(f"{settings.where('arch_kwargs')} sets num_classes {wanted}, but the "
+                          f"model outputs {classes} classes")
+    if pool.classes is not None and len(pool.classes) != classes:
+        raise RunError(f"pool {pool.name} has {len(pool.classes)} class folders "
+                       f"({_names(pool.classes)}) but the model outputs {classes} classes")
+    labels = _labels(pool) if pool.has_labels else None
+    if labels:
+        top = max(range(len(labels)), key=labels.__getitem__)
+        if labels[top] >= classes:
+            raise RunError(f"example {pool.ids[top]} of {pool.name} has label {labels[top]}, but "
+                           f"the model has {classes} classes (0..{classes - 1})")
+
+
+def _names(names: list[str]) -> str:
+    return ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")

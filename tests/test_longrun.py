@@ -1,0 +1,356 @@
+"""Long runs on real files and real processes: kill -9 and resume, bad examples skipped, pre-flight
+checks, NaN scores, micro-batching on out-of-memory, --shard + merge, and torchrun on the CPU.
+
+Tables are compared byte for byte where the batches are the same (resume re-forms the first run's
+batches; -b 1 makes every batch one example). Across different batch compositions float32 matrix
+products round differently (~1e-7 relative), so there the scores are compared at rel 1e-5.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from typer.testing import CliRunner
+
+from alcli.cli import app
+from conftest import parse_csv
+
+runner = CliRunner()
+
+
+def cli(ws, *args, ok=True, config=True):
+    extra = ["-c", str(ws.config)] if config and args[0] in ("score", "select") else []
+    result = runner.invoke(app, [*map(str, args), *extra])
+    if ok:
+        assert result.exit_code == 0, result.stderr + result.stdout
+    return result
+
+
+def env(**more):
+    return {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1", **more}
+
+
+def one_sentence(result, *needles):
+    """Exit 1, one line on stderr naming the culprit, nothing on stdout, no traceback."""
+    lines = result.stderr.strip().splitlines()
+    where = f"{result.exit_code} {result.stderr!r}"
+    assert result.exit_code == 1, where
+    assert len(lines) == 1 and lines[0].startswith("alcli: error: "), where
+    for needle in needles:
+        assert needle in lines[0], where
+    assert result.stdout == "" and "Traceback" not in result.stderr
+
+
+def same_scores(a: list[dict], b: list[dict], rel=1e-5):
+    """Same ids in the same order, same predictions, scores equal up to float32 rounding."""
+    assert [r["id"] for r in a] == [r["id"] for r in b]
+    assert [r["pred"] for r in a] == [r["pred"] for r in b]
+    for r, s in zip(a, b):
+        for key in ("score", "confidence", "loss"):
+            assert float(r[key]) == pytest.approx(float(s[key]), rel=rel, abs=1e-12), (r, s)
+
+
+# --- kill -9, SIGTERM, resume -------------------------------------------------------------------
+
+def _data_lines(path: Path) -> int:
+    try:
+        return max(0, path.read_bytes().count(b"\n") - 1)  # minus the header
+    except FileNotFoundError:
+        return 0
+
+
+def _start(ws, pool, out, *more):
+    return subprocess.Popen([sys.executable, "-m", "alcli", "score", str(pool), "-m", "model.pt",
+                             "-c", "config.yaml", "-b", "8", "-o", str(out), "-q", *more],
+                            cwd=ws.root, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def _wait_for_rows(proc, partial: Path, rows: int, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while _data_lines(partial) < rows:
+        assert proc.poll() is None, f"the run ended before it could be stopped: {proc.communicate()}"
+        assert time.monotonic() < deadline, "no rows reached the partial file"
+        time.sleep(0.005)
+
+
+def test_sigterm_and_sigkill_then_resume_give_the_uninterrupted_table(in_ws, tmp_path):
+    g = torch.Generator().manual_seed(1)
+    pool = tmp_path / "big.pt"
+    torch.save({"x": torch.randn(6000, 3, 6, 6, generator=g),
+                "ids": [f"ex{i:05d}" for i in range(6000)]}, pool)
+    full, out = tmp_path / "full.csv", tmp_path / "resumed.csv"
+    partial = tmp_path / "resumed.csv.partial"
+    reference = _start(in_ws, pool, full)  # uninterrupted, alongside
+
+    out.write_text("the old table\n")
+    first = _start(in_ws, pool, out, "--checkpoint-every", "96")
+    _wait_for_rows(first, partial, 200)
+    first.send_signal(signal.SIGTERM)
+    _, err = first.communicate(timeout=60)
+    assert first.returncode == 128 + signal.SIGTERM, err
+    assert "SIGTERM" in err and "--resume" in err and str(partial) in err
+    saved = _data_lines(partial)
+    assert saved % 8 == 0 and 200 <= saved < 6000  # whole batches, the buffer written on the way out
+
+    # a partial file is never overwritten by accident, nor resumed with other settings
+    again = runner.invoke(app, ["score", str(pool), "-m", "model.pt", "-c", "config.yaml", "-b", "8",
+                                "-o", str(out)])
+    one_sentence(again, str(partial), "--resume")
+    other = runner.invoke(app, ["score", str(pool), "-m", "model.pt", "-c", "config.yaml", "-b", "8",
+                                "-o", str(out), "--resume", "-s", "entropy"])
+    one_sentence(other, "strategy", "egl", "entropy")
+
+    second = _start(in_ws, pool, out, "--resume", "--checkpoint-every", "40")
+    _wait_for_rows(second, partial, saved + 300)
+    second.kill()  # SIGKILL: no handler runs
+    second.communicate(timeout=60)
+    assert second.returncode == -signal.SIGKILL
+    assert out.read_text() == "the old table\n"  # the table is the old file or the complete new one
+    killed_at = _data_lines(partial)
+    assert saved + 300 <= killed_at < 6000
+
+    third = _start(in_ws, pool, out, "--resume")
+    _, err = third.communicate(timeout=120)
+    assert third.returncode == 0, err
+    assert f"resuming: {killed_at} examples" in err
+    assert not partial.exists()
+    _, ref_err = reference.communicate(timeout=120)
+    assert reference.returncode == 0, ref_err
+    assert out.read_bytes() == full.read_bytes()
+    rows = parse_csv(out.read_text())
+    assert len(rows) == 6000 and rows[0]["rank"] == "1"
+    meta = json.loads((tmp_path / "resumed.csv.meta.json").read_text())
+    ref_meta = json.loads((tmp_path / "full.csv.meta.json").read_text())
+    assert meta == {**ref_meta, "table": "resumed.csv"} and meta["rows"] == 6000
+
+
+# --- bad examples -------------------------------------------------------------------------------
+
+def _pool_with_bad_files(ws, root: Path) -> list[str]:
+    """The workspace's first 6 images plus 4 entries that are not readable images."""
+    good = sorted(ws.images)[:6]
+    for rel in good:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(ws.images[rel][0].read_bytes())
+    png = ws.images["a/img00.png"][0].read_bytes()
+    (root / "corrupt.png").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(200)))
+    (root / "truncated.png").write_bytes(png[: len(png) // 2])
+    (root / "notes.png").write_text("this is not an image\n")
+    (root / "folder.jpg").mkdir()  # a directory entry named like an image
+    (root / "readme.txt").write_text("not named like an image: not part of the pool\n")
+    return good
+
+
+def test_unreadable_examples_are_skipped_and_listed(in_ws, tmp_path):
+    pool = tmp_path / "pool"
+    good = _pool_with_bad_files(in_ws, pool)
+    out = tmp_path / "s.csv"
+    result = cli(in_ws, "score", pool, "-m", "model.pt", "-o", out, "-q")
+    assert sorted(r["id"] for r in parse_csv(out.read_text())) == good
+    errors = parse_csv((tmp_path / "s.csv.errors.csv").read_text())
+    assert [e["id"] for e in errors] == ["corrupt.png", "folder.jpg", "notes.png", "truncated.png"]
+    assert all(e["error"].startswith(f"cannot read image {pool / e['id']}") for e in errors)
+    assert "truncated" in errors[3]["error"]
+    assert f"skipped 4 unreadable examples (they are listed in {out}.errors.csv)" in result.stderr
+    meta = json.loads((tmp_path / "s.csv.meta.json").read_text())
+    assert (meta["rows"], meta["skipped"], meta["errors_file"]) == (6, 4, "s.csv.errors.csv")
+
+    piped = cli(in_ws, "score", pool, "-m", "model.pt", "-q")  # no output file: named on stderr
+    assert len(parse_csv(piped.stdout)) == 6 and "corrupt.png: cannot read image" in piped.stderr
+
+    strict = cli(in_ws, "score", pool, "-m", "model.pt", "-o", tmp_path / "t.csv", "--strict", ok=False)
+    one_sentence(strict, "corrupt.png")
+    assert not (tmp_path / "t.csv").exists()
+
+    # a clean run over the same output removes the stale errors file
+    clean = tmp_path / "clean"
+    for rel in good:
+        (clean / rel).parent.mkdir(parents=True, exist_ok=True)
+        (clean / rel).write_bytes((pool / rel).read_bytes())
+    cli(in_ws, "score", clean, "-m", "model.pt", "-o", out, "-q")
+    assert not (tmp_path / "s.csv.errors.csv").exists()
+
+
+def test_nan_scores_rank_last_with_a_warning(in_ws, tmp_path):
+    data = torch.load(in_ws.tensors)
+    x = data["x"].clone()
+    x[3, 0, 0, 0] = float("nan")
+    x[7] = float("inf")
+    torch.save({"x": x, "ids": data["ids"]}, tmp_path / "p.pt")
+    result = cli(in_ws, "score", tmp_path / "p.pt", "-m", "model.pt", "-q")
+    rows = parse_csv(result.stdout)
+    nan_ids = sorted([data["ids"][3], data["ids"][7]])
+    assert [r["id"] for r in rows[-2:]] == nan_ids and all(r["score"] == "nan" for r in rows[-2:])
+    assert all(r["score"] != "nan" for r in rows[:-2])
+    assert "warning: 2 examples have a NaN score" in result.stderr
+
+
+# --- pre-flight checks --------------------------------------------------------------------------
+
+def test_each_preflight_error_is_exit_1_and_one_sentence(in_ws, tmp_path):
+    first = in_ws.images["a/img00.png"][0]
+    (tmp_path / "empty").mkdir()
+    torch.save({"x": torch.zeros(0, 3, 6, 6)}, tmp_path / "none.pt")
+    (tmp_path / "dups.csv").write_text(f"id,path\nk,{first}\nj,{first}\nk,{first}\n")
+    (tmp_path / "label.csv").write_text(f"path,label\n{first},1\n{first.parent / 'img03.png'},7\n")
+    for cls in ("a", "b"):  # two class folders for a 3-class model
+        (tmp_path / "two" / cls).mkdir(parents=True)
+        (tmp_path / "two" / cls / "x.png").write_bytes(first.read_bytes())
+    torch.jit.script(in_ws.net(torch.float32)).save(str(tmp_path / "scripted.pt"))
+    (tmp_path / "five.yaml").write_text("arch_kwargs: {num_classes: 5}\nbatch_size: 5\n")
+    table = tmp_path / "t.csv"
+    cli(in_ws, "score", "pool", "-m", "model.pt", "-o", table, "-q")
+    m = ["-m", "model.pt"]
+    cases = [
+        (["score", tmp_path / "empty", *m], ["empty", "holds no images"]),
+        (["score", tmp_path / "none.pt", *m], ["none.pt", "holds no examples"]),
+        (["score", tmp_path / "dups.csv", *m], ["dups.csv", "'k' twice"]),
+        (["score", tmp_path / "label.csv", *m], ["img03.png", "label 7", "3 classes"]),
+        (["score", tmp_path / "two", *m, "--labels-from-folders"], ["2 class folders", "3 classes"]),
+        (["score", "pool", "-m", tmp_path / "scripted.pt", "-c", tmp_path / "five.yaml"],
+         ["five.yaml", "num_classes 5", "3 classes"]),
+        (["select", table, "-n", "0"], ["--budget", ">= 1"]),
+        (["score", "pool", *m, "--shard", "3/3"], ["--shard", "0 <= K < N"]),
+        (["score", "pool", *m, "--resume"], ["--resume", "--output"]),
+        (["score", "pool", *m, "-o", tmp_path / "nowhere" / "s.csv"], ["nowhere", "does not exist"]),
+    ]
+    for args, needles in cases:
+        out = tmp_path / "out.csv"
+        if args[0] == "score" and "-o" not in args and "--resume" not in args:
+            args = [*args, "-o", out]
+        if "-c" not in args:
+            args = [*args, "-c", in_ws.config]
+        result = runner.invoke(app, list(map(str, args)))
+        one_sentence(result, *needles)
+        assert not out.exists() and not Path(f"{out}.partial").exists(), args  # no work started
+
+    too_many = cli(in_ws, "select", table, "-n", "100")
+    assert len(parse_csv(too_many.stdout)) == len(in_ws.images) and "warning" in too_many.stderr
+
+
+# --- micro-batching on CUDA out-of-memory -------------------------------------------------------
+
+CAPPED = textwrap.dedent('''
+    import torch
+    from tinynet import TinyNet
+
+    class Capped(TinyNet):
+        """TinyNet on a device with room for at most CAP examples at a time."""
+        CAP = 2
+
+        def forward(self, x):
+            if x.shape[0] > self.CAP:
+                raise torch.cuda.OutOfMemoryError(
+                    f"CUDA out of memory. Tried to allocate {x.shape[0]} examples")
+            return super().forward(x)
+
+    class Full(Capped):
+        CAP = 0
+''')
+
+
+def test_out_of_memory_splits_batches_and_keeps_the_scores(in_ws, tmp_path):
+    (in_ws.root / "capped.py").write_text(CAPPED)
+    args = ["score", "manifest.csv", "-m", "model.pt", "-s", "gradnorm", "-q"]
+    split = cli(in_ws, *args, "--arch", "capped:Capped", "-b", "8")
+    assert split.stderr.count("out of memory") == 1, split.stderr
+    assert "CUDA out of memory at batch size 8; scoring in micro-batches of at most 4" in split.stderr
+    same_batches = cli(in_ws, *args, "-b", "2")  # the plain model, in the batches that fit
+    assert split.stdout == same_batches.stdout
+    unsplit = cli(in_ws, *args, "-b", "8")
+    same_scores(parse_csv(split.stdout), parse_csv(unsplit.stdout))
+    nothing_fits = cli(in_ws, *args, "--arch", "capped:Full", "-b", "8", ok=False)
+    one_sentence(nothing_fits, "out of memory on a single example")
+
+
+# --- shards and merge ---------------------------------------------------------------------------
+
+def test_three_shards_merged_equal_one_process(in_ws, tmp_path):
+    pool = tmp_path / "pool"
+    _pool_with_bad_files(in_ws, pool)
+    for rel, (path, _) in in_ws.images.items():  # all 14 images, plus the 4 bad entries
+        (pool / rel).parent.mkdir(parents=True, exist_ok=True)
+        (pool / rel).write_bytes(path.read_bytes())
+    common = ["-m", "model.pt", "-s", "gradnorm", "-q"]
+    for b in ("1", "5"):
+        one = tmp_path / f"one{b}.csv"
+        cli(in_ws, "score", pool, *common, "-b", b, "-o", one)
+        parts = [tmp_path / f"part{k}-{b}.csv" for k in range(3)]
+        for k, part in enumerate(parts):
+            cli(in_ws, "score", pool, *common, "-b", b, "--shard", f"{k}/3", "-o", part)
+        sizes = [json.loads(Path(f"{p}.meta.json").read_text())["shard_size"] for p in parts]
+        assert sum(sizes) == 18 and all(sizes)
+        merged = tmp_path / f"merged{b}.csv"
+        cli(in_ws, "merge", *reversed(parts), "-o", merged)
+        if b == "1":  # the same batches: the same bytes
+            assert merged.read_bytes() == one.read_bytes()
+        else:
+            same_scores(parse_csv(merged.read_text()), parse_csv(one.read_text()))
+        assert Path(f"{merged}.errors.csv").read_text() == Path(f"{one}.errors.csv").read_text()
+        meta, one_meta = (json.loads(Path(f"{t}.meta.json").read_text()) for t in (merged, one))
+        for key in ("rows", "skipped", "pool_size", "shard", "run"):
+            assert meta[key] == one_meta[key]
+
+    # shards follow the ids, not the listing order
+    listing = [f"{p}" for p in sorted(pool.rglob("*.png"), reverse=True)]
+    lst = runner.invoke(app, ["score", "-", *common, "-c", str(in_ws.config), "--shard", "1/3"],
+                        input="\n".join(listing) + "\n")
+    fwd = runner.invoke(app, ["score", "-", *common, "-c", str(in_ws.config), "--shard", "1/3"],
+                        input="\n".join(reversed(listing)) + "\n")
+    ids = sorted(r["id"] for r in parse_csv(lst.stdout))
+    assert ids == sorted(r["id"] for r in parse_csv(fwd.stdout)) and 0 < len(ids) < 14
+
+    parts = [tmp_path / f"part{k}-5.csv" for k in range(3)]
+    refusals = [
+        ([parts[0], parts[2]], ["shard 1/3 is missing"]),
+        ([parts[0], parts[1], parts[2], parts[1]], ["both shard 1/3", "overlap"]),
+        ([parts[0], parts[1], tmp_path / "one5.csv"], ["one5.csv", "not a shard"]),
+    ]
+    other = tmp_path / "entropy2.csv"
+    cli(in_ws, "score", pool, "-m", "model.pt", "-s", "entropy", "-q", "--shard", "2/3", "-o", other)
+    refusals.append(([parts[0], parts[1], other], ["different strategy"]))
+    (tmp_path / "bare.csv").write_text(parts[2].read_text())
+    refusals.append(([parts[0], parts[1], tmp_path / "bare.csv"], ["bare.csv.meta.json"]))
+    cut = tmp_path / "cut.csv"
+    cut.write_text("".join(parts[2].read_text().splitlines(keepends=True)[:-1]))
+    Path(f"{cut}.meta.json").write_text(Path(f"{parts[2]}.meta.json").read_text())
+    refusals.append(([parts[0], parts[1], cut], ["cut.csv", "rows"]))
+    for args, needles in refusals:
+        one_sentence(runner.invoke(app, ["merge", *map(str, args), "-o", str(tmp_path / "m.csv")]),
+                     *needles)
+
+
+# --- torchrun -----------------------------------------------------------------------------------
+
+def test_torchrun_two_processes_write_the_one_process_table(in_ws, tmp_path):
+    pool = tmp_path / "pool"
+    _pool_with_bad_files(in_ws, pool)
+    for rel, (path, _) in in_ws.images.items():
+        (pool / rel).parent.mkdir(parents=True, exist_ok=True)
+        (pool / rel).write_bytes(path.read_bytes())
+    args = ["score", str(pool), "-m", "model.pt", "-c", "config.yaml", "-s", "egl", "-b", "3", "-q"]
+    dist = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc-per-node", "2", "-m", "alcli", *args, "-o", str(tmp_path / "tr.csv")],
+                          cwd=in_ws.root, env=env(), capture_output=True, text=True, timeout=300)
+    assert dist.returncode == 0, dist.stderr
+    one = subprocess.run([sys.executable, "-m", "alcli", *args, "-o", str(tmp_path / "one.csv")],
+                         cwd=in_ws.root, env=env(), capture_output=True, text=True, timeout=120)
+    assert one.returncode == 0, one.stderr
+    same_scores(parse_csv((tmp_path / "tr.csv").read_text()), parse_csv((tmp_path / "one.csv").read_text()))
+    assert (tmp_path / "tr.csv.errors.csv").read_text() == (tmp_path / "one.csv.errors.csv").read_text()
+    assert dist.stderr.count("skipped 4 unreadable") == 1  # rank 0 speaks for the run
+    meta = json.loads((tmp_path / "tr.csv.meta.json").read_text())
+    assert (meta["rows"], meta["skipped"], meta["shard"]) == (14, 4, None)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("tr.csv")) == \
+        ["tr.csv", "tr.csv.errors.csv", "tr.csv.meta.json"]  # the ranks' partial files are gone
