@@ -78,11 +78,14 @@ def prepare(settings: Settings, source: str | None, score_first: bool) -> Plan:
             path = embeddings_path(str(source))
         else:
             raise ConfigError(f"{settings.where('diverse')} needs the embeddings of the table, and "
-                              f"a table from stdin has no file beside it: pass --embeddings FILE")
+                              f"a table from stdin (or rows in memory) has no file beside it: "
+                              f"pass --embeddings FILE")
         if not Path(path).is_file():
             raise ConfigError(f"{settings.where('diverse')} needs the embeddings file {path}, which "
                               f"does not exist; write it with `alcli score --embeddings -o TABLE`")
         plan.embeddings_file = path
+    if settings.contact_sheet == "-":
+        raise ConfigError(f"{settings.where('contact_sheet')} needs a PNG file name, not stdout")
     for key in ("contact_sheet", "output"):
         target = getattr(settings, key)
         if target and target != "-" and not Path(target).resolve().parent.is_dir():
@@ -104,6 +107,8 @@ def pick(settings: Settings, rows: list[dict], plan: Plan, *, embeddings=None,
     ranked = rank(rows)
     kept = [r for r in ranked if str(r["id"]) not in plan.excluded]
     notes = []
+    if not ranked:
+        raise ConfigError("there are no rows to select from")
     if not kept:
         raise ConfigError(f"{settings.where('exclude')} excludes every one of the {len(ranked)} "
                           f"rows; nothing is left to select")
