@@ -210,6 +210,10 @@ def test_labelstudio_tasks(in_ws, table, tmp_path):
     assert {t["predictions"][0]["model_version"] for t in tasks} == {"model.pt"}
     stdout = select(table, "-n", 2, "-f", "labelstudio", "-c", "config.yaml")
     assert [t["data"]["image"] for t in json.loads(stdout.stdout)] == [r["id"] for r in rows[:2]]
+    lines = select(table, "-n", 3, "--diverse", "-f", "jsonl").stdout.splitlines()
+    objs = [json.loads(line) for line in lines]
+    assert [o["id"] for o in objs] == ids_of(select(table, "-n", 3, "--diverse"))
+    assert all(isinstance(o["score"], float) and isinstance(o["rank"], int) for o in objs)
 
 
 def _tiles(sheet: Path, n: int):
