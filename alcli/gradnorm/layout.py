@@ -6,8 +6,11 @@ first two (real examples, so data-dependent sizes show), and for every hooked mo
 dim whose size goes 1 -> 2 in an input or output is that tensor's batch dim; a tensor with no
 changing dim is shared by all examples. A dim that changes any other way (the batch merged with
 another dim, [B*T, d] or packed tokens) is recorded as MERGED, and rules that need the batch
-refuse it; at the full batch every batch dim must have size B. The result is cached per model,
-hooked modules and example shape.
+refuse it; at the full batch every batch dim must have size B. Sizes can still coincide (packed
+tokens with one token in each of the first two examples), so the full batch is also run in
+reverse order: a true batch dim holds the same values, reversed. Because the result is cached
+per model, hooked modules and example shape, a forward whose shapes depend on the data (an op
+such as nonzero or boolean masking) is refused: a later batch could lay out differently.
 """
 from __future__ import annotations
 
@@ -15,9 +18,11 @@ import weakref
 from dataclasses import dataclass
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from .errors import UnsupportedModel
+from .uses import ModuleStack
 
 MERGED = -1
 
@@ -37,7 +42,11 @@ def call_layouts(model, inputs: torch.Tensor, modules: dict) -> dict[str, list[L
     key = (tuple(modules), tuple(inputs.shape[1:]), inputs.dtype)
     per_model = _cache.setdefault(model, {})
     if key not in per_model:
-        one = _record_shapes(model, inputs[:1], modules)
+        with ModuleStack(model) as stack, _DataDependentShapes(stack) as watch:
+            one = _record_shapes(model, inputs[:1], modules)
+        if watch.op is not None:
+            raise UnsupportedModel(f"{watch.where} has data-dependent shapes ({watch.op}), so where the "
+                                   "batch lies can change from batch to batch")
         pair = inputs[:2] if inputs.shape[0] > 1 else inputs[:1].repeat(2, *[1] * (inputs.dim() - 1))
         two = _record_shapes(model, pair, modules)
         layouts = {}
@@ -47,17 +56,65 @@ def call_layouts(model, inputs: torch.Tensor, modules: dict) -> dict[str, list[L
                                        "different batch sizes")
             layouts[name] = [Layout(_dims(a_in, b_in), _dims(a_out, b_out))
                              for (a_in, a_out), (b_in, b_out) in zip(one[name], two[name])]
+        if inputs.shape[0] > 1:
+            _mark_unreversed(model, inputs, modules, layouts)
         per_model[key] = layouts
     return per_model[key]
 
 
+class _DataDependentShapes(TorchDispatchMode):
+    """Notes the first op whose output shape depends on tensor values."""
+
+    def __init__(self, stack):
+        super().__init__()
+        self.stack = stack
+        self.op = self.where = None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if self.op is None and torch.Tag.dynamic_output_shape in func.tags:
+            self.op, self.where = str(func.overloadpacket.__name__), self.stack.where()
+        return func(*args, **(kwargs or {}))
+
+
+def _mark_unreversed(model, inputs, modules, layouts):
+    """A batch dim whose values do not simply reverse when the batch does becomes MERGED."""
+    forward = _record(model, inputs, modules, _values)
+    backward = _record(model, inputs.flip(0), modules, _values)
+    for name in modules:
+        if len(forward[name]) != len(backward[name]):
+            raise UnsupportedModel(f"module '{name}' is called a different number of times for "
+                                   "the same examples in another order")
+        for layout, (f_in, f_out), (b_in, b_out) in zip(layouts[name], forward[name], backward[name]):
+            for dims, f_leaves, b_leaves in ((layout.in_dims, f_in, b_in), (layout.out_dims, f_out, b_out)):
+                for i, (d, f, b) in enumerate(zip(dims, f_leaves, b_leaves)):
+                    if d is not None and d != MERGED and not _same(f.flip(d), b):
+                        dims[i] = MERGED
+
+
+def _values(tree) -> list:
+    return [leaf.detach().clone() if isinstance(leaf, torch.Tensor) else None for leaf in tree_flatten(tree)[0]]
+
+
+def _same(a, b) -> bool:
+    if a.shape != b.shape:
+        return False
+    if not a.is_floating_point():
+        return bool(torch.equal(a, b))
+    return bool(torch.allclose(a, b, rtol=1e-4, atol=1e-6 * (1 + float(a.abs().max()) if a.numel() else 1)))
+
+
 def _record_shapes(model, inputs, modules) -> dict[str, list]:
+    return _record(model, inputs, modules, _shapes)
+
+
+def _record(model, inputs, modules, what) -> dict[str, list]:
+    """module name -> [(what(inputs), what(output)) per call] for one forward of `inputs`."""
     shapes: dict[str, list] = {name: [] for name in modules}
     handles = []
 
     def hook(name):
         def record(module, args, kwargs, output):
-            shapes[name].append((_shapes((args, kwargs)), _shapes(output)))
+            shapes[name].append((what((args, kwargs)), what(output)))
         return record
 
     try:
