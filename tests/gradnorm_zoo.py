@@ -133,6 +133,23 @@ class LSTMClassifier(nn.Module):
         return self.head(out[:, -1])
 
 
+class PackedLSTM(nn.Module):
+    """The usual text classifier: pack_padded_sequence(enforce_sorted=False) into an LSTM."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, 6)
+        self.lstm = nn.LSTM(6, 7, batch_first=True)
+        self.head = nn.Linear(7, 4)
+
+    def forward(self, tokens):
+        lengths = (tokens != PAD).sum(1)
+        packed = nn.utils.rnn.pack_padded_sequence(self.emb(tokens), lengths.cpu(), batch_first=True,
+                                                   enforce_sorted=False)
+        _, (h, _) = self.lstm(packed)
+        return self.head(h[-1])
+
+
 class TiedLM(nn.Module):
     """Output Linear's weight IS the embedding weight; predicts a token from a context."""
 
@@ -435,6 +452,7 @@ _BUILDERS: dict[str, tuple[Callable[[], nn.Module], Callable, int]] = {
     "transformer": (TextTransformer, lambda g, b: _tokens(g, b, 7), 4),
     "transformer_seq_first": (SeqFirstTransformer, lambda g, b: _tokens(g, b, 4), 4),
     "lstm": (LSTMClassifier, lambda g, b: _tokens(g, b, 6), 4),
+    "packed_lstm": (PackedLSTM, lambda g, b: _tokens(g, b, 6), 4),
     "tied": (TiedLM, lambda g, b: _tokens(g, b, 5), 4),
     "linear_twice": (LinearTwice, lambda g, b: torch.randn(b, 6, generator=g), 5),
     "bare_param": (BareParam, lambda g, b: _tokens(g, b, 5), 4),
