@@ -100,7 +100,8 @@ def _same(a, b) -> bool:
         return False
     if not a.is_floating_point():
         return bool(torch.equal(a, b))
-    return bool(torch.allclose(a, b, rtol=1e-4, atol=1e-6 * (1 + float(a.abs().max()) if a.numel() else 1)))
+    scale = float(torch.nan_to_num(a, nan=0.0, posinf=0.0, neginf=0.0).abs().max()) if a.numel() else 0.0
+    return bool(torch.allclose(a, b, rtol=1e-4, atol=1e-6 * (1 + scale), equal_nan=True))
 
 
 def _record_shapes(model, inputs, modules) -> dict[str, list]:
