@@ -81,6 +81,12 @@ def run_score(settings: Settings, *, model: nn.Module | None = None, pool=None, 
         check_layers(net, settings.layers)
         the_pool = pool_for(settings, net, pool, stdin)
         preflight.check(net, the_pool, settings, device)
+        if settings.resume:
+            raise ConfigError("resume needs an output file; use alcli.api.score_to_table(settings, "
+                              "OUTPUT) (alcli score -o OUTPUT --resume)")
+        if settings.shard:
+            from .shard import SubPool, parse_shard, shard_indices
+            the_pool = SubPool(the_pool, shard_indices(the_pool.ids, *parse_shard(settings.shard)))
         if on_start:
             on_start(len(the_pool))
         rows, stats = run(net, the_pool, settings, device, on_batch, embeddings=recorder)

@@ -303,11 +303,12 @@ def score(
     except AlcliError as err:
         if not _rank0():
             raise typer.Exit(1) from None
-        code = getattr(err, "exit_code", None)
-        if code is not None:  # stopped by a signal, finished rows saved
-            _say(str(err))
-            raise typer.Exit(code) from None
         raise _fail(str(err)) from None
+    except KeyboardInterrupt as err:  # SIGINT/SIGTERM: the finished rows are saved
+        code = getattr(err, "exit_code", 130)
+        if _rank0() and str(err):
+            _say(str(err))
+        raise typer.Exit(code) from None
     done = result.finished
     errors_file = next((f for f in result.files if f.endswith(".errors.csv")), None)
     _warn(len(done.errors), done.nans, errors_file, done.errors)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import os
 import signal
 import tempfile
 import threading
@@ -35,8 +36,9 @@ from .shard import SubPool, fingerprint, parse_shard, shard_indices
 META_VERSION = 1
 
 
-class Interrupted(AlcliError):
-    """SIGINT or SIGTERM stopped the run after its finished rows were saved."""
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM stopped the run; its finished rows are saved on the way out. A
+    KeyboardInterrupt, so that no `except Exception` (an image decoder's, say) swallows it."""
 
     def __init__(self, message: str, signum: int):
         super().__init__(message)
@@ -191,7 +193,11 @@ def _signals_raise(partial_path: Path):
         yield
         return
 
+    owner = os.getpid()
+
     def stop(signum, frame):
+        if os.getpid() != owner:  # a forked DataLoader worker: quietly, as torch expects
+            raise KeyboardInterrupt
         name = signal.Signals(signum).name
         raise Interrupted(f"stopped by {name}; the finished rows are in {partial_path}, run the "
                           f"same command with --resume to continue", signum)

@@ -50,6 +50,8 @@ class SubPool(Pool):
         self.name, self.kind = pool.name, pool.kind
         self.has_labels, self.classes = pool.has_labels, pool.classes
         self.ids = [pool.ids[i] for i in indices]
+        if hasattr(pool, "paths"):  # image pools: the files, for exports that need them
+            self.paths = [pool.paths[i] for i in indices]
 
     def __getitem__(self, i: int):
         return self.base[self.indices[i]]

@@ -101,7 +101,7 @@ def test_sigterm_and_sigkill_then_resume_give_the_uninterrupted_table(in_ws, tmp
     assert first.returncode == 128 + signal.SIGTERM, err
     assert "SIGTERM" in err and "--resume" in err and str(partial) in err
     saved = _data_lines(partial)
-    assert saved % 8 == 0 and 200 <= saved < 3000  # whole batches, the buffer written on the way out
+    assert saved % 8 == 0 and 200 <= saved < 3000  # whole batches
 
     # a partial file is never overwritten by accident, nor resumed with other settings
     again = runner.invoke(app, ["score", str(pool), "-m", "model.pt", "-c", "config.yaml", "-b", "8",
@@ -133,6 +133,42 @@ def test_sigterm_and_sigkill_then_resume_give_the_uninterrupted_table(in_ws, tmp
     meta = json.loads((tmp_path / "resumed.csv.meta.json").read_text())
     ref_meta = json.loads((tmp_path / "full.csv.meta.json").read_text())
     assert meta == {**ref_meta, "table": "resumed.csv"} and meta["rows"] == 3000
+
+
+def test_sigterm_writes_the_rows_waiting_for_a_checkpoint(in_ws, tmp_path):
+    """The 14 images and, last, a named pipe: the run blocks reading it with 12 rows (3 batches)
+    finished but not yet checkpointed; SIGTERM then must write them before the process ends."""
+    pool = tmp_path / "pool"
+    for rel, (path, _) in in_ws.images.items():
+        (pool / rel).parent.mkdir(parents=True, exist_ok=True)
+        (pool / rel).write_bytes(path.read_bytes())
+    fifo = pool / "zz.png"
+    os.mkfifo(fifo)
+    out = tmp_path / "s.csv"
+    proc = subprocess.Popen([sys.executable, "-m", "alcli", "score", str(pool), "-m", "model.pt",
+                             "-c", "config.yaml", "-b", "4", "--checkpoint-every", "1000", "-o", str(out)],
+                            cwd=in_ws.root, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.monotonic() + 60
+    while True:  # the pipe opens for writing once the run opens it for reading
+        try:
+            writer = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+            break
+        except OSError:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.01)
+    try:
+        time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)  # while it waits for the pipe's bytes
+        _, err = proc.communicate(timeout=60)
+    finally:
+        os.close(writer)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert err.strip().splitlines() == [f"alcli: stopped by SIGTERM; the finished rows are in "
+                                        f"{out}.partial, run the same command with --resume to continue"]
+    lines = Path(f"{out}.partial").read_text().splitlines()
+    assert sorted(json.loads(line)["id"] for line in lines[1:]) == sorted(in_ws.images)[:12]
+    assert not out.exists()
 
 
 # --- bad examples -------------------------------------------------------------------------------
