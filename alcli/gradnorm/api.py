@@ -50,6 +50,9 @@ def grad_norms_per_target(model: nn.Module, inputs: torch.Tensor, target_sets: S
     Used for expected gradient length, where target set k is "every example labelled class k".
     The norms come back in the model's dtype; the logits are detached.
     """
+    if torch.is_inference_mode_enabled():
+        raise RuntimeError("per-example gradients cannot be computed inside torch.inference_mode(); "
+                           "call the engine outside it")
     if method not in METHODS:
         raise ValueError(f"unknown method '{method}'; choose one of {', '.join(METHODS)}")
     loss_fn = loss_fn or cross_entropy
@@ -74,6 +77,12 @@ def grad_norms_per_target(model: nn.Module, inputs: torch.Tensor, target_sets: S
                 norms, logits = table[name](model, inputs, list(target_sets), selection, loss_fn)
         except UnsupportedModel as err:
             failures.append(f"{name}: {err}")
+            continue
+        except (RuntimeError, AssertionError, TypeError, ValueError, IndexError, NotImplementedError) as err:
+            if name == "loop":
+                raise
+            # a method failing in a way it did not foresee must not stop auto where loop works
+            failures.append(f"{name}: failed ({type(err).__name__}: {_first_line(err)})")
             continue
         if key not in known or failures:
             known[key] = (name, "; ".join(failures + [_why(name, model, selection)]))
@@ -106,6 +115,10 @@ def explain(model: nn.Module, params=None, loss_fn: LossFn | None = None) -> dic
     selection = select_params(model, params)
     return {"rules": describe(model, selection), "auto": auto_choice(model, params, loss_fn),
             "selected_params": sum(p.numel() for p in selection.params)}
+
+
+def _first_line(err: Exception) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
 
 
 def _dtype(model: nn.Module, inputs: torch.Tensor) -> torch.dtype:

@@ -70,7 +70,11 @@ def ghost_norms(model, inputs, target_sets, selection: Selection, loss_fn):
             leaves = [_tap(call, leaf) if isinstance(leaf, torch.Tensor) and leaf.is_floating_point()
                       else _untapped(call, leaf) for leaf in leaves]
             calls[name].append(call)
-            return tree_unflatten(leaves, call.out_spec)
+            try:
+                return tree_unflatten(leaves, call.out_spec)
+            except (AssertionError, TypeError, ValueError) as err:  # e.g. a PackedSequence
+                raise UnsupportedModel(f"module '{name}' returns a {type(output).__name__}, which "
+                                       "cannot carry the taps") from err
         return hook
 
     def capturing_forward(name, module):
