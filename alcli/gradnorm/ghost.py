@@ -182,8 +182,12 @@ class _Pass:
     def _run(self, name, call):
         grads = iter(g if g is not None else torch.zeros(t.shape, dtype=t.dtype, device=t.device)
                      for g, t in zip(call.arrived, call.taps))
-        call.grad_out = tree_unflatten([next(grads) if has_tap else None for has_tap in call.tapped],
-                                       call.out_spec)
+        try:
+            call.grad_out = tree_unflatten([next(grads) if has_tap else None for has_tap in call.tapped],
+                                           call.out_spec)
+        except (AssertionError, TypeError, ValueError) as err:  # e.g. a PackedSequence
+            raise UnsupportedModel(f"module '{name}': its output gradient cannot be rebuilt as the "
+                                   "structure its output has") from err
         if call.out_move:  # "anywhere" rules get the batch in dim 0
             call.grad_out = call.grad_out.movedim(call.out_move, 0)
         call.arrived = None
