@@ -65,7 +65,8 @@ def session(ctx: Context | None, device: str) -> Iterator[None]:
     nccl = device.startswith("cuda")
     if nccl:
         torch.cuda.set_device(torch.device(device))
-    dist.init_process_group("nccl" if nccl else "gloo", timeout=timedelta(hours=2))
+    # a long timeout: ranks wait for the slowest one at the end, which may be hours later
+    dist.init_process_group("nccl" if nccl else "gloo", timeout=timedelta(hours=24))
     try:
         ctx.group = dist.new_group(backend="gloo") if nccl else dist.group.WORLD
         yield
