@@ -319,13 +319,7 @@ def test_out_of_memory_splits_batches_and_keeps_the_scores(in_ws, tmp_path):
     one_sentence(nothing_fits, "out of memory on a single example")
 
 
-@pytest.mark.parametrize("method", [
-    "ghost",
-    pytest.param("auto", marks=pytest.mark.xfail(strict=True, reason=(
-        "engine: auto treats a CUDA out-of-memory error as its method failing, falls back to "
-        "vmap/loop and keeps that choice, so the runner never sees it (gradnorm/api.py's broad "
-        "except should re-raise torch.OutOfMemoryError)"))),
-])
+@pytest.mark.parametrize("method", ["ghost", "auto"])
 def test_out_of_memory_inside_the_engine_splits_batches(in_ws, method):
     (in_ws.root / "capped.py").write_text(CAPPED)
     args = ["score", "manifest.csv", "-m", "model.pt", "-s", "gradnorm", "-q", "--method", method]

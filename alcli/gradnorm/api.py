@@ -78,6 +78,8 @@ def grad_norms_per_target(model: nn.Module, inputs: torch.Tensor, target_sets: S
         except UnsupportedModel as err:
             failures.append(f"{name}: {err}")
             continue
+        except torch.OutOfMemoryError:
+            raise  # the caller splits the batch
         except (RuntimeError, AssertionError, TypeError, ValueError, IndexError, NotImplementedError) as err:
             if name == "loop":
                 raise

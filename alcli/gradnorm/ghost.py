@@ -198,6 +198,8 @@ class _Pass:
             result = self.plan.rules[name].rule(module, call, wanted)
         except UnsupportedModel as err:
             raise UnsupportedModel(f"module '{name}' ({type(module).__name__}): {err}") from err
+        except torch.OutOfMemoryError:
+            raise  # the caller splits the batch
         except (RuntimeError, ValueError, IndexError, TypeError) as err:
             reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
             raise UnsupportedModel(f"module '{name}' ({type(module).__name__}): its rule failed "

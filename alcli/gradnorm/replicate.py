@@ -94,6 +94,8 @@ def _replicated_forward(module, name: str, copies: dict, layouts: list):
         inside[0] = True
         try:
             tensors = iter(vmap(one_example, in_dims=(0, in_dims))(copies, (args, kwargs)))
+        except torch.OutOfMemoryError:
+            raise  # the caller splits the batch
         except (RuntimeError, NotImplementedError, TypeError, ValueError) as err:
             reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
             raise UnsupportedModel(f"{label} cannot run with per-example copies under vmap ({reason})") from err

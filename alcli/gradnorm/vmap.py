@@ -27,6 +27,8 @@ def vmap_norms(model, inputs, target_sets, selection: Selection, loss_fn):
     try:
         with stack:
             rows, logits_parts = _chunked(per_example, params, inputs, target_sets, chunk)
+    except torch.OutOfMemoryError:
+        raise  # the caller splits the batch
     except (RuntimeError, NotImplementedError, TypeError) as err:
         raise UnsupportedModel(f"torch.func cannot vmap {stack.where()} ({_first_line(err)})") from err
     return torch.stack(rows), torch.cat(logits_parts)

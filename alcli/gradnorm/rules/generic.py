@@ -37,6 +37,8 @@ def generic_rule(module, call, wanted):
     try:
         with torch.no_grad():
             grads = vmap(grad(pullback), in_dims=(None, in_dims, out_dims))(own, inputs, call.grad_out)
+    except torch.OutOfMemoryError:
+        raise  # the caller splits the batch
     except (RuntimeError, NotImplementedError, TypeError, ValueError):
         # some ops (e.g. nn.LSTM's fused kernel) have no vmap rule: pull back one example at a
         # time, through this module only
