@@ -43,12 +43,15 @@ def per_example_grad_norms(model: nn.Module, inputs: torch.Tensor, targets: torc
     return norms[0]
 
 
-def grad_norms_per_target(model: nn.Module, inputs: torch.Tensor, target_sets: Sequence[torch.Tensor],
+def grad_norms_per_target(model: nn.Module, inputs: torch.Tensor,
+                          target_sets: Sequence[torch.Tensor] | Callable[[torch.Tensor], Sequence[torch.Tensor]],
                           *, params=None, method: str = "auto", loss_fn: LossFn | None = None):
     """Norms for several target sets from one forward pass -> ([K, B] norms, [B, C] logits).
 
-    Used for expected gradient length, where target set k is "every example labelled class k".
-    The norms come back in the model's dtype; the logits are detached.
+    Used for expected gradient length, where target set k is "every example's k-th most probable
+    class". `target_sets` may be a function of the (detached) logits, so targets that depend on
+    the model's predictions need no forward pass of their own. The norms come back in the
+    model's dtype; the logits are detached.
     """
     if torch.is_inference_mode_enabled():
         raise RuntimeError("per-example gradients cannot be computed inside torch.inference_mode(); "
@@ -57,12 +60,17 @@ def grad_norms_per_target(model: nn.Module, inputs: torch.Tensor, target_sets: S
         raise ValueError(f"unknown method '{method}'; choose one of {', '.join(METHODS)}")
     loss_fn = loss_fn or cross_entropy
     selection = select_params(model, params)
+    if callable(target_sets):
+        targets_for = _checked(target_sets)
+    else:
+        fixed = list(target_sets)
+        targets_for = lambda logits: fixed  # noqa: E731
     from .state import borrowed
 
     table = _method_table()
     if method != "auto":
         with borrowed(model, selection.params):
-            norms, logits = table[method](model, inputs, list(target_sets), selection, loss_fn)
+            norms, logits = table[method](model, inputs, targets_for, selection, loss_fn)
         return norms.to(_dtype(model, inputs)), logits.detach()
 
     key = (tuple(selection.names), id(loss_fn))
@@ -74,7 +82,7 @@ def grad_norms_per_target(model: nn.Module, inputs: torch.Tensor, target_sets: S
     for name in AUTO_ORDER[start:]:
         try:
             with borrowed(model, selection.params):
-                norms, logits = table[name](model, inputs, list(target_sets), selection, loss_fn)
+                norms, logits = table[name](model, inputs, targets_for, selection, loss_fn)
         except UnsupportedModel as err:
             failures.append(f"{name}: {err}")
             continue
@@ -117,6 +125,15 @@ def explain(model: nn.Module, params=None, loss_fn: LossFn | None = None) -> dic
     selection = select_params(model, params)
     return {"rules": describe(model, selection), "auto": auto_choice(model, params, loss_fn),
             "selected_params": sum(p.numel() for p in selection.params)}
+
+
+def _checked(choose):
+    def targets_for(logits):
+        sets = list(choose(logits.detach()))
+        if not sets:
+            raise ValueError("target_sets gave no target set")
+        return sets
+    return targets_for
 
 
 def _first_line(err: Exception) -> str:

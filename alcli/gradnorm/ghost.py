@@ -46,8 +46,8 @@ class Call:
 _verified: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def ghost_norms(model, inputs, target_sets, selection: Selection, loss_fn):
-    """-> [K, B] norms and [B, C] logits."""
+def ghost_norms(model, inputs, targets_for, selection: Selection, loss_fn):
+    """-> [K, B] norms and [B, C] logits; `targets_for(logits)` gives the K target sets."""
     plan = make_plan(model, selection)
     batch = inputs.shape[0]
     calls: dict[str, list[Call]] = {name: [] for name in plan.modules}
@@ -117,6 +117,7 @@ def ghost_norms(model, inputs, target_sets, selection: Selection, loss_fn):
     _apply_layouts(plan, calls, call_layouts(model, inputs, plan.modules), batch)
     uses = _count_uses(plan, calls)
     all_taps = [tap for module_calls in calls.values() for call in module_calls for tap in call.taps]
+    target_sets = targets_for(logits)
     rows = []
     for k, targets in enumerate(target_sets):
         backward_pass = _Pass(plan, uses, batch, last=k + 1 == len(target_sets))

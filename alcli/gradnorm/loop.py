@@ -6,9 +6,12 @@ import torch
 from .params import Selection
 
 
-def loop_norms(model, inputs, target_sets, selection: Selection, loss_fn):
+def loop_norms(model, inputs, targets_for, selection: Selection, loss_fn):
     """-> [K, B] norms, one row per target set, and the batched logits [B, C]."""
     batch = inputs.shape[0]
+    with torch.no_grad():
+        logits = model(inputs)
+    target_sets = targets_for(logits)
     norms = torch.empty(len(target_sets), batch, dtype=torch.float64)
     for i in range(batch):
         logits_i = model(inputs[i:i + 1])
@@ -18,6 +21,4 @@ def loop_norms(model, inputs, target_sets, selection: Selection, loss_fn):
                                         allow_unused=True)
             sq = sum(g.double().pow(2).sum() for g in grads if g is not None)
             norms[k, i] = torch.as_tensor(sq).sqrt()
-    with torch.no_grad():
-        logits = model(inputs)
     return norms, logits

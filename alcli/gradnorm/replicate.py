@@ -21,8 +21,8 @@ from .uses import UseWatch
 from .params import Selection
 
 
-def replicate_norms(model, inputs, target_sets, selection: Selection, loss_fn):
-    """-> [K, B] norms and [B, C] logits."""
+def replicate_norms(model, inputs, targets_for, selection: Selection, loss_fn):
+    """-> [K, B] norms and [B, C] logits; `targets_for(logits)` gives the K target sets."""
     batch = inputs.shape[0]
     plan = make_plan(model, selection)
     for name in plan.modules:
@@ -59,6 +59,7 @@ def replicate_norms(model, inputs, target_sets, selection: Selection, loss_fn):
             del module.forward
 
     leaves = list(copies.values())
+    target_sets = targets_for(logits)
     rows = []
     for k, targets in enumerate(target_sets):
         loss = loss_fn(logits, targets).sum()

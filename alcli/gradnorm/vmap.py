@@ -11,8 +11,8 @@ from .uses import ModuleStack
 CHUNK_ELEMENTS = 1 << 25  # per-example gradients held at once (~128 MB in float32)
 
 
-def vmap_norms(model, inputs, target_sets, selection: Selection, loss_fn):
-    """-> [K, B] norms and [B, C] logits."""
+def vmap_norms(model, inputs, targets_for, selection: Selection, loss_fn):
+    """-> [K, B] norms and [B, C] logits; `targets_for(logits)` gives the K target sets."""
     batch = inputs.shape[0]
     params = {name: p.detach() for name, p in zip(selection.names, selection.params)}
     numel = sum(p.numel() for p in params.values())
@@ -23,6 +23,8 @@ def vmap_norms(model, inputs, target_sets, selection: Selection, loss_fn):
         return loss_fn(logits, t.unsqueeze(0)).sum(), logits.squeeze(0)
 
     per_example = vmap(grad(loss_of_one, has_aux=True), in_dims=(None, 0, 0))
+    with torch.no_grad():
+        target_sets = targets_for(model(inputs))
     stack = ModuleStack(model)
     try:
         with stack:
