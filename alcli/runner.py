@@ -116,23 +116,29 @@ def score_batch(model: nn.Module, batch: Batch, settings: Settings, device: torc
         return []
     inputs = to_model(batch.inputs, model, device)
     labels = batch.labels.to(device)
-    with record(embeddings, model, batch.ids):             # BADGE factors, when asked for
-        logits = forward(model, inputs, pool_name)         # [B, C]
-    classes = logits.shape[1]
-    bad = (labels >= classes).nonzero().flatten()
-    if len(bad):
-        i = int(bad[0])
-        raise RunError(f"example {batch.ids[i]} of {pool_name} has label {int(labels[i])}, but the "
-                       f"model has {classes} classes (0..{classes - 1})")
+    strategy = STRATEGIES[settings.strategy]
+    logits = None  # gradient strategies take the logits from the engine's own forward
+    if not strategy.gradients or embeddings is not None:
+        with record(embeddings, model, batch.ids):         # BADGE factors, when asked for
+            logits = forward(model, inputs, pool_name)     # [B, C]
+        _check_labels(logits, labels, batch.ids, pool_name)
     s = StrategyInputs(model=model, inputs=inputs, labels=labels, logits=logits, ids=batch.ids,
                        layers=settings.layers, method=settings.method,
-                       top_classes=settings.top_classes, seed=settings.seed)
+                       top_classes=settings.top_classes, seed=settings.seed,
+                       check_logits=lambda out: _check_labels(_checked_logits(out), labels, batch.ids,
+                                                              pool_name))
     try:
-        cols = STRATEGIES[settings.strategy].fn(s)
+        cols = strategy.fn(s)
     except UnsupportedModel as err:
         if _is_oom(err):
             raise  # a CUDA out-of-memory inside a layer rule: the micro-batcher retries
         raise RunError(f"--method {settings.method}: {err}") from None
+    except (torch.cuda.OutOfMemoryError, RunError):
+        raise
+    except Exception as err:  # noqa: BLE001 - shape errors etc. from user models, in the engine's forward
+        text = str(err).strip().splitlines()
+        raise RunError(f"the model cannot run on examples of shape {list(inputs.shape[1:])} from "
+                       f"{pool_name} ({text[0] if text else type(err).__name__})") from None
     probs = s.probs
     conf, pred = probs.max(dim=1)
     loss = loss_at_targets(s)
@@ -153,6 +159,22 @@ def score_batch(model: nn.Module, batch: Batch, settings: Settings, device: torc
             row["label"] = None
         rows.append(row)
     return rows
+
+
+def _checked_logits(out) -> torch.Tensor:
+    if not isinstance(out, torch.Tensor) or out.dim() != 2:
+        got = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise RunError(f"the model must return class scores of shape [batch, classes], got {got}")
+    return out
+
+
+def _check_labels(logits: torch.Tensor, labels: torch.Tensor, ids: list[str], pool_name: str):
+    classes = logits.shape[1]
+    bad = (labels >= classes).nonzero().flatten()
+    if len(bad):
+        i = int(bad[0])
+        raise RunError(f"example {ids[i]} of {pool_name} has label {int(labels[i])}, but the "
+                       f"model has {classes} classes (0..{classes - 1})")
 
 
 def _is_oom(err: BaseException) -> bool:

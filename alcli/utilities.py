@@ -19,17 +19,19 @@ Columns = dict[str, torch.Tensor]
 
 @dataclass
 class StrategyInputs:
-    """One batch as a strategy sees it. `logits` come from a plain no-grad forward in eval mode."""
+    """One batch as a strategy sees it. `logits` come from a plain no-grad forward in eval mode,
+    or, for gradient strategies, from the engine's forward (None until the engine has run)."""
 
     model: nn.Module
     inputs: torch.Tensor       # [B, ...] on the model's device
     labels: torch.Tensor       # [B] long, -1 = unknown
-    logits: torch.Tensor       # [B, C] detached
+    logits: torch.Tensor | None  # [B, C] detached
     ids: list[str]
     layers: list[str] | None = None  # module patterns for gradient strategies (None = all)
     method: str = "auto"             # engine method
     top_classes: int | None = None   # egl: sum over the K most probable classes only
     seed: int = 0
+    check_logits: Callable[[torch.Tensor], None] | None = None  # validates the engine's logits
 
     @property
     def probs(self) -> torch.Tensor:  # [B, C] float64
@@ -61,20 +63,39 @@ def strategy(name: str, *, gradients: bool = False):
     return register
 
 
-def _grad_norms(s: StrategyInputs, target_sets: list[torch.Tensor]) -> torch.Tensor:
-    """[K, B] float64 norms of each example's loss gradient at each target set (one forward)."""
+def _grad_norms(s: StrategyInputs, choose: Callable[[StrategyInputs], list[torch.Tensor]]) -> torch.Tensor:
+    """[K, B] float64 norms of each example's loss gradient at each target set `choose(s)` picks.
+
+    One forward: when `s.logits` is not known yet, the engine's forward provides it before the
+    targets are chosen."""
     from .gradnorm import grad_norms_per_target
+
+    def target_sets(logits: torch.Tensor) -> list[torch.Tensor]:
+        if s.logits is None:
+            if s.check_logits is not None:
+                s.check_logits(logits)
+            s.logits = logits
+        return choose(s)
+
     norms, _ = grad_norms_per_target(s.model, s.inputs, target_sets, params=s.layers, method=s.method)
     return norms.detach().double().to(s.logits.device)
+
+
+def _most_probable(s: StrategyInputs) -> list[torch.Tensor]:
+    """The K most probable classes of each example, most probable first -> K tensors [B]."""
+    probs = s.probs
+    k = min(s.top_classes or probs.shape[1], probs.shape[1])
+    order = probs.argsort(dim=1, descending=True, stable=True)[:, :k]  # [B, K]
+    return [order[:, j] for j in range(k)]
 
 
 @strategy("egl", gradients=True)
 def egl(s: StrategyInputs) -> Columns:
     """Expected gradient length: sum over classes c of p(c|x) * ||grad loss(x, c)||."""
-    probs = s.probs                                            # [B, C]
-    k = min(s.top_classes or probs.shape[1], probs.shape[1])
-    order = probs.argsort(dim=1, descending=True, stable=True)[:, :k]  # [B, K] most probable first
-    norms = _grad_norms(s, [order[:, j] for j in range(k)])   # [K, B]
+    norms = _grad_norms(s, _most_probable)                    # [K, B]
+    order = torch.stack(_most_probable(s), dim=1)             # [B, K], the targets the engine used
+    probs = s.probs                                           # [B, C]
+    k = order.shape[1]
     weights = probs.gather(1, order)                          # [B, K]
     cols = {"score": (weights * norms.T).sum(dim=1)}
     if k < probs.shape[1]:
@@ -85,7 +106,7 @@ def egl(s: StrategyInputs) -> Columns:
 @strategy("gradnorm", gradients=True)
 def gradnorm(s: StrategyInputs) -> Columns:
     """Gradient norm at the example's label where known, else at the predicted class."""
-    return {"score": _grad_norms(s, [s.targets])[0]}
+    return {"score": _grad_norms(s, lambda s: [s.targets])[0]}
 
 
 def loss_at_targets(s: StrategyInputs) -> torch.Tensor:
