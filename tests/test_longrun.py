@@ -28,6 +28,15 @@ from conftest import parse_csv
 runner = CliRunner()
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Byte-for-byte comparisons between runs: one intra-op thread keeps reductions in one order."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def cli(ws, *args, ok=True, config=True):
     extra = ["-c", str(ws.config)] if config and args[0] in ("score", "select") else []
     result = runner.invoke(app, [*map(str, args), *extra])
