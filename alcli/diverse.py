@@ -20,13 +20,13 @@ seed both return the same picks (up to float rounding of the distances).
 """
 from __future__ import annotations
 
-import os
-import tempfile
 import zipfile
 from typing import Sequence
 
 import numpy as np
 import torch
+
+from .atomic import atomic_open
 
 EMBEDDINGS_SUFFIX = ".emb.npz"
 DEFAULT_CANDIDATE_FACTOR = 10  # select_diverse looks at the top (factor × budget) by score
@@ -66,24 +66,8 @@ def save_embeddings(path: str, ids: Sequence[str], a, b) -> None:
     a = torch.as_tensor(a).detach().cpu().numpy()
     b = torch.as_tensor(b).detach().cpu().numpy()
     _check_factors(path, ids, a, b)
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".emb-", suffix=".npz", dir=directory)
-    try:
-        _file_mode(fd)
-        with os.fdopen(fd, "wb") as fh:  # a file object, so numpy does not append ".npz"
-            np.savez(fh, format=np.array(_FORMAT), ids=np.array(ids, dtype=np.str_), a=a, b=b)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def _file_mode(fd: int) -> None:
-    """Give a mkstemp file (0600) the mode a plain open() would: 0666 less the umask."""
-    mask = os.umask(0)
-    os.umask(mask)
-    os.fchmod(fd, 0o666 & ~mask)
+    with atomic_open(path, "wb") as fh:  # a file object, so numpy does not append ".npz"
+        np.savez(fh, format=np.array(_FORMAT), ids=np.array(ids, dtype=np.str_), a=a, b=b)
 
 
 def load_embeddings(path: str, ids: Sequence[str] | None = None

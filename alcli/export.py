@@ -9,12 +9,13 @@ import math
 import os
 import re
 import sys
-import tempfile
 from typing import Iterable, Mapping, Sequence
 from urllib.parse import quote
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont, ImageOps
+
+from .atomic import atomic_open
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
@@ -90,24 +91,8 @@ def _atomic_write_text(path: str, text: str) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
         return
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".alcli-", dir=directory)
-    try:
-        _file_mode(fd)
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def _file_mode(fd: int) -> None:
-    """Give a mkstemp file (0600) the mode a plain open() would: 0666 less the umask."""
-    mask = os.umask(0)
-    os.umask(mask)
-    os.fchmod(fd, 0o666 & ~mask)
+    with atomic_open(path, "w", encoding="utf-8", newline="\n") as fh:
+        fh.write(text)
 
 
 def write_json(obj, path: str) -> None:
@@ -231,14 +216,5 @@ def contact_sheet(rows: Sequence[Mapping], image_root_dir: str | None, out_png: 
 
 
 def _atomic_save_png(img: Image.Image, path: str) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".sheet-", suffix=".png", dir=directory)
-    try:
-        _file_mode(fd)
-        with os.fdopen(fd, "wb") as fh:
-            img.save(fh, format="PNG")
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with atomic_open(path, "wb") as fh:
+        img.save(fh, format="PNG")

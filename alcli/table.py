@@ -11,11 +11,11 @@ import csv
 import io
 import json
 import math
-import os
 import sys
 from pathlib import Path
 from typing import IO, Iterable, Iterator
 
+from .atomic import atomic_open
 from .errors import TableError
 
 BASE_COLUMNS = ("rank", "id", "score", "pred", "confidence", "label", "loss")
@@ -93,22 +93,15 @@ def write_rows(rows: Iterable[dict], columns: list[str], dest: str | Path | IO[s
 
 @contextlib.contextmanager
 def atomic_file(dest: str | Path, what: str = "output") -> Iterator[IO[str]]:
-    """A text file written as `dest.NAME.PID.tmp` in the same folder, synced and renamed over
-    `dest` on success (removed on failure): readers see the old file or the complete new one."""
+    """A text table written atomically (see atomic.py); failures become one TableError sentence."""
     path = Path(dest)
     if path.is_dir():
         raise TableError(f"{what} {path} is a directory")
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with open(tmp, "w", newline="") as f:
+        with atomic_open(path, "w", newline="") as f:
             yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
     except OSError as err:
         raise TableError(f"cannot write {what} {path} ({err.strerror or err})") from None
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 # --- reading ------------------------------------------------------------------------------------

@@ -134,13 +134,24 @@ def ghost_norms(model, inputs, targets_for, selection: Selection, loss_fn):
 
 def _new_call(args, kwargs, batch) -> Call:
     call = Call(tuple(args), dict(kwargs), batch)
-    call.versions = [(t, t._version) for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+    leaves = args if not kwargs and all(isinstance(a, torch.Tensor) for a in args) else tree_flatten((args, kwargs))[0]
+    call.versions = [(t, t._version) for t in leaves if isinstance(t, torch.Tensor)]
     return call
+
+
+_ZEROS: dict = {}  # (dtype, device) -> a 0-dim zero to expand from
+
+
+def _zero(dtype, device) -> torch.Tensor:
+    key = (dtype, device)
+    if key not in _ZEROS:
+        _ZEROS[key] = torch.zeros((), dtype=dtype, device=device)
+    return _ZEROS[key]
 
 
 def _tap(call: Call, tensor: torch.Tensor) -> torch.Tensor:
     """tensor + Z, with Z a stride-0 zero leaf whose gradient is dL/d(tensor) as it is now."""
-    tap = torch.zeros((), dtype=tensor.dtype, device=tensor.device).expand(tensor.shape)
+    tap = _zero(tensor.dtype, tensor.device).expand(tensor.shape)
     tap.requires_grad_()
     call.taps.append(tap)
     call.tapped.append(True)
@@ -177,7 +188,7 @@ class _Pass:
             if all(g is not None for g in call.arrived):
                 self._run(name, call)
             # autograd.grad keeps what the hook returns: a stride-0 zero, not the gradient
-            return torch.zeros((), dtype=grad.dtype, device=grad.device).expand(grad.shape)
+            return _zero(grad.dtype, grad.device).expand(grad.shape)
         return hook
 
     def _run(self, name, call):
@@ -210,7 +221,7 @@ class _Pass:
             if wanted[path]:
                 self.summed_grads[key] = value + self.summed_grads[key] if key in self.summed_grads else value
             else:
-                self.sq += value.double()
+                self.sq += value  # float64 accumulator
         call.grad_out = None
         if self.last:
             call.args, call.kwargs, call.cache = None, None, None

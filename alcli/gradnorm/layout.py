@@ -77,9 +77,13 @@ class _DataDependentShapes(TorchDispatchMode):
 
 
 def _mark_unreversed(model, inputs, modules, layouts):
-    """A batch dim whose values do not simply reverse when the batch does becomes MERGED."""
-    forward = _record(model, inputs, modules, _values)
-    backward = _record(model, inputs.flip(0), modules, _values)
+    """A batch dim whose values do not simply reverse when the batch does becomes MERGED.
+
+    Values are compared through a fingerprint per batch row (a fixed random projection of the
+    row), so the check holds [B] numbers per tensor, not the activations."""
+    batch = inputs.shape[0]
+    forward = _record(model, inputs, modules, lambda tree: _fingerprints(tree, batch))
+    backward = _record(model, inputs.flip(0), modules, lambda tree: _fingerprints(tree, batch))
     for name in modules:
         if len(forward[name]) != len(backward[name]):
             raise UnsupportedModel(f"module '{name}' is called a different number of times for "
@@ -87,12 +91,21 @@ def _mark_unreversed(model, inputs, modules, layouts):
         for layout, (f_in, f_out), (b_in, b_out) in zip(layouts[name], forward[name], backward[name]):
             for dims, f_leaves, b_leaves in ((layout.in_dims, f_in, b_in), (layout.out_dims, f_out, b_out)):
                 for i, (d, f, b) in enumerate(zip(dims, f_leaves, b_leaves)):
-                    if d is not None and d != MERGED and not _same(f.flip(d), b):
+                    if d is not None and d != MERGED and (d not in f or d not in b or not _same(f[d].flip(0), b[d])):
                         dims[i] = MERGED
 
 
-def _values(tree) -> list:
-    return [leaf.detach().clone() if isinstance(leaf, torch.Tensor) else None for leaf in tree_flatten(tree)[0]]
+def _fingerprints(tree, batch: int) -> list:
+    """Per tensor leaf, {dim of size B: [B] fingerprint of the rows along that dim}."""
+    return [{d: _fingerprint(leaf, d) for d in range(leaf.dim()) if leaf.shape[d] == batch}
+            if isinstance(leaf, torch.Tensor) else None for leaf in tree_flatten(tree)[0]]
+
+
+def _fingerprint(x: torch.Tensor, d: int) -> torch.Tensor:
+    rows = torch.nan_to_num(x.detach().movedim(d, 0).reshape(x.shape[d], -1).double())
+    gen = torch.Generator().manual_seed(rows.shape[1])
+    weights = torch.rand(rows.shape[1], generator=gen, dtype=torch.float64).to(rows.device)
+    return rows @ weights  # [B]
 
 
 def _same(a, b) -> bool:

@@ -56,9 +56,6 @@ def rule_for(module: nn.Module) -> Entry:
 
     A registered rule serves subclasses only when they keep the registered type's forward.
     """
-    from . import attention, conv, embedding, linear, norm  # noqa: F401  (fill the registry)
-    from .generic import generic_rule
-
     for module_type in type(module).__mro__:
         if module_type in RULES:
             entry = RULES[module_type]
@@ -84,7 +81,7 @@ def sq_norm_of_product(a, g, cache: dict | None = None, key: str = ""):
     batch, steps, k = a.shape
     o = g.shape[-1]
     if steps == 1:
-        return a.pow(2).sum((1, 2)) * g.pow(2).sum((1, 2))
+        return a.square().sum((1, 2)) * g.square().sum((1, 2))
     if steps * steps <= k * o:
         gram_a = None if cache is None else cache.get(key)
         if gram_a is None:
@@ -93,3 +90,8 @@ def sq_norm_of_product(a, g, cache: dict | None = None, key: str = ""):
                 cache[key] = gram_a
         return (gram_a * (g @ g.transpose(1, 2))).sum((1, 2))
     return (g.transpose(1, 2) @ a).pow(2).sum((1, 2))
+
+
+# the rule files register themselves; they import `register` from above
+from . import attention, conv, embedding, linear, norm  # noqa: E402,F401
+from .generic import generic_rule  # noqa: E402
