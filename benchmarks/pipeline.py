@@ -14,7 +14,7 @@ Targets (issue 4), printed PASS/MISS: end-to-end >= 0.8x the compute on decoded 
 size (data loading overlapped with compute, not serial), and peak memory at the larger pool within
 10% of the smaller.
 
-    python benchmarks/pipeline.py [--sizes 512 5120] [--batch-size 64] [--workers 1]
+    python benchmarks/pipeline.py [--sizes 512 5120] [--batch-size 64] [--workers 0]
                                   [--strategy gradnorm] [--engine-examples 512] [--json OUT]
 """
 from __future__ import annotations
@@ -168,7 +168,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", type=int, nargs=2, default=[512, 5120], metavar=("SMALL", "LARGE"))
     ap.add_argument("--batch-size", type=int, default=64)
-    ap.add_argument("--workers", type=int, default=1, help="DataLoader workers (default 1)")
+    ap.add_argument("--workers", type=int, default=0, help="DataLoader workers (default 0, as alcli score)")
     ap.add_argument("--strategy", default="gradnorm")
     ap.add_argument("--engine-examples", type=int, default=512,
                     help="examples (the pool's first) for the decoded-tensor timings")
