@@ -35,32 +35,36 @@ def select_params(model: nn.Module, params: list[str] | str | None) -> Selection
     """
     if isinstance(params, str):
         params = [params]
+    # one walk: (module name, module, its own parameters), tied modules and parameters included
+    walk = [(name, module, [(attr, p) for attr, p in module._parameters.items() if p is not None])
+            for name, module in model.named_modules(remove_duplicate=False)]
     chosen: dict[int, nn.Parameter] = {}
     if params is None:
-        for p in model.parameters():
-            if p.requires_grad:
-                chosen[id(p)] = p
+        chosen = {id(p): p for _, _, own in walk for _, p in own if p.requires_grad}
     else:
-        param_names = dict(model.named_parameters(remove_duplicate=False))
         for pattern in params:
-            hits = [p for name, p in param_names.items()
-                    if name == pattern or fnmatch.fnmatchcase(name, pattern)
-                    or _module_matches(name.rpartition(".")[0], [pattern])]
+            hits = [p for mod_name, _, own in walk for attr, p in own
+                    if _param_matches(f"{mod_name}.{attr}" if mod_name else attr, mod_name, pattern)]
             if not hits:
                 raise ValueError(f"--layers pattern '{pattern}' matches no module or parameter of the model")
-            for p in hits:
-                chosen[id(p)] = p
+            chosen.update((id(p), p) for p in hits)
     if not chosen:
         raise ValueError("no parameters are selected: the model has no parameter with requires_grad")
 
-    names, plist = [], []
-    for name, p in model.named_parameters():
-        if id(p) in chosen:
-            names.append(name)
-            plist.append(p)
+    names, plist, seen = [], [], set()
     owners: dict[str, list[tuple[str, nn.Parameter]]] = {}
-    for mod_name, module in model.named_modules(remove_duplicate=False):
-        for attr, p in module.named_parameters(recurse=False):
-            if id(p) in chosen:
-                owners.setdefault(mod_name, []).append((attr, p))
+    for mod_name, _, own in walk:
+        for attr, p in own:
+            if id(p) not in chosen:
+                continue
+            owners.setdefault(mod_name, []).append((attr, p))
+            if id(p) not in seen:  # its first name, as model.named_parameters() gives it
+                seen.add(id(p))
+                names.append(f"{mod_name}.{attr}" if mod_name else attr)
+                plist.append(p)
     return Selection(names, plist, owners)
+
+
+def _param_matches(param_name: str, module_name: str, pattern: str) -> bool:
+    return (param_name == pattern or fnmatch.fnmatchcase(param_name, pattern)
+            or _module_matches(module_name, [pattern]))

@@ -32,12 +32,12 @@ def make_plan(model, selection: Selection) -> Plan:
         if name in claimed_children:
             continue
         entry = rule_for(module)
-        paths = {attr: p for attr, p in module.named_parameters(recurse=False) if id(p) in selected}
+        paths = {attr: p for attr, p in module._parameters.items() if p is not None and id(p) in selected}
         for child in entry.claims_children:
             sub = getattr(module, child, None)
             if sub is not None:
-                for attr, p in sub.named_parameters(recurse=False):
-                    if id(p) in selected:
+                for attr, p in sub._parameters.items():
+                    if p is not None and id(p) in selected:
                         paths[f"{child}.{attr}"] = p
         if paths:
             plan.modules[name] = module

@@ -13,22 +13,23 @@ def borrowed(model: nn.Module, grad_params: list[nn.Parameter]):
 
     Unselected parameters stop requiring grad so autograd records nothing for them.
     """
-    modes = [(m, m.training) for m in model.modules()]
-    flags = [(p, p.requires_grad) for p in model.parameters()]
-    grads = [(p, p.grad) for p in model.parameters()]
+    modules = list(model.modules())
+    modes = [(m, m.training) for m in modules]
+    params = list({id(p): p for m in modules for p in m._parameters.values() if p is not None}.values())
+    flags = [(p, p.requires_grad, p.grad) for p in params]
     wanted = {id(p) for p in grad_params}
     grad_mode = torch.is_grad_enabled()
     try:
         torch.set_grad_enabled(True)  # per-example gradients are wanted even under torch.no_grad()
-        model.eval()
-        for p, _ in flags:
+        for m in modules:
+            m.__dict__["training"] = False  # what model.eval() sets, without Module.__setattr__
+        for p in params:
             p.requires_grad_(id(p) in wanted)
         yield model
     finally:
         torch.set_grad_enabled(grad_mode)
         for m, mode in modes:
-            m.training = mode
-        for p, flag in flags:
+            m.__dict__["training"] = mode
+        for p, flag, grad in flags:
             p.requires_grad_(flag)
-        for p, grad in grads:
             p.grad = grad
