@@ -10,6 +10,8 @@ Keyword options are the config keys (see alcli.config.Settings); `config=` reads
 """
 from __future__ import annotations
 
+import contextlib
+
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -65,6 +67,24 @@ def pool_for(settings: Settings, model: nn.Module, pool=None, stdin=None) -> Poo
     return open_pool(settings.pool, opts, stdin)
 
 
+@contextlib.contextmanager
+def loaded(settings: Settings, model: nn.Module | None, pool, stdin, device_spec: str | None = None):
+    """(model on its device in eval mode, device, pool opened and pre-flight checked); the model's
+    training flags are restored on exit."""
+    net = model_for(settings, model)
+    device = resolve_device(device_spec or settings.device)
+    modes = [(m, m.training) for m in net.modules()]
+    try:
+        net.to(device).eval()
+        check_layers(net, settings.layers)
+        the_pool = pool_for(settings, net, pool, stdin)
+        preflight.check(net, the_pool, settings, device)
+        yield net, device, the_pool
+    finally:
+        for m, mode in modes:
+            m.training = mode
+
+
 def run_score(settings: Settings, *, model: nn.Module | None = None, pool=None, stdin=None,
               on_start: Callable[[int], None] | None = None,
               on_batch: Callable[[int], None] | None = None,
@@ -73,14 +93,7 @@ def run_score(settings: Settings, *, model: nn.Module | None = None, pool=None, 
     `embeddings` (default: the setting) also captures each example's BADGE factors."""
     recorder = EmbeddingRecorder() if (settings.embeddings if embeddings is None else embeddings) \
         else None
-    net = model_for(settings, model)
-    device = resolve_device(settings.device)
-    modes = [(m, m.training) for m in net.modules()]
-    try:
-        net.to(device).eval()
-        check_layers(net, settings.layers)
-        the_pool = pool_for(settings, net, pool, stdin)
-        preflight.check(net, the_pool, settings, device)
+    with loaded(settings, model, pool, stdin) as (net, device, the_pool):
         if settings.resume:
             raise ConfigError("resume needs an output file; use alcli.api.score_to_table(settings, "
                               "OUTPUT) (alcli score -o OUTPUT --resume)")
@@ -90,9 +103,6 @@ def run_score(settings: Settings, *, model: nn.Module | None = None, pool=None, 
         if on_start:
             on_start(len(the_pool))
         rows, stats = run(net, the_pool, settings, device, on_batch, embeddings=recorder)
-    finally:
-        for m, mode in modes:
-            m.training = mode
     if not rows and stats.errors:
         raise PoolError(f"no example of pool {the_pool.name} could be read ({len(stats.errors)} "
                         f"skipped; the first: {stats.errors[0][1]})")

@@ -21,16 +21,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-import torch
 from torch import nn
 
-from . import distributed, preflight
+from . import distributed
 from .config import Settings
 from .errors import AlcliError, ConfigError, PoolError
 from .partial import (Finished, PartialFile, finish, gather_target, new_partial, sidecar,
                       write_errors, write_meta)
 from .pool import Pool
-from .runner import RunStats, check_layers, resolve_device, run
+from .runner import RunStats, run
 from .shard import SubPool, fingerprint, parse_shard, shard_indices
 
 META_VERSION = 1
@@ -61,44 +60,34 @@ def score_job(settings: Settings, dest: str, *, model: nn.Module | None = None, 
               say: Callable[[str], None] | None = None, embeddings=None) -> JobResult | None:
     """Score the pool into the table `dest` (a path, or '-' for stdout). Returns None on the
     torchrun ranks other than 0, which write nothing."""
-    from .api import model_for, pool_for
+    from .api import loaded
     ctx = distributed.from_env()
     to_stdout = dest == "-"
     _check_options(settings, ctx, to_stdout, dest, embeddings)
     device_spec = distributed.device_for(settings.device, ctx) if ctx else settings.device
-    with distributed.session(ctx, device_spec):
-        net = model_for(settings, model)
-        device = resolve_device(device_spec)
-        modes = [(m, m.training) for m in net.modules()]
-        try:
-            net.to(device).eval()
-            check_layers(net, settings.layers)
-            full = pool_for(settings, net, pool, stdin)
-            preflight.check(net, full, settings, device)
-            shard = (ctx.rank, ctx.world) if ctx else parse_shard(settings.shard)
-            todo = SubPool(full, shard_indices(full.ids, *shard)) if shard else full
-            shard_text = f"{shard[0]}/{shard[1]}" if shard else None
-            key = run_key(settings, full, net)
-            with contextlib.ExitStack() as stack:
-                if to_stdout:
-                    folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="alcli-")))
-                    partial_path = folder / "scores.partial"
-                else:
-                    partial_path = sidecar(dest, f"{ctx.rank}-of-{ctx.world}.partial" if ctx
-                                           else "partial")
-                log = PartialFile(partial_path, {**key, "shard": shard_text},
-                                  checkpoint_every=settings.checkpoint_every, resume=settings.resume)
-                if log.resumed and say:
-                    say(f"resuming: {log.resumed} examples of {partial_path} are done already")
-                stats = _score(net, todo, settings, device, log, partial_path, on_start, on_batch,
-                               say, embeddings)
-                result = _write(ctx, settings, dest, partial_path, full, todo, key,
-                                shard_text if not ctx else None, stats, log.resumed)
-                distributed.barrier(ctx)
-                partial_path.unlink(missing_ok=True)
-        finally:
-            for m, mode in modes:
-                m.training = mode
+    with distributed.session(ctx, device_spec), \
+            loaded(settings, model, pool, stdin, device_spec) as (net, device, full):
+        shard = (ctx.rank, ctx.world) if ctx else parse_shard(settings.shard)
+        todo = SubPool(full, shard_indices(full.ids, *shard)) if shard else full
+        shard_text = f"{shard[0]}/{shard[1]}" if shard else None
+        key = run_key(settings, full, net)
+        with contextlib.ExitStack() as stack:
+            if to_stdout:
+                folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="alcli-")))
+                partial_path = folder / "scores.partial"
+            else:
+                partial_path = sidecar(dest, f"{ctx.rank}-of-{ctx.world}.partial" if ctx
+                                       else "partial")
+            log = PartialFile(partial_path, {**key, "shard": shard_text},
+                              checkpoint_every=settings.checkpoint_every, resume=settings.resume)
+            if log.resumed and say:
+                say(f"resuming: {log.resumed} examples of {partial_path} are done already")
+            stats = _score(net, todo, settings, device, log, partial_path, on_start, on_batch,
+                           say, embeddings)
+            result = _write(ctx, settings, dest, partial_path, full, todo, key,
+                            shard_text if not ctx else None, stats, log.resumed)
+            distributed.barrier(ctx)
+            partial_path.unlink(missing_ok=True)
     if result is not None:
         result.pool = full
         _check_something_scored(result, full)
