@@ -51,8 +51,7 @@ def ghost_norms(model, inputs, targets_for, selection: Selection, loss_fn):
     plan = make_plan(model, selection)
     batch = inputs.shape[0]
     calls: dict[str, list[Call]] = {name: [] for name in plan.modules}
-    capturing = [True]
-    stack: list[str] = []
+    stack: list[str] = []  # hooked modules running now, for UseWatch
     handles = []
 
     def pre_hook(name):
@@ -63,8 +62,8 @@ def ghost_norms(model, inputs, targets_for, selection: Selection, loss_fn):
     def post_hook(name):
         def hook(module, args, kwargs, output):
             stack.pop()
-            if not capturing[0] or plan.rules[name].capture is not None:
-                return None
+            if plan.rules[name].capture is not None:
+                return None  # its capturing forward recorded the call
             call = _new_call(args, kwargs, batch)
             leaves, call.out_spec = tree_flatten(output)
             leaves = [_tap(call, leaf) if isinstance(leaf, torch.Tensor) and leaf.is_floating_point()
@@ -111,7 +110,6 @@ def ghost_norms(model, inputs, targets_for, selection: Selection, loss_fn):
             handle.remove()
         for module in patched:
             del module.forward
-    capturing[0] = False
 
     _check_unmodified(calls)
     _apply_layouts(plan, calls, call_layouts(model, inputs, plan.modules), batch)
