@@ -61,10 +61,14 @@ def ghost_norms(model, inputs, targets_for, selection: Selection, loss_fn):
 
     def post_hook(name):
         def hook(module, args, kwargs, output):
-            stack.pop()
+            if verify:
+                stack.pop()
             if plan.rules[name].capture is not None:
                 return None  # its capturing forward recorded the call
             call = _new_call(args, kwargs, batch)
+            if isinstance(output, torch.Tensor) and output.is_floating_point():  # the common case
+                calls[name].append(call)
+                return _tap(call, output)
             leaves, call.out_spec = tree_flatten(output)
             leaves = [_tap(call, leaf) if isinstance(leaf, torch.Tensor) and leaf.is_floating_point()
                       else _untapped(call, leaf) for leaf in leaves]
@@ -94,7 +98,8 @@ def ghost_norms(model, inputs, targets_for, selection: Selection, loss_fn):
     patched = []
     try:
         for name, module in plan.modules.items():
-            handles.append(module.register_forward_pre_hook(pre_hook(name), with_kwargs=True))
+            if verify:
+                handles.append(module.register_forward_pre_hook(pre_hook(name), with_kwargs=True))
             handles.append(module.register_forward_hook(post_hook(name), with_kwargs=True))
             if plan.rules[name].capture is not None and "forward" not in module.__dict__:
                 module.forward = capturing_forward(name, module)
@@ -193,8 +198,11 @@ class _Pass:
         grads = iter(g if g is not None else torch.zeros(t.shape, dtype=t.dtype, device=t.device)
                      for g, t in zip(call.arrived, call.taps))
         try:
-            call.grad_out = tree_unflatten([next(grads) if has_tap else None for has_tap in call.tapped],
-                                           call.out_spec)
+            if call.out_spec is None:  # a single tensor output
+                call.grad_out = next(grads)
+            else:
+                call.grad_out = tree_unflatten([next(grads) if has_tap else None for has_tap in call.tapped],
+                                               call.out_spec)
         except (AssertionError, TypeError, ValueError) as err:  # e.g. a PackedSequence
             raise UnsupportedModel(f"module '{name}': its output gradient cannot be rebuilt as the "
                                    "structure its output has") from err

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from typing import Callable, NamedTuple
 
+import torch
 from torch import nn
 
 Rule = Callable[..., dict]
@@ -81,7 +82,7 @@ def sq_norm_of_product(a, g, cache: dict | None = None, key: str = ""):
     batch, steps, k = a.shape
     o = g.shape[-1]
     if steps == 1:
-        return a.square().sum((1, 2)) * g.square().sum((1, 2))
+        return torch.linalg.vecdot(a[:, 0], a[:, 0]) * torch.linalg.vecdot(g[:, 0], g[:, 0])
     if steps * steps <= k * o:
         gram_a = None if cache is None else cache.get(key)
         if gram_a is None:

@@ -1,6 +1,7 @@
 """nn.Linear on inputs [B, d_in] or [B, *, d_in]: W grad_i = sum_t g_it a_it^T, b grad_i = sum_t g_it."""
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from . import flat_batch, register, sq_norm_of_product
@@ -17,6 +18,6 @@ def linear_rule(module, call, wanted):
         else:
             out["weight"] = sq_norm_of_product(a, g, call.cache, "gram")
     if "bias" in wanted:
-        bias_grad = g.sum(1)  # [B, d_out]
-        out["bias"] = bias_grad if wanted["bias"] else bias_grad.pow(2).sum(1)
+        bias_grad = g.sum(1) if g.shape[1] > 1 else g[:, 0]  # [B, d_out]
+        out["bias"] = bias_grad if wanted["bias"] else torch.linalg.vecdot(bias_grad, bias_grad)
     return out
