@@ -100,10 +100,7 @@ def forward(model: nn.Module, inputs: torch.Tensor, pool_name: str) -> torch.Ten
         text = str(err).strip().splitlines()
         raise RunError(f"the model cannot run on examples of shape {list(inputs.shape[1:])} from "
                        f"{pool_name} ({text[0] if text else type(err).__name__})") from None
-    if not isinstance(out, torch.Tensor) or out.dim() != 2:
-        got = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-        raise RunError(f"the model must return class scores of shape [batch, classes], got {got}")
-    return out.detach()
+    return _checked_logits(out).detach()
 
 
 def score_batch(model: nn.Module, batch: Batch, settings: Settings, device: torch.device,

@@ -19,36 +19,34 @@ def vmap_norms(model, inputs, targets_for, selection: Selection, loss_fn):
     chunk = max(1, min(batch, CHUNK_ELEMENTS // max(numel, 1)))
 
     def loss_of_one(p, x, t):
-        logits = functional_call(model, p, (x.unsqueeze(0),))
-        return loss_fn(logits, t.unsqueeze(0)).sum(), logits.squeeze(0)
+        return loss_fn(functional_call(model, p, (x.unsqueeze(0),)), t.unsqueeze(0)).sum()
 
-    per_example = vmap(grad(loss_of_one, has_aux=True), in_dims=(None, 0, 0))
+    per_example = vmap(grad(loss_of_one), in_dims=(None, 0, 0))
     with torch.no_grad():
-        target_sets = targets_for(model(inputs))
+        logits = model(inputs)  # the targets may depend on them
+    target_sets = targets_for(logits)
     stack = ModuleStack(model)
     try:
         with stack:
-            rows, logits_parts = _chunked(per_example, params, inputs, target_sets, chunk)
+            rows = _chunked(per_example, params, inputs, target_sets, chunk)
     except torch.OutOfMemoryError:
         raise  # the caller splits the batch
     except (RuntimeError, NotImplementedError, TypeError) as err:
         raise UnsupportedModel(f"torch.func cannot vmap {stack.where()} ({_first_line(err)})") from err
-    return torch.stack(rows), torch.cat(logits_parts)
+    return torch.stack(rows), logits
 
 
 def _chunked(per_example, params, inputs, target_sets, chunk):
     """Per-example gradients for `chunk` examples at a time, reduced to norms at once."""
     batch = inputs.shape[0]
-    rows, logits_parts = [], []
+    rows = []
     for targets in target_sets:
         sq_parts = []
         for start in range(0, batch, chunk):
-            grads, logits = per_example(params, inputs[start:start + chunk], targets[start:start + chunk])
+            grads = per_example(params, inputs[start:start + chunk], targets[start:start + chunk])
             sq_parts.append(sum(g.reshape(g.shape[0], -1).double().square().sum(1) for g in grads.values()))
-            if len(rows) == 0:
-                logits_parts.append(logits)
         rows.append(torch.cat(sq_parts).sqrt())
-    return rows, logits_parts
+    return rows
 
 
 def _first_line(err: Exception) -> str:
