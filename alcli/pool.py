@@ -8,7 +8,6 @@ item carries the error instead, so a DataLoader worker can hand it back and the 
 from __future__ import annotations
 
 import csv
-import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +19,7 @@ from torch.utils.data import Dataset
 
 from .config import Transform
 from .errors import ConfigError, PoolError
+from .jsonl import json_objects
 
 IMAGE_EXTS = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".tiff")
 TENSOR_EXTS = (".pt", ".pth", ".npy", ".npz")
@@ -263,16 +263,7 @@ def from_manifest(spec: str, opts: PoolOptions) -> Pool:
                                 f"(columns: {', '.join(reader.fieldnames or [])})")
             records = [(reader.line_num, row) for row in reader]
         else:
-            for n, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError:
-                    raise PoolError(f"manifest {path} line {n} is not valid JSON") from None
-                if not isinstance(row, dict):
-                    raise PoolError(f"manifest {path} line {n} is not a JSON object")
-                records.append((n, row))
+            records = list(json_objects(f, lambda n: f"manifest {path} line {n}", PoolError))
     rows = []
     for n, row in records:
         where = f"manifest {path} line {n}"

@@ -17,6 +17,7 @@ from typing import IO, Iterable, Iterator
 
 from .atomic import atomic_open
 from .errors import TableError
+from .jsonl import json_objects
 
 BASE_COLUMNS = ("rank", "id", "score", "pred", "confidence", "label", "loss")
 INT_COLUMNS = ("rank", "pred", "label")
@@ -183,16 +184,8 @@ def _read_csv(text: str, name: str) -> list[dict]:
 
 def _read_jsonl(text: str, name: str) -> list[dict]:
     rows = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
+    for n, raw in json_objects(text.splitlines(), lambda n: f"table {name} line {n}", TableError):
         where = f"table {name} line {n}"
-        try:
-            raw = json.loads(line)
-        except json.JSONDecodeError:
-            raise TableError(f"{where} is not valid JSON") from None
-        if not isinstance(raw, dict):
-            raise TableError(f"{where} is not a JSON object")
         _check_columns(list(raw), name)
         if raw["id"] is None:
             raise TableError(f"{where} has no id")
