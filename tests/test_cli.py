@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from typer.testing import CliRunner
 
 from alcli.cli import app
+from cli_errors import assert_one_error
 from conftest import oracle_grad_norm, parse_csv
 
 REPO = Path(__file__).resolve().parents[1]
@@ -306,13 +307,7 @@ def test_every_bad_input_is_one_sentence_and_exit_1(in_ws, tmp_path):
         if args[0] == "score" and "-c" not in args:
             args = [*args, "-c", str(in_ws.config)]
         result = runner.invoke(app, args)
-        where = f"{args} -> {result.exit_code} {result.stderr!r}"
-        assert result.exit_code == 1, where
-        assert result.exception is None or isinstance(result.exception, SystemExit), where
-        lines = result.stderr.strip().splitlines()
-        assert len(lines) == 1 and lines[0].startswith("alcli: error: "), where
-        assert culprit in lines[0], where
-        assert "Traceback" not in result.stderr and result.stdout == "", where
+        assert_one_error(result, culprit, f"{args} -> {result.exit_code} {result.stderr!r}")
 
 
 def test_usage_error_exits_2():

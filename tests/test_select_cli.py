@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 import alcli
 from alcli.cli import app
 from alcli.export import PAD, sheet_layout
+from cli_errors import assert_one_error
 from conftest import MEAN, STD, parse_csv
 from test_export import assert_labelstudio_import
 
@@ -301,13 +302,7 @@ def test_bad_selection_input_is_one_sentence_and_exit_1(in_ws, planted, table, c
     ]
     for args, culprit in cases:
         result = runner.invoke(app, args, input="id,score\nx,1\n")
-        where = f"{args} -> {result.exit_code} {result.stderr!r}"
-        assert result.exit_code == 1, where
-        assert result.exception is None or isinstance(result.exception, SystemExit), where
-        lines = result.stderr.strip().splitlines()
-        assert len(lines) == 1 and lines[0].startswith("alcli: error: "), where
-        assert culprit in lines[0], where
-        assert "Traceback" not in result.stderr and result.stdout == "", where
+        assert_one_error(result, culprit, f"{args} -> {result.exit_code} {result.stderr!r}")
     assert not (tmp_path / "h.csv").exists()
 
 
