@@ -127,11 +127,9 @@ def score_batch(model: nn.Module, batch: Batch, settings: Settings, device: torc
     try:
         cols = strategy.fn(s)
     except UnsupportedModel as err:
-        if _is_oom(err):
-            raise  # a CUDA out-of-memory inside a layer rule: the micro-batcher retries
         raise RunError(f"--method {settings.method}: {err}") from None
     except (torch.cuda.OutOfMemoryError, RunError):
-        raise
+        raise  # out of memory (the engine lets it through): the micro-batcher retries
     except Exception as err:  # noqa: BLE001 - shape errors etc. from user models, in the engine's forward
         text = str(err).strip().splitlines()
         raise RunError(f"the model cannot run on examples of shape {list(inputs.shape[1:])} from "
@@ -174,15 +172,6 @@ def _check_labels(logits: torch.Tensor, labels: torch.Tensor, ids: list[str], po
                        f"model has {classes} classes (0..{classes - 1})")
 
 
-def _is_oom(err: BaseException) -> bool:
-    """A CUDA out-of-memory error, also when the engine wrapped it (UnsupportedModel from it)."""
-    while err is not None:
-        if isinstance(err, torch.cuda.OutOfMemoryError):
-            return True
-        err = err.__cause__
-    return False
-
-
 def _part(batch: Batch, start: int, size: int) -> Batch:
     stop = start + size
     return Batch(batch.ids[start:stop], batch.inputs[start:stop], batch.labels[start:stop], [])
@@ -207,9 +196,7 @@ class MicroBatches:
             size = n - start if self.limit is None else min(self.limit, n - start)
             try:
                 rows.extend(score(batch if size == n else _part(batch, start, size)))
-            except (torch.cuda.OutOfMemoryError, UnsupportedModel) as err:
-                if not _is_oom(err):
-                    raise
+            except torch.cuda.OutOfMemoryError:
                 if size == 1:
                     raise RunError("CUDA ran out of memory on a single example; use a smaller "
                                    "model input, --layers, or another --device") from None
