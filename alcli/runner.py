@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 from .config import Settings
 from .embeddings import EmbeddingRecorder, record
 from .errors import ConfigError, PoolError, RunError
-from .gradnorm import UnsupportedModel
+from .gradnorm import UnsupportedModel, model_dtype
 from .pool import Batch, Pool, collate
 from .utilities import STRATEGIES, StrategyInputs, loss_at_targets
 
@@ -48,13 +48,6 @@ def model_channels(model: nn.Module) -> int | None:
             channels = getattr(module, "in_channels", None)
             if isinstance(channels, int):
                 return channels
-    return None
-
-
-def model_dtype(model: nn.Module) -> torch.dtype | None:
-    for p in model.parameters():
-        if p.is_floating_point():
-            return p.dtype
     return None
 
 

@@ -140,8 +140,14 @@ def _first_line(err: Exception) -> str:
     return (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
 
 
-def _dtype(model: nn.Module, inputs: torch.Tensor) -> torch.dtype:
+def model_dtype(model: nn.Module) -> torch.dtype | None:
+    """The dtype of the model's first floating-point parameter (None if it has none)."""
     for p in model.parameters():
         if p.is_floating_point():
             return p.dtype
-    return inputs.dtype if inputs.is_floating_point() else torch.get_default_dtype()
+    return None
+
+
+def _dtype(model: nn.Module, inputs: torch.Tensor) -> torch.dtype:
+    """The dtype the norms come back in: the model's, else the inputs'."""
+    return model_dtype(model) or (inputs.dtype if inputs.is_floating_point() else torch.get_default_dtype())
