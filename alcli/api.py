@@ -200,30 +200,11 @@ class Inspection:
     reason: str = ""
 
 
-def _rule_names(model: nn.Module) -> dict[str, str]:
-    """Module name -> the engine rule serving it under method ghost ("via PARENT" for children a
-    parent's rule covers); empty when the engine exposes no rule lookup."""
-    try:
-        from .gradnorm.rules import rule_for
-    except ImportError:
-        return {}
-    names: dict[str, str] = {}
-    for name, module in model.named_modules():
-        if name in names:
-            continue
-        entry = rule_for(module)
-        names[name] = entry.name
-        for child in entry.claims_children:
-            names[f"{name}.{child}" if name else child] = f"via {name or '(root)'}"
-    return names
-
-
 def inspect_model(settings: Settings, *, model: nn.Module | None = None, pool=None,
                   stdin=None) -> Inspection:
     """Modules, parameter counts, selection and rules; and, given a pool, the method `auto` picks
     (found by running the engine on the pool's first two examples)."""
-    from .gradnorm import auto_choice, grad_norms_per_target
-    from .gradnorm.params import select_params
+    from .gradnorm import auto_choice, grad_norms_per_target, rule_names, select_params
     net = model_for(settings, model).eval()
     check_layers(net, settings.layers)
     chosen = {id(p) for p in select_params(net, settings.layers).params}
@@ -231,7 +212,7 @@ def inspect_model(settings: Settings, *, model: nn.Module | None = None, pool=No
                       total_params=sum(p.numel() for p in net.parameters()),
                       selected_params=sum(p.numel() for p in net.parameters() if id(p) in chosen),
                       channels=model_channels(net))
-    rules = _rule_names(net)
+    rules = rule_names(net)
     for name, module in net.named_modules():
         own = list(module.parameters(recurse=False))
         if own:

@@ -55,7 +55,7 @@ def check_layers(model: nn.Module, layers: list[str] | None) -> None:
     """Fail before any work when a --layers pattern selects nothing."""
     if layers is None:
         return
-    from .gradnorm.params import select_params
+    from .gradnorm import select_params
     try:
         select_params(model, layers)
     except ValueError as err:

@@ -51,3 +51,17 @@ def describe(model, selection: Selection) -> list[tuple[str, str, str, int]]:
     plan = make_plan(model, selection)
     return [(name, type(plan.modules[name]).__name__, plan.rules[name].name,
              sum(p.numel() for p in plan.paths[name].values())) for name in plan.modules]
+
+
+def rule_names(model) -> dict[str, str]:
+    """Module name -> the rule serving it under ghost ("via PARENT" for children whose parameters
+    a parent's rule covers), for every module of the model (`alcli inspect`)."""
+    names: dict[str, str] = {}
+    for name, module in model.named_modules():
+        if name in names:
+            continue
+        entry = rule_for(module)
+        names[name] = entry.name
+        for child in entry.claims_children:
+            names[f"{name}.{child}" if name else child] = f"via {name or '(root)'}"
+    return names
