@@ -9,10 +9,15 @@ import sys
 from typing import Annotated, List, Optional
 
 import typer
+from rich.console import Console
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn,
+                           TimeElapsedColumn, TimeRemainingColumn)
+from rich.table import Table
+from rich.text import Text
 
-
-from .config import DEFAULT_CONFIG, Settings, load_settings
 from .errors import AlcliError
+from .files.config import DEFAULT_CONFIG, Settings, load_settings
+from .files.table import columns_of, format_value
 
 app = typer.Typer(
     name="alcli", add_completion=False, pretty_exceptions_enable=False,
@@ -168,7 +173,6 @@ def _settings(config: str | None, flags: dict) -> Settings:
 
 
 def _stderr_console():
-    from rich.console import Console
     return Console(stderr=True, highlight=False, soft_wrap=True)
 
 
@@ -178,10 +182,6 @@ def _progress(enabled: bool):
     if not enabled:
         yield None, None
         return
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, ProgressColumn,
-                               TextColumn, TimeElapsedColumn, TimeRemainingColumn)
-    from rich.text import Text
-
     class Speed(ProgressColumn):
         def render(self, task):
             return Text(f"{task.speed:,.0f} ex/s" if task.speed else "")
@@ -193,11 +193,8 @@ def _progress(enabled: bool):
         yield (lambda n: bar.update(task, total=n)), (lambda k: bar.advance(task, k))
 
 
-def _summary(result, settings: Settings, examples: str | None = None) -> None:
+def _summary(top: list[dict], s, examples: str | None = None) -> None:
     """A short table on stderr: count, time, speed, device, method, and the top 5 rows."""
-    from rich.table import Table
-    from .table import columns_of, format_value
-    s = result.stats
     console = _stderr_console()
     method = f"{s.method} ({_reason(s.method, s.method_reason)})" if s.method else "no gradients needed"
     facts = Table.grid(padding=(0, 2))
@@ -206,14 +203,14 @@ def _summary(result, settings: Settings, examples: str | None = None) -> None:
                        ("strategy", s.strategy), ("method", method)):
         facts.add_row(key, value)
     console.print(facts)
-    columns = [c for c in columns_of(result.rows[:5]) if c in ("rank", "id", "score", "pred",
-                                                               "confidence", "label")]
-    top = Table(title="top 5", title_justify="left")
+    columns = [c for c in columns_of(top[:5]) if c in ("rank", "id", "score", "pred",
+                                                       "confidence", "label")]
+    table = Table(title="top 5", title_justify="left")
     for c in columns:
-        top.add_column(c, overflow="fold")
-    for row in result.rows[:5]:
-        top.add_row(*[_short(format_value(row.get(c))) for c in columns])
-    console.print(top)
+        table.add_column(c, overflow="fold")
+    for row in top[:5]:
+        table.add_row(*[_short(format_value(row.get(c))) for c in columns])
+    console.print(table)
     for note in s.notes:
         console.print(f"note: {note}", markup=False)
 
@@ -228,14 +225,6 @@ def _short(text: str) -> str:
         return f"{float(text):.4g}" if "." in text or "e" in text else text
     except ValueError:
         return text
-
-
-def _score(settings: Settings):
-    from . import api
-    with _progress(sys.stderr.isatty() and not settings.quiet) as (on_start, on_batch):
-        result = api.run_score(settings, on_start=on_start, on_batch=on_batch)
-    _warn(len(result.stats.errors), result.stats.nans, None, result.stats.errors)
-    return result
 
 
 def _say(message: str) -> None:
@@ -256,10 +245,11 @@ def _warn(skipped: int, nans: int, errors_file: str | None, errors=()) -> None:
              f"non-finite loss or gradient norm), ranked last")
 
 
-def _rank0() -> bool:
-    """False on the torchrun processes other than rank 0, which print nothing."""
-    import os
-    return os.environ.get("RANK", "0") == "0" or os.environ.get("WORLD_SIZE", "1") == "1"
+def _api():
+    """alcli.api, imported when a command runs: it imports torch (about 2 s), which --help and
+    usage errors need not wait for."""
+    from . import api
+    return api
 
 
 @app.command(epilog=SCORE_EPILOG)
@@ -283,40 +273,33 @@ def score(
     the table. Under torchrun each process scores its shard and rank 0 writes the one table.
     """
     flags = dict(locals())
+    rank0 = True
     try:
+        api = _api()
+        rank0 = api.is_rank0()
         settings = _settings(flags.pop("config"), flags)
-        from . import api
-        from .labeling import embeddings_destination, save_embeddings
         dest = settings.output or ("scores.csv" if sys.stdout.isatty() else "-")
-        emb_file = embeddings_destination(settings, dest)  # checked before the work
-        recorder = None
-        if emb_file:
-            from .embeddings import EmbeddingRecorder
-            recorder = EmbeddingRecorder()
-        with _progress(sys.stderr.isatty() and not settings.quiet and _rank0()) as (on_start, on_batch):
-            result = api.score_to_table(settings, dest, on_start=on_start, on_batch=on_batch,
-                                        say=_say if _rank0() else None, embeddings=recorder)
+        with _progress(sys.stderr.isatty() and not settings.quiet and rank0) as (on_start, on_batch):
+            result, emb_file = api.score_to_table(settings, dest, on_start=on_start,
+                                                  on_batch=on_batch, say=_say if rank0 else None)
         if result is None:  # a torchrun rank other than 0: rank 0 wrote the table
             return
-        if emb_file:
-            save_embeddings(recorder.result(), emb_file)
     except AlcliError as err:
-        if not _rank0():
+        if not rank0:
             raise typer.Exit(1) from None
         raise _fail(str(err)) from None
     except KeyboardInterrupt as err:  # SIGINT/SIGTERM: the finished rows are saved
         code = getattr(err, "exit_code", 130)
-        if _rank0() and str(err):
+        if rank0 and str(err):
             _say(str(err))
         raise typer.Exit(code) from None
     done = result.finished
     errors_file = next((f for f in result.files if f.endswith(".errors.csv")), None)
     _warn(len(done.errors), done.nans, errors_file, done.errors)
     if not settings.quiet:
-        from .api import ScoreRun
         examples = f"{done.count}" + (f" ({result.resumed} from the partial file)"
                                       if result.resumed else "")
-        _summary(ScoreRun(done.top, result.stats, result.pool), settings, examples=examples)
+        _summary(done.top, result.stats, examples=examples)
         if dest != "-":
             _stderr_console().print(f"wrote {done.count} rows to {dest}", markup=False)
         if emb_file:
@@ -336,7 +319,7 @@ def merge(
     The table goes to --output, or to stdout when that is not a terminal (else to scores.csv).
     """
     try:
-        from . import api
+        api = _api()
         fmt = format or "csv"
         if fmt not in ("csv", "jsonl", "paths"):
             raise _fail(f"--format {fmt}: merge writes csv, jsonl or paths")
@@ -365,7 +348,7 @@ def select(
     batch_size: BatchSize = None, device: Device = None, workers: Workers = None,
     seed: Seed = None, output: Output = None, format: Format = None, quiet: Quiet = False,
     diverse: Diverse = False, diverse_candidates: DiverseCandidates = None,
-    embeddings: ReadEmbeddings = None, per_class: PerClass = None, exclude: Exclude = None,
+    embeddings_file: ReadEmbeddings = None, per_class: PerClass = None, exclude: Exclude = None,
     image_root: ImageRoot = None, contact_sheet: ContactSheet = None, image_dir: ImageDir = None,
 ):
     """Write the BUDGET best examples of a ranked table: the batch to label.
@@ -380,14 +363,13 @@ def select(
         settings = _settings(config_path, flags)
         if settings.budget is None:
             raise _fail("no budget given; pass -n/--budget N (or set budget: in the config)")
-        from . import api
-        from .labeling import write_batch
+        api = _api()
         source = scores or settings.scores
         score_first = source is None and (pool or model or sys.stdin.isatty())
         with _progress(bool(score_first) and sys.stderr.isatty() and not settings.quiet) as bar:
             picked = api.run_select(settings, scores=None if score_first else (source or "-"),
                                     on_start=bar[0], on_batch=bar[1])
-        write_batch(picked.rows, settings.output or "-", settings)
+        api.write_batch(picked.rows, settings.output or "-", settings)
     except AlcliError as err:
         raise _fail(str(err)) from None
     if settings.quiet:
@@ -415,12 +397,9 @@ def inspect(
     flags = dict(locals())
     try:
         settings = _settings(flags.pop("config"), flags)
-        from . import api
-        info = api.inspect_model(settings)
+        info = _api().inspect_model(settings)
     except AlcliError as err:
         raise _fail(str(err)) from None
-    from rich.console import Console
-    from rich.table import Table
     table = Table(title=f"{info.model}: {info.total_params:,} parameters, "
                         f"{info.selected_params:,} selected", title_justify="left")
     for c in ("module", "type", "params", "selected", "rule"):

@@ -23,3 +23,10 @@ class TableError(AlcliError):
 
 class RunError(AlcliError):
     """The model cannot be run on the pool (wrong input shape, labels out of range, ...)."""
+
+
+def first_line(err: BaseException) -> str:
+    """The first line of an exception's message (its OS reason where it has one), for quoting
+    inside one sentence; the exception's type name when the message is empty."""
+    text = (getattr(err, "strerror", None) or str(err)).strip().splitlines()
+    return text[0][:200] if text else type(err).__name__

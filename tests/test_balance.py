@@ -4,8 +4,9 @@ from fractions import Fraction
 
 import pytest
 
-from alcli.balance import (ExclusionsError, apply_exclusions, per_class_quota, read_exclusions,
-                           select_per_class)
+from alcli.selection.balance import per_class_quota
+from alcli.selection.choose import choose
+from alcli.selection.exclusions import ExclusionsError, read_exclusions
 
 
 def test_proportional_quotas_exact():
@@ -57,17 +58,15 @@ def _pool():
     return rows
 
 
-def test_select_per_class_exact():
+def test_choose_per_class_exact():
     rows = _pool()  # counts: cat 7, dog 3, eel 1
-    got = select_per_class(rows, 5, "proportional")   # ideal 3.18, 1.36, 0.45 -> 3, 1, 1
+    got = choose(rows, 5, per_class="proportional")   # ideal 3.18, 1.36, 0.45 -> 3, 1, 1
     assert [r["id"] for r in got] == ["cat0", "cat9", "dog0", "eel0", "cat1"]
-    got = select_per_class(rows, 6, "equal")           # 2,2,2 -> eel has 1 -> 5 over cat,dog: 3,2
+    got = choose(rows, 6, per_class="equal")           # 2,2,2 -> eel has 1 -> 5 over cat,dog: 3,2
     assert [r["id"] for r in got] == ["cat0", "cat9", "dog0", "eel0", "cat1", "dog1"]
-    assert select_per_class(list(reversed(rows)), 6, "equal") == got  # independent of row order
-    with pytest.raises(ValueError, match="row 2 .*'pred'"):
-        select_per_class([{"id": "a", "score": 1, "pred": 0}, {"id": "b", "score": 1}], 1)
-    with pytest.raises(ValueError, match="id 'b'.*not a number"):
-        select_per_class([{"id": "a", "score": 1, "pred": 0}, {"id": "b", "score": "x", "pred": 0}], 1)
+    assert choose(list(reversed(rows)), 6, per_class="equal") == got  # independent of row order
+    with pytest.raises(ValueError, match="row 'b' has no 'pred'"):
+        choose([{"id": "a", "score": 1, "pred": 0}, {"id": "b", "score": 1}], 1, per_class="equal")
 
 
 def test_read_exclusions_all_formats(tmp_path):
@@ -106,10 +105,8 @@ def test_read_exclusions_unreadable(tmp_path):
     assert issubclass(ExclusionsError, ValueError)
 
 
-def test_apply_exclusions_then_per_class():
-    rows = _pool()
-    kept = apply_exclusions(rows, {"cat0", "cat9", "eel0", "not-in-pool"})
-    assert [r["id"] for r in kept] == [f"cat{j}" for j in range(1, 6)] + ["dog0", "dog1", "dog2"]
-    got = select_per_class(kept, 4, "equal")  # cat 5, dog 3 -> 2, 2
+def test_exclusions_then_per_class():
+    excluded = {"cat0", "cat9", "eel0", "not-in-pool"}
+    kept = [r for r in _pool() if r["id"] not in excluded]
+    got = choose(kept, 4, per_class="equal")  # cat 5, dog 3 -> 2, 2
     assert [r["id"] for r in got] == ["dog0", "cat1", "dog1", "cat2"]
-    assert apply_exclusions([{"id": 7}], {"7"}) == []

@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch import nn
 
-from alcli.checkpoint import build_arch, load_model
+from alcli.files.checkpoint import build_arch, load_model
 from alcli.errors import CheckpointError
 
 ARCH = "tinynet:TinyNet"

@@ -1,7 +1,7 @@
 """Settings: defaults < YAML < flags; unknown keys and wrong types name the key."""
 import pytest
 
-from alcli.config import KEYS, Settings, Transform, load_settings
+from alcli.files.config import KEYS, Settings, Transform, load_settings
 from alcli.errors import ConfigError
 
 

@@ -4,8 +4,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from alcli.diverse import (EmbeddingsError, badge_factors, embeddings_path, kmeanspp_dense,
-                           kmeanspp_factored, load_embeddings, save_embeddings, select_diverse)
+from alcli.files.embeddings import EmbeddingsError, embeddings_path, load_embeddings, save_embeddings
+from alcli.selection.diverse import badge_factors, kmeanspp_dense, kmeanspp_factored, select_diverse
 
 
 def _random_factors(n, c, d, seed):

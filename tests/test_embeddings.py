@@ -3,11 +3,11 @@ import pytest
 import torch
 from torch import nn
 
-from alcli.config import Settings
-from alcli.embeddings import EmbeddingRecorder, find_head, record
+from alcli.files.config import Settings
+from alcli.score.embeddings import EmbeddingRecorder, find_head, record
 from alcli.errors import RunError
-from alcli.pool import tensor_pool
-from alcli.runner import forward, run
+from alcli.files.pool import tensor_pool
+from alcli.score.runner import forward, run
 
 
 class TwoHeads(nn.Module):
@@ -72,7 +72,7 @@ def test_gradient_strategies_do_not_add_records():
     for strategy in ("egl", "entropy"):
         recs[strategy] = EmbeddingRecorder()
         run(net, pool, Settings(strategy=strategy, batch_size=4), torch.device("cpu"),
-            embeddings=recs[strategy])
+            lambda rows, errors: None, embeddings=recs[strategy])
     egl, ent = recs["egl"].result(), recs["entropy"].result()
     assert egl.ids == ent.ids == [str(i) for i in range(10)]
     torch.testing.assert_close(egl.a, ent.a)

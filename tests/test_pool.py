@@ -7,9 +7,9 @@ import pytest
 import torch
 from PIL import Image
 
-from alcli.config import Transform
+from alcli.files.config import Transform
 from alcli.errors import ConfigError, PoolError
-from alcli.pool import PoolOptions, collate, image_transform, open_pool, tensor_pool
+from alcli.files.pool import PoolOptions, collate, image_transform, open_pool, tensor_pool
 
 NORM = Transform(normalize={"mean": [0.5, 0.5, 0.5], "std": [0.25, 0.25, 0.25]})
 

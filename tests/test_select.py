@@ -6,7 +6,8 @@ from typer.testing import CliRunner
 
 import alcli
 from alcli.cli import app
-from alcli.selection import order_key, rank, top_k
+from alcli.selection.choose import choose
+from alcli.selection.rank import order_key, rank
 from conftest import parse_csv
 
 runner = CliRunner()
@@ -23,10 +24,10 @@ def test_rank_orders_by_score_then_id_nan_last():
 
 
 def test_top_k():
-    assert [r["id"] for r in top_k(ROWS, 2)] == ["b", "a"]
-    assert len(top_k(ROWS, 50)) == 5
+    assert [r["id"] for r in choose(ROWS, 2)] == ["b", "a"]
+    assert len(choose(ROWS, 50)) == 5
     with pytest.raises(ValueError):
-        top_k(ROWS, 0)
+        choose(ROWS, 0)
 
 
 def test_select_command_breaks_ties_by_id_and_keeps_columns(tmp_path):

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 import alcli
 from alcli.cli import app
-from alcli.export import PAD, sheet_layout
+from alcli.selection.export import PAD, sheet_layout
 from cli_errors import assert_one_error
 from conftest import MEAN, STD, parse_csv
 from test_export import assert_labelstudio_import

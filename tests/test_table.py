@@ -7,7 +7,7 @@ import os
 import pytest
 
 from alcli.errors import TableError
-from alcli.table import columns_of, read_table, render, write_table
+from alcli.files.table import columns_of, read_table, render, write_table
 
 ROWS = [
     {"rank": 1, "id": "a,b.png", "score": 0.1 + 0.2, "pred": 2, "confidence": 1 / 3, "loss": 1e-17,

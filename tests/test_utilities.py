@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from alcli.utilities import STRATEGIES, StrategyInputs, seeded_uniform
+from alcli.score.strategies import STRATEGIES, StrategyInputs, seeded_uniform
 
 
 def mlp(dtype=torch.float64):

@@ -3,10 +3,10 @@
     ranked rows -> drop --exclude ids -> choose (top-k | --per-class | --diverse | both)
                 -> write (csv | jsonl | paths | labelstudio) [+ --contact-sheet PNG]
 
-The algorithms live in alcli.selection (choose), alcli.balance (quotas, exclusion files),
-alcli.diverse (BADGE) and alcli.export (Label Studio, contact sheet); this module checks the options,
-finds the files they need (embeddings beside the table, images under the pool) and turns their
-errors into one sentence naming the option or file.
+The algorithms live beside this file: choose.py (top-k, quotas from balance.py, BADGE from
+diverse.py), exclusions.py and export.py (Label Studio, contact sheet). This module checks the
+options, finds the files they need (embeddings beside the table, images under the pool) and turns
+their errors into one sentence naming the option or file.
 """
 from __future__ import annotations
 
@@ -14,13 +14,21 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .config import Settings
-from .errors import ConfigError, TableError
-from .selection import choose, is_scored, rank
+import torch
+
+from ..errors import ConfigError, TableError
+from ..files.config import Settings
+from ..files.embeddings import EmbeddingsError, embeddings_path, load_embeddings
+from ..files.pool import PoolOptions, open_pool
+from ..files.table import write_table
+from .choose import choose
+from .exclusions import ExclusionsError, read_exclusions
+from .export import contact_sheet, model_version_from, to_labelstudio, write_json
+from .rank import is_scored, rank
 
 
 @dataclass
-class Plan:
+class SelectPlan:
     """What `prepare` checked before any scoring: the excluded ids and the embeddings file."""
 
     excluded: set[str] = field(default_factory=set)
@@ -28,52 +36,27 @@ class Plan:
 
 
 @dataclass
-class Selection:
+class Picked:
     rows: list[dict]       # the batch, best score first; `rank` = place in the whole ranking
     available: int         # how many rows it was chosen from (after exclusions)
     notes: list[str] = field(default_factory=list)  # warnings for people
 
 
-# --- score --embeddings -------------------------------------------------------------------------
-
-def embeddings_destination(settings: Settings, table_dest: str | None) -> str | None:
-    """Where `score` writes embeddings: None (not asked), the configured file, or beside the table."""
-    from .diverse import embeddings_path
-    if not settings.embeddings:
-        return None
-    if isinstance(settings.embeddings, str):
-        return settings.embeddings
-    if table_dest in (None, "-"):
-        raise ConfigError(f"{settings.where('embeddings')} writes the embeddings beside the table, "
-                          f"so the table must go to a file: pass -o/--output FILE")
-    return embeddings_path(str(table_dest))
-
-
-def save_embeddings(embeddings, path: str) -> None:
-    from .diverse import save_embeddings as save
-    try:
-        save(path, embeddings.ids, embeddings.a, embeddings.b)
-    except OSError as err:
-        raise TableError(f"cannot write embeddings file {path} ({err.strerror or err})") from None
-
-
 # --- select ---------------------------------------------------------------------------------------
 
-def prepare(settings: Settings, source: str | None, score_first: bool) -> Plan:
+def prepare(settings: Settings, source: str | None, score_first: bool) -> SelectPlan:
     """Check the selection options and read the exclusion files, before any scoring.
 
     `source` is the table file ('-' = stdin, None = rows in memory or scored in this process)."""
-    from .balance import ExclusionsError, read_exclusions
-    from .diverse import embeddings_path
-    plan = Plan()
+    plan = SelectPlan()
     if settings.exclude:
         try:
             plan.excluded = read_exclusions(settings.exclude)
         except ExclusionsError as err:
             raise ConfigError(f"{settings.where('exclude')}: {_sentence(err)}") from None
     if settings.diverse and not score_first:
-        if isinstance(settings.embeddings, str):
-            path = settings.embeddings
+        if settings.embeddings_file:
+            path = settings.embeddings_file
         elif source not in (None, "-"):
             path = embeddings_path(str(source))
         else:
@@ -98,11 +81,11 @@ def prepare(settings: Settings, source: str | None, score_first: bool) -> Plan:
     return plan
 
 
-def pick(settings: Settings, rows: list[dict], plan: Plan, *, embeddings=None,
-         pool=None) -> Selection:
+def pick(settings: Settings, rows: list[dict], plan: SelectPlan, *, embeddings=None,
+         pool=None) -> Picked:
     """The batch: `rows` ranked, exclusions dropped, then chosen; the contact sheet drawn.
 
-    `embeddings` (alcli.embeddings.Embeddings) are those captured in this process; otherwise
+    `embeddings` (alcli.score.embeddings.Embeddings) are those captured in this process; otherwise
     --diverse reads `plan.embeddings_file`. `pool` is the pool scored in this process, if any."""
     ranked = rank(rows)
     kept = [r for r in ranked if str(r["id"]) not in plan.excluded]
@@ -127,17 +110,15 @@ def pick(settings: Settings, rows: list[dict], plan: Plan, *, embeddings=None,
                         seed=settings.seed, candidates=settings.diverse_candidates)
     except ValueError as err:
         raise ConfigError(_sentence(err)) from None
-    selection = Selection(chosen, len(eligible), notes)
+    picked = Picked(chosen, len(eligible), notes)
     if settings.contact_sheet:
         paths = image_files(chosen, settings, pool)
-        selection.notes.extend(draw_sheet(chosen, paths, settings))
-    return selection
+        picked.notes.extend(draw_sheet(chosen, paths, settings))
+    return picked
 
 
-def _factors(settings: Settings, rows: list[dict], plan: Plan, embeddings):
+def _factors(settings: Settings, rows: list[dict], plan: SelectPlan, embeddings):
     """(a, b) aligned with `rows`: from this process's capture, or from the embeddings file."""
-    import torch
-    from .diverse import EmbeddingsError, load_embeddings
     ids = [str(r["id"]) for r in rows]
     if embeddings is not None:
         index = {i: n for n, i in enumerate(embeddings.ids)}
@@ -159,10 +140,8 @@ def _sentence(err: Exception) -> str:
 def write_batch(rows: list[dict], dest: str | None, settings: Settings) -> None:
     """The batch to `dest` ('-' or None = stdout) as csv, jsonl, paths or Label Studio tasks."""
     if settings.format != "labelstudio":
-        from .table import write_table
         write_table(rows, dest, settings.format)
         return
-    from .export import model_version_from, to_labelstudio, write_json
     version = model_version_from(settings.model) if settings.model else "unknown"
     try:
         write_json(to_labelstudio(rows, settings.image_root, version), dest or "-")
@@ -209,7 +188,6 @@ def _pool_files(settings: Settings):
     if path.is_dir():
         return lambda i: str(path / i)
     if path.suffix.lower() in (".csv", ".jsonl") and path.is_file():
-        from .pool import PoolOptions, open_pool
         pool = open_pool(spec, PoolOptions())
         by_id = dict(zip(pool.ids, (str(p) for p in pool.paths)))
         return by_id.get
@@ -218,7 +196,6 @@ def _pool_files(settings: Settings):
 
 def draw_sheet(rows: list[dict], paths: list[str], settings: Settings) -> list[str]:
     """Draw the contact sheet; warnings for images that could not be read."""
-    from .export import contact_sheet
     where = settings.where("contact_sheet")
     if not any(os.path.isfile(p) for p in paths):
         raise ConfigError(f"{where}: none of the {len(paths)} selected images was found (the "

@@ -1,38 +1,11 @@
-"""From scores to a labeling batch. Rows are dicts with at least `id` and `score`.
-
-The order is the same everywhere: score descending, ties by id, NaN scores last. Later selectors
-(per-class, exclusions, diverse) take ranked rows and a budget and return the chosen rows.
-"""
+"""Choosing the labeling batch from ranked rows: top-k, per-class quotas, diverse (BADGE), or both."""
 from __future__ import annotations
 
-import math
+import torch
 
-
-def order_key(row: dict) -> tuple:
-    """Sort key: best score first, NaN last, ties broken by id."""
-    score = row["score"]
-    nan = score is None or (isinstance(score, float) and math.isnan(score))
-    return (nan, 0.0 if nan else -score, row["id"])
-
-
-def rank(rows: list[dict]) -> list[dict]:
-    """`rows` in ranked order, each with `rank` set (1 = best) as its first key."""
-    return [{"rank": i, **{k: v for k, v in row.items() if k != "rank"}}
-            for i, row in enumerate(sorted(rows, key=order_key), 1)]
-
-
-def top_k(rows: list[dict], budget: int) -> list[dict]:
-    """The `budget` best rows (all of them when the pool is smaller), ranked."""
-    if budget < 1:
-        raise ValueError("budget must be at least 1")
-    return rank(rows)[:budget]
-
-
-def is_scored(row: dict) -> bool:
-    """Whether the row's score is a finite number (NaN / missing rows cannot take part in
-    per-class or diverse selection)."""
-    score = row["score"]
-    return isinstance(score, (int, float)) and math.isfinite(score)
+from .balance import per_class_quota
+from .diverse import select_diverse
+from .rank import order_key
 
 
 def choose(rows: list[dict], budget: int, *, per_class: str | None = None, factors=None,
@@ -55,7 +28,6 @@ def choose(rows: list[dict], budget: int, *, per_class: str | None = None, facto
     groups: dict = {None: list(range(len(rows)))}
     quota = {None: min(budget, len(rows))}
     if per_class is not None:
-        from .balance import per_class_quota
         groups = {}
         for i, row in enumerate(rows):
             if row.get("pred") is None:
@@ -71,8 +43,6 @@ def choose(rows: list[dict], budget: int, *, per_class: str | None = None, facto
         if factors is None:
             chosen.extend(sorted((rows[i] for i in members), key=order_key)[:quota[c]])
             continue
-        from .diverse import select_diverse
-        import torch
         take = torch.tensor(members, dtype=torch.long)
         ids = [str(rows[i]["id"]) for i in members]
         m = None if candidates is None else min(candidates, len(members))

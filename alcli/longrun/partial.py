@@ -1,42 +1,26 @@
-"""The files of a scoring run that writes OUTPUT, and how finished work survives a crash.
+"""OUTPUT.partial: how finished work survives a crash (the final files are in finish.py).
 
-While it runs:  OUTPUT.partial   a header line, then one JSON object per line: a scored example
-                                 (`{"id": ..., "score": ..., ...}`) or an unreadable one
-                                 (`{"id": ..., "error": ...}`), appended batch by batch.
-When it ends:   OUTPUT           the ranked table (written to a temporary file, then renamed)
-                OUTPUT.errors.csv  `id,error` of the skipped examples (only when there are some)
-                OUTPUT.meta.json   what the table holds: counts, shard, pool fingerprint, settings
-and the partial file is removed. `--resume` reads the partial file back and skips its ids.
+While a run writes OUTPUT, OUTPUT.partial holds a header line, then one JSON object per line: a
+scored example (`{"id": ..., "score": ..., ...}`) or an unreadable one (`{"id": ..., "error": ...}`),
+appended batch by batch. `--resume` reads it back and skips its ids; when the table is written
+it is removed.
 
 Rows wait in memory for at most `checkpoint_every` examples, then go to the file in one write and
-an fsync; the buffer is written out too when the run stops on SIGINT/SIGTERM or an error. The
-final table is ranked from the partial file without holding the rows: only (score, id, offset)
-per example is kept in memory, and each row is read back from its offset when it is written.
+an fsync; the buffer is written out too when the run stops on SIGINT/SIGTERM or an error.
 """
 from __future__ import annotations
 
 import contextlib
-import csv
 import json
-import math
 import os
 import signal
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from .errors import ConfigError, RunError
-from .selection import order_key
-from .table import BASE_COLUMNS, atomic_file, write_rows
+from ..errors import ConfigError, RunError
 
 FORMAT = "alcli-partial"
 VERSION = 1
-
-
-def sidecar(output: str | Path, suffix: str) -> Path:
-    """OUTPUT.partial, OUTPUT.errors.csv, OUTPUT.meta.json, ... beside the table."""
-    output = Path(output)
-    return output.with_name(f"{output.name}.{suffix}")
 
 
 # --- writing ------------------------------------------------------------------------------------
@@ -164,7 +148,7 @@ def _scan(path: Path) -> tuple[dict, set[str], int]:
         for n, line in enumerate(f, 2):
             if not line.endswith(b"\n"):
                 break  # cut short by the crash: dropped, that example is scored again
-            done.add(_record(path, n, line)["id"])
+            done.add(read_record(path, n, line)["id"])
             end += len(line)
     return header, done, end
 
@@ -182,7 +166,7 @@ def _header(path: Path, line: bytes) -> dict:
     return header
 
 
-def _record(path: Path, n: int, line: bytes) -> dict:
+def read_record(path: Path, n: int, line: bytes) -> dict:
     try:
         record = json.loads(line)
     except ValueError:
@@ -202,108 +186,3 @@ def _check_same_run(path: Path, before: dict, now: dict) -> None:
 
 def _show(value) -> str:
     return "(none)" if value is None else json.dumps(value)
-
-
-# --- the final files ----------------------------------------------------------------------------
-
-@dataclass
-class Finished:
-    count: int = 0                      # rows in the table
-    nans: int = 0                       # of which score NaN (ranked last)
-    errors: list[tuple[str, str]] = field(default_factory=list)  # skipped examples
-    top: list[dict] = field(default_factory=list)  # the best rows, ranked (for the summary)
-
-
-def finish(sources: list[Path], dest, fmt: str, *, top: int = 5) -> Finished:
-    """Rank the rows of the partial files `sources` into the table `dest` (a path, '-' or None
-    for stdout), streaming: rows are read back one by one in rank order."""
-    keys = []          # (order key, source index, offset)
-    errors: dict[str, str] = {}
-    seen: set[str] = set()
-    columns: dict[str, None] = {}
-    nans = 0
-    for s, path in enumerate(sources):
-        with open(path, "rb") as f:
-            offset = len(f.readline())
-            for n, line in enumerate(f, 2):
-                if not line.endswith(b"\n"):
-                    break
-                record = _record(path, n, line)
-                id_ = record["id"]
-                if id_ not in seen:
-                    seen.add(id_)
-                    if "score" in record:
-                        for key in record:
-                            columns.setdefault(key, None)
-                        score = record["score"]
-                        nan = score is None or (isinstance(score, float) and math.isnan(score))
-                        nans += nan
-                        keys.append((order_key({"id": id_, "score": float("nan") if nan else score}),
-                                     s, offset))
-                    else:
-                        errors[id_] = str(record.get("error", ""))
-                offset += len(line)
-    keys.sort()
-    cols = ["rank"] + [c for c in BASE_COLUMNS if c in columns and c != "rank"] + \
-        [c for c in columns if c not in BASE_COLUMNS]
-    out = Finished(count=len(keys), nans=nans, errors=sorted(errors.items()))
-
-    def ranked() -> Iterator[dict]:
-        handles = [open(p, "rb") for p in sources]
-        try:
-            for rank, (_, s, offset) in enumerate(keys, 1):
-                f = handles[s]
-                f.seek(offset)
-                record = json.loads(f.readline())
-                row = {"rank": rank, **record}
-                if row.get("score") is None:
-                    row["score"] = float("nan")
-                if rank <= top:
-                    out.top.append(row)
-                yield row
-        finally:
-            for f in handles:
-                f.close()
-
-    if keys:
-        write_rows(ranked(), cols, dest, fmt)
-    elif dest not in (None, "-"):
-        with atomic_file(dest):  # no rows: an empty file (its meta says 0 rows)
-            pass
-    return out
-
-
-def write_errors(path: Path, errors: list[tuple[str, str]]) -> None:
-    """OUTPUT.errors.csv (`id,error`), or no file (an old one removed) when nothing was skipped."""
-    if not errors:
-        path.unlink(missing_ok=True)
-        return
-    with atomic_file(path, "errors file") as f:
-        writer = csv.writer(f, lineterminator="\n")
-        writer.writerow(["id", "error"])
-        writer.writerows(errors)
-
-
-def read_errors(path: Path) -> list[tuple[str, str]]:
-    if not path.exists():
-        return []
-    with open(path, newline="") as f:
-        return [(row["id"], row["error"]) for row in csv.DictReader(f)]
-
-
-def write_meta(path: Path, meta: dict) -> None:
-    with atomic_file(path, "metadata file") as f:
-        json.dump(meta, f, indent=2, sort_keys=True)
-        f.write("\n")
-
-
-def read_meta(path: Path) -> dict | None:
-    try:
-        meta = json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as err:
-        raise RunError(f"{path} cannot be read ({err})") from None
-    if not isinstance(meta, dict):
-        raise RunError(f"{path} is not an alcli metadata file")
-    return meta

@@ -1,4 +1,4 @@
-"""Hand-offs for a selected batch: Label Studio tasks, JSON Lines, and a contact sheet PNG.
+"""Hand-offs for a selected batch: Label Studio tasks and a contact sheet PNG.
 
 Rows are dicts with at least `id` and `score` (and optionally `rank`, `pred`), in batch order.
 """
@@ -9,13 +9,13 @@ import math
 import os
 import re
 import sys
-from typing import Iterable, Mapping, Sequence
+from typing import Mapping, Sequence
 from urllib.parse import quote
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont, ImageOps
 
-from .atomic import atomic_open
+from ..files.atomic import atomic_open
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
@@ -99,12 +99,6 @@ def write_json(obj, path: str) -> None:
     """Write one JSON document (e.g. Label Studio tasks) atomically; `-` = stdout. NaN is an error."""
     _atomic_write_text(path, json.dumps(obj, indent=2, ensure_ascii=False, allow_nan=False,
                                         default=_plain) + "\n")
-
-
-def write_jsonl(rows: Iterable[Mapping], path: str) -> None:
-    """Write one JSON object per line, keys in row order, atomically; `-` = stdout."""
-    lines = [json.dumps(dict(r), ensure_ascii=False, allow_nan=False, default=_plain) for r in rows]
-    _atomic_write_text(path, "".join(line + "\n" for line in lines))
 
 
 # --- contact sheet --------------------------------------------------------------------------------

@@ -10,9 +10,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .config import Settings
-from .errors import ConfigError, PoolError, RunError
-from .pool import Pool, collate
+from ..files.config import Settings
+from ..errors import ConfigError, PoolError, RunError
+from ..files.pool import Pool, check_unique_ids, collate
 from .runner import forward, to_model
 
 PROBE_TRIES = 64  # readable examples looked for before the model's output size is left unknown
@@ -30,12 +30,7 @@ def check(model: nn.Module, pool: Pool, settings: Settings, device: torch.device
 def check_pool(pool: Pool) -> None:
     if len(pool) == 0:
         raise PoolError(f"pool {pool.name} holds no examples")
-    seen: dict[str, int] = {}
-    for i, id_ in enumerate(pool.ids):
-        if id_ in seen:
-            raise PoolError(f"pool {pool.name} has the id '{id_}' twice (entries {seen[id_] + 1} "
-                            f"and {i + 1})")
-        seen[id_] = i
+    check_unique_ids(pool.name, pool.ids)
 
 
 def model_classes(model: nn.Module, pool: Pool, device: torch.device) -> int | None:

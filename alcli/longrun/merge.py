@@ -12,10 +12,10 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import ConfigError, TableError
-from .partial import (Finished, finish, new_partial, read_errors, read_meta, sidecar, write_errors,
-                      write_meta)
-from .table import read_table
+from ..errors import ConfigError, TableError
+from .finish import Finished, finish, read_errors, read_meta, sidecar, write_sidecars
+from .partial import new_partial
+from ..files.table import read_table
 
 
 @dataclass
@@ -60,18 +60,9 @@ def merge_tables(parts: list[str], dest: str, fmt: str = "csv") -> MergeResult:
             raise TableError(f"the parts hold {len(owner)} examples but the pool "
                              f"{first['pool']} has {first['pool_size']}; a part is incomplete")
         finished = finish([combined], dest, fmt)
-    files = []
-    if dest != "-":
-        errors_path, meta_path = sidecar(dest, "errors.csv"), sidecar(dest, "meta.json")
-        write_errors(errors_path, finished.errors)
-        files += [str(errors_path)] if finished.errors else []
-        write_meta(meta_path, {**first, "table": Path(dest).name, "table_format": fmt,
-                               "rows": finished.count, "nan_scores": finished.nans,
-                               "skipped": len(finished.errors),
-                               "errors_file": errors_path.name if finished.errors else None,
-                               "shard": None, "shard_size": first["pool_size"],
-                               "merged_from": [str(p) for p in parts]})
-        files.append(str(meta_path))
+    files = [] if dest == "-" else write_sidecars(dest, finished, {
+        **first, "table_format": fmt, "shard": None, "shard_size": first["pool_size"],
+        "merged_from": [str(p) for p in parts]})
     return MergeResult(finished, len(parts), files)
 
 

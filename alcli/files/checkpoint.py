@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .errors import CheckpointError
+from ..errors import CheckpointError, first_line
 
 NESTING_KEYS = ("state_dict", "model_state_dict", "model", "module", "net", "weights")
 SHOW = 4  # how many offending keys an error lists
@@ -78,17 +78,16 @@ def _torch_load(path: Path, trust: bool):
                 f"the file; pass --trust-checkpoint if you trust where it came from") from None
         if not refused:
             raise CheckpointError(f"model file {path} is not a PyTorch checkpoint "
-                                  f"({_first_line(err)})") from None
+                                  f"({_described(err)})") from None
     _cwd_importable()  # the pickled model's classes, like --arch, import from the working directory
     try:
         return torch.load(path, map_location="cpu", weights_only=False)
     except Exception as err:  # noqa: BLE001 - e.g. the pickled class cannot be imported
-        raise CheckpointError(f"model file {path} could not be unpickled ({_first_line(err)})") from None
+        raise CheckpointError(f"model file {path} could not be unpickled ({_described(err)})") from None
 
 
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
+def _described(err: BaseException) -> str:
+    return f"{type(err).__name__}: {first_line(err)}" if str(err).strip() else type(err).__name__
 
 
 def _find_module(obj) -> nn.Module | None:
@@ -178,7 +177,7 @@ def build_arch(spec: str, kwargs: dict) -> nn.Module:
         model = factory(**kwargs)
     except Exception as err:  # noqa: BLE001 - user code can raise anything
         raise CheckpointError(f"arch '{spec}' could not be built with arch_kwargs {kwargs} "
-                              f"({_first_line(err)})") from None
+                              f"({_described(err)})") from None
     if not isinstance(model, nn.Module):
         raise CheckpointError(f"arch '{spec}' returned a {type(model).__name__}, not a torch.nn.Module")
     return model
@@ -196,7 +195,7 @@ def _import_callable(spec: str, module_name: str, attr: str):
         obj = importlib.import_module(module_name)
     except Exception as err:  # noqa: BLE001
         raise CheckpointError(f"arch '{spec}': cannot import module '{module_name}' "
-                              f"({_first_line(err)})") from None
+                              f"({_described(err)})") from None
     for part in attr.split("."):
         if not hasattr(obj, part):
             raise CheckpointError(f"arch '{spec}': module '{module_name}' has no attribute '{attr}'")

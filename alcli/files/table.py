@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import IO, Iterable, Iterator
 
 from .atomic import atomic_open
-from .errors import TableError
+from ..errors import TableError
 from .jsonl import json_objects
 
 BASE_COLUMNS = ("rank", "id", "score", "pred", "confidence", "label", "loss")

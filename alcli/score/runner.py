@@ -14,52 +14,12 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from .config import Settings
+from ..files.config import Settings
 from .embeddings import EmbeddingRecorder, record
-from .errors import ConfigError, PoolError, RunError
-from .gradnorm import UnsupportedModel, model_dtype
-from .pool import Batch, Pool, collate
-from .utilities import STRATEGIES, StrategyInputs, loss_at_targets
-
-
-def resolve_device(spec: str) -> torch.device:
-    """`auto` prefers CUDA, then MPS, then the CPU; an unavailable device is an error."""
-    mps = getattr(torch.backends, "mps", None)
-    mps_ok = bool(mps and mps.is_available())
-    if spec == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "mps" if mps_ok else "cpu")
-    device = torch.device(spec)
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ConfigError(f"--device {spec}: CUDA is not available on this machine")
-        if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ConfigError(f"--device {spec}: this machine has {torch.cuda.device_count()} CUDA devices")
-    if device.type == "mps" and not mps_ok:
-        raise ConfigError(f"--device {spec}: MPS is not available on this machine")
-    return device
-
-
-def model_channels(model: nn.Module) -> int | None:
-    """Input channels of the model's first convolution (what images are converted to), if any."""
-    conv_names = ("Conv1d", "Conv2d", "Conv3d")
-    for module in model.modules():
-        if (isinstance(module, nn.modules.conv._ConvNd)
-                or getattr(module, "original_name", None) in conv_names):  # TorchScript modules
-            channels = getattr(module, "in_channels", None)
-            if isinstance(channels, int):
-                return channels
-    return None
-
-
-def check_layers(model: nn.Module, layers: list[str] | None) -> None:
-    """Fail before any work when a --layers pattern selects nothing."""
-    if layers is None:
-        return
-    from .gradnorm import select_params
-    try:
-        select_params(model, layers)
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
+from ..errors import PoolError, RunError, first_line
+from ..gradnorm import UnsupportedModel, auto_choice, model_dtype
+from ..files.pool import Batch, Pool, collate
+from .strategies import STRATEGIES, StrategyInputs, loss_at_targets
 
 
 def make_loader(pool: Pool, batch_size: int, workers: int, device: torch.device,
@@ -90,9 +50,7 @@ def forward(model: nn.Module, inputs: torch.Tensor, pool_name: str) -> torch.Ten
     except torch.cuda.OutOfMemoryError:
         raise  # the micro-batcher splits the batch and retries
     except Exception as err:  # noqa: BLE001 - shape errors etc. from user models
-        text = str(err).strip().splitlines()
-        raise RunError(f"the model cannot run on examples of shape {list(inputs.shape[1:])} from "
-                       f"{pool_name} ({text[0] if text else type(err).__name__})") from None
+        raise _cannot_run(inputs, pool_name, err) from None
     return _checked_logits(out).detach()
 
 
@@ -124,9 +82,7 @@ def score_batch(model: nn.Module, batch: Batch, settings: Settings, device: torc
     except (torch.cuda.OutOfMemoryError, RunError):
         raise  # out of memory (the engine lets it through): the micro-batcher retries
     except Exception as err:  # noqa: BLE001 - shape errors etc. from user models, in the engine's forward
-        text = str(err).strip().splitlines()
-        raise RunError(f"the model cannot run on examples of shape {list(inputs.shape[1:])} from "
-                       f"{pool_name} ({text[0] if text else type(err).__name__})") from None
+        raise _cannot_run(inputs, pool_name, err) from None
     probs = s.probs
     conf, pred = probs.max(dim=1)
     loss = loss_at_targets(s)
@@ -147,6 +103,11 @@ def score_batch(model: nn.Module, batch: Batch, settings: Settings, device: torc
             row["label"] = None
         rows.append(row)
     return rows
+
+
+def _cannot_run(inputs: torch.Tensor, pool_name: str, err: Exception) -> RunError:
+    return RunError(f"the model cannot run on examples of shape {list(inputs.shape[1:])} from "
+                    f"{pool_name} ({first_line(err)})")
 
 
 def _checked_logits(out) -> torch.Tensor:
@@ -238,7 +199,6 @@ class RunStats:
     notes: list[str] = field(default_factory=list)  # e.g. probability mass left out by --top-classes
     nans: int = 0                    # rows whose score is NaN (a non-finite loss or norm)
     skipped: int = 0                 # unreadable examples, left out of the rows
-    errors: list[tuple[str, str]] = field(default_factory=list)  # (id, message), when not streamed
     micro_batch: int | None = None   # the micro-batch size that fit after a CUDA out-of-memory
 
     @property
@@ -246,21 +206,23 @@ class RunStats:
         return self.count / self.seconds if self.seconds > 0 else float("inf")
 
 
-def run(model: nn.Module, pool: Pool, settings: Settings, device: torch.device,
+Sink = Callable[[list[dict], list[tuple[str, str]]], None]  # (a batch's rows, its unreadable examples)
+
+
+def run(model: nn.Module, pool: Pool, settings: Settings, device: torch.device, sink: Sink,
         on_batch: Callable[[int], None] | None = None, *,
         embeddings: EmbeddingRecorder | None = None,
-        sink: Callable[[list[dict], list[tuple[str, str]]], None] | None = None,
         batches: Iterable[list[int]] | None = None,
-        say: Callable[[str], None] | None = None) -> tuple[list[dict], RunStats]:
-    """Score the whole pool -> (rows in pool order, stats). The model must already be on `device`.
+        say: Callable[[str], None] | None = None) -> RunStats:
+    """Score the whole pool, batch by batch in pool order, into `sink(rows, errors)`. The model
+    must already be on `device`.
 
-    With `embeddings`, each example's BADGE factors are recorded into it as well. With `sink`,
-    each batch's rows and unreadable examples go to `sink(rows, errors)` as they are done and
-    are not kept (the returned rows are empty). Unreadable examples are skipped unless
-    `settings.strict`. `say` gets warnings meant for people as they happen."""
+    With `embeddings`, each example's BADGE factors are recorded into it as well. Unreadable
+    examples are skipped (and go to the sink) unless `settings.strict`. `batches` (lists of pool
+    positions) replaces the consecutive batches. `say` gets warnings meant for people as they
+    happen."""
     stats = RunStats(device=str(device), strategy=settings.strategy)
     start = time.perf_counter()
-    rows: list[dict] = []
     errors: list[tuple[str, str]] = []
     micro = MicroBatches(say)
     mass_left: list[float] = []  # [sum, max]
@@ -275,11 +237,7 @@ def run(model: nn.Module, pool: Pool, settings: Settings, device: torch.device,
         if left:
             mass_left = [sum(left) + (mass_left[0] if mass_left else 0.0),
                          max(left + mass_left[1:])]
-        if sink is not None:
-            sink(batch_rows, errors)
-        else:
-            rows.extend(batch_rows)
-            stats.errors.extend(errors)
+        sink(batch_rows, errors)
         errors.clear()
         if on_batch:
             on_batch(done)
@@ -290,13 +248,12 @@ def run(model: nn.Module, pool: Pool, settings: Settings, device: torch.device,
     if mass_left:
         stats.notes.append(f"--top-classes {settings.top_classes} leaves out probability mass "
                            f"{mass_left[0] / stats.count:.3g} on average, {mass_left[1]:.3g} at most")
-    return rows, stats
+    return stats
 
 
 def engine_method(model: nn.Module, settings: Settings) -> tuple[str, str]:
     """Which engine method served the gradient strategy, and why."""
     if settings.method != "auto":
         return settings.method, "asked for with --method"
-    from .gradnorm import auto_choice
     choice = auto_choice(model, settings.layers)
     return choice if choice else ("auto", "not decided yet")

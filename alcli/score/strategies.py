@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..gradnorm import grad_norms_per_target
+
 Columns = dict[str, torch.Tensor]
 
 
@@ -68,8 +70,6 @@ def _grad_norms(s: StrategyInputs, choose: Callable[[StrategyInputs], list[torch
 
     One forward: when `s.logits` is not known yet, the engine's forward provides it before the
     targets are chosen."""
-    from .gradnorm import grad_norms_per_target
-
     def target_sets(logits: torch.Tensor) -> list[torch.Tensor]:
         if s.logits is None:
             if s.check_logits is not None:

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .diverse import badge_factors
-from .errors import RunError
+from ..selection.diverse import badge_factors
+from ..errors import RunError
 
 
 @dataclass

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import hashlib
 
-from .errors import ConfigError
-from .pool import Pool
+from ..errors import ConfigError
+from ..files.pool import Pool
 
 
 def id_hash(id_: str) -> int:

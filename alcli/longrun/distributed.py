@@ -15,8 +15,10 @@ from pathlib import Path
 from typing import Iterator
 
 import torch
+import torch.distributed as dist
 
-from .errors import ConfigError
+from ..errors import ConfigError
+from .partial import copy_lines, data_lines
 
 CHUNK_LINES = 4096  # partial-file lines per message to rank 0
 
@@ -41,6 +43,12 @@ def from_env() -> Context | None:
     return ctx if ctx.world > 1 else None
 
 
+def is_rank0() -> bool:
+    """False on the torchrun processes other than rank 0, which print nothing."""
+    ctx = from_env()
+    return ctx is None or ctx.rank == 0
+
+
 def device_for(spec: str, ctx: Context) -> str:
     """The rank's device: CUDA device LOCAL_RANK when the run is on CUDA, else the setting."""
     if spec in ("auto", "cuda") or spec.startswith("cuda:"):
@@ -61,7 +69,6 @@ def session(ctx: Context | None, device: str) -> Iterator[None]:
     if ctx is None:
         yield
         return
-    import torch.distributed as dist
     nccl = device.startswith("cuda")
     if nccl:
         torch.cuda.set_device(torch.device(device))
@@ -77,8 +84,6 @@ def session(ctx: Context | None, device: str) -> Iterator[None]:
 def gather_lines(ctx: Context, source: Path, dest: Path | None) -> None:
     """Every rank's partial-file lines (`source`) are appended to `dest` on rank 0; rank 0's own
     lines stay in its own file. Collective: every rank calls it."""
-    import torch.distributed as dist
-    from .partial import copy_lines, data_lines
     chunks = data_lines(source, CHUNK_LINES) if ctx.rank != 0 else iter(())
     finished = False
     while True:
@@ -100,7 +105,6 @@ def gather_lines(ctx: Context, source: Path, dest: Path | None) -> None:
 
 def barrier(ctx: Context | None) -> None:
     if ctx is not None:
-        import torch.distributed as dist
         dist.barrier(group=ctx.group)
 
 
@@ -108,7 +112,6 @@ def rank0_ok(ctx: Context | None, ok: bool) -> bool:
     """Rank 0's `ok` on every rank (has it written the table?); `ok` elsewhere is ignored."""
     if ctx is None:
         return ok
-    import torch.distributed as dist
     flag = [ok]
     dist.broadcast_object_list(flag, src=0, group=ctx.group)
     return bool(flag[0])

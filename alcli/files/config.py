@@ -11,11 +11,17 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable
 
-from .errors import ConfigError
+import yaml
+
+from ..errors import ConfigError
 
 DEFAULT_CONFIG = Path("configs") / "default.yaml"  # used by the CLI when neither --config nor --model
 FORMATS = ("csv", "jsonl", "paths", "labelstudio")  # labelstudio: `select` only
 PER_CLASS_MODES = ("proportional", "equal")
+# the names the strategy registry (alcli.score.strategies) and the engine (alcli.gradnorm.METHODS)
+# define, listed here so that reading a config does not import torch; a test keeps them equal
+STRATEGY_NAMES = ("egl", "gradnorm", "loss", "entropy", "margin", "least-confidence", "random")
+METHOD_NAMES = ("auto", "ghost", "replicate", "vmap", "loop")
 DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 
 
@@ -50,8 +56,9 @@ class Settings:
     format: str = "csv"
     scores: str | None = None   # `select`: the ranked table to read
     budget: int | None = None   # `select`: how many to pick
-    # BADGE embeddings: score writes them (true: beside the table, or this file); select reads them
-    embeddings: bool | str | None = None
+    embeddings: bool = False              # `score`: also record each example's BADGE factors
+    embeddings_file: str | None = None    # where score writes them / select reads them
+                                          # (default: TABLE.emb.npz beside the table)
     diverse: bool = False                 # `select`: BADGE k-means++ among the best scores
     diverse_candidates: int | None = None  # `select --diverse`: shortlist size (default 10 x budget)
     per_class: str | None = None          # `select`: proportional | equal quotas per predicted class
@@ -113,16 +120,6 @@ def _choice(names):
     return check
 
 
-def _strategy(v):
-    from .utilities import STRATEGIES  # the registry is the list of names
-    return _choice(tuple(STRATEGIES))(v)
-
-
-def _method(v):
-    from .gradnorm import METHODS
-    return _choice(METHODS)(v)
-
-
 def _device(v):
     if not isinstance(v, str) or not DEVICE_RE.match(v):
         raise ValueError("must be auto, cpu, cuda, cuda:N or mps")
@@ -143,14 +140,6 @@ def _layers(v):
     if not isinstance(v, (list, tuple)) or not v or not all(isinstance(p, str) and p for p in v):
         raise ValueError("must be a module-name pattern or a list of them")
     return list(v)
-
-
-def _embeddings(v):
-    if v is None or isinstance(v, bool):
-        return v
-    if isinstance(v, (str, Path)) and str(v):
-        return str(v)
-    raise ValueError("must be true, false or a file path")
 
 
 def _files(v):
@@ -233,11 +222,11 @@ def _normalize(v):
 CHECKS: dict[str, Callable[[Any], Any]] = {
     "model": _opt_str, "arch": _opt_str, "arch_kwargs": _mapping, "trust_checkpoint": _bool,
     "pool": _opt_str, "labels_from_folders": _bool, "transform": _transform,
-    "strategy": _strategy, "top_classes": _opt(_int(1)), "layers": _layers,
-    "method": _method, "batch_size": _int(1), "device": _device, "workers": _int(0),
+    "strategy": _choice(STRATEGY_NAMES), "top_classes": _opt(_int(1)), "layers": _layers,
+    "method": _choice(METHOD_NAMES), "batch_size": _int(1), "device": _device, "workers": _int(0),
     "seed": _int(0), "output": _opt_str, "format": _choice(FORMATS), "scores": _opt_str,
     "budget": _opt(_int(1)), "quiet": _bool,
-    "embeddings": _embeddings, "diverse": _bool, "diverse_candidates": _opt(_int(1)),
+    "embeddings": _bool, "embeddings_file": _opt_str, "diverse": _bool, "diverse_candidates": _opt(_int(1)),
     "per_class": _opt(_choice(PER_CLASS_MODES)), "exclude": _files, "image_root": _opt_str,
     "image_dir": _opt_str, "contact_sheet": _opt_str,
     "checkpoint_every": _int(1), "resume": _bool, "strict": _bool, "shard": _shard,
@@ -247,7 +236,6 @@ assert set(CHECKS) == set(KEYS)
 
 def read_yaml(path: str | Path) -> dict:
     """The mapping in a YAML config file; a missing file or bad YAML is a ConfigError."""
-    import yaml
     path = Path(path)
     try:
         text = path.read_text()

@@ -1,12 +1,13 @@
-"""`alcli score` as a long job: streaming rows to OUTPUT.partial, resume, shards and torchrun.
+"""The one scoring path (`alcli score`, and the Python API with rows in memory):
 
-    pool -> [shard K/N] -> [skip what OUTPUT.partial already holds] -> runner.run(sink=partial)
-         -> (torchrun: every rank's rows to rank 0) -> ranked OUTPUT, OUTPUT.errors.csv, OUTPUT.meta.json
+    session.opened -> [shard K/N] -> [skip what OUTPUT.partial already holds]
+        -> score.runner.run(sink) -> sink: OUTPUT.partial, or a list in memory
+        -> (torchrun: every rank's rows to rank 0) -> ranked OUTPUT, OUTPUT.errors.csv, OUTPUT.meta.json
 
-Only the DataLoader's batches and at most `checkpoint_every` finished rows are in memory at a time;
-the table is ranked from the partial file (see alcli.partial). Resuming re-forms the very batches
-of the first run (fixed positions in the pool), so a killed and resumed run writes the same bytes
-as one that was never interrupted.
+Writing a file, only the DataLoader's batches and at most `checkpoint_every` finished rows are in
+memory at a time; the table is ranked from the partial file (see finish.py). Resuming re-forms the
+very batches of the first run (fixed positions in the pool), so a killed and resumed run writes
+the same bytes as one that was never interrupted.
 """
 from __future__ import annotations
 
@@ -23,13 +24,16 @@ from typing import Callable
 
 from torch import nn
 
+from ..errors import AlcliError, ConfigError, PoolError
+from ..files.config import Settings
+from ..files.pool import Pool
+from ..score.embeddings import EmbeddingRecorder
+from ..score.runner import RunStats, run
+from ..selection.rank import rank
+from ..session import Session, opened
 from . import distributed
-from .config import Settings
-from .errors import AlcliError, ConfigError, PoolError
-from .partial import (Finished, PartialFile, finish, gather_target, new_partial, sidecar,
-                      write_errors, write_meta)
-from .pool import Pool
-from .runner import RunStats, run
+from .finish import Finished, finish, sidecar, write_sidecars
+from .partial import PartialFile, gather_target, new_partial
 from .shard import SubPool, fingerprint, parse_shard, shard_indices
 
 META_VERSION = 1
@@ -46,7 +50,7 @@ class Interrupted(KeyboardInterrupt):
 
 @dataclass
 class JobResult:
-    finished: Finished          # rows, NaN count, skipped examples, top rows
+    finished: Finished          # rows, NaN count, skipped examples, top rows (all rows in memory)
     stats: RunStats             # this process's scoring (resumed rows not included)
     resumed: int = 0            # rows taken over from OUTPUT.partial
     shard: str | None = None
@@ -54,57 +58,92 @@ class JobResult:
     pool: Pool | None = None
 
 
-def score_job(settings: Settings, dest: str, *, model: nn.Module | None = None, pool=None,
-              stdin=None, on_start: Callable[[int], None] | None = None,
-              on_batch: Callable[[int], None] | None = None,
-              say: Callable[[str], None] | None = None, embeddings=None) -> JobResult | None:
-    """Score the pool into the table `dest` (a path, or '-' for stdout). Returns None on the
-    torchrun ranks other than 0, which write nothing."""
-    from .api import loaded
-    ctx = distributed.from_env()
-    to_stdout = dest == "-"
-    _check_options(settings, ctx, to_stdout, dest, embeddings)
+def score(settings: Settings, dest: str | None, *, model: nn.Module | None = None, pool=None,
+          stdin=None, on_start: Callable[[int], None] | None = None,
+          on_batch: Callable[[int], None] | None = None,
+          say: Callable[[str], None] | None = None,
+          embeddings: EmbeddingRecorder | None = None) -> JobResult | None:
+    """Score the pool into the table `dest` (a path, or '-' for stdout), or, with `dest` None,
+    into ranked rows in memory (`result.finished.rows`; no partial file, resume or torchrun).
+    Returns None on the torchrun ranks other than 0, which write nothing."""
+    ctx = distributed.from_env() if dest is not None else None
+    _check_options(settings, ctx, dest, embeddings)
     device_spec = distributed.device_for(settings.device, ctx) if ctx else settings.device
     with distributed.session(ctx, device_spec), \
-            loaded(settings, model, pool, stdin, device_spec) as (net, device, full):
+            opened(settings, model, pool, stdin, device_spec) as session:
+        full = session.pool
         shard = (ctx.rank, ctx.world) if ctx else parse_shard(settings.shard)
         todo = SubPool(full, shard_indices(full.ids, *shard)) if shard else full
-        shard_text = f"{shard[0]}/{shard[1]}" if shard else None
-        key = run_key(settings, full, net)
-        with contextlib.ExitStack() as stack:
-            if to_stdout:
-                folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="alcli-")))
-                partial_path = folder / "scores.partial"
-            else:
-                partial_path = sidecar(dest, f"{ctx.rank}-of-{ctx.world}.partial" if ctx
-                                       else "partial")
-            log = PartialFile(partial_path, {**key, "shard": shard_text},
-                              checkpoint_every=settings.checkpoint_every, resume=settings.resume)
-            if log.resumed and say:
-                say(f"resuming: {log.resumed} examples of {partial_path} are done already")
-            stats = _score(net, todo, settings, device, log, partial_path, on_start, on_batch,
-                           say, embeddings)
-            result = _write(ctx, settings, dest, partial_path, full, todo, key,
-                            shard_text if not ctx else None, stats, log.resumed)
-            distributed.barrier(ctx)
-            partial_path.unlink(missing_ok=True)
+        if dest is None:
+            result = _score_in_memory(session, todo, settings, on_start, on_batch, say, embeddings)
+        else:
+            result = _score_to_file(ctx, session, todo, shard, settings, dest, on_start, on_batch,
+                                    say, embeddings)
     if result is not None:
         result.pool = full
         _check_something_scored(result, full)
     return result
 
 
-def _check_options(settings: Settings, ctx, to_stdout: bool, dest: str, embeddings) -> None:
+def _score_in_memory(session: Session, todo: Pool, settings: Settings, on_start, on_batch, say,
+                     embeddings) -> JobResult:
+    rows: list[dict] = []
+    errors: list[tuple[str, str]] = []
+
+    def sink(batch_rows, batch_errors):
+        rows.extend(batch_rows)
+        errors.extend(batch_errors)
+
+    if on_start:
+        on_start(len(todo))
+    stats = run(session.model, todo, settings, session.device, sink, on_batch,
+                embeddings=embeddings, say=say)
+    ranked = rank(rows)
+    finished = Finished(count=len(ranked), nans=stats.nans, errors=sorted(errors), top=ranked[:5],
+                        rows=ranked)
+    return JobResult(finished, stats, shard=settings.shard)
+
+
+def _score_to_file(ctx, session: Session, todo: Pool, shard, settings: Settings, dest: str,
+                   on_start, on_batch, say, embeddings) -> JobResult | None:
+    """Rows stream through DEST.partial into the ranked table (rank 0 writes it under torchrun)."""
+    full, shard_text = session.pool, f"{shard[0]}/{shard[1]}" if shard else None
+    key = run_key(settings, full, session.model)
+    with contextlib.ExitStack() as stack:
+        if dest == "-":
+            folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="alcli-")))
+            partial_path = folder / "scores.partial"
+        else:
+            partial_path = sidecar(dest, f"{ctx.rank}-of-{ctx.world}.partial" if ctx else "partial")
+        log = PartialFile(partial_path, {**key, "shard": shard_text},
+                          checkpoint_every=settings.checkpoint_every, resume=settings.resume)
+        if log.resumed and say:
+            say(f"resuming: {log.resumed} examples of {partial_path} are done already")
+        stats = _score(session, todo, settings, log, partial_path, on_start, on_batch, say,
+                       embeddings)
+        result = _write(ctx, settings, dest, partial_path, full, todo, key,
+                        shard_text if not ctx else None, stats, log.resumed)
+        distributed.barrier(ctx)
+        partial_path.unlink(missing_ok=True)
+    return result
+
+
+def _check_options(settings: Settings, ctx, dest: str | None, embeddings) -> None:
+    if dest is None:
+        if settings.resume:
+            raise ConfigError("resume needs an output file, where an unfinished run keeps its rows "
+                              "(alcli score -o OUTPUT --resume)")
+        return
     if ctx and settings.shard:
         raise ConfigError(f"--shard {settings.shard} cannot be combined with torchrun, where each "
                           f"process scores shard RANK/WORLD_SIZE already")
     if embeddings is not None and (ctx or settings.shard or settings.resume):
         raise ConfigError("--embeddings cannot be combined with --resume, --shard or torchrun yet; "
                           "score the whole pool in one process to write embeddings")
-    if to_stdout and settings.resume:
+    if dest == "-" and settings.resume:
         raise ConfigError("--resume needs --output FILE: an unfinished run keeps its rows in "
                           "FILE.partial")
-    if not to_stdout:
+    if dest != "-":
         folder = Path(dest).parent
         if not folder.is_dir():
             raise ConfigError(f"output {dest}: the folder {folder} does not exist")
@@ -154,7 +193,7 @@ class _Batches:
                 yield positions
 
 
-def _score(net, todo: Pool, settings: Settings, device, log: PartialFile, partial_path: Path,
+def _score(session: Session, todo: Pool, settings: Settings, log: PartialFile, partial_path: Path,
            on_start, on_batch, say, embeddings) -> RunStats:
     done = log.done
     left = len(todo) - sum(1 for id_ in todo.ids if id_ in done) if done else len(todo)
@@ -168,8 +207,8 @@ def _score(net, todo: Pool, settings: Settings, device, log: PartialFile, partia
         sink, batches = log.add, None
     try:
         with _signals_raise(partial_path):
-            _, stats = run(net, todo, settings, device, on_batch, sink=sink, batches=batches,
-                           say=say, embeddings=embeddings)
+            stats = run(session.model, todo, settings, session.device, sink, on_batch,
+                        batches=batches, say=say, embeddings=embeddings)
     finally:
         log.close()  # what is finished is on disk, whatever stopped the run
     return stats
@@ -218,19 +257,10 @@ def _write(ctx, settings: Settings, dest: str, partial_path: Path, full: Pool, t
                 return None
         try:
             finished = finish(sources, dest, settings.format)
-            files = []
-            if dest != "-":
-                errors_path, meta_path = sidecar(dest, "errors.csv"), sidecar(dest, "meta.json")
-                write_errors(errors_path, finished.errors)
-                files += [str(errors_path)] if finished.errors else []
-                write_meta(meta_path, {
-                    "format": "alcli-table", "version": META_VERSION, "table": Path(dest).name,
-                    "table_format": settings.format, "rows": finished.count,
-                    "nan_scores": finished.nans, "skipped": len(finished.errors),
-                    "errors_file": errors_path.name if finished.errors else None,
-                    "shard": shard, "pool": full.name, "pool_size": len(full),
-                    "shard_size": len(todo) if shard else len(full), "run": key})
-                files.append(str(meta_path))
+            files = [] if dest == "-" else write_sidecars(dest, finished, {
+                "format": "alcli-table", "version": META_VERSION, "table_format": settings.format,
+                "shard": shard, "pool": full.name, "pool_size": len(full),
+                "shard_size": len(todo) if shard else len(full), "run": key})
         except BaseException:
             distributed.rank0_ok(ctx, False)
             raise
@@ -239,6 +269,7 @@ def _write(ctx, settings: Settings, dest: str, partial_path: Path, full: Pool, t
 
 
 def _check_something_scored(result: JobResult, full: Pool) -> None:
+    """Every example unreadable is a failed run, not an empty table."""
     f = result.finished
     if f.count == 0 and f.errors:
         raise PoolError(f"no example of pool {full.name} could be read ({len(f.errors)} skipped; "

@@ -18,7 +18,7 @@ import torch
 from torch.utils.data import Dataset
 
 from .config import Transform
-from .errors import ConfigError, PoolError
+from ..errors import ConfigError, PoolError, first_line
 from .jsonl import json_objects
 
 IMAGE_EXTS = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".tiff")
@@ -77,13 +77,8 @@ class ImagePool(Pool):
                 x = self.transform(img)
         except Exception as err:  # noqa: BLE001 - any unreadable file becomes an error row
             return Item(self.ids[i], None, self.labels[i],
-                        f"cannot read image {self.paths[i]} ({_reason(err)})")
+                        f"cannot read image {self.paths[i]} ({first_line(err)})")
         return Item(self.ids[i], x, self.labels[i], None)
-
-
-def _reason(err: BaseException) -> str:
-    text = getattr(err, "strerror", None) or str(err).strip()
-    return text.splitlines()[0][:200] if text else type(err).__name__
 
 
 class TensorPool(Pool):
@@ -191,12 +186,12 @@ def image_transform(t: Transform, channels: int | None) -> ImageTransform:
 def _image_pool(name: str, rows: list[tuple[str, Path, int]], opts: PoolOptions) -> ImagePool:
     if not rows:
         raise PoolError(f"pool {name} holds no images (looked for {', '.join(IMAGE_EXTS)})")
-    _check_unique(name, [r[0] for r in rows])
+    check_unique_ids(name, [r[0] for r in rows])
     ids, paths, labels = (list(col) for col in zip(*rows))
     return ImagePool(name, ids, paths, labels, image_transform(opts.transform, opts.channels))
 
 
-def _check_unique(name: str, ids: list[str]) -> None:
+def check_unique_ids(name: str, ids: list[str]) -> None:
     seen: dict[str, int] = {}
     for i, id_ in enumerate(ids):
         if id_ in seen:
@@ -292,7 +287,7 @@ def from_tensor_file(spec: str, opts: PoolOptions) -> Pool:
                 if "x" not in data and len(data) == 1:
                     data = {"x": next(iter(data.values()))}
     except Exception as err:  # noqa: BLE001
-        raise PoolError(f"tensor pool {path} cannot be read ({_reason(err)})") from None
+        raise PoolError(f"tensor pool {path} cannot be read ({first_line(err)})") from None
     if not isinstance(data, dict):
         data = {"x": data}
     if "x" not in data:
@@ -303,7 +298,7 @@ def from_tensor_file(spec: str, opts: PoolOptions) -> Pool:
         raise PoolError(f"tensor pool {path} holds no examples")
     if ids is not None:
         ids = [str(i.item()) if isinstance(i, torch.Tensor) else str(i) for i in ids]
-        _check_unique(str(path), ids)
+        check_unique_ids(str(path), ids)
     if y is not None and y.is_floating_point():
         raise PoolError(f"tensor pool {path}: 'y' must hold integer class indices")
     return TensorPool(str(path), x, y, ids)
@@ -349,9 +344,9 @@ def tensor_pool(x, y=None, ids=None, name: str = "tensor pool") -> TensorPool:
     y = None if y is None else torch.as_tensor(y)
     if ids is not None:
         ids = [str(i) for i in ids]
-        _check_unique(name, ids)
+        check_unique_ids(name, ids)
     return TensorPool(name, x, y, ids)
 
 
-__all__ = ["Batch", "Item", "Pool", "PoolOptions", "collate", "image_transform", "open_pool",
-           "tensor_pool", "IMAGE_EXTS"]
+__all__ = ["Batch", "Item", "Pool", "PoolOptions", "check_unique_ids", "collate", "image_transform",
+           "open_pool", "tensor_pool", "IMAGE_EXTS"]

@@ -1,0 +1,69 @@
+"""`alcli inspect`: the model's modules, which engine rule serves each, and the method `auto` picks."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from .errors import ConfigError
+from .files.config import Settings
+from .files.pool import Batch, collate
+from .gradnorm import auto_choice, grad_norms_per_target, rule_names, select_params
+from .score.runner import forward, to_model
+from .session import check_layers, model_channels, model_for, pool_for
+
+
+@dataclass
+class ModuleInfo:
+    name: str
+    kind: str        # module class name
+    params: int      # parameters it owns directly
+    selected: bool   # in the gradient strategies' selection (--layers)
+    rule: str        # the engine rule that serves it, "-" where the engine offers no lookup
+
+
+@dataclass
+class Inspection:
+    model: str
+    total_params: int
+    selected_params: int
+    channels: int | None
+    modules: list[ModuleInfo] = field(default_factory=list)
+    method: str = "auto"
+    reason: str = ""
+
+
+def inspect_model(settings: Settings, *, model: nn.Module | None = None, pool=None,
+                  stdin=None) -> Inspection:
+    """Modules, parameter counts, selection and rules; and, given a pool, the method `auto` picks
+    (found by running the engine on the pool's first two examples)."""
+    net = model_for(settings, model).eval()
+    check_layers(net, settings.layers)
+    chosen = {id(p) for p in select_params(net, settings.layers).params}
+    info = Inspection(model=settings.model or type(net).__name__,
+                      total_params=sum(p.numel() for p in net.parameters()),
+                      selected_params=sum(p.numel() for p in net.parameters() if id(p) in chosen),
+                      channels=model_channels(net))
+    rules = rule_names(net)
+    for name, module in net.named_modules():
+        own = list(module.parameters(recurse=False))
+        if own:
+            info.modules.append(ModuleInfo(name or "(root)", type(module).__name__,
+                                           sum(p.numel() for p in own),
+                                           any(id(p) in chosen for p in own), rules.get(name, "-")))
+    if settings.method != "auto":
+        info.method, info.reason = settings.method, "asked for with --method"
+        return info
+    if settings.pool is None and pool is None:
+        info.reason = "decided at the first batch; give a pool to try it here"
+        return info
+    the_pool = pool_for(settings, net, pool, stdin)
+    batch: Batch = collate([the_pool[i] for i in range(min(2, len(the_pool)))])
+    if batch.errors:
+        raise ConfigError(batch.errors[0][1])
+    inputs = to_model(batch.inputs, net, torch.device("cpu"))
+    targets = forward(net, inputs, the_pool.name).argmax(dim=1)
+    grad_norms_per_target(net, inputs, [targets], params=settings.layers, method="auto")
+    info.method, info.reason = auto_choice(net, settings.layers) or ("auto", "")
+    return info

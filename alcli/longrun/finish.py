@@ -1,0 +1,144 @@
+"""The files a finished scoring run leaves beside OUTPUT:
+
+    OUTPUT             the ranked table (written to a temporary file, then renamed)
+    OUTPUT.errors.csv  `id,error` of the skipped examples (only when there are some)
+    OUTPUT.meta.json   what the table holds: counts, shard, pool fingerprint, settings
+
+The table is ranked from partial files (see partial.py) without holding the rows: only
+(score, id, offset) per example is kept in memory, and each row is read back from its offset
+when it is written.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+from ..errors import RunError
+from ..files.table import BASE_COLUMNS, atomic_file, write_rows
+from ..selection.rank import order_key
+from .partial import read_record
+
+
+def sidecar(output: str | Path, suffix: str) -> Path:
+    """OUTPUT.partial, OUTPUT.errors.csv, OUTPUT.meta.json, ... beside the table."""
+    output = Path(output)
+    return output.with_name(f"{output.name}.{suffix}")
+
+
+@dataclass
+class Finished:
+    count: int = 0                      # rows in the table
+    nans: int = 0                       # of which score NaN (ranked last)
+    errors: list[tuple[str, str]] = field(default_factory=list)  # skipped examples
+    top: list[dict] = field(default_factory=list)  # the best rows, ranked (for the summary)
+    rows: list[dict] | None = None      # every row, ranked, when the table is kept in memory
+
+
+def finish(sources: list[Path], dest, fmt: str, *, top: int = 5) -> Finished:
+    """Rank the rows of the partial files `sources` into the table `dest` (a path, '-' or None
+    for stdout), streaming: rows are read back one by one in rank order."""
+    keys = []          # (order key, source index, offset)
+    errors: dict[str, str] = {}
+    seen: set[str] = set()
+    columns: dict[str, None] = {}
+    nans = 0
+    for s, path in enumerate(sources):
+        with open(path, "rb") as f:
+            offset = len(f.readline())
+            for n, line in enumerate(f, 2):
+                if not line.endswith(b"\n"):
+                    break
+                record = read_record(path, n, line)
+                id_ = record["id"]
+                if id_ not in seen:
+                    seen.add(id_)
+                    if "score" in record:
+                        for key in record:
+                            columns.setdefault(key, None)
+                        score = record["score"]
+                        nan = score is None or (isinstance(score, float) and math.isnan(score))
+                        nans += nan
+                        keys.append((order_key({"id": id_, "score": float("nan") if nan else score}),
+                                     s, offset))
+                    else:
+                        errors[id_] = str(record.get("error", ""))
+                offset += len(line)
+    keys.sort()
+    cols = ["rank"] + [c for c in BASE_COLUMNS if c in columns and c != "rank"] + \
+        [c for c in columns if c not in BASE_COLUMNS]
+    out = Finished(count=len(keys), nans=nans, errors=sorted(errors.items()))
+
+    def ranked() -> Iterator[dict]:
+        handles = [open(p, "rb") for p in sources]
+        try:
+            for rank, (_, s, offset) in enumerate(keys, 1):
+                f = handles[s]
+                f.seek(offset)
+                record = json.loads(f.readline())
+                row = {"rank": rank, **record}
+                if row.get("score") is None:
+                    row["score"] = float("nan")
+                if rank <= top:
+                    out.top.append(row)
+                yield row
+        finally:
+            for f in handles:
+                f.close()
+
+    if keys:
+        write_rows(ranked(), cols, dest, fmt)
+    elif dest not in (None, "-"):
+        with atomic_file(dest):  # no rows: an empty file (its meta says 0 rows)
+            pass
+    return out
+
+
+def write_sidecars(dest: str | Path, finished: Finished, meta: dict) -> list[str]:
+    """DEST.errors.csv (only when examples were skipped) and DEST.meta.json: `meta` plus the
+    table's own name and counts -> the files written."""
+    errors_path, meta_path = sidecar(dest, "errors.csv"), sidecar(dest, "meta.json")
+    write_errors(errors_path, finished.errors)
+    write_meta(meta_path, {**meta, "table": Path(dest).name, "rows": finished.count,
+                           "nan_scores": finished.nans, "skipped": len(finished.errors),
+                           "errors_file": errors_path.name if finished.errors else None})
+    return ([str(errors_path)] if finished.errors else []) + [str(meta_path)]
+
+
+def write_errors(path: Path, errors: list[tuple[str, str]]) -> None:
+    """OUTPUT.errors.csv (`id,error`), or no file (an old one removed) when nothing was skipped."""
+    if not errors:
+        path.unlink(missing_ok=True)
+        return
+    with atomic_file(path, "errors file") as f:
+        writer = csv.writer(f, lineterminator="\n")
+        writer.writerow(["id", "error"])
+        writer.writerows(errors)
+
+
+def read_errors(path: Path) -> list[tuple[str, str]]:
+    if not path.exists():
+        return []
+    with open(path, newline="") as f:
+        return [(row["id"], row["error"]) for row in csv.DictReader(f)]
+
+
+def write_meta(path: Path, meta: dict) -> None:
+    with atomic_file(path, "metadata file") as f:
+        json.dump(meta, f, indent=2, sort_keys=True)
+        f.write("\n")
+
+
+def read_meta(path: Path) -> dict | None:
+    try:
+        meta = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as err:
+        raise RunError(f"{path} cannot be read ({err})") from None
+    if not isinstance(meta, dict):
+        raise RunError(f"{path} is not an alcli metadata file")
+    return meta
