@@ -77,7 +77,7 @@ def child_e2e(args) -> dict:
             first.append((time.perf_counter(), k))
 
     start = time.perf_counter()
-    result = api.score_to_table(settings, str(out), on_batch=on_batch)
+    result, _ = api.score_to_table(settings, str(out), on_batch=on_batch)
     end = time.perf_counter()
     count = result.finished.count
     return {"count": count, "seconds": end - start, "method": result.stats.method,
@@ -89,14 +89,14 @@ def child_e2e(args) -> dict:
 def child_compute(args) -> dict:
     """The same batches, decoded first: score_batch and the engine alone on the tensors."""
     import torch
-    from alcli import api
+    from alcli import api, session
+    from alcli.files.pool import collate
     from alcli.gradnorm import grad_norms_per_target
-    from alcli.pool import collate
-    from alcli.runner import forward, score_batch, to_model
+    from alcli.score.runner import forward, score_batch, to_model
     settings = api.settings_for(args.config, pool=args.pool, model=args.model,
                                 strategy=args.strategy, batch_size=args.batch_size, device="cpu")
-    net = api.model_for(settings).eval()
-    pool = api.pool_for(settings, net)
+    net = session.model_for(settings).eval()
+    pool = session.pool_for(settings, net)
     n = min(len(pool), args.engine_examples)
     batches = [collate([pool[i] for i in range(s, min(n, s + args.batch_size))])
                for s in range(0, n, args.batch_size)]

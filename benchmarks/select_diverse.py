@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from alcli.diverse import badge_factors, kmeanspp_dense, kmeanspp_factored, select_diverse
+from alcli.selection.diverse import badge_factors, kmeanspp_dense, kmeanspp_factored, select_diverse
 
 
 def pool(n: int, c: int, d: int, seed: int = 0):

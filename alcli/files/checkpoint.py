@@ -167,7 +167,7 @@ def build_arch(spec: str, kwargs: dict) -> nn.Module:
     if not sep or not source or not name:
         raise CheckpointError(f"arch '{spec}' must be torchvision:NAME or package.module:callable")
     if source == "torchvision":
-        import torchvision
+        import torchvision  # only for torchvision: archs; its import takes about 2 s
         if name not in torchvision.models.list_models():
             raise CheckpointError(f"arch '{spec}': torchvision has no model named '{name}'")
         factory = lambda **kw: torchvision.models.get_model(name, **{"weights": None, **kw})  # noqa: E731

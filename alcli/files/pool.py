@@ -15,6 +15,7 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 import torch
+from PIL import Image
 from torch.utils.data import Dataset
 
 from .config import Transform
@@ -72,7 +73,6 @@ class ImagePool(Pool):
 
     def __getitem__(self, i: int) -> Item:
         try:
-            from PIL import Image
             with Image.open(self.paths[i]) as img:
                 x = self.transform(img)
         except Exception as err:  # noqa: BLE001 - any unreadable file becomes an error row
@@ -133,7 +133,6 @@ class ImageTransform:
         self.std = None if norm is None else torch.tensor(norm["std"]).view(-1, 1, 1)
 
     def __call__(self, img) -> torch.Tensor:
-        from PIL import Image
         if self.t.grayscale and img.mode != "L":
             img = img.convert("L")
         if img.mode != self.mode:
