@@ -56,7 +56,8 @@ Seed = Annotated[Optional[int], typer.Option(
 Output = Annotated[Optional[str], typer.Option(
     "--output", "-o", help="Output file, or - for stdout.")]
 Format = Annotated[Optional[str], typer.Option(
-    "--format", "-f", help="csv (default), jsonl, paths (one id per line); select also "
+    "--format", "-f", help="csv (default), jsonl, paths (one file per line), ids (one id per "
+                           "line); select also "
                            "labelstudio (Label Studio tasks JSON).")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No summary on stderr.")]
 # selection (select only, except --embeddings which score writes and select reads)
@@ -321,8 +322,8 @@ def merge(
     try:
         api = _api()
         fmt = format or "csv"
-        if fmt not in ("csv", "jsonl", "paths"):
-            raise _fail(f"--format {fmt}: merge writes csv, jsonl or paths")
+        if fmt not in ("csv", "jsonl", "paths", "ids"):
+            raise _fail(f"--format {fmt}: merge writes csv, jsonl, paths or ids")
         dest = output or ("scores.csv" if sys.stdout.isatty() else "-")
         result = api.merge(parts, dest, fmt)
     except AlcliError as err:
@@ -369,7 +370,7 @@ def select(
         with _progress(bool(score_first) and sys.stderr.isatty() and not settings.quiet) as bar:
             picked = api.run_select(settings, scores=None if score_first else (source or "-"),
                                     on_start=bar[0], on_batch=bar[1])
-        api.write_batch(picked.rows, settings.output or "-", settings)
+        api.write_batch(picked.rows, settings.output or "-", settings, picked.meta)
     except AlcliError as err:
         raise _fail(str(err)) from None
     if settings.quiet:

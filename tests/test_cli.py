@@ -43,8 +43,9 @@ def check_ranked(rows):
 
 def test_image_folder_recursive_ids_and_header(in_ws):
     rows = rows_of(score(in_ws, "pool", "-m", "model.pt", "-s", "entropy"))
-    assert list(rows[0]) == ["rank", "id", "score", "pred", "confidence", "loss"]
+    assert list(rows[0]) == ["rank", "id", "score", "pred", "confidence", "loss", "path"]
     assert {r["id"] for r in rows} == set(in_ws.images)  # .png .jpg .bmp, nested, not notes.txt
+    assert all(r["path"] == f"pool/{r['id']}" for r in rows)  # the file, as the pool named it
     check_ranked(rows)
 
 
@@ -52,6 +53,7 @@ def test_manifest_csv_and_jsonl_with_labels(in_ws, tmp_path):
     rows = rows_of(score(in_ws, "manifest.csv", "-m", "model.pt", "-s", "loss"))
     assert list(rows[0])[:7] == ["rank", "id", "score", "pred", "confidence", "label", "loss"]
     assert {r["id"]: int(r["label"]) for r in rows} == {k: v[1] for k, v in in_ws.images.items()}
+    assert all(Path(r["path"]).samefile(in_ws.images[r["id"]][0]) for r in rows)
     jsonl = tmp_path / "m.jsonl"
     jsonl.write_text("".join(f'{{"path": "{p}", "label": {lab}}}\n' for p, lab in in_ws.images.values()))
     rows2 = rows_of(score(in_ws, jsonl, "-m", "model.pt", "-s", "loss"))
@@ -201,7 +203,10 @@ def test_select_formats_from_file_and_stdin(in_ws, tmp_path):
     rows = parse_csv(table.read_text())
     paths = runner.invoke(app, ["select", str(table), "-n", "4", "-f", "paths"])
     assert paths.exit_code == 0, paths.stderr
-    assert paths.stdout.splitlines() == [r["id"] for r in rows[:4]]
+    assert paths.stdout.splitlines() == [r["path"] for r in rows[:4]]
+    assert all(os.path.isfile(in_ws.root / p) for p in paths.stdout.splitlines())
+    ids = runner.invoke(app, ["select", str(table), "-n", "4", "-f", "ids"])
+    assert ids.stdout.splitlines() == [r["id"] for r in rows[:4]]
     piped = runner.invoke(app, ["select", "-n", "4"], input=table.read_text())
     assert parse_csv(piped.stdout) == rows[:4]
     too_many = runner.invoke(app, ["select", str(table), "-n", "100"])
@@ -331,7 +336,7 @@ def test_two_stage_pipe_prints_the_top_ids(in_ws, tmp_path):
     table = parse_csv(full.read_text())
     assert len(table) == len(in_ws.images) > 10
     check_ranked(table)
-    assert pipe.stdout.splitlines() == [r["id"] for r in table[:10]]
+    assert pipe.stdout.splitlines() == [r["path"] for r in table[:10]]
 
 
 def test_on_a_terminal_progress_shows_and_the_table_goes_to_scores_csv(in_ws):

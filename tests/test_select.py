@@ -55,7 +55,7 @@ def test_budget_from_config_and_bad_budget(tmp_path):
     table = tmp_path / "t.csv"
     table.write_text("id,score\na,1\nb,2\n")
     cfg = tmp_path / "c.yaml"
-    cfg.write_text(f"scores: {table}\nbudget: 1\nformat: paths\n")
+    cfg.write_text(f"scores: {table}\nbudget: 1\nformat: ids\n")
     result = runner.invoke(app, ["select", "-c", str(cfg)])
     assert result.exit_code == 0, result.stderr
     assert result.stdout == "b\n"

@@ -312,9 +312,23 @@ def test_subprocess_score_embeddings_then_diverse_select(in_ws, planted, table, 
     py, out, sheet = sys.executable, tmp_path / "p.csv", tmp_path / "p.png"
     cmd = (f"{py} -m alcli score {planted.dir} -m model.pt -c config.yaml -s entropy -q "
            f"--embeddings -o {out} && {py} -m alcli select {out} -n 5 --diverse --seed 3 "
-           f"--contact-sheet {sheet} --image-dir {planted.dir} -f paths")
+           f"--contact-sheet {sheet} --image-dir {planted.dir} -f ids")
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "COLUMNS": "100"}
     proc = subprocess.run(cmd, shell=True, capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == ids_of(select(table, "-n", 5, "--diverse", "--seed", 3))
     assert len(list(_tiles(sheet, 5))) == 5
+
+
+def test_paths_from_another_working_directory_open_in_a_shell(tmp_path):
+    """`score POOL | select -n 3 -f paths | xargs ls` works where the pool is not under the cwd."""
+    repo = Path(__file__).resolve().parents[1]
+    pool, model = repo / "data" / "demo" / "pool", repo / "data" / "demo" / "model.pt"
+    py = sys.executable
+    cmd = (f"{py} -m alcli score {pool} -m {model} --arch alcli.demo:DigitsCNN -s entropy -q "
+           f"| {py} -m alcli select -n 3 -f paths | xargs ls")
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.run(cmd, shell=True, capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    listed = proc.stdout.split()
+    assert len(listed) == 3 and all(Path(p).is_file() and Path(p).is_relative_to(pool) for p in listed)

@@ -49,10 +49,15 @@ def test_jsonl_round_trips_and_nan_is_null(tmp_path):
     assert back[1]["id"] == "007"
 
 
-def test_paths_format_and_streams():
+def test_ids_and_paths_formats_and_streams():
     out = io.StringIO()
-    write_table(ROWS, out, "paths")
+    write_table(ROWS, out, "ids")
     assert out.getvalue() == "a,b.png\n007\nx\n"
+    out = io.StringIO()
+    write_table([{**r, "path": f"pool/{r['id']}"} for r in ROWS], out, "paths")
+    assert out.getvalue() == "pool/a,b.png\npool/007\npool/x\n"
+    with pytest.raises(TableError, match="no 'path'.*use -f ids"):
+        write_table(ROWS, io.StringIO(), "paths")
     assert "".join(render(ROWS[:1], ["id", "score"])) == 'id,score\n"a,b.png",0.30000000000000004\n'
 
 

@@ -16,7 +16,7 @@ import yaml
 from ..errors import ConfigError
 
 DEFAULT_CONFIG = Path("configs") / "default.yaml"  # used by the CLI when neither --config nor --model
-FORMATS = ("csv", "jsonl", "paths", "labelstudio")  # labelstudio: `select` only
+FORMATS = ("csv", "jsonl", "paths", "ids", "labelstudio")  # labelstudio: `select` only
 PER_CLASS_MODES = ("proportional", "equal")
 # the names the strategy registry (alcli.score.strategies) and the engine (alcli.gradnorm.METHODS)
 # define, listed here so that reading a config does not import torch; a test keeps them equal

@@ -39,6 +39,7 @@ class Item(NamedTuple):
     input: torch.Tensor | None  # None when reading failed
     label: int                  # -1: unknown
     error: str | None
+    path: str | None = None     # the file it was read from (image pools)
 
 
 class Batch(NamedTuple):
@@ -47,6 +48,7 @@ class Batch(NamedTuple):
     labels: torch.Tensor         # [B] long, -1 unknown
     errors: list[tuple[str, str]]  # (id, message) of items that could not be read
     mismatch: str | None = None  # items of another shape than the first: a config error, not a bad file
+    paths: list[str] | None = None  # the files, for image pools (the table's `path` column)
 
 
 class Pool(Dataset):
@@ -78,7 +80,7 @@ class ImagePool(Pool):
         except Exception as err:  # noqa: BLE001 - any unreadable file becomes an error row
             return Item(self.ids[i], None, self.labels[i],
                         f"cannot read image {self.paths[i]} ({first_line(err)})")
-        return Item(self.ids[i], x, self.labels[i], None)
+        return Item(self.ids[i], x, self.labels[i], None, str(self.paths[i]))
 
 
 class TensorPool(Pool):
@@ -113,8 +115,9 @@ def collate(items: list[Item]) -> Batch:
                         f"transform.center_crop in the config")
             errors.append((it.id, mismatch))
     good = [it for it in good if it.input.shape == first.input.shape]
+    paths = [it.path for it in good] if first.path is not None else None
     return Batch([it.id for it in good], torch.stack([it.input for it in good]),
-                 torch.tensor([it.label for it in good], dtype=torch.long), errors, mismatch)
+                 torch.tensor([it.label for it in good], dtype=torch.long), errors, mismatch, paths)
 
 
 # --- images -------------------------------------------------------------------------------------

@@ -1,8 +1,10 @@
-"""Reading and writing ranked tables: CSV, JSONL, or bare ids ("paths"); files written atomically.
+"""Reading and writing ranked tables: CSV, JSONL, one file path per line ("paths") or one id per
+line ("ids"); files written atomically.
 
 Rows are plain dicts. Columns come in a fixed order: rank,id,score,pred,confidence, then label (when
-known), loss, then whatever else the rows carry, in first-seen order. Floats are written with
-`repr`, so reading a table back gives the very same numbers.
+known), loss, then whatever else the rows carry, in first-seen order (image pools end with `path`,
+the example's file). Floats are written with `repr`, so reading a table back gives the very same
+numbers.
 """
 from __future__ import annotations
 
@@ -16,12 +18,13 @@ from pathlib import Path
 from typing import IO, Iterable, Iterator
 
 from .atomic import atomic_open
-from ..errors import TableError
+from ..errors import RunError, TableError
 from .jsonl import json_objects
 
 BASE_COLUMNS = ("rank", "id", "score", "pred", "confidence", "label", "loss")
 INT_COLUMNS = ("rank", "pred", "label")
-FORMATS = ("csv", "jsonl", "paths")
+FORMATS = ("csv", "jsonl", "paths", "ids")
+LINE_FORMATS = ("paths", "ids")  # one value per line, no header: for shell pipelines
 
 
 def columns_of(rows: Iterable[dict]) -> list[str]:
@@ -53,6 +56,13 @@ def render(rows: Iterable[dict], columns: list[str], fmt: str = "csv",
     if fmt not in FORMATS:
         raise TableError(f"unknown table format '{fmt}' (choose {', '.join(FORMATS)})")
     if fmt == "paths":
+        if "path" not in columns:
+            raise TableError("-f paths writes each example's file, but these rows have no 'path' "
+                             "(a tensor pool, or a table from an older alcli); use -f ids")
+        for row in rows:
+            yield f"{row['path']}\n"
+        return
+    if fmt == "ids":
         for row in rows:
             yield f"{row['id']}\n"
         return
@@ -196,3 +206,29 @@ def _read_jsonl(text: str, name: str) -> list[dict]:
         row["score"] = float("nan") if score is None else _parse("score", str(score), where)
         rows.append(row)
     return rows
+
+
+# --- beside the table ---------------------------------------------------------------------------
+
+def sidecar(output: str | Path, suffix: str) -> Path:
+    """OUTPUT.partial, OUTPUT.errors.csv, OUTPUT.meta.json, ... beside the table."""
+    output = Path(output)
+    return output.with_name(f"{output.name}.{suffix}")
+
+
+def write_meta(path: Path, meta: dict) -> None:
+    with atomic_file(path, "metadata file") as f:
+        json.dump(meta, f, indent=2, sort_keys=True)
+        f.write("\n")
+
+
+def read_meta(path: Path) -> dict | None:
+    try:
+        meta = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as err:
+        raise RunError(f"{path} cannot be read ({err})") from None
+    if not isinstance(meta, dict):
+        raise RunError(f"{path} is not an alcli metadata file")
+    return meta

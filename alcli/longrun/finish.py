@@ -17,16 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from ..errors import RunError
-from ..files.table import BASE_COLUMNS, atomic_file, write_rows
+from ..files.table import BASE_COLUMNS, atomic_file, sidecar, write_meta, write_rows
 from ..selection.rank import order_key
 from .partial import read_record
-
-
-def sidecar(output: str | Path, suffix: str) -> Path:
-    """OUTPUT.partial, OUTPUT.errors.csv, OUTPUT.meta.json, ... beside the table."""
-    output = Path(output)
-    return output.with_name(f"{output.name}.{suffix}")
 
 
 @dataclass
@@ -124,21 +117,3 @@ def read_errors(path: Path) -> list[tuple[str, str]]:
         return []
     with open(path, newline="") as f:
         return [(row["id"], row["error"]) for row in csv.DictReader(f)]
-
-
-def write_meta(path: Path, meta: dict) -> None:
-    with atomic_file(path, "metadata file") as f:
-        json.dump(meta, f, indent=2, sort_keys=True)
-        f.write("\n")
-
-
-def read_meta(path: Path) -> dict | None:
-    try:
-        meta = json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as err:
-        raise RunError(f"{path} cannot be read ({err})") from None
-    if not isinstance(meta, dict):
-        raise RunError(f"{path} is not an alcli metadata file")
-    return meta

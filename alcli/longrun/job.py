@@ -27,12 +27,13 @@ from torch import nn
 from ..errors import AlcliError, ConfigError, PoolError
 from ..files.config import Settings
 from ..files.pool import Pool
+from ..files.table import FORMATS as TABLE_FORMATS, sidecar
 from ..score.embeddings import EmbeddingRecorder
 from ..score.runner import RunStats, run
 from ..selection.rank import rank
 from ..session import Session, opened
 from . import distributed
-from .finish import Finished, finish, sidecar, write_sidecars
+from .finish import Finished, finish, write_sidecars
 from .partial import PartialFile, gather_target, new_partial
 from .shard import SubPool, fingerprint, parse_shard, shard_indices
 
@@ -149,8 +150,9 @@ def _check_options(settings: Settings, ctx, dest: str | None, embeddings) -> Non
             raise ConfigError(f"output {dest}: the folder {folder} does not exist")
         if Path(dest).is_dir():
             raise ConfigError(f"output {dest} is a directory")
-    if settings.format not in ("csv", "jsonl", "paths"):
-        raise ConfigError(f"--format {settings.format} is for select; score writes csv, jsonl or paths")
+    if settings.format not in TABLE_FORMATS:
+        raise ConfigError(f"--format {settings.format} is for select; score writes "
+                          f"{', '.join(TABLE_FORMATS)}")
 
 
 def run_key(settings: Settings, full: Pool, net: nn.Module) -> dict:
@@ -260,12 +262,18 @@ def _write(ctx, settings: Settings, dest: str, partial_path: Path, full: Pool, t
             files = [] if dest == "-" else write_sidecars(dest, finished, {
                 "format": "alcli-table", "version": META_VERSION, "table_format": settings.format,
                 "shard": shard, "pool": full.name, "pool_size": len(full),
+                "pool_path": _absolute(settings.pool), "model_file": _absolute(settings.model),
                 "shard_size": len(todo) if shard else len(full), "run": key})
         except BaseException:
             distributed.rank0_ok(ctx, False)
             raise
         distributed.rank0_ok(ctx, True)
     return JobResult(finished, stats, resumed, shard, files)
+
+
+def _absolute(path: str | None) -> str | None:
+    """A file setting as an absolute path (what `select` reads back from OUTPUT.meta.json)."""
+    return None if path in (None, "-") else os.path.abspath(path)
 
 
 def _check_something_scored(result: JobResult, full: Pool) -> None:

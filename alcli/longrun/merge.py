@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ConfigError, TableError
-from .finish import Finished, finish, read_errors, read_meta, sidecar, write_sidecars
+from .finish import Finished, finish, read_errors, write_sidecars
 from .partial import new_partial
-from ..files.table import read_table
+from ..files.table import LINE_FORMATS, read_meta, read_table, sidecar
 
 
 @dataclass
@@ -76,8 +76,9 @@ def _meta(part: str) -> dict:
                          f"by `alcli score --shard K/N -o FILE`")
     if meta.get("format") != "alcli-table" or "run" not in meta:
         raise TableError(f"{path} is not an alcli table description")
-    if meta.get("table_format") == "paths":
-        raise TableError(f"part {part} holds ids only (-f paths); score the shard as csv or jsonl")
+    if meta.get("table_format") in LINE_FORMATS:
+        raise TableError(f"part {part} holds one {meta['table_format'][:-1]} per line "
+                         f"(-f {meta['table_format']}); score the shard as csv or jsonl")
     return meta
 
 

@@ -57,7 +57,8 @@ def forward(model: nn.Module, inputs: torch.Tensor, pool_name: str) -> torch.Ten
 def score_batch(model: nn.Module, batch: Batch, settings: Settings, device: torch.device,
                 has_labels: bool, pool_name: str = "the pool", *,
                 embeddings: EmbeddingRecorder | None = None) -> list[dict]:
-    """One collated batch -> one row per example: id, score, pred, confidence, [label], loss, extras."""
+    """One collated batch -> one row per example: id, score, pred, confidence, [label], loss,
+    extras, and the example's file as `path` for image pools."""
     if batch.errors:  # iter_rows hands the readable part only; called directly, bad items are fatal
         raise PoolError(batch.errors[0][1])
     if not batch.ids:
@@ -101,6 +102,8 @@ def score_batch(model: nn.Module, batch: Batch, settings: Settings, device: torc
             row[key] = column[i]
         if has_labels and row["label"] < 0:
             row["label"] = None
+        if batch.paths is not None:
+            row["path"] = batch.paths[i]
         rows.append(row)
     return rows
 
@@ -128,7 +131,8 @@ def _check_labels(logits: torch.Tensor, labels: torch.Tensor, ids: list[str], po
 
 def _part(batch: Batch, start: int, size: int) -> Batch:
     stop = start + size
-    return Batch(batch.ids[start:stop], batch.inputs[start:stop], batch.labels[start:stop], [])
+    return Batch(batch.ids[start:stop], batch.inputs[start:stop], batch.labels[start:stop], [],
+                 paths=None if batch.paths is None else batch.paths[start:stop])
 
 
 class MicroBatches:

@@ -20,7 +20,7 @@ from ..errors import ConfigError, TableError
 from ..files.config import Settings
 from ..files.embeddings import EmbeddingsError, embeddings_path, load_embeddings
 from ..files.pool import PoolOptions, open_pool
-from ..files.table import write_table
+from ..files.table import read_meta, sidecar, write_table
 from .choose import choose
 from .exclusions import ExclusionsError, read_exclusions
 from .export import contact_sheet, model_version_from, to_labelstudio, write_json
@@ -33,6 +33,7 @@ class SelectPlan:
 
     excluded: set[str] = field(default_factory=set)
     embeddings_file: str | None = None  # for --diverse on a table read from a file
+    meta: dict = field(default_factory=dict)  # TABLE.meta.json of a table read from a file
 
 
 @dataclass
@@ -40,6 +41,7 @@ class Picked:
     rows: list[dict]       # the batch, best score first; `rank` = place in the whole ranking
     available: int         # how many rows it was chosen from (after exclusions)
     notes: list[str] = field(default_factory=list)  # warnings for people
+    meta: dict = field(default_factory=dict)  # the table's meta.json, for the hand-offs
 
 
 # --- select ---------------------------------------------------------------------------------------
@@ -49,6 +51,8 @@ def prepare(settings: Settings, source: str | None, score_first: bool) -> Select
 
     `source` is the table file ('-' = stdin, None = rows in memory or scored in this process)."""
     plan = SelectPlan()
+    if source not in (None, "-"):
+        plan.meta = read_meta(sidecar(source, "meta.json")) or {}
     if settings.exclude:
         try:
             plan.excluded = read_exclusions(settings.exclude)
@@ -110,9 +114,9 @@ def pick(settings: Settings, rows: list[dict], plan: SelectPlan, *, embeddings=N
                         seed=settings.seed, candidates=settings.diverse_candidates)
     except ValueError as err:
         raise ConfigError(_sentence(err)) from None
-    picked = Picked(chosen, len(eligible), notes)
+    picked = Picked(chosen, len(eligible), notes, plan.meta)
     if settings.contact_sheet:
-        paths = image_files(chosen, settings, pool)
+        paths = image_files(chosen, settings, pool, plan.meta)
         picked.notes.extend(draw_sheet(chosen, paths, settings))
     return picked
 
@@ -137,12 +141,15 @@ def _sentence(err: Exception) -> str:
 
 # --- hand-offs ------------------------------------------------------------------------------------
 
-def write_batch(rows: list[dict], dest: str | None, settings: Settings) -> None:
-    """The batch to `dest` ('-' or None = stdout) as csv, jsonl, paths or Label Studio tasks."""
+def write_batch(rows: list[dict], dest: str | None, settings: Settings,
+                meta: dict | None = None) -> None:
+    """The batch to `dest` ('-' or None = stdout) as csv, jsonl, paths, ids or Label Studio tasks.
+    Label Studio's model_version is the checkpoint the table's `meta` names, else --model's."""
     if settings.format != "labelstudio":
         write_table(rows, dest, settings.format)
         return
-    version = model_version_from(settings.model) if settings.model else "unknown"
+    model = (meta or {}).get("model_file") or settings.model
+    version = model_version_from(model) if model else "unknown"
     try:
         write_json(to_labelstudio(rows, settings.image_root, version), dest or "-")
     except ValueError as err:  # a score that JSON cannot hold
@@ -151,22 +158,24 @@ def write_batch(rows: list[dict], dest: str | None, settings: Settings) -> None:
         raise TableError(f"cannot write output {dest} ({err.strerror or err})") from None
 
 
-def image_files(rows: list[dict], settings: Settings, pool=None) -> list[str]:
-    """The image file of each row, for the contact sheet.
-
-    --image-dir DIR: the ids are paths under DIR. Else the pool scored in this process maps ids to
-    its files; else the configured pool (a folder: ids under it; a manifest: its path column);
-    an id that is itself an existing file path is taken as it is."""
+def image_files(rows: list[dict], settings: Settings, pool=None, meta: dict | None = None
+                ) -> list[str]:
+    """The image file of each row, for the contact sheet, from the first that knows it:
+    --image-dir DIR (the ids are paths under DIR); the row's `path` column; the pool scored in
+    this process; the pool the table's `meta` records; the configured pool (a folder: ids under
+    it; a manifest: its path column); else the id itself."""
     ids = [str(r["id"]) for r in rows]
     if settings.image_dir:
         return [i if os.path.isabs(i) else os.path.join(settings.image_dir, i) for i in ids]
+    if all(r.get("path") for r in rows):
+        return [str(r["path"]) for r in rows]
     if pool is not None:
         if getattr(pool, "kind", None) != "images":
             raise ConfigError(f"{settings.where('contact_sheet')} draws images, but the pool "
                               f"{pool.name} holds tensors")
         by_id = dict(zip(pool.ids, (str(p) for p in pool.paths)))
         return [by_id.get(i, i) for i in ids]
-    mapped = _pool_files(settings)
+    mapped = _pool_files((meta or {}).get("pool_path") or settings.pool)
     out = []
     for i in ids:
         guess = mapped(i)
@@ -179,9 +188,8 @@ def image_files(rows: list[dict], settings: Settings, pool=None) -> list[str]:
     return out
 
 
-def _pool_files(settings: Settings):
-    """id -> file under the configured pool (None when it says nothing about that id)."""
-    spec = settings.pool
+def _pool_files(spec: str | None):
+    """id -> file under the pool `spec` (None when it says nothing about that id)."""
     if not spec or spec == "-":
         return lambda i: None
     path = Path(spec)
