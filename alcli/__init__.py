@@ -11,7 +11,7 @@ docs/architecture.md maps the package.
 """
 from .errors import AlcliError
 
-__all__ = ["AlcliError", "score_pool", "select"]
+__all__ = ["AlcliError", "score_pool", "select", "tensor_pool"]
 
 
 def score_pool(pool=None, model=None, *, config=None, **options):
@@ -24,3 +24,10 @@ def select(scores=None, budget=None, *, pool=None, model=None, config=None, **op
     """The `budget` best rows of `scores` (rows or a table file), or of `pool` scored first."""
     from .api import select as _select  # torch loads on first use, not on `import alcli`
     return _select(scores, budget, pool=pool, model=model, config=config, **options)
+
+
+def tensor_pool(x, y=None, ids=None):
+    """A pool from tensors or arrays: x [N, ...], optional labels y [N] (-1 = unknown) and ids of
+    any type, which scored rows carry as given (alcli.files.pool.tensor_pool)."""
+    from .files.pool import tensor_pool as _tensor_pool  # torch loads on first use
+    return _tensor_pool(x, y, ids)

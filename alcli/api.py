@@ -12,6 +12,7 @@ table (docs/architecture.md follows one batch through it).
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Callable
 
@@ -29,6 +30,12 @@ from .longrun.merge import MergeResult, merge_tables
 from .score.embeddings import EmbeddingRecorder, Embeddings
 from .score.runner import RunStats
 from .selection.pick import Picked, pick, prepare, write_batch  # noqa: F401 - write_batch: `select`
+
+
+class Rows(list):
+    """Ranked rows (dicts, best first), with the BADGE embeddings of their examples when they were
+    asked for (`embeddings=True`), so that `select(rows, n, diverse=True)` needs no file."""
+    embeddings: Embeddings | None = None
 
 
 @dataclass
@@ -55,8 +62,11 @@ def run_score(settings: Settings, *, model: nn.Module | None = None, pool=None, 
         else None
     result = score(settings, None, model=model, pool=pool, stdin=stdin, on_start=on_start,
                    on_batch=on_batch, embeddings=recorder)
-    return ScoreRun(result.finished.rows, result.stats, result.pool,
-                    recorder.result() if recorder else None)
+    rows = result.finished.rows
+    if result.pool.given_ids is not None:  # the caller's ids, as given
+        given = dict(zip(result.pool.ids, result.pool.given_ids))
+        rows = [{**row, "id": given[row["id"]]} for row in rows]
+    return ScoreRun(rows, result.stats, result.pool, recorder.result() if recorder else None)
 
 
 def score_to_table(settings: Settings, dest: str, *, model: nn.Module | None = None, pool=None,
@@ -82,28 +92,38 @@ def merge(parts: list[str], dest: str, fmt: str = "csv") -> MergeResult:
     return merge_tables(parts, dest, fmt)
 
 
-def score_pool(pool=None, model=None, *, config=None, **options) -> list[dict]:
-    """Score every example of `pool` with `model`; the ranked rows (dicts, best first)."""
+def score_pool(pool=None, model=None, *, config=None, **options) -> Rows:
+    """Score every example of `pool` with `model`; the ranked rows (dicts, best first).
+
+    With embeddings=True the rows keep their examples' BADGE embeddings (`rows.embeddings`) for
+    `select(rows, n, diverse=True)`; embeddings_file=PATH also writes them there."""
     if isinstance(pool, str):
         options["pool"] = pool
     if isinstance(model, str):
         options["model"] = model
     settings = settings_for(config, **options)
-    emb_file = destination(settings, settings.output)  # embeddings=True: embeddings_file= or output=
     result = run_score(settings, model=model if isinstance(model, nn.Module) else None,
                        pool=None if isinstance(pool, str) else pool)
-    if emb_file:
-        save_embeddings(emb_file, result.embeddings.ids, result.embeddings.a, result.embeddings.b)
-    return result.rows
+    rows = Rows(result.rows)
+    rows.embeddings = result.embeddings
+    if result.embeddings is not None and settings.embeddings_file:
+        save_embeddings(settings.embeddings_file, result.embeddings.ids, result.embeddings.a,
+                        result.embeddings.b)
+    return rows
 
 
 def select(scores=None, budget: int | None = None, *, pool=None, model=None, config=None,
            **options) -> list[dict]:
     """The `budget` examples to label: from ranked rows or a table file, or by scoring `pool` first.
 
-    Selection options are the config keys: diverse=True (with embeddings_file=FILE for rows or a
-    table whose embeddings are not beside it), per_class="proportional"|"equal", exclude=[FILES],
-    contact_sheet="sheet.png" (written), seed, diverse_candidates."""
+    Selection options are the config keys: diverse=True (rows from score_pool(...,
+    embeddings=True) carry their embeddings; a table reads TABLE.emb.npz, or embeddings_file=FILE),
+    diverse_candidates=M or "all", per_class="proportional"|"equal", contact_sheet="sheet.png"
+    (written), seed, and exclude=: a set of ids, or exclusion files (a path or a list; in a list,
+    items that are not str or Path are ids)."""
+    exclude_files, exclude_ids = _split_exclude(options.pop("exclude", None))
+    if exclude_files is not None:
+        options["exclude"] = exclude_files
     if budget is not None:
         options["budget"] = budget
     if isinstance(pool, str):
@@ -114,16 +134,35 @@ def select(scores=None, budget: int | None = None, *, pool=None, model=None, con
     if settings.budget is None:
         raise ConfigError("no budget given; pass budget=N (how many examples to select)")
     return run_select(settings, scores=scores, model=model if isinstance(model, nn.Module) else None,
-                      pool=None if isinstance(pool, str) else pool).rows
+                      pool=None if isinstance(pool, str) else pool, exclude_ids=exclude_ids).rows
+
+
+def _split_exclude(exclude) -> tuple[list | None, list | None]:
+    """`exclude=` -> (files, ids): a set holds ids; a str or Path is a file; in a list or tuple,
+    str and Path items are files and the others ids."""
+    if exclude is None:
+        return None, None
+    if isinstance(exclude, (set, frozenset)):
+        return None, list(exclude)
+    if isinstance(exclude, (str, os.PathLike)):
+        return [exclude], None
+    items = list(exclude)
+    files = [x for x in items if isinstance(x, (str, os.PathLike))]
+    ids = [x for x in items if not isinstance(x, (str, os.PathLike))]
+    return files or None, ids or None
 
 
 def run_select(settings: Settings, *, scores=None, model: nn.Module | None = None, pool=None,
                stdin=None, on_start: Callable[[int], None] | None = None,
-               on_batch: Callable[[int], None] | None = None) -> Picked:
+               on_batch: Callable[[int], None] | None = None, exclude_ids=None) -> Picked:
     """The batch from `scores` (ranked rows, a table file, or '-' for stdin), or, when None, from
     scoring the pool first in this process (embeddings kept in memory for --diverse)."""
     source = None if scores is None or isinstance(scores, list) else str(scores)
-    plan = prepare(settings, source, score_first=scores is None)
+    carried = getattr(scores, "embeddings", None)  # Rows from score_pool(..., embeddings=True)
+    plan = prepare(settings, source, score_first=scores is None or carried is not None,
+                   exclude_ids=exclude_ids)
+    if carried is not None:
+        return pick(settings, scores, plan, embeddings=carried)
     if scores is None:
         scored = run_score(settings, model=model, pool=pool, stdin=stdin, on_start=on_start,
                            on_batch=on_batch, embeddings=settings.diverse)

@@ -69,9 +69,10 @@ ReadEmbeddings = Annotated[Optional[str], typer.Option(
 Diverse = Annotated[bool, typer.Option(
     "--diverse", help="BADGE: k-means++ on gradient embeddings among the best scores, so the batch "
                       "holds no near-duplicates (needs `score --embeddings`, or --pool).")]
-DiverseCandidates = Annotated[Optional[int], typer.Option(
+DiverseCandidates = Annotated[Optional[str], typer.Option(
     "--diverse-candidates", metavar="M", help="--diverse picks among the M best-scoring examples "
-                                              "(per class with --per-class) \\[default: 10 x budget].")]
+                                              "(per class with --per-class), or 'all' for classic "
+                                              "BADGE \\[default: 10 x budget].")]
 PerClass = Annotated[Optional[str], typer.Option(
     "--per-class", metavar="proportional|equal", help="Spread the budget over predicted classes, in "
                                                       "proportion to their counts or equally.")]

@@ -48,23 +48,25 @@ def model_for(settings: Settings, model: nn.Module | None = None) -> nn.Module:
     if isinstance(model, nn.Module):
         return model
     if settings.model is None:
-        raise ConfigError("no model given; pass --model PATH (or set model: in a config)")
+        raise ConfigError(f"no model given; pass {settings.option('model', 'PATH')} (or set model: "
+                          f"in a config)")
     return load_model(settings.model, arch=settings.arch, arch_kwargs=settings.arch_kwargs,
                       trust=settings.trust_checkpoint)
 
 
 def pool_for(settings: Settings, model: nn.Module, pool=None, stdin=None) -> Pool:
-    """The pool object: given as data (a Pool, a tensor or array, or an (x, y) pair), or opened
-    from `settings.pool`."""
+    """The pool object: given as data (a Pool, a tensor or array, or a tuple (x,), (x, y) or
+    (x, y, ids)), or opened from `settings.pool`."""
     if isinstance(pool, Pool):
         return pool
-    if isinstance(pool, tuple) and len(pool) == 2:
+    if isinstance(pool, tuple) and 1 <= len(pool) <= 3:
         return tensor_pool(*pool)
     if pool is not None and not isinstance(pool, str):
         return tensor_pool(pool)
     if settings.pool is None:
-        raise ConfigError("no pool given; pass POOL: a folder of images, a .csv/.jsonl manifest, "
-                          "a .pt/.npy/.npz tensor file, or - for image paths on stdin")
+        what = "pool=" if settings.from_api else "POOL:"
+        raise ConfigError(f"no pool given; pass {what} a folder of images, a .csv/.jsonl manifest, "
+                          f"a .pt/.npy/.npz tensor file, or - for image paths on stdin")
     opts = PoolOptions(settings.labels_from_folders, settings.transform, model_channels(model))
     return open_pool(settings.pool, opts, stdin)
 

@@ -60,7 +60,8 @@ class Settings:
     embeddings_file: str | None = None    # where score writes them / select reads them
                                           # (default: TABLE.emb.npz beside the table)
     diverse: bool = False                 # `select`: BADGE k-means++ among the best scores
-    diverse_candidates: int | None = None  # `select --diverse`: shortlist size (default 10 x budget)
+    diverse_candidates: int | str | None = None  # `select --diverse`: shortlist size or "all"
+                                                 # (default 10 x budget)
     per_class: str | None = None          # `select`: proportional | equal quotas per predicted class
     exclude: list[str] | None = None      # `select`: files of ids never to select
     image_root: str | None = None         # `select -f labelstudio`: URL/path prefix for data.image
@@ -74,12 +75,26 @@ class Settings:
     quiet: bool = False
     # where each non-default value came from, for error messages: key -> "--flag" or "key 'x' in F"
     sources: dict = field(default_factory=dict, repr=False, compare=False)
+    # not a setting: True when the Python API made these settings, whose messages then name
+    # keyword arguments (`model=`), not flags (`--model`)
+    from_api = False
 
     def where(self, key: str) -> str:
-        return self.sources.get(key, f"option --{key.replace('_', '-')}")
+        """Where the setting came from: "key 'k' in FILE", "option --flag" or "argument k="."""
+        return self.sources.get(key, f"argument {key}=" if self.from_api else f"option {flag(key)}")
+
+    def option(self, key: str, value: str) -> str:
+        """How to give the setting: `--flag VALUE` on the command line, `key=VALUE` in the API."""
+        return f"{key}={value}" if self.from_api else f"{flag(key)} {value}"
 
 
 KEYS = tuple(f.name for f in fields(Settings) if f.name != "sources")
+FLAGS = {"embeddings_file": "--embeddings"}  # keys whose flag is not --key-with-dashes
+
+
+def flag(key: str) -> str:
+    """The command-line flag of a setting."""
+    return FLAGS.get(key, f"--{key.replace('_', '-')}")
 
 
 # --- value checks: each takes the raw value and returns the typed one or raises ValueError(what) ---
@@ -124,6 +139,15 @@ def _device(v):
     if not isinstance(v, str) or not DEVICE_RE.match(v):
         raise ValueError("must be auto, cpu, cuda, cuda:N or mps")
     return v
+
+
+def _candidates(v):
+    """The diverse shortlist: a count, or "all" (classic BADGE over the whole pool)."""
+    if v is None or v == "all":
+        return v
+    if isinstance(v, str) and v.isdigit():
+        v = int(v)
+    return _int(1)(v) if isinstance(v, int) else _choice(("all", "an integer >= 1"))(v)
 
 
 def _mapping(v):
@@ -226,7 +250,7 @@ CHECKS: dict[str, Callable[[Any], Any]] = {
     "method": _choice(METHOD_NAMES), "batch_size": _int(1), "device": _device, "workers": _int(0),
     "seed": _int(0), "output": _opt_str, "format": _choice(FORMATS), "scores": _opt_str,
     "budget": _opt(_int(1)), "quiet": _bool,
-    "embeddings": _bool, "embeddings_file": _opt_str, "diverse": _bool, "diverse_candidates": _opt(_int(1)),
+    "embeddings": _bool, "embeddings_file": _opt_str, "diverse": _bool, "diverse_candidates": _candidates,
     "per_class": _opt(_choice(PER_CLASS_MODES)), "exclude": _files, "image_root": _opt_str,
     "image_dir": _opt_str, "contact_sheet": _opt_str,
     "checkpoint_every": _int(1), "resume": _bool, "strict": _bool, "shard": _shard,
@@ -281,7 +305,8 @@ def load_settings(config: str | Path | None = None, overrides: dict | None = Non
         _apply(settings, read_yaml(config), lambda k: f"key '{k}' in {config}")
     given = {k: v for k, v in (overrides or {}).items() if v is not None}
     if flag_names:
-        _apply(settings, given, lambda k: f"option --{k.replace('_', '-')}")
+        _apply(settings, given, lambda k: f"option {flag(k)}")
     else:
+        settings.from_api = True
         _apply(settings, given, lambda k: f"argument {k}=")
     return settings

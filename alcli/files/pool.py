@@ -59,6 +59,7 @@ class Pool(Dataset):
     has_labels: bool
     kind: str  # "images" or "tensors"
     classes: list[str] | None = None  # class names, where the source names them (class folders)
+    given_ids: list | None = None  # the caller's ids (any type) where `ids` holds their text
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -341,13 +342,23 @@ def open_pool(spec: str, opts: PoolOptions, stdin=None) -> Pool:
 
 
 def tensor_pool(x, y=None, ids=None, name: str = "tensor pool") -> TensorPool:
-    """A pool from in-memory data (the Python API): x [N, ...], optional labels y [N] and ids."""
-    x = torch.as_tensor(x)
-    y = None if y is None else torch.as_tensor(y)
-    if ids is not None:
-        ids = [str(i) for i in ids]
-        check_unique_ids(name, ids)
-    return TensorPool(name, x, y, ids)
+    """A pool from in-memory data (the Python API): x [N, ...], optional labels y [N] and ids of
+    any type (default: the positions 0..N-1). Rows scored in memory carry the ids as given; tables
+    and ranking ties use their text."""
+    try:
+        x = torch.as_tensor(x)
+        y = None if y is None else torch.as_tensor(y)
+    except (TypeError, ValueError, RuntimeError) as err:
+        raise PoolError(f"{name}: the examples must be one tensor or array [N, ...] (and labels "
+                        f"[N]), not {type(x).__name__} ({first_line(err)})") from None
+    if x.dim() == 0:
+        raise PoolError(f"{name}: the examples must be a tensor or array [N, ...], not a scalar")
+    given = list(range(x.shape[0])) if ids is None else list(ids)
+    texts = [str(i) for i in given]
+    check_unique_ids(name, texts)
+    pool = TensorPool(name, x, y, texts)
+    pool.given_ids = given
+    return pool
 
 
 __all__ = ["Batch", "Item", "Pool", "PoolOptions", "check_unique_ids", "collate", "image_transform",

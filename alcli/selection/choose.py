@@ -9,20 +9,21 @@ from .rank import order_key
 
 
 def choose(rows: list[dict], budget: int, *, per_class: str | None = None, factors=None,
-           seed: int = 0, candidates: int | None = None) -> list[dict]:
+           seed: int = 0, candidates: int | str | None = None) -> list[dict]:
     """The labeling batch from ranked, already filtered `rows`, best score first (ties by id).
 
     per_class: None, "proportional" or "equal": quotas per predicted class (`pred`) from
-    alcli.balance, best scores first within a class. factors: (a [N, C], b [N, D]) BADGE factors
-    aligned with `rows` for diverse selection (alcli.diverse.select_diverse, among the
-    `candidates` best; default 10 x the budget), per class when both are asked for. Rows keep
+    balance.py, best scores first within a class. factors: (a [N, C], b [N, D]) BADGE factors
+    aligned with `rows` for diverse selection (diverse.select_diverse, among the `candidates`
+    best; default 10 x the budget; "all": classic BADGE over every row), per class when both are
+    asked for. Rows keep
     their `rank` (their place in the whole table). A ValueError names what is wrong.
     """
     if budget < 1:
         raise ValueError("budget must be at least 1")
     if per_class is None and factors is None:
         return sorted(rows, key=order_key)[:budget]
-    if candidates is not None and candidates < budget:
+    if isinstance(candidates, int) and candidates < budget:
         raise ValueError(f"--diverse-candidates {candidates} is smaller than the budget {budget}; "
                          f"diverse selection picks the batch among that many best-scoring examples")
     groups: dict = {None: list(range(len(rows)))}
@@ -45,7 +46,8 @@ def choose(rows: list[dict], budget: int, *, per_class: str | None = None, facto
             continue
         take = torch.tensor(members, dtype=torch.long)
         ids = [str(rows[i]["id"]) for i in members]
-        m = None if candidates is None else min(candidates, len(members))
+        m = (None if candidates is None else len(members) if candidates == "all"
+             else min(candidates, len(members)))
         picked = set(select_diverse(ids, [float(rows[i]["score"]) for i in members],
                                     factors[0][take], factors[1][take], quota[c], seed,
                                     candidates=m))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterable
 
 import torch
 
@@ -22,16 +23,16 @@ from ..files.embeddings import EmbeddingsError, embeddings_path, load_embeddings
 from ..files.pool import PoolOptions, open_pool
 from ..files.table import read_meta, sidecar, write_table
 from .choose import choose
-from .exclusions import ExclusionsError, read_exclusions
+from .exclusions import Exclusions, ExclusionsError, excluded_ids, read_exclusion_files
 from .export import contact_sheet, model_version_from, to_labelstudio, write_json
 from .rank import is_scored, rank
 
 
 @dataclass
 class SelectPlan:
-    """What `prepare` checked before any scoring: the excluded ids and the embeddings file."""
+    """What `prepare` checked before any scoring: the exclusions and the embeddings file."""
 
-    excluded: set[str] = field(default_factory=set)
+    exclusions: list[Exclusions] = field(default_factory=list)  # what --exclude names
     embeddings_file: str | None = None  # for --diverse on a table read from a file
     meta: dict = field(default_factory=dict)  # TABLE.meta.json of a table read from a file
 
@@ -46,18 +47,23 @@ class Picked:
 
 # --- select ---------------------------------------------------------------------------------------
 
-def prepare(settings: Settings, source: str | None, score_first: bool) -> SelectPlan:
+def prepare(settings: Settings, source: str | None, score_first: bool,
+            exclude_ids: Iterable | None = None) -> SelectPlan:
     """Check the selection options and read the exclusion files, before any scoring.
 
-    `source` is the table file ('-' = stdin, None = rows in memory or scored in this process)."""
+    `source` is the table file ('-' = stdin, None = rows in memory or scored in this process);
+    `exclude_ids` are ids to exclude given in memory (the Python API)."""
     plan = SelectPlan()
     if source not in (None, "-"):
         plan.meta = read_meta(sidecar(source, "meta.json")) or {}
     if settings.exclude:
         try:
-            plan.excluded = read_exclusions(settings.exclude)
+            plan.exclusions = read_exclusion_files(settings.exclude)
         except ExclusionsError as err:
             raise ConfigError(f"{settings.where('exclude')}: {_sentence(err)}") from None
+    if exclude_ids is not None:
+        plan.exclusions.append(Exclusions(f"{settings.where('exclude')} (ids)",
+                                          [str(i) for i in exclude_ids]))
     if settings.diverse and not score_first:
         if settings.embeddings_file:
             path = settings.embeddings_file
@@ -66,7 +72,7 @@ def prepare(settings: Settings, source: str | None, score_first: bool) -> Select
         else:
             raise ConfigError(f"{settings.where('diverse')} needs the embeddings of the table, and "
                               f"a table from stdin (or rows in memory) has no file beside it: "
-                              f"pass --embeddings FILE")
+                              f"pass {settings.option('embeddings_file', 'FILE')}")
         if not Path(path).is_file():
             raise ConfigError(f"{settings.where('diverse')} needs the embeddings file {path}, which "
                               f"does not exist; write it with `alcli score --embeddings -o TABLE`")
@@ -92,8 +98,11 @@ def pick(settings: Settings, rows: list[dict], plan: SelectPlan, *, embeddings=N
     `embeddings` (alcli.score.embeddings.Embeddings) are those captured in this process; otherwise
     --diverse reads `plan.embeddings_file`. `pool` is the pool scored in this process, if any."""
     ranked = rank(rows)
-    kept = [r for r in ranked if str(r["id"]) not in plan.excluded]
-    notes = []
+    try:
+        excluded, notes = excluded_ids(plan.exclusions, ranked, settings.image_root)
+    except ExclusionsError as err:
+        raise ConfigError(f"{settings.where('exclude')}: {_sentence(err)}") from None
+    kept = [r for r in ranked if str(r["id"]) not in excluded]
     if not ranked:
         raise ConfigError("there are no rows to select from")
     if not kept:
@@ -207,8 +216,8 @@ def draw_sheet(rows: list[dict], paths: list[str], settings: Settings) -> list[s
     where = settings.where("contact_sheet")
     if not any(os.path.isfile(p) for p in paths):
         raise ConfigError(f"{where}: none of the {len(paths)} selected images was found (the "
-                          f"first would be {paths[0]}); pass --image-dir DIR, the folder the ids "
-                          f"are relative to")
+                          f"first would be {paths[0]}); pass {settings.option('image_dir', 'DIR')}, "
+                          f"the folder the ids are relative to")
     try:
         failed = contact_sheet(rows, None, settings.contact_sheet, paths=paths)
     except OSError as err:
