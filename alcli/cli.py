@@ -50,7 +50,8 @@ Method = Annotated[Optional[str], typer.Option(
     help="Engine method: auto (default), ghost, replicate, vmap, loop.")]
 BatchSize = Annotated[Optional[int], typer.Option("--batch-size", "-b", help="Examples per batch \\[default: 64].")]
 Device = Annotated[Optional[str], typer.Option(help="auto (prefers CUDA), cpu, cuda, cuda:N, mps.")]
-Workers = Annotated[Optional[int], typer.Option("--workers", "-j", help="Data-loading worker processes \\[default: 0].")]
+Workers = Annotated[Optional[int], typer.Option("--workers", "-j", help="Data-loading worker processes \\[default: 0 on the CPU, "
+                                            "the CPU count (at most 8) on CUDA].")]
 Seed = Annotated[Optional[int], typer.Option(
     help="Seed for the random strategy and for select --diverse \\[default: 0].")]
 Output = Annotated[Optional[str], typer.Option(

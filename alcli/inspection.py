@@ -62,7 +62,7 @@ def inspect_model(settings: Settings, *, model: nn.Module | None = None, pool=No
     batch: Batch = collate([the_pool[i] for i in range(min(2, len(the_pool)))])
     if batch.errors:
         raise ConfigError(batch.errors[0][1])
-    inputs = to_model(batch.inputs, net, torch.device("cpu"))
+    inputs = to_model(batch.inputs, net, torch.device("cpu"), the_pool.to_float)
     targets = forward(net, inputs, the_pool.name).argmax(dim=1)
     grad_norms_per_target(net, inputs, [targets], params=settings.layers, method="auto")
     info.method, info.reason = auto_choice(net, settings.layers) or ("auto", "")

@@ -101,8 +101,8 @@ def child_compute(args) -> dict:
     batches = [collate([pool[i] for i in range(s, min(n, s + args.batch_size))])
                for s in range(0, n, args.batch_size)]
     device = torch.device("cpu")
-    score_batch(net, batches[0], settings, device, pool.has_labels, pool.name)  # warm-up, untimed
-    inputs = [to_model(b.inputs, net, device) for b in batches]
+    score_batch(net, batches[0], settings, device, pool)  # warm-up, untimed
+    inputs = [to_model(b.inputs, net, device, pool.to_float) for b in batches]
     # the engine alone, at the targets the gradnorm strategy uses (the predicted class)
     targets = [forward(net, x, pool.name).argmax(dim=1) for x in inputs]
     scoring = engine = 0.0
@@ -111,7 +111,7 @@ def child_compute(args) -> dict:
         for which in (("score", "engine") if i % 2 == 0 else ("engine", "score")):
             start = time.perf_counter()
             if which == "score":
-                count += len(score_batch(net, batch, settings, device, pool.has_labels, pool.name))
+                count += len(score_batch(net, batch, settings, device, pool))
                 scoring += time.perf_counter() - start
             else:
                 grad_norms_per_target(net, x, [t], params=settings.layers, method=settings.method)

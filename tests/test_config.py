@@ -1,8 +1,12 @@
 """Settings: defaults < YAML < flags; unknown keys and wrong types name the key."""
-import pytest
+import os
 
-from alcli.files.config import KEYS, Settings, Transform, load_settings
+import pytest
+import torch
+
 from alcli.errors import ConfigError
+from alcli.files.config import KEYS, Settings, Transform, load_settings
+from alcli.score.runner import default_workers
 
 
 def write(tmp_path, text, name="c.yaml"):
@@ -13,7 +17,10 @@ def write(tmp_path, text, name="c.yaml"):
 
 def test_defaults():
     s = load_settings()
-    assert (s.strategy, s.method, s.batch_size, s.device, s.workers, s.format) == ("egl", "auto", 64, "auto", 0, "csv")
+    assert (s.strategy, s.method, s.batch_size, s.device, s.workers, s.format) == ("egl", "auto", 64, "auto", None, "csv")
+    # workers: none on the CPU (they would compete with the compute threads), one per core on CUDA
+    assert default_workers(torch.device("cpu")) == 0
+    assert default_workers(torch.device("cuda")) == min(os.cpu_count(), 8)
     assert s.transform == Transform() and s.layers is None and s.arch_kwargs == {}
 
 

@@ -22,8 +22,9 @@ def test_folder_is_recursive_sorted_and_keyed_by_relative_path(workspace):
     pool = open_pool(str(workspace.pool), opts())
     assert pool.ids == sorted(workspace.images) and not pool.has_labels
     item = pool[pool.ids.index("a/img00.png")]
-    assert item.error is None and item.label == -1
-    assert torch.allclose(item.input, workspace.image_input("a/img00.png").float(), atol=1e-6)
+    assert item.error is None and item.label == -1 and item.input.dtype == torch.uint8
+    model_input = pool.to_float(item.input[None])[0]  # on the device, in the runner
+    assert torch.allclose(model_input, workspace.image_input("a/img00.png").float(), atol=1e-6)
 
 
 def test_labels_from_folders_follow_imagefolder(workspace):
@@ -116,7 +117,8 @@ def test_unknown_pool_kinds(tmp_path):
 def test_channels_follow_the_model(tmp_path):
     rgb = np.random.default_rng(1).integers(0, 256, (5, 7, 3), dtype=np.uint8)
     img = Image.fromarray(rgb, "RGB")
-    gray = image_transform(Transform(), 1)(img)
+    t1 = image_transform(Transform(), 1)
+    gray = t1.to_float(t1(img))
     assert gray.shape == (1, 5, 7)
     assert torch.allclose(gray[0], torch.from_numpy(np.asarray(img.convert("L"), np.float32) / 255))
     three = image_transform(Transform(), 3)(img.convert("L"))  # grayscale file, colour model
@@ -134,7 +136,10 @@ def test_resize_crop_normalize_values():
     img = Image.fromarray(arr, "RGB")
     t = Transform(resize=8, center_crop=[6, 4],
                   normalize={"mean": [0.1, 0.2, 0.3], "std": [0.5, 0.25, 0.2]})
-    out = image_transform(t, 3)(img)
+    tf = image_transform(t, 3)
+    stored = tf(img)  # what the DataLoader's workers hand over: uint8
+    assert stored.dtype == torch.uint8
+    out = tf.to_float(stored[None])[0]
     resized = np.asarray(img.resize((16, 8), Image.BILINEAR), np.float32) / 255  # shorter side 8
     crop = resized[1:7, 6:10]                                                    # centre 6x4
     expected = (torch.from_numpy(crop).permute(2, 0, 1) - torch.tensor([0.1, 0.2, 0.3]).view(3, 1, 1)) \

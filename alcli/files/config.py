@@ -50,7 +50,7 @@ class Settings:
     method: str = "auto"
     batch_size: int = 64
     device: str = "auto"
-    workers: int = 0
+    workers: int | None = None  # None: 0 on the CPU, the CPU count (at most 8) on CUDA
     seed: int = 0
     output: str | None = None
     format: str = "csv"
@@ -247,7 +247,7 @@ CHECKS: dict[str, Callable[[Any], Any]] = {
     "model": _opt_str, "arch": _opt_str, "arch_kwargs": _mapping, "trust_checkpoint": _bool,
     "pool": _opt_str, "labels_from_folders": _bool, "transform": _transform,
     "strategy": _choice(STRATEGY_NAMES), "top_classes": _opt(_int(1)), "layers": _layers,
-    "method": _choice(METHOD_NAMES), "batch_size": _int(1), "device": _device, "workers": _int(0),
+    "method": _choice(METHOD_NAMES), "batch_size": _int(1), "device": _device, "workers": _opt(_int(0)),
     "seed": _int(0), "output": _opt_str, "format": _choice(FORMATS), "scores": _opt_str,
     "budget": _opt(_int(1)), "quiet": _bool,
     "embeddings": _bool, "embeddings_file": _opt_str, "diverse": _bool, "diverse_candidates": _candidates,

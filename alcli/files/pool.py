@@ -60,6 +60,8 @@ class Pool(Dataset):
     kind: str  # "images" or "tensors"
     classes: list[str] | None = None  # class names, where the source names them (class folders)
     given_ids: list | None = None  # the caller's ids (any type) where `ids` holds their text
+    to_float: Callable | None = None  # batch of stored inputs on the device -> model input
+                                      # (images: uint8 -> normalized float); None: as they are
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -73,6 +75,7 @@ class ImagePool(Pool):
         self.name, self.ids, self.paths, self.labels = name, ids, paths, labels
         self.has_labels = any(label >= 0 for label in labels)
         self.transform = transform
+        self.to_float = transform.to_float
 
     def __getitem__(self, i: int) -> Item:
         try:
@@ -124,7 +127,9 @@ def collate(items: list[Item]) -> Batch:
 # --- images -------------------------------------------------------------------------------------
 
 class ImageTransform:
-    """PIL image -> float tensor [C, H, W]: channel mode, resize, center crop, [0, 1], normalize.
+    """PIL image -> uint8 tensor [C, H, W] (channel mode, resize, center crop), made in the
+    DataLoader's workers; `to_float` then turns a batch into the model's input on its device
+    ([0, 1], normalize), so images travel as uint8, a quarter of float32.
 
     Resize and crop follow torchvision's conventions (bilinear; an int resizes the shorter side;
     a crop larger than the image pads with zeros) without importing torchvision (startup time).
@@ -145,11 +150,16 @@ class ImageTransform:
             img = img.resize(_resized(img.size, self.t.resize), Image.BILINEAR)
         if self.t.center_crop is not None:
             img = img.crop(_crop_box(img.size, self.t.center_crop))
-        x = torch.from_numpy(np.asarray(img, dtype=np.float32) / 255.0)
+        x = torch.from_numpy(np.array(img, dtype=np.uint8))
         x = x.unsqueeze(0) if x.dim() == 2 else x.permute(2, 0, 1)  # [C, H, W]
-        if self.mean is not None:
-            x = (x - self.mean) / self.std
         return x.contiguous()
+
+    def to_float(self, x: torch.Tensor) -> torch.Tensor:
+        """uint8 [..., C, H, W] on any device -> float32 in [0, 1], normalized, on that device."""
+        x = x.to(torch.float32) / 255.0
+        if self.mean is not None:
+            x = (x - self.mean.to(x.device, non_blocking=True)) / self.std.to(x.device, non_blocking=True)
+        return x
 
 
 def _resized(size: tuple[int, int], resize) -> tuple[int, int]:

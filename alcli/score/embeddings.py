@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from ..selection.diverse import badge_factors
+from .strategies import exact_dtype
 from ..errors import RunError
 
 
@@ -96,7 +97,7 @@ class EmbeddingRecorder:
                            f"{list(h.shape)}, not [batch, features]")
         h = h.detach()
         dtype = h.dtype if h.dtype in (torch.float32, torch.float64) else torch.float32
-        probs = torch.softmax(logits.detach().double(), dim=1)           # [B, C]
+        probs = torch.softmax(logits.detach().to(exact_dtype(logits)), dim=1)  # [B, C]
         a, b = badge_factors(probs, h.to(torch.float64 if dtype == torch.float64 else dtype))
         self._ids.extend(ids)
         self._a.append(a.to(dtype).cpu())

@@ -40,7 +40,8 @@ def model_classes(model: nn.Module, pool: Pool, device: torch.device) -> int | N
         if item.error is None:
             batch = collate([item])
             try:
-                logits = forward(model, to_model(batch.inputs, model, device), pool.name)
+                logits = forward(model, to_model(batch.inputs, model, device, pool.to_float),
+                                 pool.name)
             except torch.cuda.OutOfMemoryError:
                 raise RunError("CUDA ran out of memory on a single example; use a smaller model "
                                "input, --layers, or another --device") from None

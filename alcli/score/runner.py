@@ -6,6 +6,7 @@ one collated batch in, one row per example out, nothing else touched.
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator
@@ -22,10 +23,17 @@ from ..files.pool import Batch, Pool, collate
 from .strategies import STRATEGIES, StrategyInputs, loss_at_targets
 
 
-def make_loader(pool: Pool, batch_size: int, workers: int, device: torch.device,
+def default_workers(device: torch.device) -> int:
+    """Loading in the main process on the CPU (workers would compete with the compute threads);
+    on CUDA one worker per CPU core, at most 8, so decoding keeps up with the device."""
+    return min(os.cpu_count() or 1, 8) if device.type == "cuda" else 0
+
+
+def make_loader(pool: Pool, batch_size: int, workers: int | None, device: torch.device,
                 batches: Iterable[list[int]] | None = None) -> DataLoader:
     """Batches in pool order; workers read and decode ahead; pinned memory on CUDA.
     `batches` (lists of pool indices) replaces the plain consecutive batches (resume uses it)."""
+    workers = default_workers(device) if workers is None else workers
     if batches is not None:
         return DataLoader(pool, batch_sampler=batches, num_workers=workers, collate_fn=collate,
                           pin_memory=device.type == "cuda", persistent_workers=False)
@@ -34,9 +42,16 @@ def make_loader(pool: Pool, batch_size: int, workers: int, device: torch.device,
                       persistent_workers=False)
 
 
-def to_model(inputs: torch.Tensor, model: nn.Module, device: torch.device) -> torch.Tensor:
-    """Inputs on the device, floating inputs in the model's dtype (tensor pools may be float64)."""
+def to_model(inputs: torch.Tensor, model: nn.Module, device: torch.device,
+             to_float: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+    """Inputs on the device (a non-blocking copy from pinned memory on CUDA), made model inputs
+    there by the pool's `to_float` (images: uint8 -> normalized float), floating inputs in the
+    model's dtype (tensor pools may be float64); channels-last images for CUDA convolutions."""
     inputs = inputs.to(device, non_blocking=True)
+    if to_float is not None:
+        inputs = to_float(inputs)
+    if device.type == "cuda" and inputs.dim() == 4:
+        inputs = inputs.contiguous(memory_format=torch.channels_last)
     dtype = model_dtype(model)
     if inputs.is_floating_point() and dtype is not None and inputs.dtype != dtype:
         inputs = inputs.to(dtype)
@@ -55,27 +70,28 @@ def forward(model: nn.Module, inputs: torch.Tensor, pool_name: str) -> torch.Ten
 
 
 def score_batch(model: nn.Module, batch: Batch, settings: Settings, device: torch.device,
-                has_labels: bool, pool_name: str = "the pool", *,
-                embeddings: EmbeddingRecorder | None = None) -> list[dict]:
-    """One collated batch -> one row per example: id, score, pred, confidence, [label], loss,
-    extras, and the example's file as `path` for image pools."""
+                pool: Pool, *, embeddings: EmbeddingRecorder | None = None) -> list[dict]:
+    """One collated batch of `pool` -> one row per example: id, score, pred, confidence, [label],
+    loss, extras, and the example's file as `path` for image pools. The rows come home in one
+    copy from the device."""
     if batch.errors:  # iter_rows hands the readable part only; called directly, bad items are fatal
         raise PoolError(batch.errors[0][1])
     if not batch.ids:
         return []
-    inputs = to_model(batch.inputs, model, device)
-    labels = batch.labels.to(device)
+    pool_name, has_labels = pool.name, pool.has_labels
+    inputs = to_model(batch.inputs, model, device, pool.to_float)
+    labels = batch.labels.to(device, non_blocking=True)
     strategy = STRATEGIES[settings.strategy]
     logits = None  # gradient strategies take the logits from the engine's own forward
     if not strategy.gradients or embeddings is not None:
         with record(embeddings, model, batch.ids):         # BADGE factors, when asked for
             logits = forward(model, inputs, pool_name)     # [B, C]
-        _check_labels(logits, labels, batch.ids, pool_name)
+        _check_labels(logits, batch.labels, batch.ids, pool_name)
     s = StrategyInputs(model=model, inputs=inputs, labels=labels, logits=logits, ids=batch.ids,
                        layers=settings.layers, method=settings.method,
                        top_classes=settings.top_classes, seed=settings.seed,
-                       check_logits=lambda out: _check_labels(_checked_logits(out), labels, batch.ids,
-                                                              pool_name))
+                       check_logits=lambda out: _check_labels(_checked_logits(out), batch.labels,
+                                                              batch.ids, pool_name))
     try:
         cols = strategy.fn(s)
     except UnsupportedModel as err:
@@ -90,22 +106,36 @@ def score_batch(model: nn.Module, batch: Batch, settings: Settings, device: torc
     score = cols.pop("score")
     finite = torch.isfinite(score) & torch.isfinite(loss.to(score.device))
     score = torch.where(finite, score, torch.full_like(score, math.nan))  # ranked last, counted
-    common = {"score": score, "pred": pred, "confidence": conf}
-    if has_labels:
-        common["label"] = labels
-    common["loss"] = loss
-    values = {k: v.detach().cpu().tolist() for k, v in {**common, **cols}.items()}
+    columns = {"score": score, "pred": pred, "confidence": conf, "loss": loss, **cols}
+    values = dict(zip(columns, _home(list(columns.values()))))
+    values["pred"] = [int(p) for p in values["pred"]]
+    labels_home = batch.labels.tolist() if has_labels else None
     rows = []
     for i, id_ in enumerate(batch.ids):
-        row = {"id": id_}
-        for key, column in values.items():
-            row[key] = column[i]
-        if has_labels and row["label"] < 0:
-            row["label"] = None
+        row = {"id": id_, "score": values["score"][i], "pred": values["pred"][i],
+               "confidence": values["confidence"][i]}
+        if has_labels:
+            row["label"] = labels_home[i] if labels_home[i] >= 0 else None
+        for key in list(columns)[3:]:
+            row[key] = values[key][i]
         if batch.paths is not None:
             row["path"] = batch.paths[i]
         rows.append(row)
     return rows
+
+
+def _home(columns: list[torch.Tensor]) -> list[list[float]]:
+    """[B] columns on the device -> Python lists, in one copy (into pinned memory on CUDA).
+    float64 holds every score and every class index exactly (MPS, which has no float64: float32)."""
+    dtype = torch.float32 if columns[0].device.type == "mps" else torch.float64
+    stacked = torch.stack([c.detach().to(dtype) for c in columns])  # [K, B] on the device
+    if stacked.device.type == "cuda":
+        host = torch.empty(stacked.shape, dtype=dtype, pin_memory=True)
+        host.copy_(stacked, non_blocking=True)
+        torch.cuda.current_stream(stacked.device).synchronize()  # the batch's one sync
+    else:
+        host = stacked.cpu()
+    return host.tolist()
 
 
 def _cannot_run(inputs: torch.Tensor, pool_name: str, err: Exception) -> RunError:
@@ -121,12 +151,12 @@ def _checked_logits(out) -> torch.Tensor:
 
 
 def _check_labels(logits: torch.Tensor, labels: torch.Tensor, ids: list[str], pool_name: str):
+    """Labels (on the host, as the batch brought them) within the model's classes."""
     classes = logits.shape[1]
-    bad = (labels >= classes).nonzero().flatten()
-    if len(bad):
-        i = int(bad[0])
-        raise RunError(f"example {ids[i]} of {pool_name} has label {int(labels[i])}, but the "
-                       f"model has {classes} classes (0..{classes - 1})")
+    for i, label in enumerate(labels.tolist()):
+        if label >= classes:
+            raise RunError(f"example {ids[i]} of {pool_name} has label {label}, but the "
+                           f"model has {classes} classes (0..{classes - 1})")
 
 
 def _part(batch: Batch, start: int, size: int) -> Batch:
@@ -139,26 +169,41 @@ class MicroBatches:
     """Score a batch in pieces no larger than the size that last fit in memory.
 
     On a CUDA out-of-memory error the piece is halved and retried (down to one example); the size
-    that fit is kept for the rest of the run and reported once through `say`. The engine is
-    per-example, so the rows are those of an unsplit run (up to float32 rounding, which depends on
-    how many examples share a matrix product).
+    that fit is kept for the rest of the run and reported once through `say`. The first batch
+    also pays for the engine's first-call probes (layout, checks), so a limit found there is put
+    to the test once: the second batch tries the full size again, and falls back to the limit
+    only if that fails. The engine is per-example, so the rows are those of an unsplit run (up
+    to float32 rounding, which depends on how many examples share a matrix product).
     """
 
     def __init__(self, say: Callable[[str], None] | None = None):
         self.limit: int | None = None
         self.say = say
+        self.batches = 0
+        self.first_limit: int | None = None  # the first batch's limit, while the full size is retried
 
     def __call__(self, batch: Batch, score: Callable[[Batch], list[dict]]) -> list[dict]:
+        if self.batches == 1 and self.limit is not None:
+            self.first_limit, self.limit = self.limit, None
+        rows = self._split(batch, score)
+        self.batches += 1
+        self.first_limit = None
+        return rows
+
+    def _split(self, batch: Batch, score: Callable[[Batch], list[dict]]) -> list[dict]:
         n, start, rows = len(batch.ids), 0, []
         while start < n:
             size = n - start if self.limit is None else min(self.limit, n - start)
             try:
                 rows.extend(score(batch if size == n else _part(batch, start, size)))
             except torch.cuda.OutOfMemoryError:
+                if self.first_limit is not None:  # the full size failed again: the first limit holds
+                    self.limit, self.first_limit = self.first_limit, None
+                    continue
                 if size == 1:
                     raise RunError("CUDA ran out of memory on a single example; use a smaller "
                                    "model input, --layers, or another --device") from None
-                if self.limit is None and self.say:
+                if self.limit is None and self.say and not self.batches:
                     self.say(f"CUDA out of memory at batch size {size}; scoring in micro-batches "
                              f"of at most {size // 2} from now on")
                 self.limit = size // 2
@@ -188,8 +233,8 @@ def iter_rows(model: nn.Module, pool: Pool, settings: Settings, device: torch.de
                 raise PoolError(batch.errors[0][1])
             on_errors(batch.errors)
             batch = batch._replace(errors=[])
-        yield micro(batch, lambda b: score_batch(model, b, settings, device, pool.has_labels,
-                                                 pool.name, embeddings=embeddings))
+        yield micro(batch, lambda b: score_batch(model, b, settings, device, pool,
+                                                 embeddings=embeddings))
 
 
 @dataclass

@@ -19,6 +19,11 @@ from ..gradnorm import grad_norms_per_target
 Columns = dict[str, torch.Tensor]
 
 
+def exact_dtype(t: torch.Tensor) -> torch.dtype:
+    """The dtype scores are computed in: float64, or float32 on MPS, which has no float64."""
+    return torch.float32 if t.device.type == "mps" else torch.float64
+
+
 @dataclass
 class StrategyInputs:
     """One batch as a strategy sees it. `logits` come from a plain no-grad forward in eval mode,
@@ -36,8 +41,8 @@ class StrategyInputs:
     check_logits: Callable[[torch.Tensor], None] | None = None  # validates the engine's logits
 
     @property
-    def probs(self) -> torch.Tensor:  # [B, C] float64
-        return torch.softmax(self.logits.double(), dim=1)
+    def probs(self) -> torch.Tensor:  # [B, C] float64 (float32 on MPS)
+        return torch.softmax(self.logits.to(exact_dtype(self.logits)), dim=1)
 
     @property
     def targets(self) -> torch.Tensor:
@@ -78,7 +83,7 @@ def _grad_norms(s: StrategyInputs, choose: Callable[[StrategyInputs], list[torch
         return choose(s)
 
     norms, _ = grad_norms_per_target(s.model, s.inputs, target_sets, params=s.layers, method=s.method)
-    return norms.detach().double().to(s.logits.device)
+    return norms.detach().to(s.logits.device, exact_dtype(s.logits))
 
 
 def _most_probable(s: StrategyInputs) -> list[torch.Tensor]:
@@ -111,7 +116,7 @@ def gradnorm(s: StrategyInputs) -> Columns:
 
 def loss_at_targets(s: StrategyInputs) -> torch.Tensor:
     """Cross-entropy at the given label where known, else at the predicted class -> [B] float64."""
-    return F.cross_entropy(s.logits.double(), s.targets, reduction="none")
+    return F.cross_entropy(s.logits.to(exact_dtype(s.logits)), s.targets, reduction="none")
 
 
 @strategy("loss")
@@ -151,4 +156,5 @@ def seeded_uniform(seed: int, id_: str) -> float:
 @strategy("random")
 def random(s: StrategyInputs) -> Columns:
     """A seeded random number per example (a baseline)."""
-    return {"score": torch.tensor([seeded_uniform(s.seed, i) for i in s.ids], dtype=torch.float64)}
+    return {"score": torch.tensor([seeded_uniform(s.seed, i) for i in s.ids], dtype=exact_dtype(s.logits),
+                                  device=s.logits.device)}
