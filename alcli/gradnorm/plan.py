@@ -6,24 +6,24 @@ from dataclasses import dataclass
 import torch
 
 from .errors import UnsupportedModel
-from .params import Selection
+from .params import ParamSelection
 from .rules import rule_for
 
 
 @dataclass
-class Plan:
+class HookPlan:
     """Which modules are hooked and which parameter paths each rule must cover."""
     modules: dict    # module name -> module
     rules: dict      # module name -> rules.Entry
     paths: dict      # module name -> {param path within module: parameter}
 
 
-def make_plan(model, selection: Selection) -> Plan:
+def make_plan(model, selection: ParamSelection) -> HookPlan:
     if isinstance(model, torch.jit.ScriptModule):
         raise UnsupportedModel("a TorchScript module cannot take the forward hooks this method needs")
     modules = dict(model.named_modules(remove_duplicate=False))
     claimed_children: set[str] = set()
-    plan = Plan({}, {}, {})
+    plan = HookPlan({}, {}, {})
     for name, module in modules.items():
         for child in rule_for(module).claims_children:
             claimed_children.add(f"{name}.{child}" if name else child)
@@ -46,7 +46,7 @@ def make_plan(model, selection: Selection) -> Plan:
     return plan
 
 
-def describe(model, selection: Selection) -> list[tuple[str, str, str, int]]:
+def describe(model, selection: ParamSelection) -> list[tuple[str, str, str, int]]:
     """[(module name, module type, rule name, selected parameter count)] for `alcli inspect`."""
     plan = make_plan(model, selection)
     return [(name, type(plan.modules[name]).__name__, plan.rules[name].name,

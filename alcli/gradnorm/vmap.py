@@ -5,13 +5,13 @@ import torch
 from torch.func import functional_call, grad, vmap
 
 from .errors import UnsupportedModel
-from .params import Selection
+from .params import ParamSelection
 from .uses import ModuleStack
 
 CHUNK_ELEMENTS = 1 << 25  # per-example gradients held at once (~128 MB in float32)
 
 
-def vmap_norms(model, inputs, targets_for, selection: Selection, loss_fn):
+def vmap_norms(model, inputs, targets_for, selection: ParamSelection, loss_fn):
     """-> [K, B] norms and [B, C] logits; `targets_for(logits)` gives the K target sets."""
     batch = inputs.shape[0]
     params = {name: p.detach() for name, p in zip(selection.names, selection.params)}

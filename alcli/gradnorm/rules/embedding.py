@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from ..errors import UnsupportedModel
-from . import register
+from .registry import register
 
 
 @register(nn.Embedding, layout="anywhere")
