@@ -150,6 +150,31 @@ class PackedLSTM(nn.Module):
         return self.head(h[-1])
 
 
+class SortedPackedGRU(nn.Module):
+    """pack_padded_sequence(enforce_sorted=True): the batch must come longest first, so the
+    model crashes on the same examples in another order."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, 5)
+        self.gru = nn.GRU(5, 6, batch_first=True)
+        self.head = nn.Linear(6, 3)
+
+    def forward(self, tokens):
+        lengths = (tokens != PAD).sum(1)
+        packed = nn.utils.rnn.pack_padded_sequence(self.emb(tokens), lengths.cpu(), batch_first=True)
+        _, h = self.gru(packed)
+        return self.head(h[-1])
+
+
+def _sorted_tokens(gen, batch, length):
+    """Tokens with strictly decreasing lengths (length, length-1, ...)."""
+    t = torch.randint(1, VOCAB, (batch, length), generator=gen)
+    for i in range(batch):
+        t[i, length - i:] = PAD
+    return t
+
+
 class TiedLM(nn.Module):
     """Output Linear's weight IS the embedding weight; predicts a token from a context."""
 
@@ -531,6 +556,7 @@ _BUILDERS: dict[str, tuple[Callable[[], nn.Module], Callable, int]] = {
     "transformer_seq_first": (SeqFirstTransformer, lambda g, b: _tokens(g, b, 4), 4),
     "lstm": (LSTMClassifier, lambda g, b: _tokens(g, b, 6), 4),
     "packed_lstm": (PackedLSTM, lambda g, b: _tokens(g, b, 6), 4),
+    "packed_gru_sorted": (SortedPackedGRU, lambda g, b: _sorted_tokens(g, b, 6), 4),
     "tied": (TiedLM, lambda g, b: _tokens(g, b, 5), 4),
     "linear_twice": (LinearTwice, lambda g, b: torch.randn(b, 6, generator=g), 5),
     "bare_param": (BareParam, lambda g, b: _tokens(g, b, 5), 4),

@@ -17,7 +17,7 @@ from torch import nn
 from alcli.gradnorm import UnsupportedModel, grad_norms_per_target, per_example_grad_norms
 
 from gradnorm_zoo import one_thread  # noqa: F401  (autouse fixture)
-from gradnorm_zoo import (CASE_BY_ID, CASES, ManualRNN, PackedTokens, as_dtype, build, default_loss,
+from gradnorm_zoo import (CASE_BY_ID, CASES, VOCAB, ManualRNN, PackedTokens, as_dtype, build, default_loss,
                           oracle_norms, packed_inputs)
 
 METHODS = ["loop", "auto", "ghost", "vmap", "replicate"]
@@ -277,3 +277,41 @@ def test_called_under_no_grad(method):
         norms = call(method, model.double(), inputs.double(), targets)
     if norms is not None:
         assert_matches(norms, oracle_for("bn_res_cnn"), 1e-6, method)
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("case_id", ["simple", "transformer", "mlp", "lstm"])
+def test_empty_batch(case_id, method):
+    """B = 0: no example, no norm; every method answers shape [0] (and [K, 0] for K target sets)."""
+    model, inputs, targets = build(CASE_BY_ID[case_id].model)
+    norms = per_example_grad_norms(model, inputs[:0], targets[:0], method=method)
+    assert norms.shape == (0,) and norms.dtype == torch.float32
+    norms, logits = grad_norms_per_target(model, inputs[:0], [targets[:0], targets[:0]], method=method)
+    assert norms.shape == (2, 0) and logits.shape[0] == 0
+
+
+class EmbedSum(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, 6, padding_idx=None)
+        self.head = nn.Linear(6, 4)
+
+    def forward(self, tokens):  # [B, T], T may be 0
+        return self.head(torch.tanh(self.emb(tokens).sum(1)))
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("params", [["emb"], None], ids=["emb", "all"])
+def test_examples_without_tokens(method, params):
+    """Examples of no tokens ([B, 0]): the embedding gets no gradient, the head still does."""
+    torch.manual_seed(0)
+    model = EmbedSum().double().eval()
+    tokens = torch.zeros(3, 0, dtype=torch.long)
+    targets = torch.tensor([0, 1, 3])
+    select = None if params is None else (lambda n: n.startswith("emb."))
+    expected = oracle_norms(model, tokens, targets, select)
+    norms = call(method, model, tokens, targets, params=params)
+    if norms is not None:
+        assert_matches(norms, expected, 1e-6, f"{method} params={params}")
+    if params == ["emb"]:
+        assert norms is None or torch.equal(norms, torch.zeros(3, dtype=torch.float64))

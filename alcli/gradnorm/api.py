@@ -99,9 +99,15 @@ class EngineFallback(UserWarning):
 
 
 def _empty_batch(model, inputs, targets_for, selection, loss_fn):
-    """B = 0: no example, no norm -> [K, 0] norms and the model's (empty) logits."""
+    """B = 0: no example, no norm -> [K, 0] norms and the model's (empty) logits [0, C]. A model
+    whose forward cannot take an empty batch gives its logits' shape from a zero example."""
     with torch.no_grad():
-        logits = model(inputs)
+        try:
+            logits = model(inputs)
+        except torch.OutOfMemoryError:
+            raise
+        except Exception:  # the model's own forward refuses B = 0 (e.g. x.view(B, -1))
+            logits = model(torch.zeros((1, *inputs.shape[1:]), dtype=inputs.dtype, device=inputs.device))[:0]
     target_sets = targets_for(logits)
     return torch.zeros(len(target_sets), 0, dtype=torch.float64, device=logits.device), logits
 

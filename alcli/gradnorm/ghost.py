@@ -259,9 +259,12 @@ def _apply_layouts(plan: HookPlan, calls, layouts, batch: int):
             call.layout = layout
             if kind == "own":
                 continue
+            where = f"module '{name}' ({type(plan.modules[name]).__name__})"
+            if not call.args or not isinstance(call.args[0], torch.Tensor) or not call.taps:
+                raise UnsupportedModel(f"{where}: its rule needs a tensor as the first positional "
+                                       "input and a floating-point output")
             d_in, d_out = layout.in_dims[0], layout.out_dims[0]
             x, out = call.args[0], call.taps[0]  # the tap has the output's shape
-            where = f"module '{name}' ({type(plan.modules[name]).__name__})"
             if d_in is None or d_out is None:
                 raise UnsupportedModel(f"{where}: its input or output is shared by all examples")
             check_batch([d_in], [x], batch, f"input of {where}")
