@@ -581,6 +581,28 @@ _BUILDERS: dict[str, tuple[Callable[[], nn.Module], Callable, int]] = {
 }
 
 
+# Which methods decline (UnsupportedModel) which zoo case; every other method must serve it, so an
+# engine change that makes a method decline a model it served fails the tests.
+ALL_BUT_LOOP = frozenset({"ghost", "vmap", "replicate"})
+DECLINES: dict[str, frozenset] = {
+    "lstm": frozenset({"replicate", "vmap"}),       # no vmap rule for the fused LSTM kernel (vmap: in float64)
+    "packed_lstm": ALL_BUT_LOOP,                    # PackedSequence output; sizes vary per example
+    "packed_gru_sorted": ALL_BUT_LOOP,              # cannot run its batch in another order
+    "bare_param": frozenset({"replicate"}),         # root and child both own selected parameters
+    "embedding_padding_idx": frozenset({"replicate"}),  # vmap's embedding rule ignores padding_idx
+    "manual_rnn": frozenset({"vmap"}),              # data-dependent loop length
+    "packed_tokens": ALL_BUT_LOOP,                  # the batch merged with the tokens
+    "weight_norm": frozenset({"ghost", "replicate"}),   # a parametrization computes the weight
+    "alias_attr_used": frozenset({"ghost", "replicate"}),  # the parent uses its alias directly
+    "parametrized_alias": frozenset({"ghost", "replicate"}),
+}
+# What `auto` settles on, where it is not ghost.
+AUTO_CHOICE: dict[str, str] = {
+    "packed_lstm": "loop", "packed_gru_sorted": "loop", "packed_tokens": "loop",
+    "weight_norm": "vmap", "alias_attr_used": "vmap", "parametrized_alias": "vmap",
+}
+
+
 @functools.lru_cache(maxsize=None)
 def _built(name: str):
     factory, make_inputs, batch = _BUILDERS[name]

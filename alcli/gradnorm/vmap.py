@@ -18,8 +18,13 @@ def vmap_norms(model, inputs, targets_for, selection: ParamSelection, loss_fn):
     numel = sum(p.numel() for p in params.values())
     chunk = max(1, min(batch, CHUNK_ELEMENTS // max(numel, 1)))
 
+    in_loss = [False]  # a failure after the model's forward is the loss function's
+
     def loss_of_one(p, x, t):
-        return loss_fn(functional_call(model, p, (x.unsqueeze(0),)), t.unsqueeze(0)).sum()
+        in_loss[0] = False
+        logits_i = functional_call(model, p, (x.unsqueeze(0),))
+        in_loss[0] = True
+        return loss_fn(logits_i, t.unsqueeze(0)).sum()
 
     per_example = vmap(grad(loss_of_one), in_dims=(None, 0, 0))
     with torch.no_grad():
@@ -32,7 +37,8 @@ def vmap_norms(model, inputs, targets_for, selection: ParamSelection, loss_fn):
     except torch.OutOfMemoryError:
         raise  # the caller splits the batch
     except (RuntimeError, NotImplementedError, TypeError) as err:
-        raise UnsupportedModel(f"torch.func cannot vmap {stack.where()} ({_first_line(err)})") from err
+        where = "the loss function" if in_loss[0] else stack.where()
+        raise UnsupportedModel(f"torch.func cannot vmap {where} ({_first_line(err)})") from err
     return torch.stack(rows), logits
 
 
