@@ -103,8 +103,8 @@ def _fingerprints(tree, batch: int) -> list:
 
 def _fingerprint(x: torch.Tensor, d: int) -> torch.Tensor:
     rows = torch.nan_to_num(x.detach().movedim(d, 0).reshape(x.shape[d], -1).double())
-    gen = torch.Generator().manual_seed(rows.shape[1])
-    weights = torch.rand(rows.shape[1], generator=gen, dtype=torch.float64).to(rows.device)
+    gen = torch.Generator(device=rows.device).manual_seed(rows.shape[1])  # same weights for both orders
+    weights = torch.rand(rows.shape[1], generator=gen, dtype=torch.float64, device=rows.device)
     return rows @ weights  # [B]
 
 
