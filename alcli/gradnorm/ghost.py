@@ -87,7 +87,10 @@ def ghost_norms(model, inputs, targets_for, selection: ParamSelection, loss_fn):
         def forward(*args, **kwargs):
             call = _new_call(args, kwargs)
             calls[name].append(call)
-            output, call.args = capture(module, args, kwargs, lambda t: _tap(call, t))
+            try:
+                output, call.args = capture(module, args, kwargs, lambda t: _tap(call, t))
+            except UnsupportedModel as err:
+                raise UnsupportedModel(f"module '{name}' ({type(module).__name__}): {err}") from err
             call.kwargs = {}
             call.out_spec = tree_flatten([None] * len(call.taps))[1]  # grad_out: one per tap
             return output

@@ -25,7 +25,8 @@ def make_plan(model, selection: ParamSelection) -> HookPlan:
     each cell's weights on the RNN), since the deeper module's calls run inside its forward and
     its rule would count them twice. A use the plan does not cover is caught by uses.UseWatch."""
     if isinstance(model, torch.jit.ScriptModule):
-        raise UnsupportedModel("a TorchScript module cannot take the forward hooks this method needs")
+        raise UnsupportedModel("the root module is a TorchScript module, which cannot take the forward "
+                               "hooks this method needs")
     modules = dict(model.named_modules())
     claimed = {id(getattr(m, child)) for m in modules.values() for child in rule_for(m).claims_children
                if getattr(m, child, None) is not None}

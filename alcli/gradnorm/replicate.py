@@ -84,8 +84,8 @@ def _replicated_forward(module, name: str, copies: dict, layouts: list):
         if inside[0]:  # functional_call below re-enters module(...)
             return original(module, *args, **kwargs)
         layout = next(calls, None)
-        if layout is None or MERGED in layout.out_dims:
-            raise UnsupportedModel(f"{label}: its outputs do not all carry the batch in one dim")
+        if layout is None or MERGED in layout.out_dims or MERGED in layout.in_dims:
+            raise UnsupportedModel(f"{label}: its inputs and outputs do not all carry the batch in one dim")
         in_dims = dims_like((args, kwargs), layout.in_dims)
         structure = []
 
