@@ -33,7 +33,7 @@ from torch import nn
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # for _peers when run as a script
 
 from alcli.gradnorm import UnsupportedModel, auto_choice, per_example_grad_norms  # noqa: E402
-from alcli.gradnorm.params import select_params  # noqa: E402
+from alcli.gradnorm import select_params  # noqa: E402
 
 BATCH = 64
 RTOL = 1e-3

@@ -150,6 +150,31 @@ class PackedLSTM(nn.Module):
         return self.head(h[-1])
 
 
+class SortedPackedGRU(nn.Module):
+    """pack_padded_sequence(enforce_sorted=True): the batch must come longest first, so the
+    model crashes on the same examples in another order."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, 5)
+        self.gru = nn.GRU(5, 6, batch_first=True)
+        self.head = nn.Linear(6, 3)
+
+    def forward(self, tokens):
+        lengths = (tokens != PAD).sum(1)
+        packed = nn.utils.rnn.pack_padded_sequence(self.emb(tokens), lengths.cpu(), batch_first=True)
+        _, h = self.gru(packed)
+        return self.head(h[-1])
+
+
+def _sorted_tokens(gen, batch, length):
+    """Tokens with strictly decreasing lengths (length, length-1, ...)."""
+    t = torch.randint(1, VOCAB, (batch, length), generator=gen)
+    for i in range(batch):
+        t[i, length - i:] = PAD
+    return t
+
+
 class TiedLM(nn.Module):
     """Output Linear's weight IS the embedding weight; predicts a token from a context."""
 
@@ -385,6 +410,84 @@ class PackedTokens(nn.Module):
         return self.head(torch.tanh(out).sum(1) + 0.1)
 
 
+# ------------------------------------------------------------------ aliases: one tensor, many names
+class AliasAttr(nn.Module):
+    """The Linear's weight registered a second time on the parent (`self.w = self.lin.weight`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(6, 5)
+        self.w = self.lin.weight
+        self.head = nn.Linear(5, 4)
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.lin(x)))
+
+
+class AliasAttrUsed(AliasAttr):
+    """As AliasAttr, and the parent also uses its alias directly: two uses, in two modules."""
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.lin(x) + 0.5 * x[:, :5] @ self.w[:, :5].T))
+
+
+class AliasModule(nn.Module):
+    """One Linear under two names, called through both."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp = nn.Linear(6, 6)
+        self.shared = nn.Linear(6, 6)
+        self.again = self.shared
+        self.head = nn.Linear(6, 4)
+
+    def forward(self, x):
+        h = torch.tanh(self.shared(torch.tanh(self.inp(x))))
+        return self.head(torch.tanh(self.again(h)))
+
+
+class CellRNN(nn.Module):
+    """Opacus' DPRNN layout: cells do the work, and the RNN registers each cell's parameters a
+    second time under nn.RNN's names (`weight_ih_l0 is l0.ih.weight`)."""
+
+    def __init__(self, d_in=4, d=5):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, d_in)
+        self.l0 = nn.Module()
+        self.l0.ih = nn.Linear(d_in, d)
+        self.l0.hh = nn.Linear(d, d, bias=False)
+        self.weight_ih_l0 = self.l0.ih.weight
+        self.bias_ih_l0 = self.l0.ih.bias
+        self.weight_hh_l0 = self.l0.hh.weight
+        self.head = nn.Linear(d, 3)
+
+    def forward(self, tokens):
+        x = self.emb(tokens)  # [B, T, d_in]
+        h = x.new_zeros(x.shape[0], self.l0.hh.out_features)
+        for t in range(x.shape[1]):
+            h = torch.tanh(self.l0.ih(x[:, t]) + self.l0.hh(h))
+        return self.head(h)
+
+
+class Symmetric(nn.Module):
+    def forward(self, w):
+        return w.triu() + w.triu(1).transpose(0, 1)
+
+
+class ParametrizedAlias(nn.Module):
+    """A parametrized weight (symmetric) whose original tensor is also registered on the parent."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(5, 5)
+        nn.utils.parametrize.register_parametrization(self.lin, "weight", Symmetric())
+        self.orig = self.lin.parametrizations.weight.original
+        self.head = nn.Linear(5, 3)
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.lin(x)))
+
+
 def packed_inputs(counts, gen=None):
     """Tokens with the given number of non-padding tokens per example."""
     t = torch.randint(1, VOCAB, (len(counts), max(3, max(counts))), generator=gen)
@@ -453,6 +556,7 @@ _BUILDERS: dict[str, tuple[Callable[[], nn.Module], Callable, int]] = {
     "transformer_seq_first": (SeqFirstTransformer, lambda g, b: _tokens(g, b, 4), 4),
     "lstm": (LSTMClassifier, lambda g, b: _tokens(g, b, 6), 4),
     "packed_lstm": (PackedLSTM, lambda g, b: _tokens(g, b, 6), 4),
+    "packed_gru_sorted": (SortedPackedGRU, lambda g, b: _sorted_tokens(g, b, 6), 4),
     "tied": (TiedLM, lambda g, b: _tokens(g, b, 5), 4),
     "linear_twice": (LinearTwice, lambda g, b: torch.randn(b, 6, generator=g), 5),
     "bare_param": (BareParam, lambda g, b: _tokens(g, b, 5), 4),
@@ -469,6 +573,33 @@ _BUILDERS: dict[str, tuple[Callable[[], nn.Module], Callable, int]] = {
     "manual_rnn": (ManualRNN, lambda g, b: _tokens(g, b, 5), 4),
     "packed_tokens": (PackedTokens, _packed_inputs, 4),
     "weight_norm": (WeightNormNet, lambda g, b: torch.randn(b, 3, 5, generator=g), 4),
+    "alias_attr": (AliasAttr, lambda g, b: torch.randn(b, 6, generator=g), 4),
+    "alias_attr_used": (AliasAttrUsed, lambda g, b: torch.randn(b, 6, generator=g), 4),
+    "alias_module": (AliasModule, lambda g, b: torch.randn(b, 6, generator=g), 4),
+    "cell_rnn": (CellRNN, lambda g, b: _tokens(g, b, 4), 4),
+    "parametrized_alias": (ParametrizedAlias, lambda g, b: torch.randn(b, 5, generator=g), 4),
+}
+
+
+# Which methods decline (UnsupportedModel) which zoo case; every other method must serve it, so an
+# engine change that makes a method decline a model it served fails the tests.
+ALL_BUT_LOOP = frozenset({"ghost", "vmap", "replicate"})
+DECLINES: dict[str, frozenset] = {
+    "lstm": frozenset({"replicate", "vmap"}),       # no vmap rule for the fused LSTM kernel (vmap: in float64)
+    "packed_lstm": ALL_BUT_LOOP,                    # PackedSequence output; sizes vary per example
+    "packed_gru_sorted": ALL_BUT_LOOP,              # cannot run its batch in another order
+    "bare_param": frozenset({"replicate"}),         # root and child both own selected parameters
+    "embedding_padding_idx": frozenset({"replicate"}),  # vmap's embedding rule ignores padding_idx
+    "manual_rnn": frozenset({"vmap"}),              # data-dependent loop length
+    "packed_tokens": ALL_BUT_LOOP,                  # the batch merged with the tokens
+    "weight_norm": frozenset({"ghost", "replicate"}),   # a parametrization computes the weight
+    "alias_attr_used": frozenset({"ghost", "replicate"}),  # the parent uses its alias directly
+    "parametrized_alias": frozenset({"ghost", "replicate"}),
+}
+# What `auto` settles on, where it is not ghost.
+AUTO_CHOICE: dict[str, str] = {
+    "packed_lstm": "loop", "packed_gru_sorted": "loop", "packed_tokens": "loop",
+    "weight_norm": "vmap", "alias_attr_used": "vmap", "parametrized_alias": "vmap",
 }
 
 
@@ -514,6 +645,10 @@ CASES = [Case(name, name) for name in _BUILDERS] + [
     Case("linear_twice[shared]", "linear_twice", ("shared",), _under("shared")),
     Case("tied[head]", "tied", ("head",), lambda n: n == "head.weight"),  # selects the shared weight
     Case("bare_param[cls,scale]", "bare_param", ("cls", "scale"), lambda n: n in ("cls", "scale")),
+    # an alias selected by its second name selects the one tensor
+    Case("alias_attr[w]", "alias_attr", ("w",), lambda n: n == "lin.weight"),
+    Case("alias_module[again]", "alias_module", ("again",), _under("shared")),
+    Case("cell_rnn[weight_ih_l0]", "cell_rnn", ("weight_ih_l0",), lambda n: n == "l0.ih.weight"),
 ]
 CASE_BY_ID = {c.id: c for c in CASES}
 

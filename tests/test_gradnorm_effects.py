@@ -5,13 +5,14 @@ import pytest
 import torch
 from torch import nn
 
-from alcli.gradnorm import UnsupportedModel, auto_choice, per_example_grad_norms
+import warnings
+
+from alcli.gradnorm import EngineFallback, UnsupportedModel, auto_choice, per_example_grad_norms
 
 from gradnorm_zoo import one_thread  # noqa: F401  (autouse fixture)
-from gradnorm_zoo import as_dtype, build, oracle_norms
+from gradnorm_zoo import AUTO_CHOICE, CASES, DECLINES, as_dtype, build, oracle_norms
 
 METHODS = ["loop", "auto", "ghost", "vmap", "replicate"]
-MAY_DECLINE = {"ghost", "vmap", "replicate"}
 
 
 def snapshot(model: nn.Module):
@@ -66,13 +67,14 @@ def _borrowable_model():
     return model, inputs.double(), targets
 
 
-def _call_then_check(method, model, before, *args, **kw):
-    """Call the engine; the model must come back unchanged even when the call raises."""
+def _call_then_check(method, model, before, *args, zoo="bn_res_cnn", **kw):
+    """Call the engine; the model must come back unchanged even when the call raises. A method
+    may decline only the zoo cases gradnorm_zoo.DECLINES says it declines."""
     try:
         norms = per_example_grad_norms(model, *args, method=method, **kw)
     except UnsupportedModel:
         assert_unchanged(before, snapshot(model))
-        if method not in MAY_DECLINE:
+        if method not in DECLINES.get(zoo, ()):
             raise
         return None
     except Exception:
@@ -102,7 +104,7 @@ def test_no_side_effects_more_models(name, method):
     model = model.double().train()
     first = next(model.parameters())
     first.grad = torch.ones_like(first)
-    _call_then_check(method, model, snapshot(model), as_dtype(inputs, torch.float64), targets)
+    _call_then_check(method, model, snapshot(model), as_dtype(inputs, torch.float64), targets, zoo=name)
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -123,7 +125,7 @@ def test_unselected_params_get_no_autograd_work(method):
     try:
         norms = per_example_grad_norms(model, inputs, targets, params=["conv2"], method=method)
     except UnsupportedModel:
-        if method not in MAY_DECLINE:
+        if method not in DECLINES.get("simple", ()):
             raise
         norms = None
     finally:
@@ -139,11 +141,45 @@ def test_unselected_params_get_no_autograd_work(method):
         torch.testing.assert_close(norms.double(), expected, rtol=1e-3, atol=1e-9)
 
 
-def test_auto_says_which_and_why():
-    model, inputs, targets = build("simple")
-    per_example_grad_norms(model, inputs, targets, method="auto")
-    choice = auto_choice(model)
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_auto_says_which_and_why(case):
+    """auto's choice per zoo case is pinned (gradnorm_zoo.AUTO_CHOICE, else ghost); settling on
+    anything but ghost warns once, with the reason."""
+    model, inputs, targets = build(case.model)
+    params = list(case.params) if case.params else None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        per_example_grad_norms(model, inputs, targets, method="auto", params=params)
+        per_example_grad_norms(model, inputs, targets, method="auto", params=params)
+    choice = auto_choice(model, params)
     assert choice is not None
     method, reason = choice
-    assert method in ("ghost", "vmap", "replicate", "loop")
+    assert method == AUTO_CHOICE.get(case.model, "ghost"), reason
     assert isinstance(reason, str) and reason
+    fallbacks = [w for w in caught if issubclass(w.category, EngineFallback)]
+    if method == "ghost":
+        assert not fallbacks
+    else:
+        assert len(fallbacks) == 1 and f"'{method}'" in str(fallbacks[0].message)
+        assert "ghost: " in str(fallbacks[0].message)  # why ghost declined
+
+
+class FailsWhenBatched(torch.nn.Module):
+    """A forward with a bug that shows only for batches of more than one example."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 3)
+
+    def forward(self, x):
+        if x.shape[0] > 1:
+            raise ValueError("a bug in a batched code path")
+        return self.fc(x)
+
+
+def test_auto_lets_errors_it_did_not_foresee_through():
+    """auto moves on only for UnsupportedModel: an error no method foresaw is not hidden behind
+    a slower method that happens to work (here loop, one example at a time)."""
+    model = FailsWhenBatched()
+    with pytest.raises(ValueError, match="batched code path"):
+        per_example_grad_norms(model, torch.randn(3, 4), torch.tensor([0, 1, 2]), method="auto")

@@ -1,6 +1,7 @@
 """The engine's entry points: pick a method, borrow the model, return per-example norms."""
 from __future__ import annotations
 
+import warnings
 import weakref
 from typing import Callable, Sequence
 
@@ -8,8 +9,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .borrow import borrowed
 from .errors import UnsupportedModel
+from .ghost import ghost_norms
+from .loop import loop_norms
 from .params import select_params
+from .plan import describe
+from .replicate import replicate_norms
+from .vmap import vmap_norms
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (logits, targets) -> [B]
 
@@ -18,14 +25,7 @@ def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits, targets, reduction="none")
 
 
-def _method_table():
-    from .ghost import ghost_norms
-    from .loop import loop_norms
-    from .replicate import replicate_norms
-    from .vmap import vmap_norms
-    return {"loop": loop_norms, "replicate": replicate_norms, "vmap": vmap_norms, "ghost": ghost_norms}
-
-
+METHOD_TABLE = {"loop": loop_norms, "replicate": replicate_norms, "vmap": vmap_norms, "ghost": ghost_norms}
 METHODS = ("auto", "ghost", "replicate", "vmap", "loop")
 AUTO_ORDER = ("ghost", "vmap", "loop")  # fastest exact first; loop always works
 
@@ -65,12 +65,10 @@ def grad_norms_per_target(model: nn.Module, inputs: torch.Tensor,
     else:
         fixed = list(target_sets)
         targets_for = lambda logits: fixed  # noqa: E731
-    from .state import borrowed
-
-    table = _method_table()
+    run = _empty_batch if inputs.shape[0] == 0 else None
     if method != "auto":
         with borrowed(model, selection.params):
-            norms, logits = table[method](model, inputs, targets_for, selection, loss_fn)
+            norms, logits = (run or METHOD_TABLE[method])(model, inputs, targets_for, selection, loss_fn)
         return norms.to(_dtype(model, inputs)), logits.detach()
 
     key = (tuple(selection.names), id(loss_fn))
@@ -79,25 +77,39 @@ def grad_norms_per_target(model: nn.Module, inputs: torch.Tensor,
     # data-dependent forward) moves on to the next ones
     start = AUTO_ORDER.index(known[key][0]) if key in known else 0
     failures = []
+    # only UnsupportedModel moves on: any other error in a method is a bug, and surfaces
     for name in AUTO_ORDER[start:]:
         try:
             with borrowed(model, selection.params):
-                norms, logits = table[name](model, inputs, targets_for, selection, loss_fn)
+                norms, logits = (run or METHOD_TABLE[name])(model, inputs, targets_for, selection, loss_fn)
         except UnsupportedModel as err:
             failures.append(f"{name}: {err}")
             continue
-        except torch.OutOfMemoryError:
-            raise  # the caller splits the batch
-        except (RuntimeError, AssertionError, TypeError, ValueError, IndexError, NotImplementedError) as err:
-            if name == "loop":
-                raise
-            # a method failing in a way it did not foresee must not stop auto where loop works
-            failures.append(f"{name}: failed ({type(err).__name__}: {_first_line(err)})")
-            continue
         if key not in known or failures:
             known[key] = (name, "; ".join(failures + [_why(name, model, selection)]))
+            if name != "ghost":
+                warnings.warn(f"per-example gradient norms of {type(model).__name__} use the slower "
+                              f"'{name}' method: {known[key][1]}", EngineFallback, stacklevel=3)
         return norms.to(_dtype(model, inputs)), logits.detach()
     raise UnsupportedModel("no method can serve this model: " + "; ".join(failures))
+
+
+class EngineFallback(UserWarning):
+    """`auto` settled on a method other than ghost for a model; the message says why."""
+
+
+def _empty_batch(model, inputs, targets_for, selection, loss_fn):
+    """B = 0: no example, no norm -> [K, 0] norms and the model's (empty) logits [0, C]. A model
+    whose forward cannot take an empty batch gives its logits' shape from a zero example."""
+    with torch.no_grad():
+        try:
+            logits = model(inputs)
+        except torch.OutOfMemoryError:
+            raise
+        except Exception:  # the model's own forward refuses B = 0 (e.g. x.view(B, -1))
+            logits = model(torch.zeros((1, *inputs.shape[1:]), dtype=inputs.dtype, device=inputs.device))[:0]
+    target_sets = targets_for(logits)
+    return torch.zeros(len(target_sets), 0, dtype=torch.float64, device=logits.device), logits
 
 
 def auto_choice(model: nn.Module, params=None, loss_fn: LossFn | None = None):
@@ -109,7 +121,6 @@ def auto_choice(model: nn.Module, params=None, loss_fn: LossFn | None = None):
 def _why(method: str, model, selection) -> str:
     if method != "ghost":
         return f"{method} serves this model"
-    from .plan import describe
     generic = [name or "(root)" for name, _, rule, _ in describe(model, selection) if rule == "generic"]
     if not generic:
         return "ghost: a layer rule serves every selected module"
@@ -120,8 +131,6 @@ def _why(method: str, model, selection) -> str:
 def explain(model: nn.Module, params=None, loss_fn: LossFn | None = None) -> dict:
     """What the engine will do for this model: the rule serving each selected module and
     the method `auto` settled on with its reason (None before its first call)."""
-    from .plan import describe
-
     selection = select_params(model, params)
     return {"rules": describe(model, selection), "auto": auto_choice(model, params, loss_fn),
             "selected_params": sum(p.numel() for p in selection.params)}
@@ -134,10 +143,6 @@ def _checked(choose):
             raise ValueError("target_sets gave no target set")
         return sets
     return targets_for
-
-
-def _first_line(err: Exception) -> str:
-    return (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
 
 
 def model_dtype(model: nn.Module) -> torch.dtype | None:

@@ -19,38 +19,37 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from .errors import UnsupportedModel
-from .params import Selection
+from .params import ParamSelection
 from .layout import call_layouts, check_batch
-from .plan import Plan, make_plan
+from .plan import HookPlan, make_plan
+from .rules import RuleCall
 from .uses import UseWatch
 
 
 @dataclass
-class Call:
-    """What one call of a module left behind for its rule."""
+class _Call:
+    """One call of a hooked module: what its rule will see, and the driver's bookkeeping."""
     args: tuple
     kwargs: dict
-    batch: int
     taps: list = field(default_factory=list)        # stride-0 zero leaves, one per float output
     out_spec: object = None                          # pytree spec of the output
     tapped: list = field(default_factory=list)       # per output leaf: does it carry a tap
     versions: list = field(default_factory=list)     # input tensors' version counters at capture
-    grad_out: object = None
     arrived: list | None = None                      # output gradients received so far in this pass
     layout: object = None                            # layout.Layout: batch dim of every leaf
     out_move: int = 0                                # batch dim of the output, moved to 0 for the rule
-    cache: dict = field(default_factory=dict)
+    cache: dict = field(default_factory=dict)        # the rule's, across target sets
 
 
 # model -> selection names already checked for parameters used outside their modules
 _verified: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def ghost_norms(model, inputs, targets_for, selection: Selection, loss_fn):
+def ghost_norms(model, inputs, targets_for, selection: ParamSelection, loss_fn):
     """-> [K, B] norms and [B, C] logits; `targets_for(logits)` gives the K target sets."""
     plan = make_plan(model, selection)
     batch = inputs.shape[0]
-    calls: dict[str, list[Call]] = {name: [] for name in plan.modules}
+    calls: dict[str, list[_Call]] = {name: [] for name in plan.modules}
     stack: list[str] = []  # hooked modules running now, for UseWatch
     handles = []
 
@@ -65,7 +64,7 @@ def ghost_norms(model, inputs, targets_for, selection: Selection, loss_fn):
                 stack.pop()
             if plan.rules[name].capture is not None:
                 return None  # its capturing forward recorded the call
-            call = _new_call(args, kwargs, batch)
+            call = _new_call(args, kwargs)
             if isinstance(output, torch.Tensor) and output.is_floating_point():  # the common case
                 calls[name].append(call)
                 return _tap(call, output)
@@ -86,9 +85,13 @@ def ghost_norms(model, inputs, targets_for, selection: Selection, loss_fn):
         capture = plan.rules[name].capture
 
         def forward(*args, **kwargs):
-            call = _new_call(args, kwargs, batch)
+            call = _new_call(args, kwargs)
             calls[name].append(call)
-            output = capture(module, args, kwargs, call, lambda t: _tap(call, t))
+            try:
+                output, call.args = capture(module, args, kwargs, lambda t: _tap(call, t))
+            except UnsupportedModel as err:
+                raise UnsupportedModel(f"module '{name}' ({type(module).__name__}): {err}") from err
+            call.kwargs = {}
             call.out_spec = tree_flatten([None] * len(call.taps))[1]  # grad_out: one per tap
             return output
         return forward
@@ -123,11 +126,12 @@ def ghost_norms(model, inputs, targets_for, selection: Selection, loss_fn):
     target_sets = targets_for(logits)
     rows = []
     for k, targets in enumerate(target_sets):
-        backward_pass = _Pass(plan, uses, batch, last=k + 1 == len(target_sets))
+        backward_pass = _Pass(plan, uses, batch, logits.device, last=k + 1 == len(target_sets))
         hooks = backward_pass.hook_taps(calls)
         try:
             loss = loss_fn(logits, targets).sum()
-            torch.autograd.grad(loss, all_taps, retain_graph=k + 1 < len(target_sets), allow_unused=True)
+            if all_taps and loss.requires_grad:  # else no selected parameter affects the loss
+                torch.autograd.grad(loss, all_taps, retain_graph=k + 1 < len(target_sets), allow_unused=True)
         finally:
             for hook in hooks:
                 hook.remove()
@@ -135,8 +139,8 @@ def ghost_norms(model, inputs, targets_for, selection: Selection, loss_fn):
     return torch.stack(rows), logits
 
 
-def _new_call(args, kwargs, batch) -> Call:
-    call = Call(tuple(args), dict(kwargs), batch)
+def _new_call(args, kwargs) -> _Call:
+    call = _Call(tuple(args), dict(kwargs))
     leaves = args if not kwargs and all(isinstance(a, torch.Tensor) for a in args) else tree_flatten((args, kwargs))[0]
     call.versions = [(t, t._version) for t in leaves if isinstance(t, torch.Tensor)]
     return call
@@ -152,7 +156,7 @@ def _zero(dtype, device) -> torch.Tensor:
     return _ZEROS[key]
 
 
-def _tap(call: Call, tensor: torch.Tensor) -> torch.Tensor:
+def _tap(call: _Call, tensor: torch.Tensor) -> torch.Tensor:
     """tensor + Z, with Z a stride-0 zero leaf whose gradient is dL/d(tensor) as it is now."""
     tap = _zero(tensor.dtype, tensor.device).expand(tensor.shape)
     tap.requires_grad_()
@@ -161,7 +165,7 @@ def _tap(call: Call, tensor: torch.Tensor) -> torch.Tensor:
     return tensor + tap
 
 
-def _untapped(call: Call, leaf):
+def _untapped(call: _Call, leaf):
     call.tapped.append(False)
     return leaf
 
@@ -171,9 +175,9 @@ class _Pass:
     arrived, so output gradients (and, on the last pass, captured inputs) are freed as the
     backward proceeds instead of all being held at once."""
 
-    def __init__(self, plan: Plan, uses: dict, batch: int, last: bool):
+    def __init__(self, plan: HookPlan, uses: dict, batch: int, device, last: bool):
         self.plan, self.uses, self.last = plan, uses, last
-        self.sq = torch.zeros(batch, dtype=torch.float64)
+        self.sq = torch.zeros(batch, dtype=torch.float64, device=device)
         self.summed_grads: dict[int, torch.Tensor] = {}  # parameter id -> [B, *shape]
 
     def hook_taps(self, calls) -> list:
@@ -197,38 +201,31 @@ class _Pass:
     def _run(self, name, call):
         grads = iter(g if g is not None else torch.zeros(t.shape, dtype=t.dtype, device=t.device)
                      for g, t in zip(call.arrived, call.taps))
-        try:
-            if call.out_spec is None:  # a single tensor output
-                call.grad_out = next(grads)
-            else:
-                call.grad_out = tree_unflatten([next(grads) if has_tap else None for has_tap in call.tapped],
-                                               call.out_spec)
-        except (AssertionError, TypeError, ValueError) as err:  # e.g. a PackedSequence
-            raise UnsupportedModel(f"module '{name}': its output gradient cannot be rebuilt as the "
-                                   "structure its output has") from err
-        if call.out_move:  # "anywhere" rules get the batch in dim 0
-            call.grad_out = call.grad_out.movedim(call.out_move, 0)
         call.arrived = None
-        module = self.plan.modules[name]
-        paths = self.plan.paths[name]
+        if call.out_spec is None:  # a single tensor output
+            grad_out = next(grads)
+        else:
+            try:
+                grad_out = tree_unflatten([next(grads) if has_tap else None for has_tap in call.tapped],
+                                          call.out_spec)
+            except (AssertionError, TypeError, ValueError) as err:  # e.g. a PackedSequence
+                raise UnsupportedModel(f"module '{name}': its output gradient cannot be rebuilt as the "
+                                       "structure its output has") from err
+        if call.out_move:  # "anywhere" rules get the batch in dim 0
+            grad_out = grad_out.movedim(call.out_move, 0)
+        module, paths = self.plan.modules[name], self.plan.paths[name]
         wanted = {path: self.uses[id(p)] > 1 for path, p in paths.items()}
+        seen = RuleCall(call.args, call.kwargs, grad_out, call.cache, call.layout)
         try:
-            result = self.plan.rules[name].rule(module, call, wanted)
+            result = self.plan.rules[name].rule(module, seen, wanted)
         except UnsupportedModel as err:
             raise UnsupportedModel(f"module '{name}' ({type(module).__name__}): {err}") from err
-        except torch.OutOfMemoryError:
-            raise  # the caller splits the batch
-        except (RuntimeError, ValueError, IndexError, TypeError) as err:
-            reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
-            raise UnsupportedModel(f"module '{name}' ({type(module).__name__}): its rule failed "
-                                   f"({reason})") from err
         for path, value in result.items():
             key = id(paths[path])
             if wanted[path]:
                 self.summed_grads[key] = value + self.summed_grads[key] if key in self.summed_grads else value
             else:
                 self.sq += value  # float64 accumulator
-        call.grad_out = None
         if self.last:
             call.args, call.kwargs, call.cache = None, None, None
 
@@ -244,7 +241,7 @@ class _Pass:
         return self.sq.clamp_min(0).sqrt()
 
 
-def _covering_modules(plan: Plan) -> dict:
+def _covering_modules(plan: HookPlan) -> dict:
     """parameter id -> (its name, names of the hooked modules whose rules cover it)"""
     covered: dict[int, tuple[str, set]] = {}
     for name, paths in plan.paths.items():
@@ -254,7 +251,7 @@ def _covering_modules(plan: Plan) -> dict:
     return covered
 
 
-def _apply_layouts(plan: Plan, calls, layouts, batch: int):
+def _apply_layouts(plan: HookPlan, calls, layouts, batch: int):
     """Give each call its batch layout and put the batch where its rule expects it."""
     for name, module_calls in calls.items():
         if len(layouts[name]) != len(module_calls):
@@ -265,9 +262,12 @@ def _apply_layouts(plan: Plan, calls, layouts, batch: int):
             call.layout = layout
             if kind == "own":
                 continue
+            where = f"module '{name}' ({type(plan.modules[name]).__name__})"
+            if not call.args or not isinstance(call.args[0], torch.Tensor) or not call.taps:
+                raise UnsupportedModel(f"{where}: its rule needs a tensor as the first positional "
+                                       "input and a floating-point output")
             d_in, d_out = layout.in_dims[0], layout.out_dims[0]
             x, out = call.args[0], call.taps[0]  # the tap has the output's shape
-            where = f"module '{name}' ({type(plan.modules[name]).__name__})"
             if d_in is None or d_out is None:
                 raise UnsupportedModel(f"{where}: its input or output is shared by all examples")
             check_batch([d_in], [x], batch, f"input of {where}")
@@ -289,7 +289,7 @@ def _check_unmodified(calls):
             call.versions = []
 
 
-def _count_uses(plan: Plan, calls) -> dict[int, int]:
+def _count_uses(plan: HookPlan, calls) -> dict[int, int]:
     uses: dict[int, int] = {}
     for name, paths in plan.paths.items():
         for p in paths.values():

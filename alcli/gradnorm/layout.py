@@ -103,8 +103,8 @@ def _fingerprints(tree, batch: int) -> list:
 
 def _fingerprint(x: torch.Tensor, d: int) -> torch.Tensor:
     rows = torch.nan_to_num(x.detach().movedim(d, 0).reshape(x.shape[d], -1).double())
-    gen = torch.Generator().manual_seed(rows.shape[1])
-    weights = torch.rand(rows.shape[1], generator=gen, dtype=torch.float64).to(rows.device)
+    gen = torch.Generator(device=rows.device).manual_seed(rows.shape[1])  # same weights for both orders
+    weights = torch.rand(rows.shape[1], generator=gen, dtype=torch.float64, device=rows.device)
     return rows @ weights  # [B]
 
 
@@ -122,7 +122,10 @@ def _record_shapes(model, inputs, modules) -> dict[str, list]:
 
 
 def _record(model, inputs, modules, what) -> dict[str, list]:
-    """module name -> [(what(inputs), what(output)) per call] for one forward of `inputs`."""
+    """module name -> [(what(inputs), what(output)) per call] for one forward of `inputs`.
+
+    `inputs` is a part of the batch, or the batch in another order: a model that cannot take
+    that (pack_padded_sequence with enforce_sorted=True) is refused, naming where it failed."""
     shapes: dict[str, list] = {name: [] for name in modules}
     handles = []
 
@@ -134,7 +137,15 @@ def _record(model, inputs, modules, what) -> dict[str, list]:
     try:
         for name, module in modules.items():
             handles.append(module.register_forward_hook(hook(name), with_kwargs=True))
-        model(inputs)  # with grad enabled, so modules take the same code paths as the real pass
+        with ModuleStack(model) as stack:
+            try:
+                model(inputs)  # with grad enabled, so modules take the same code paths as the real pass
+            except (torch.OutOfMemoryError, UnsupportedModel):
+                raise
+            except Exception as err:  # the model's own forward, on data it was not given
+                reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+                raise UnsupportedModel(f"{stack.where()} fails on part of the batch or the batch in "
+                                       f"another order, which finding the batch dims needs ({reason})") from err
     finally:
         for handle in handles:
             handle.remove()

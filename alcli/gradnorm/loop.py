@@ -3,22 +3,25 @@ from __future__ import annotations
 
 import torch
 
-from .params import Selection
+from .params import ParamSelection
 
 
-def loop_norms(model, inputs, targets_for, selection: Selection, loss_fn):
+def loop_norms(model, inputs, targets_for, selection: ParamSelection, loss_fn):
     """-> [K, B] norms, one row per target set, and the batched logits [B, C]."""
     batch = inputs.shape[0]
     with torch.no_grad():
         logits = model(inputs)
     target_sets = targets_for(logits)
-    norms = torch.empty(len(target_sets), batch, dtype=torch.float64)
+    sq = torch.zeros(len(target_sets), batch, dtype=torch.float64, device=logits.device)
     for i in range(batch):
         logits_i = model(inputs[i:i + 1])
         for k, targets in enumerate(target_sets):
             loss = loss_fn(logits_i, targets[i:i + 1]).sum()
+            if not loss.requires_grad:
+                continue  # the loss does not depend on the selected parameters
             grads = torch.autograd.grad(loss, selection.params, retain_graph=k + 1 < len(target_sets),
                                         allow_unused=True)
-            sq = sum(g.double().pow(2).sum() for g in grads if g is not None)
-            norms[k, i] = torch.as_tensor(sq).sqrt()
-    return norms, logits
+            for g in grads:
+                if g is not None:
+                    sq[k, i] += g.double().square().sum()  # stays on the device: no host sync
+    return sq.sqrt(), logits

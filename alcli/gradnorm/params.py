@@ -8,7 +8,7 @@ from torch import nn
 
 
 @dataclass
-class Selection:
+class ParamSelection:
     """The selected parameters, keyed by their first name in `model.named_parameters()`."""
 
     names: list[str]  # e.g. ["conv2.weight"]
@@ -27,7 +27,7 @@ def _module_matches(module_name: str, patterns: list[str]) -> bool:
     return False
 
 
-def select_params(model: nn.Module, params: list[str] | str | None) -> Selection:
+def select_params(model: nn.Module, params: list[str] | str | None) -> ParamSelection:
     """`None` selects every parameter with requires_grad; patterns select modules' parameters.
 
     A pattern matches a module name with shell wildcards (`"layer4.*"`), or a module and all its
@@ -62,7 +62,7 @@ def select_params(model: nn.Module, params: list[str] | str | None) -> Selection
                 seen.add(id(p))
                 names.append(f"{mod_name}.{attr}" if mod_name else attr)
                 plist.append(p)
-    return Selection(names, plist, owners)
+    return ParamSelection(names, plist, owners)
 
 
 def _param_matches(param_name: str, module_name: str, pattern: str) -> bool:

@@ -13,15 +13,15 @@ from torch import nn
 from torch.func import functional_call, vmap
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from .batching import dims_like, squeeze_leaves, unsqueeze_leaves
+from .pytree import dims_like, squeeze_leaves, unsqueeze_leaves
 from .errors import UnsupportedModel
 from .plan import make_plan
 from .layout import MERGED, call_layouts
 from .uses import UseWatch
-from .params import Selection
+from .params import ParamSelection
 
 
-def replicate_norms(model, inputs, targets_for, selection: Selection, loss_fn):
+def replicate_norms(model, inputs, targets_for, selection: ParamSelection, loss_fn):
     """-> [K, B] norms and [B, C] logits; `targets_for(logits)` gives the K target sets."""
     batch = inputs.shape[0]
     plan = make_plan(model, selection)
@@ -63,9 +63,13 @@ def replicate_norms(model, inputs, targets_for, selection: Selection, loss_fn):
     rows = []
     for k, targets in enumerate(target_sets):
         loss = loss_fn(logits, targets).sum()
-        grads = torch.autograd.grad(loss, leaves, retain_graph=k + 1 < len(target_sets), allow_unused=True)
-        sq = sum(g.reshape(batch, -1).double().square().sum(1) for g in grads if g is not None)
-        rows.append(torch.as_tensor(sq, dtype=torch.float64).expand(batch).sqrt())
+        sq = torch.zeros(batch, dtype=torch.float64, device=logits.device)
+        if loss.requires_grad:  # else no selected parameter affects the loss
+            grads = torch.autograd.grad(loss, leaves, retain_graph=k + 1 < len(target_sets), allow_unused=True)
+            for g in grads:
+                if g is not None:
+                    sq += g.reshape(batch, -1).double().square().sum(1)
+        rows.append(sq.sqrt())
     return torch.stack(rows), logits
 
 
@@ -80,8 +84,8 @@ def _replicated_forward(module, name: str, copies: dict, layouts: list):
         if inside[0]:  # functional_call below re-enters module(...)
             return original(module, *args, **kwargs)
         layout = next(calls, None)
-        if layout is None or MERGED in layout.out_dims:
-            raise UnsupportedModel(f"{label}: its outputs do not all carry the batch in one dim")
+        if layout is None or MERGED in layout.out_dims or MERGED in layout.in_dims:
+            raise UnsupportedModel(f"{label}: its inputs and outputs do not all carry the batch in one dim")
         in_dims = dims_like((args, kwargs), layout.in_dims)
         structure = []
 

@@ -29,7 +29,7 @@ class UseWatch(TorchFunctionMode):
                 if entry is not None and not entry[1].intersection(self.stack):
                     where = self.stack[-1] if self.stack else ""
                     raise UnsupportedModel(f"parameter '{entry[0]}' is used outside the module that owns "
-                                           f"it (in {repr(where) if where else 'the root forward'})")
+                                           f"it (in {repr(where) if where else 'the root module'})")
         return func(*args, **kwargs)
 
 

@@ -5,21 +5,26 @@ import torch
 from torch.func import functional_call, grad, vmap
 
 from .errors import UnsupportedModel
-from .params import Selection
+from .params import ParamSelection
 from .uses import ModuleStack
 
 CHUNK_ELEMENTS = 1 << 25  # per-example gradients held at once (~128 MB in float32)
 
 
-def vmap_norms(model, inputs, targets_for, selection: Selection, loss_fn):
+def vmap_norms(model, inputs, targets_for, selection: ParamSelection, loss_fn):
     """-> [K, B] norms and [B, C] logits; `targets_for(logits)` gives the K target sets."""
     batch = inputs.shape[0]
     params = {name: p.detach() for name, p in zip(selection.names, selection.params)}
     numel = sum(p.numel() for p in params.values())
     chunk = max(1, min(batch, CHUNK_ELEMENTS // max(numel, 1)))
 
+    in_loss = [False]  # a failure after the model's forward is the loss function's
+
     def loss_of_one(p, x, t):
-        return loss_fn(functional_call(model, p, (x.unsqueeze(0),)), t.unsqueeze(0)).sum()
+        in_loss[0] = False
+        logits_i = functional_call(model, p, (x.unsqueeze(0),))
+        in_loss[0] = True
+        return loss_fn(logits_i, t.unsqueeze(0)).sum()
 
     per_example = vmap(grad(loss_of_one), in_dims=(None, 0, 0))
     with torch.no_grad():
@@ -32,7 +37,8 @@ def vmap_norms(model, inputs, targets_for, selection: Selection, loss_fn):
     except torch.OutOfMemoryError:
         raise  # the caller splits the batch
     except (RuntimeError, NotImplementedError, TypeError) as err:
-        raise UnsupportedModel(f"torch.func cannot vmap {stack.where()} ({_first_line(err)})") from err
+        where = "the loss function" if in_loss[0] else stack.where()
+        raise UnsupportedModel(f"torch.func cannot vmap {where} ({_first_line(err)})") from err
     return torch.stack(rows), logits
 
 

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import UnsupportedModel
-from . import register, sq_norm_of_product
+from .registry import register, sq_norm_of_product
 
 _SIGNATURE = inspect.signature(nn.MultiheadAttention.forward)
 
@@ -27,8 +27,9 @@ def _accepts(module) -> bool:
     return module.bias_k is None and not module.add_zero_attn
 
 
-def attention_forward(module, args, kwargs, call, tap):
-    """MultiheadAttention.forward with taps; records (query, key, value, o) batch-first in call.args."""
+def attention_forward(module, args, kwargs, tap):
+    """MultiheadAttention.forward with taps -> (its output, (query, key, value, o) batch-first for
+    the rule). The taps, in order: q|k|v (self-attention) or q, k, v; then the output."""
     bound = _SIGNATURE.bind(module, *args, **kwargs)
     bound.apply_defaults()
     a = bound.arguments
@@ -63,12 +64,9 @@ def attention_forward(module, args, kwargs, call, tap):
         o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, is_causal=causal)
     o = o.transpose(1, 2).reshape(batch, tgt, embed)  # [B, T, E], out_proj's input
     out = tap(F.linear(o, module.out_proj.weight, module.out_proj.bias))
-    call.args = (query, key, value, o)
-    call.kwargs = {}
-    call.cache["self_attention"] = self_attention
     if not module.batch_first:
         out = out.transpose(0, 1)
-    return out, weights
+    return (out, weights), (query, key, value, o)
 
 
 @register(nn.MultiheadAttention, layout="own", claims_children=("out_proj",), capture=attention_forward,
@@ -84,7 +82,7 @@ def attention_rule(module, call, wanted):
         return g.sum(1) if want_grad else g.sum(1).square().sum(1)
 
     result = {}
-    if call.cache["self_attention"]:
+    if len(in_grads) == 1:  # self-attention: one fused q|k|v projection
         pairs = [(query, in_grads[0], "gram_in")]
     else:
         pairs = list(zip((query, key, value), in_grads, ("gram_q", "gram_k", "gram_v")))

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import UnsupportedModel
-from . import register
+from .registry import register
 
 
 def unfold_patches(module, x):

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from ..errors import UnsupportedModel
-from . import register
+from .registry import register
 
 
 @register(nn.Embedding, layout="anywhere")
@@ -21,7 +21,7 @@ def embedding_rule(module, call, wanted):
     idx = call.args[0]
     batch = idx.shape[0]
     idx = idx.reshape(batch, -1)                            # [B, T]
-    g = call.grad_out.reshape(batch, idx.shape[1], -1)      # [B, T, D]
+    g = call.grad_out.reshape(batch, idx.shape[1], module.embedding_dim)  # [B, T, D]
     if module.padding_idx is not None:
         g = g * (idx != module.padding_idx).unsqueeze(-1).to(g.dtype)
     if "weight" not in wanted:

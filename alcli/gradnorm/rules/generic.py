@@ -14,7 +14,7 @@ import torch
 from torch.func import functional_call, grad, vmap
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
-from ..batching import dims_like, squeeze_leaves, unsqueeze_leaves
+from ..pytree import dims_like, squeeze_leaves, unsqueeze_leaves
 from ..errors import UnsupportedModel
 
 
@@ -42,18 +42,26 @@ def generic_rule(module, call, wanted):
     except (RuntimeError, NotImplementedError, TypeError, ValueError):
         # some ops (e.g. nn.LSTM's fused kernel) have no vmap rule: pull back one example at a
         # time, through this module only
-        grads = _looped_pullback(module, own, inputs, call.layout, call.grad_out, call.batch)
+        grads = _looped_pullback(module, own, inputs, call.layout, call.grad_out)
     return {path: g if wanted[path] else g.reshape(g.shape[0], -1).square().sum(1) for path, g in grads.items()}
 
 
-def _looped_pullback(module, own, inputs, layout, grad_out, batch):
+def _looped_pullback(module, own, inputs, layout, grad_out):
     """Per-example gradients of <module(w, inputs_i), g_i>, one example at a time -> {path: [B, *]}."""
     per_path = {path: [] for path in own}
+    batch = next(leaf.shape[d] for leaf, d in zip(tree_flatten(grad_out)[0], layout.out_dims)
+                 if d is not None and isinstance(leaf, torch.Tensor))
     for i in range(batch):
         params = {path: p.clone().requires_grad_() for path, p in own.items()}
         with torch.enable_grad():
             args, kwargs = _take(inputs, layout.in_dims, i)
-            out = functional_call(module, params, args, kwargs, strict=False)
+            try:
+                out = functional_call(module, params, args, kwargs, strict=False)
+            except torch.OutOfMemoryError:
+                raise  # the caller splits the batch
+            except (RuntimeError, NotImplementedError, TypeError, ValueError, IndexError) as err:
+                reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+                raise UnsupportedModel(f"it cannot run one example at a time ({reason})") from err
             outs = tree_flatten(out)[0]
             gs = tree_flatten(_take(grad_out, layout.out_dims, i))[0]
             objective = sum((o * g).sum() for o, g in zip(outs, gs)

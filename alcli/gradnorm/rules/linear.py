@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from . import flat_batch, register, sq_norm_of_product
+from .registry import flat_batch, register, sq_norm_of_product
 
 
 @register(nn.Linear, layout="anywhere")

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import UnsupportedModel
-from . import register
+from .registry import register
 
 
 def _affine_grads(x_hat, g, keep_dims: int, wanted):

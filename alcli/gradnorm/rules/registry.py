@@ -1,0 +1,67 @@
+"""The registry of layer rules (see `rules/__init__.py` for the contract) and the math they share."""
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import torch
+
+
+class RuleCall(NamedTuple):
+    """What a rule sees of one call of its module."""
+    args: tuple      # the call's positional inputs, batch where the rule's `layout` says
+    kwargs: dict
+    grad_out: Any    # d(sum of losses)/d(output), same pytree as the output; row i is example i's
+    cache: dict      # the rule's own, kept across the target sets of one batch
+    layout: Any      # layout.Layout (batch dim of every input/output leaf), for "own" rules
+
+
+Rule = Callable[..., dict]  # (module, RuleCall, wanted: {path: bool}) -> {path: tensor}
+
+
+class Entry(NamedTuple):
+    rule: Rule
+    layout: str                       # "batch_first" | "anywhere" | "own"
+    claims_children: tuple = ()       # children whose parameters the rule also covers
+    capture: Callable | None = None   # a forward that taps tensors inside the module (attention)
+    accepts: Callable | None = None   # module -> bool; other configurations get the generic rule
+
+    @property
+    def name(self) -> str:
+        """The rule's file, as `alcli inspect` shows it."""
+        return self.rule.__module__.rsplit(".", 1)[-1]
+
+
+RULES: dict[type, Entry] = {}
+
+
+def register(*types: type, layout: str, claims_children: tuple = (), capture=None, accepts=None):
+    def wrap(rule: Rule) -> Rule:
+        for module_type in types:
+            RULES[module_type] = Entry(rule, layout, claims_children, capture, accepts)
+        return rule
+    return wrap
+
+
+def flat_batch(t):
+    """[B, *, d] -> [B, T, d] (T = product of the middle dims, 1 for 2-D input)."""
+    return t.reshape(t.shape[0], -1, t.shape[-1])
+
+
+def sq_norm_of_product(a, g, cache: dict | None = None, key: str = ""):
+    """Per-example ||G_i^T A_i||_F^2 for A [B, T, k], G [B, T, o] -> [B].
+
+    T == 1: ||g||^2 ||a||^2 (Goodfellow 2015). Otherwise the Gram form
+    <A_i A_i^T, G_i G_i^T> when T^2 <= k*o, else the materialised [B, o, k] product.
+    """
+    batch, steps, k = a.shape
+    o = g.shape[-1]
+    if steps == 1:
+        return torch.linalg.vecdot(a[:, 0], a[:, 0]) * torch.linalg.vecdot(g[:, 0], g[:, 0])
+    if steps * steps <= k * o:
+        gram_a = None if cache is None else cache.get(key)
+        if gram_a is None:
+            gram_a = a @ a.transpose(1, 2)  # [B, T, T]
+            if cache is not None:
+                cache[key] = gram_a
+        return (gram_a * (g @ g.transpose(1, 2))).sum((1, 2))
+    return (g.transpose(1, 2) @ a).pow(2).sum((1, 2))
