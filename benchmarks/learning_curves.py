@@ -300,11 +300,11 @@ def auc_summary(curves: dict, methods: list[str]) -> list[str]:
     names = list(curves)
     short = [s.replace("digits/", "dig/").replace("breast_cancer/", "bc/") for s in names]
     lines = ["## AUC (mean test accuracy over the curve, points) per setting, mean over seeds", "",
-             f"{'method':<18}" + "".join(f"{s:>13}" for s in short)
+             f"{'method':<22}" + "".join(f"{s:>13}" for s in short)
              + f"{'mean':>8}{'- random':>10}{'- egl':>8}"]
     auc = {m: np.array([acc_matrix(curves[s][m]).mean() for s in names]) for m in methods}
     for meth in sorted(methods, key=lambda m: -auc[m].mean()):
-        row = f"{meth:<18}" + "".join(f"{v:>13.2f}" for v in auc[meth]) + f"{auc[meth].mean():>8.2f}"
+        row = f"{meth:<22}" + "".join(f"{v:>13.2f}" for v in auc[meth]) + f"{auc[meth].mean():>8.2f}"
         row += f"{(auc[meth] - auc['random']).mean():>+10.2f}" if "random" in auc else f"{'':>10}"
         row += f"{(auc[meth] - auc['egl']).mean():>+8.2f}" if "egl" in auc else ""
         lines.append(row)
@@ -361,11 +361,11 @@ def win_table(curves: dict, methods: list[str]) -> list[str]:
 def timing_table(curves: dict, methods: list[str]) -> list[str]:
     lines = ["## Time per round (ms): alcli.select (score + select) vs training, mean over all "
              "rounds, seeds and batch sizes", "",
-             f"{'method':<18}" + "".join(f"{k + ' score':>16}{k + ' train':>16}" for k in
+             f"{'method':<22}" + "".join(f"{k + ' score':>16}{k + ' train':>16}" for k in
                                          sorted({s.split('/')[1] for s in curves}))]
     kinds = sorted({s.split("/")[1] for s in curves})
     for meth in methods:
-        row = f"{meth:<18}"
+        row = f"{meth:<22}"
         for kind in kinds:
             cs = [c for s, pm in curves.items() if s.split("/")[1] == kind for c in pm[meth]]
             ts = [t for c in cs for t in c["t_score"]]
@@ -395,6 +395,15 @@ def verdict(curves: dict, methods: list[str]) -> list[str]:
     return lines
 
 
+def identical_methods(curves: dict, methods: list[str]) -> list[str]:
+    """Groups of methods whose every curve is identical (the same batches were picked)."""
+    groups: dict = {}
+    for m in methods:
+        key = tuple(tuple(c["acc"]) + tuple(c["classes"]) for pm in curves.values() for c in pm[m])
+        groups.setdefault(key, []).append(m)
+    return [" = ".join(g) for g in groups.values() if len(g) > 1]
+
+
 def report(results: dict) -> str:
     curves = results["curves"]
     methods = list(next(iter(curves.values())))
@@ -413,6 +422,13 @@ def report(results: dict) -> str:
              "Columns: '@N' = accuracy at N labels (the evaluated count nearest 50/100/200/300); "
              "'round 1 - rnd' = accuracy after the first selected batch minus random's (paired "
              "by seed); 'classes r1' = distinct true classes in the first batch.", ""]
+    same = identical_methods(curves, methods)
+    if same:
+        lines += ["Identical curves in every setting and seed (same batches picked): "
+                  + "; ".join(same) + ". On an unlabeled pool `loss` is -log p(predicted class), "
+                  "a monotone function of least-confidence's 1 - p(predicted class), so the two "
+                  "rank (and embed) the pool the same way; with two classes entropy and margin "
+                  "are monotone in p(predicted class) too.", ""]
     lines += verdict(curves, methods) + [""]
     lines += auc_summary(curves, methods) + [""]
     lines += head_to_head(curves, [("egl+div", "egl"), ("margin+div", "egl"),
