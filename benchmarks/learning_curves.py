@@ -1,0 +1,551 @@
+"""Pool-based active-learning simulation: learning curves of every alcli strategy, top-N vs diverse.
+
+On data that ships with scikit-learn (no download): the 8x8 digits (1797 images, 10 classes; CNN
+and MLP) and, optionally, breast_cancer (569 rows, 30 features, 2 classes; MLP only). A fixed test
+split is held out (seed 0); the rest is the pool, whose labels are hidden from alcli. Per seed, 20
+random pool examples start labeled; every round a model is trained from scratch on the labeled set
+(fixed epochs, Adam, mini-batches of 64), its test accuracy recorded, and alcli's public API picks
+the next batch from the unlabeled rest:
+
+    rows = alcli.select(pool=x_unlabeled, model=net, budget=b, strategy=..., diverse=...)
+
+(ids come back as strings "0".."n-1", positions in x_unlabeled, and are mapped back to pool
+indices here). Until 300 labels. Methods: each strategy top-N (`egl`, `gradnorm`, `loss`,
+`entropy`, `margin`, `least-confidence`), the same with `diverse=True` (`+div`: BADGE k-means++
+among the 10 x budget best), classic BADGE (`badge-margin`: `strategy=margin, diverse=True,
+diverse_candidates=len(unlabeled)`, i.e. k-means++ over the whole pool, first pick = smallest
+margin) and `random`. Within a seed every method starts from the same 20 labels and the same
+initial model, and the model at a given label count is initialised with the same torch seed, so
+comparisons across methods are paired.
+
+Reports (text file + stdout): mean +- std test accuracy near 50/100/200/300 labels, the area under
+the learning curve (mean accuracy over the evaluated label counts, in points), the first round
+(accuracy minus random's, distinct true classes in the first batch), a pairwise win matrix (paired
+two-sided t-test across seeds at every round after the first selection, p < 0.05; as in the BADGE
+paper each setting adds 1/rounds per significant win, so an entry is at most the number of
+settings), head-to-head AUC tests of plain egl vs the diverse variants, and the time per round of
+scoring+selection vs training. Plots accuracy minus random's against labels (matplotlib, Agg).
+
+    python benchmarks/learning_curves.py                 # full run, ~45-60 min on one CPU thread
+    python benchmarks/learning_curves.py --quick         # smoke run, < 1 min (output to a temp dir)
+    python benchmarks/learning_curves.py --seeds 3 --batch-sizes 20,50 --models mlp \\
+        --strategies egl,egl+div,margin+div,random --datasets digits,breast_cancer
+    python benchmarks/learning_curves.py --report-only --json raw.json   # re-render saved results
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # the checkout's alcli, not an installed one
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
+
+import alcli  # noqa: E402
+from alcli.demo import DigitsCNN  # noqa: E402
+
+STRATEGIES = ("egl", "gradnorm", "loss", "entropy", "margin", "least-confidence")
+# method name -> (alcli strategy, diverse, candidates = whole unlabeled pool)
+METHODS = {**{s: (s, False, False) for s in STRATEGIES},
+           **{s + "+div": (s, True, False) for s in STRATEGIES},
+           "badge-margin": ("margin", True, True),
+           "random": ("random", False, False)}
+QUICK_METHODS = ("egl", "egl+div", "margin+div", "random")
+TARGETS = (50, 100, 200, 300)        # label counts reported (the nearest evaluated count)
+DEFAULT_OUT = os.path.join(ROOT, "benchmarks", "results", "learning-curves-cpu-2core")
+
+
+# ------------------------------------------------------------------------------------------- data
+@dataclass
+class Data:
+    name: str
+    x: torch.Tensor          # model inputs, float32: [N, 1, 8, 8] images or [N, D] rows
+    y: torch.Tensor          # int64 labels [N]
+    test: np.ndarray         # indices of the fixed test split
+    pool: np.ndarray         # indices of the pool (labels hidden from alcli)
+    num_classes: int
+    images: bool
+
+
+def load_data(name: str) -> Data:
+    """A scikit-learn bundled data set with a fixed test split (seed 0, stratification not used)."""
+    from sklearn import datasets
+    if name == "digits":
+        raw = datasets.load_digits()
+        x = torch.tensor(raw.images / 16.0, dtype=torch.float32).unsqueeze(1)
+        x = (x - 0.3) / 0.4                       # the demo's normalization (scripts/make_demo.py)
+        n_test = 497
+    elif name == "breast_cancer":
+        raw = datasets.load_breast_cancer()
+        x = torch.tensor(raw.data, dtype=torch.float32)
+        n_test = 169
+    else:
+        raise SystemExit(f"unknown data set {name!r}; choose digits or breast_cancer")
+    order = np.random.default_rng(0).permutation(len(x))
+    test, pool = np.sort(order[:n_test]), np.sort(order[n_test:])
+    if not name == "digits":                      # standardize with the pool's statistics
+        mean, std = x[pool].mean(0), x[pool].std(0).clamp_min(1e-6)
+        x = (x - mean) / std
+    y = torch.tensor(raw.target, dtype=torch.long)
+    return Data(name, x, y, test, pool, int(y.max()) + 1, name == "digits")
+
+
+# ----------------------------------------------------------------------------------------- models
+def make_model(kind: str, data: Data) -> nn.Module:
+    if kind == "cnn":
+        return DigitsCNN(num_classes=data.num_classes)
+    dim = int(np.prod(data.x.shape[1:]))
+    return nn.Sequential(nn.Flatten(), nn.Linear(dim, 128), nn.ReLU(),
+                         nn.Linear(128, data.num_classes))
+
+
+def train(kind: str, data: Data, labeled: np.ndarray, seed: int, epochs: int) -> nn.Module:
+    """A fresh model trained on `labeled`: Adam (lr 3e-3), `epochs` passes of mini-batches of 64.
+    Seeded by (seed, number of labels), so every method gets the same initial weights."""
+    torch.manual_seed(seed * 100_003 + len(labeled))
+    net = make_model(kind, data)
+    opt = torch.optim.Adam(net.parameters(), lr=3e-3)
+    x, y = data.x[labeled], data.y[labeled]
+    gen = torch.Generator().manual_seed(seed * 100_003 + len(labeled))
+    net.train()
+    for _ in range(epochs):
+        for idx in torch.randperm(len(x), generator=gen).split(64):
+            opt.zero_grad()
+            F.cross_entropy(net(x[idx]), y[idx]).backward()
+            opt.step()
+    return net.eval()
+
+
+@torch.no_grad()
+def accuracy(net: nn.Module, data: Data) -> float:
+    return (net(data.x[data.test]).argmax(1) == data.y[data.test]).float().mean().item()
+
+
+# ----------------------------------------------------------------------------------- one AL curve
+def select_batch(method: str, net: nn.Module, x_unlabeled: torch.Tensor, budget: int,
+                 seed: int) -> list[int]:
+    """Positions in `x_unlabeled` of the batch alcli picks (its ids are positions, as strings)."""
+    strategy, diverse, whole_pool = METHODS[method]
+    options = dict(strategy=strategy, batch_size=512, device="cpu", seed=seed, quiet=True)
+    if diverse:
+        options["diverse"] = True
+        if whole_pool:
+            options["diverse_candidates"] = len(x_unlabeled)
+    rows = alcli.select(pool=x_unlabeled, model=net, budget=budget, **options)
+    return [int(r["id"]) for r in rows]
+
+
+def run_curve(data: Data, kind: str, method: str, batch: int, seed: int, args,
+              start: dict) -> dict:
+    """One learning curve. `start` caches the shared first model per (data, model, seed)."""
+    rng = np.random.default_rng(seed)
+    labeled = np.sort(rng.choice(data.pool, args.init, replace=False))
+    key = (data.name, kind, seed)
+    if key not in start:
+        t0 = time.perf_counter()
+        net = train(kind, data, labeled, seed, args.epochs)
+        start[key] = (net, accuracy(net, data), time.perf_counter() - t0)
+    net, acc0, _ = start[key]
+    curve = {"labels": [len(labeled)], "acc": [acc0], "t_score": [], "t_train": [], "classes": []}
+    while len(labeled) < args.max_labels:
+        k = min(batch, args.max_labels - len(labeled))
+        unlabeled = np.setdiff1d(data.pool, labeled)
+        t0 = time.perf_counter()
+        picks = select_batch(method, net, data.x[unlabeled], k, seed * 1000 + len(labeled))
+        curve["t_score"].append(time.perf_counter() - t0)
+        chosen = unlabeled[picks]
+        assert len(set(chosen.tolist())) == k, f"{method} returned {len(set(picks))} of {k}"
+        curve["classes"].append(len(set(data.y[chosen].tolist())))
+        labeled = np.sort(np.concatenate([labeled, chosen]))
+        t0 = time.perf_counter()
+        net = train(kind, data, labeled, seed, args.epochs)
+        curve["t_train"].append(time.perf_counter() - t0)
+        curve["labels"].append(len(labeled))
+        curve["acc"].append(accuracy(net, data))
+    return curve
+
+
+def settings(args) -> list[tuple[str, str, int]]:
+    """(data set, model, batch size) combinations; the CNN runs on images only."""
+    out = []
+    for name in args.datasets:
+        for kind in args.models:
+            if kind == "cnn" and name != "digits":
+                continue
+            out.extend((name, kind, b) for b in args.batch_sizes)
+    return out
+
+
+def run_all(args) -> dict:
+    results: dict = {"meta": {"args": {k: v for k, v in vars(args).items() if k != "func"},
+                              "torch": torch.__version__, "python": platform.python_version(),
+                              "machine": platform.machine(), "threads": torch.get_num_threads()},
+                     "curves": {}}
+    total = len(settings(args)) * len(args.seeds_list) * len(args.strategies)
+    done, t_begin = 0, time.perf_counter()
+    cache_data: dict = {}
+    for name, kind, b in settings(args):
+        data = cache_data.setdefault(name, load_data(name))
+        start: dict = {}
+        setting = f"{name}/{kind}/b{b}"
+        per_method = results["curves"].setdefault(setting, {})
+        for seed in args.seeds_list:
+            for method in args.strategies:
+                per_method.setdefault(method, []).append(
+                    run_curve(data, kind, method, b, seed, args, start))
+                done += 1
+            elapsed = time.perf_counter() - t_begin
+            print(f"[{elapsed:7.0f}s] {setting} seed {seed} done ({done}/{total} curves, "
+                  f"~{elapsed / done * (total - done):.0f}s left)", file=sys.stderr, flush=True)
+            if args.json:
+                save_json(results, args.json)
+    results["meta"]["seconds"] = time.perf_counter() - t_begin
+    return results
+
+
+def save_json(results: dict, path: str) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(results, f)
+    os.replace(tmp, path)
+
+
+# --------------------------------------------------------------------------------------- analysis
+def acc_matrix(curves: list[dict]) -> np.ndarray:
+    """[seeds, evaluations] test accuracy in points."""
+    return 100.0 * np.array([c["acc"] for c in curves])
+
+
+def paired_t(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
+    """Two-sided paired t-test of a vs b (seeds): (mean difference, p); p = 1 when undefined."""
+    from scipy import stats
+    d = a - b
+    if len(d) < 2 or np.allclose(d, d[0]):   # no spread: the test is undefined, count no win
+        return float(d.mean()), 1.0
+    return float(d.mean()), float(stats.ttest_rel(a, b).pvalue)
+
+
+def win_matrix(curves: dict, methods: list[str], alpha: float = 0.05):
+    """BADGE-style penalty matrix summed over settings: (normalized, raw counts, total rounds).
+    normalized[i, j] = sum over settings of (rounds where i beats j at p < alpha) / rounds; rounds
+    = every evaluation after the first selection (the start is shared by all methods)."""
+    m = len(methods)
+    norm, raw, rounds_total = np.zeros((m, m)), np.zeros((m, m), dtype=int), 0
+    for per_method in curves.values():
+        mats = {meth: acc_matrix(per_method[meth])[:, 1:] for meth in methods}
+        rounds = next(iter(mats.values())).shape[1]
+        rounds_total += rounds
+        for i, mi in enumerate(methods):
+            for j, mj in enumerate(methods):
+                if i == j:
+                    continue
+                wins = 0
+                for r in range(rounds):
+                    diff, p = paired_t(mats[mi][:, r], mats[mj][:, r])
+                    wins += diff > 0 and p < alpha
+                raw[i, j] += wins
+                norm[i, j] += wins / rounds
+    return norm, raw, rounds_total
+
+
+def nearest_columns(labels: list[int]) -> list[int]:
+    """Indices of the evaluated label counts nearest to TARGETS (deduplicated, in order)."""
+    cols = []
+    for t in TARGETS:
+        if t > labels[-1] + 25:
+            continue
+        i = int(np.argmin([abs(n - t) for n in labels]))
+        if i not in cols:
+            cols.append(i)
+    return cols
+
+
+def fmt_ms(v: float, s: float) -> str:
+    return f"{v:5.1f} ± {s:3.1f}"
+
+
+def setting_table(setting: str, per_method: dict, methods: list[str]) -> list[str]:
+    labels = per_method[methods[0]][0]["labels"]
+    cols = nearest_columns(labels)
+    head = f"{'method':<22}" + "".join(f"{'@' + str(labels[c]):>14}" for c in cols)
+    head += f"{'AUC':>14}{'round 1 - rnd':>15}{'classes r1':>11}"
+    lines = [f"## {setting}: test accuracy (%), mean ± std over {len(per_method[methods[0]])} "
+             f"seeds; AUC = mean over the {len(labels)} evaluated label counts "
+             f"{labels[0]}..{labels[-1]}", "", head]
+    rnd = acc_matrix(per_method["random"]) if "random" in per_method else None
+    for meth in sorted(methods, key=lambda m: -acc_matrix(per_method[m]).mean()):
+        a = acc_matrix(per_method[meth])
+        auc = a.mean(1)
+        row = f"{meth:<22}" + "".join(f"{fmt_ms(a[:, c].mean(), a[:, c].std()):>14}" for c in cols)
+        row += f"{fmt_ms(auc.mean(), auc.std()):>14}"
+        first = f"{(a[:, 1] - rnd[:, 1]).mean():+6.1f}" if rnd is not None else "n/a"
+        classes = np.mean([c["classes"][0] for c in per_method[meth]])
+        row += f"{first:>15}{classes:>11.1f}"
+        lines.append(row)
+    return lines
+
+
+def auc_summary(curves: dict, methods: list[str]) -> list[str]:
+    names = list(curves)
+    short = [s.replace("digits/", "dig/").replace("breast_cancer/", "bc/") for s in names]
+    lines = ["## AUC (mean test accuracy over the curve, points) per setting, mean over seeds", "",
+             f"{'method':<22}" + "".join(f"{s:>13}" for s in short)
+             + f"{'mean':>8}{'- random':>10}{'- egl':>8}"]
+    auc = {m: np.array([acc_matrix(curves[s][m]).mean() for s in names]) for m in methods}
+    for meth in sorted(methods, key=lambda m: -auc[m].mean()):
+        row = f"{meth:<22}" + "".join(f"{v:>13.2f}" for v in auc[meth]) + f"{auc[meth].mean():>8.2f}"
+        row += f"{(auc[meth] - auc['random']).mean():>+10.2f}" if "random" in auc else f"{'':>10}"
+        row += f"{(auc[meth] - auc['egl']).mean():>+8.2f}" if "egl" in auc else ""
+        lines.append(row)
+    return lines
+
+
+def head_to_head(curves: dict, pairs: list[tuple[str, str]]) -> list[str]:
+    """Per setting: AUC difference (a - b) mean ± std over seeds, paired t-test p."""
+    lines = ["## Head to head: AUC(a) - AUC(b) in points, mean ± std over seeds, paired t-test p",
+             ""]
+    for a, b in pairs:
+        if not all(a in pm and b in pm for pm in curves.values()):
+            continue
+        lines.append(f"{a} vs {b}:")
+        wins = losses = 0
+        diffs = []
+        for setting, pm in curves.items():
+            da, db = acc_matrix(pm[a]).mean(1), acc_matrix(pm[b]).mean(1)
+            d, p = paired_t(da, db)
+            diffs.append(d)
+            verdict = "a wins" if d > 0 and p < 0.05 else "b wins" if d < 0 and p < 0.05 else "tie"
+            wins += verdict == "a wins"
+            losses += verdict == "b wins"
+            lines.append(f"  {setting:<24} {d:+6.2f} ± {(da - db).std():4.2f}  p={p:.3f}  {verdict}")
+        lines.append(f"  => mean {np.mean(diffs):+.2f}; {a} wins {wins}, loses {losses}, "
+                     f"ties {len(diffs) - wins - losses} of {len(diffs)} settings (p < 0.05)")
+    return lines
+
+
+def win_table(curves: dict, methods: list[str]) -> list[str]:
+    if min(len(pm[methods[0]]) for pm in curves.values()) < 2:
+        return ["## Win matrix: needs at least 2 seeds (skipped)"]
+    norm, raw, rounds = win_matrix(curves, methods)
+    order = np.argsort(-(norm.sum(1) - norm.sum(0)))
+    abbrev = [m.replace("least-confidence", "lc").replace("gradnorm", "gn").replace("entropy", "ent")
+              .replace("margin", "mar").replace("badge-mar", "badge") for m in methods]
+    lines = [f"## Win matrix (BADGE paper style): entry (row i, col j) = sum over the {len(curves)} "
+             f"settings of (rounds where i's accuracy beats j's, paired two-sided t-test across "
+             f"seeds, p < 0.05) / (rounds in that setting); max per entry {len(curves)}. "
+             f"{rounds} rounds in all (evaluations after the first selection).", "",
+             f"{'':<10}" + "".join(f"{abbrev[j]:>9}" for j in order) + f"{'wins':>8}{'losses':>8}"
+             f"{'net':>8}{'raw w':>7}{'raw l':>7}"]
+    for i in order:
+        row = f"{abbrev[i]:<10}" + "".join(f"{'-' if i == j else f'{norm[i, j]:.2f}':>9}"
+                                            for j in order)
+        row += f"{norm[i].sum():>8.2f}{norm[:, i].sum():>8.2f}{norm[i].sum() - norm[:, i].sum():>+8.2f}"
+        row += f"{raw[i].sum():>7}{raw[:, i].sum():>7}"
+        lines.append(row)
+    lines.append("(wins = row sum, losses = column sum, both normalized; raw w / raw l = the same "
+                 "as plain counts of (round, opponent) pairs)")
+    return lines
+
+
+def timing_table(curves: dict, methods: list[str]) -> list[str]:
+    lines = ["## Time per round (ms): alcli.select (score + select) vs training, mean over all "
+             "rounds, seeds and batch sizes", "",
+             f"{'method':<22}" + "".join(f"{k + ' score':>16}{k + ' train':>16}" for k in
+                                         sorted({s.split('/')[1] for s in curves}))]
+    kinds = sorted({s.split("/")[1] for s in curves})
+    for meth in methods:
+        row = f"{meth:<22}"
+        for kind in kinds:
+            cs = [c for s, pm in curves.items() if s.split("/")[1] == kind for c in pm[meth]]
+            ts = [t for c in cs for t in c["t_score"]]
+            tt = [t for c in cs for t in c["t_train"]]
+            row += f"{1000 * np.mean(ts):>16.0f}{1000 * np.mean(tt):>16.0f}"
+        lines.append(row)
+    return lines
+
+
+def verdict(curves: dict, methods: list[str]) -> list[str]:
+    """The default question, answered from the numbers above (nothing hard-coded)."""
+    names = list(curves)
+    auc = {m: np.mean([acc_matrix(curves[s][m]).mean() for s in names]) for m in methods}
+    best = max(auc, key=auc.get)
+    lines = ["## Verdict (computed)", "",
+             f"highest mean AUC over the {len(names)} settings: {best} ({auc[best]:.2f})"]
+    if "egl" in auc:
+        rank = sorted(auc, key=lambda m: -auc[m]).index("egl") + 1
+        lines.append(f"plain egl: {auc['egl']:.2f}, rank {rank} of {len(auc)}")
+        for other in ("egl+div", "margin+div", "badge-margin"):
+            if other in auc:
+                lines.append(f"{other} - egl: {auc[other] - auc['egl']:+.2f} AUC points")
+    if "random" in auc:
+        lines.append("every method - random: " + ", ".join(
+            f"{m} {auc[m] - auc['random']:+.2f}" for m in sorted(auc, key=lambda m: -auc[m])
+            if m != "random"))
+    return lines
+
+
+def identical_methods(curves: dict, methods: list[str]) -> list[str]:
+    """Groups of methods whose every curve is identical (the same batches were picked)."""
+    groups: dict = {}
+    for m in methods:
+        key = tuple(tuple(c["acc"]) + tuple(c["classes"]) for pm in curves.values() for c in pm[m])
+        groups.setdefault(key, []).append(m)
+    return [" = ".join(g) for g in groups.values() if len(g) > 1]
+
+
+def report(results: dict) -> str:
+    curves = results["curves"]
+    methods = list(next(iter(curves.values())))
+    meta = results["meta"]
+    a = meta["args"]
+    lines = ["# Active-learning learning curves (benchmarks/learning_curves.py)", "",
+             f"data {','.join(a['datasets'])}; models {','.join(a['models'])}; batch sizes "
+             f"{a['batch_sizes']}; seeds {a['seeds_list']}; start {a['init']} random labels, up to "
+             f"{a['max_labels']}; {a['epochs']} epochs Adam lr 3e-3 mini-batch 64, retrained from "
+             f"scratch each round; torch {meta['torch']}, python {meta['python']}, "
+             f"{meta['machine']}, {meta['threads']} thread(s); "
+             f"wall time {meta.get('seconds', float('nan')) / 60:.1f} min.",
+             "alcli.select(pool=x_unlabeled, model=net, budget=b, strategy=S[, diverse=True"
+             "[, diverse_candidates=len(x_unlabeled)]]); the pool is unlabeled, so gradnorm and "
+             "loss use the predicted class.",
+             "Columns: '@N' = accuracy at N labels (the evaluated count nearest 50/100/200/300); "
+             "'round 1 - rnd' = accuracy after the first selected batch minus random's (paired "
+             "by seed); 'classes r1' = distinct true classes in the first batch.", ""]
+    same = identical_methods(curves, methods)
+    if same:
+        lines += ["Identical curves in every setting and seed (same batches picked): "
+                  + "; ".join(same) + ". On an unlabeled pool `loss` is -log p(predicted class), "
+                  "a monotone function of least-confidence's 1 - p(predicted class), so the two "
+                  "rank (and embed) the pool the same way; with two classes entropy and margin "
+                  "are monotone in p(predicted class) too.", ""]
+    lines += verdict(curves, methods) + [""]
+    lines += auc_summary(curves, methods) + [""]
+    lines += head_to_head(curves, [("egl+div", "egl"), ("margin+div", "egl"),
+                                   ("margin+div", "egl+div"), ("badge-margin", "egl"),
+                                   ("egl", "random")]) + [""]
+    lines += win_table(curves, methods) + [""]
+    lines += timing_table(curves, methods) + [""]
+    for setting, pm in curves.items():
+        lines += setting_table(setting, pm, methods) + [""]
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------- plot
+def plot(results: dict, path: str) -> str | None:
+    """Accuracy minus random's (points, mean over seeds) vs labels, one panel per setting."""
+    try:
+        import matplotlib
+    except ImportError:
+        return "matplotlib is not installed (pip install matplotlib); no PNG written"
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    curves = results["curves"]
+    settings_ = list(curves)
+    rows = sorted({s.rsplit("/", 1)[0] for s in settings_}, key=lambda r: [s.rsplit("/", 1)[0]
+                                                                            for s in settings_].index(r))
+    cols = sorted({s.rsplit("/", 1)[1] for s in settings_}, key=lambda b: int(b[1:]))
+    fig, axes = plt.subplots(len(rows), len(cols), figsize=(5 * len(cols), 3.6 * len(rows)),
+                             squeeze=False)
+    colors = dict(zip(STRATEGIES, plt.get_cmap("tab10").colors))
+    for r, row in enumerate(rows):
+        for c, col in enumerate(cols):
+            ax = axes[r][c]
+            pm = curves.get(f"{row}/{col}")
+            if pm is None:
+                ax.axis("off")
+                continue
+            base = acc_matrix(pm["random"]).mean(0) if "random" in pm else 0.0
+            for meth, cs in pm.items():
+                strategy, diverse, whole = METHODS[meth]
+                style = dict(color=colors.get(strategy, "black"), lw=1.3,
+                             ls="--" if diverse else "-")
+                if whole:
+                    style.update(color="black", ls=":", lw=1.8)
+                if meth == "random":
+                    style.update(color="grey", lw=1.0)
+                ax.plot(cs[0]["labels"], acc_matrix(cs).mean(0) - base, label=meth, **style)
+            ax.set_title(f"{row}, batch {col[1:]}", fontsize=10)
+            ax.set_xlabel("labels")
+            ax.set_ylabel("accuracy - random (points)")
+            ax.grid(alpha=0.3)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=min(7, len(labels)), fontsize=8)
+    fig.tight_layout(rect=(0, 0.04 + 0.02 * math.ceil(len(labels) / 7), 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return None
+
+
+# ------------------------------------------------------------------------------------------ main
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke run: 2 seeds, batch 50, cnn, " + ",".join(QUICK_METHODS))
+    ap.add_argument("--seeds", type=int, help="number of seeds (default 5; quick 2)")
+    ap.add_argument("--batch-sizes", help="comma list (default 10,20,50; quick 50)")
+    ap.add_argument("--models", help="comma list of cnn,mlp (default both; quick cnn)")
+    ap.add_argument("--strategies", help="comma list of methods (default all): "
+                    + ",".join(METHODS))
+    ap.add_argument("--datasets", help="comma list of digits,breast_cancer (default digits)")
+    ap.add_argument("--epochs", type=int, default=30)
+    ap.add_argument("--init", type=int, default=20, help="random labels to start from")
+    ap.add_argument("--max-labels", type=int, default=300)
+    ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
+    ap.add_argument("--out", help="output prefix for .txt and .png (default "
+                    "benchmarks/results/learning-curves-cpu-2core; quick: a temp dir)")
+    ap.add_argument("--json", help="also save every curve here (written as the run goes)")
+    ap.add_argument("--report-only", action="store_true",
+                    help="re-render the tables and plot from --json without running")
+    args = ap.parse_args(argv)
+    q = args.quick
+    args.seeds_list = list(range(args.seeds if args.seeds else 2 if q else 5))
+    args.batch_sizes = [int(b) for b in (args.batch_sizes or ("50" if q else "10,20,50")).split(",")]
+    args.models = (args.models or ("cnn" if q else "cnn,mlp")).split(",")
+    args.strategies = (args.strategies.split(",") if args.strategies
+                       else list(QUICK_METHODS if q else METHODS))
+    args.datasets = (args.datasets or "digits").split(",")
+    bad = [m for m in args.strategies if m not in METHODS] + \
+          [m for m in args.models if m not in ("cnn", "mlp")]
+    if bad:
+        ap.error(f"unknown method or model {bad[0]!r}; methods: {', '.join(METHODS)}")
+    if args.out is None:
+        args.out = (os.path.join(tempfile.gettempdir(), "learning-curves-quick") if q
+                    else DEFAULT_OUT)
+    if args.report_only and not args.json:
+        ap.error("--report-only needs --json FILE")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    if args.report_only:
+        with open(args.json) as f:
+            results = json.load(f)
+    else:
+        results = run_all(args)
+        if args.json:
+            save_json(results, args.json)
+    text = report(results)
+    print(text)
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out + ".txt", "w") as f:
+        f.write(text + "\n")
+    note = plot(results, args.out + ".png")
+    print(note or f"wrote {args.out}.txt and {args.out}.png", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
