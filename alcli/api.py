@@ -24,6 +24,7 @@ from .files.embeddings import destination, save_embeddings
 from .files.pool import Pool
 from .files.table import read_table
 from .inspection import Inspection, inspect_model  # noqa: F401 - the CLI's `inspect`
+from .longrun import distributed
 from .longrun.distributed import is_rank0  # noqa: F401 - the CLI prints on rank 0 only
 from .longrun.job import JobResult, score
 from .longrun.merge import MergeResult, merge_tables
@@ -57,9 +58,10 @@ def run_score(settings: Settings, *, model: nn.Module | None = None, pool=None, 
               embeddings: bool | None = None) -> ScoreRun:
     """Load, check, score and rank, keeping the rows in memory. `on_start(n)` and `on_batch(k)`
     drive a progress display. `embeddings` (default: the setting) also captures each example's
-    BADGE factors."""
-    recorder = EmbeddingRecorder() if (settings.embeddings if embeddings is None else embeddings) \
-        else None
+    BADGE factors: True asks for them, None takes them where the model has a head to take them
+    from, False does not."""
+    wanted = settings.embeddings if embeddings is None else embeddings
+    recorder = None if wanted is False else EmbeddingRecorder(optional=wanted is None)
     result = score(settings, None, model=model, pool=pool, stdin=stdin, on_start=on_start,
                    on_batch=on_batch, embeddings=recorder)
     rows = result.finished.rows
@@ -74,16 +76,22 @@ def score_to_table(settings: Settings, dest: str, *, model: nn.Module | None = N
                    on_batch: Callable[[int], None] | None = None,
                    say: Callable[[str], None] | None = None) -> tuple[JobResult | None, str | None]:
     """`alcli score`: stream the pool's rows through DEST.partial into the ranked table `dest`
-    (a path, or '-' for stdout), with resume, --shard and torchrun, and the embeddings file when
-    asked for. Returns (the JobResult, or None on torchrun ranks other than 0; the embeddings
-    file written, or None)."""
-    emb_file = destination(settings, dest)  # checked before the work
-    recorder = EmbeddingRecorder() if emb_file else None
+    (a path, or '-' for stdout), with resume, --shard and torchrun, and the embeddings file (by
+    default when the whole pool goes to a table file). Returns (the JobResult, or None on
+    torchrun ranks other than 0; the embeddings file written, or None)."""
+    one_process = not (settings.resume or settings.shard or distributed.from_env())
+    emb_file = destination(settings, dest, one_process)  # checked before the work
+    recorder = EmbeddingRecorder(optional=settings.embeddings is None) if emb_file else None
     result = score(settings, dest, model=model, pool=pool, stdin=stdin, on_start=on_start,
                    on_batch=on_batch, say=say, embeddings=recorder)
-    if result is not None and emb_file:
-        embeddings = recorder.result()
-        save_embeddings(emb_file, embeddings.ids, embeddings.a, embeddings.b)
+    if result is None or not emb_file:
+        return result, None
+    embeddings = recorder.result()
+    if embeddings is None:  # recorded by default, and this model has no head to take them from
+        result.stats.notes.append(f"no embeddings written ({recorder.skipped}); select --diverse "
+                                  f"needs them")
+        return result, None
+    save_embeddings(emb_file, embeddings.ids, embeddings.a, embeddings.b)
     return result, emb_file
 
 
@@ -165,7 +173,8 @@ def run_select(settings: Settings, *, scores=None, model: nn.Module | None = Non
         return pick(settings, scores, plan, embeddings=carried)
     if scores is None:
         scored = run_score(settings, model=model, pool=pool, stdin=stdin, on_start=on_start,
-                           on_batch=on_batch, embeddings=settings.diverse)
+                           on_batch=on_batch, embeddings=False if settings.diverse is False
+                           else settings.diverse or settings.embeddings)
         return pick(settings, scored.rows, plan, embeddings=scored.embeddings, pool=scored.pool)
     rows = scores if isinstance(scores, list) else read_table(source)
     return pick(settings, rows, plan)

@@ -62,14 +62,18 @@ Format = Annotated[Optional[str], typer.Option(
                            "labelstudio (Label Studio tasks JSON).")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No summary on stderr.")]
 # selection (select only, except --embeddings which score writes and select reads)
-WriteEmbeddings = Annotated[bool, typer.Option(
-    "--embeddings", help="Also write each example's BADGE embedding (last-layer gradient, "
-                         "factored) beside the table, as OUTPUT.emb.npz, for select --diverse.")]
+WriteEmbeddings = Annotated[Optional[bool], typer.Option(
+    "--embeddings/--no-embeddings", show_default=False,
+    help="Write each example's BADGE embedding (last-layer gradient, factored) beside the table, "
+         "as OUTPUT.emb.npz, for select's diverse batches \\[default: when the whole pool goes "
+         "to a file].")]
 ReadEmbeddings = Annotated[Optional[str], typer.Option(
     "--embeddings", metavar="FILE", help="Embeddings for --diverse \\[default: SCORES.emb.npz].")]
-Diverse = Annotated[bool, typer.Option(
-    "--diverse", help="BADGE: k-means++ on gradient embeddings among the best scores, so the batch "
-                      "holds no near-duplicates (needs `score --embeddings`, or --pool).")]
+Diverse = Annotated[Optional[bool], typer.Option(
+    "--diverse/--no-diverse", show_default=False,
+    help="BADGE: k-means++ on gradient embeddings among the best scores, so the batch holds no "
+         "near-duplicates \\[default: when the table's embeddings are at hand (score writes them "
+         "beside a table file), or with --pool].")]
 DiverseCandidates = Annotated[Optional[str], typer.Option(
     "--diverse-candidates", metavar="M", help="--diverse picks among the M best-scoring examples "
                                               "(per class with --per-class), or 'all' for classic "
@@ -169,7 +173,9 @@ def _fail(message: str) -> typer.Exit:
 
 def _settings(config: str | None, flags: dict) -> Settings:
     """Defaults < config (./configs/default.yaml when no --config and no --model) < flags."""
-    given = {k: (None if v is False or v == [] else v) for k, v in flags.items()}
+    # a switch left off is "not given", except for those whose default is decided later
+    given = {k: (None if (v is False and k not in ("diverse", "embeddings")) or v == [] else v)
+             for k, v in flags.items()}
     if config is None and given.get("model") is None and DEFAULT_CONFIG.is_file():
         config = str(DEFAULT_CONFIG)
     return load_settings(config, given)
@@ -265,7 +271,7 @@ def score(
     top_classes: TopClasses = None, layers: Layers = None, method: Method = None,
     batch_size: BatchSize = None, device: Device = None, workers: Workers = None,
     seed: Seed = None, output: Output = None, format: Format = None, quiet: Quiet = False,
-    embeddings: WriteEmbeddings = False, checkpoint_every: CheckpointEvery = None,
+    embeddings: WriteEmbeddings = None, checkpoint_every: CheckpointEvery = None,
     resume: Resume = False, strict: Strict = False, shard: Shard = None,
 ):
     """Score every example of POOL and write the ranked table (rank,id,score,pred,confidence,...).
@@ -350,7 +356,7 @@ def select(
     top_classes: TopClasses = None, layers: Layers = None, method: Method = None,
     batch_size: BatchSize = None, device: Device = None, workers: Workers = None,
     seed: Seed = None, output: Output = None, format: Format = None, quiet: Quiet = False,
-    diverse: Diverse = False, diverse_candidates: DiverseCandidates = None,
+    diverse: Diverse = None, diverse_candidates: DiverseCandidates = None,
     embeddings_file: ReadEmbeddings = None, per_class: PerClass = None, exclude: Exclude = None,
     image_root: ImageRoot = None, contact_sheet: ContactSheet = None, image_dir: ImageDir = None,
 ):

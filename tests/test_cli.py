@@ -201,14 +201,19 @@ def test_select_formats_from_file_and_stdin(in_ws, tmp_path):
     table = tmp_path / "scores.csv"
     full = score(in_ws, "pool", "-m", "model.pt", "-s", "least-confidence", "-o", table)
     rows = parse_csv(table.read_text())
-    paths = runner.invoke(app, ["select", str(table), "-n", "4", "-f", "paths"])
+    paths = runner.invoke(app, ["select", str(table), "-n", "4", "-f", "paths", "--no-diverse"])
     assert paths.exit_code == 0, paths.stderr
     assert paths.stdout.splitlines() == [r["path"] for r in rows[:4]]
     assert all(os.path.isfile(in_ws.root / p) for p in paths.stdout.splitlines())
-    ids = runner.invoke(app, ["select", str(table), "-n", "4", "-f", "ids"])
+    ids = runner.invoke(app, ["select", str(table), "-n", "4", "-f", "ids", "--no-diverse"])
     assert ids.stdout.splitlines() == [r["id"] for r in rows[:4]]
     piped = runner.invoke(app, ["select", "-n", "4"], input=table.read_text())
-    assert parse_csv(piped.stdout) == rows[:4]
+    assert parse_csv(piped.stdout) == rows[:4]  # no embeddings beside stdin: the plain top N
+    assert piped.stderr == ""
+    diverse = runner.invoke(app, ["select", str(table), "-n", "4"])  # embeddings beside the table
+    assert diverse.exit_code == 0 and parse_csv(diverse.stdout) != rows[:4]
+    assert parse_csv(diverse.stdout) == \
+        parse_csv(runner.invoke(app, ["select", str(table), "-n", "4", "--diverse"]).stdout)
     too_many = runner.invoke(app, ["select", str(table), "-n", "100"])
     assert too_many.exit_code == 0 and len(parse_csv(too_many.stdout)) == len(rows)
     assert "warning" in too_many.stderr
@@ -217,7 +222,7 @@ def test_select_formats_from_file_and_stdin(in_ws, tmp_path):
 
 def test_select_scores_first_with_pool_and_model(in_ws):
     result = runner.invoke(app, ["select", "-n", "3", "--pool", "pool", "-m", "model.pt",
-                                 "-c", str(in_ws.config), "-s", "entropy", "-q"])
+                                 "-c", str(in_ws.config), "-s", "entropy", "-q", "--no-diverse"])
     assert result.exit_code == 0, result.stderr
     assert parse_csv(result.stdout) == rows_of(score(in_ws, "pool", "-m", "model.pt", "-s", "entropy"))[:3]
 
@@ -246,7 +251,7 @@ def test_python_api_matches_the_cli(in_ws):
                             labels_from_folders=True)
     assert [r["id"] for r in rows] == [r["id"] for r in cli_rows]
     assert [repr(r["score"]) for r in rows] == [r["score"] for r in cli_rows]
-    batch = alcli.select(rows, 5)
+    batch = alcli.select(rows, 5, diverse=False)
     assert [r["id"] for r in batch] == [r["id"] for r in cli_rows[:5]]
     # in-memory data and an nn.Module work too
     data = torch.load(in_ws.tensors)

@@ -22,7 +22,7 @@ def table(in_ws, tmp_path):
 
 
 def _select(table, *args):
-    return runner.invoke(app, ["select", str(table), "-n", "100", *map(str, args)])
+    return runner.invoke(app, ["select", str(table), "-n", "100", "--no-diverse", *map(str, args)])
 
 
 def _ids(result):

@@ -68,7 +68,8 @@ def test_python_select_from_file_rows_and_pool(in_ws, tmp_path):
     table.write_text("id,score\na,1\nb,2\nc,1.5\n")
     assert [r["id"] for r in alcli.select(str(table), 2)] == ["b", "c"]
     assert [r["id"] for r in alcli.select([{"id": "u", "score": 0.0}, {"id": "v", "score": 1.0}], 1)] == ["v"]
-    picked = alcli.select(budget=3, pool="pool", model="model.pt", config=in_ws.config, strategy="entropy")
+    picked = alcli.select(budget=3, pool="pool", model="model.pt", config=in_ws.config, strategy="entropy",
+                          diverse=False)
     scored = alcli.score_pool("pool", model="model.pt", config=in_ws.config, strategy="entropy")
     assert picked == scored[:3]
     assert all(math.isfinite(r["score"]) for r in picked)

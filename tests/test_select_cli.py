@@ -109,7 +109,7 @@ def test_score_embeddings_are_the_last_layer_factors(in_ws, planted, table):
 
 def test_diverse_takes_one_per_group_and_same_seed_same_batch(in_ws, planted, table):
     budget = 6
-    top = ids_of(select(table, "-n", budget))
+    top = ids_of(select(table, "-n", budget, "--no-diverse"))
     groups = [planted.group[i] for i in top]
     assert max(groups.count(k) for k in set(groups) - {None}) >= 3  # plain top-N: copies
     ranked = [r["id"] for r in parse_csv(table.read_text())]
@@ -200,7 +200,7 @@ def test_exclusions_from_csv_jsonl_and_lines(crafted, tmp_path):
 
 def test_labelstudio_tasks(in_ws, table, tmp_path):
     out = tmp_path / "tasks.json"
-    select(table, "-n", 4, "-m", "model.pt", "-f", "labelstudio", "--image-root",
+    select(table, "-n", 4, "-m", "model.pt", "-f", "labelstudio", "--no-diverse", "--image-root",
            "https://files.example.com/pool", "-o", out)
     tasks = json.loads(out.read_text())
     assert_labelstudio_import(tasks)
@@ -209,7 +209,7 @@ def test_labelstudio_tasks(in_ws, table, tmp_path):
         [f"https://files.example.com/pool/{r['id']}" for r in rows]
     assert [t["predictions"][0]["score"] for t in tasks] == [float(r["score"]) for r in rows]
     assert {t["predictions"][0]["model_version"] for t in tasks} == {"model.pt"}
-    stdout = select(table, "-n", 2, "-f", "labelstudio", "-c", "config.yaml")
+    stdout = select(table, "-n", 2, "-f", "labelstudio", "-c", "config.yaml", "--no-diverse")
     assert [t["data"]["image"] for t in json.loads(stdout.stdout)] == [r["id"] for r in rows[:2]]
     lines = select(table, "-n", 3, "--diverse", "-f", "jsonl").stdout.splitlines()
     objs = [json.loads(line) for line in lines]

@@ -56,10 +56,12 @@ class Settings:
     format: str = "csv"
     scores: str | None = None   # `select`: the ranked table to read
     budget: int | None = None   # `select`: how many to pick
-    embeddings: bool = False              # `score`: also record each example's BADGE factors
+    embeddings: bool | None = None        # `score`: also record each example's BADGE factors
+                                          # (None: when the table goes to a file, in one process)
     embeddings_file: str | None = None    # where score writes them / select reads them
                                           # (default: TABLE.emb.npz beside the table)
-    diverse: bool = False                 # `select`: BADGE k-means++ among the best scores
+    diverse: bool | None = None           # `select`: BADGE k-means++ among the best scores
+                                          # (None: when the table's embeddings are at hand)
     diverse_candidates: int | str | None = None  # `select --diverse`: shortlist size or "all"
                                                  # (default 10 x budget)
     per_class: str | None = None          # `select`: proportional | equal quotas per predicted class
@@ -250,7 +252,7 @@ CHECKS: dict[str, Callable[[Any], Any]] = {
     "method": _choice(METHOD_NAMES), "batch_size": _int(1), "device": _device, "workers": _opt(_int(0)),
     "seed": _int(0), "output": _opt_str, "format": _choice(FORMATS), "scores": _opt_str,
     "budget": _opt(_int(1)), "quiet": _bool,
-    "embeddings": _bool, "embeddings_file": _opt_str, "diverse": _bool, "diverse_candidates": _candidates,
+    "embeddings": _opt(_bool), "embeddings_file": _opt_str, "diverse": _opt(_bool), "diverse_candidates": _candidates,
     "per_class": _opt(_choice(PER_CLASS_MODES)), "exclude": _files, "image_root": _opt_str,
     "image_dir": _opt_str, "contact_sheet": _opt_str,
     "checkpoint_every": _int(1), "resume": _bool, "strict": _bool, "shard": _shard,

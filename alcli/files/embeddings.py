@@ -27,9 +27,13 @@ def embeddings_path(table_path: str) -> str:
     return table_path + EMBEDDINGS_SUFFIX
 
 
-def destination(settings: Settings, table_dest: str | None) -> str | None:
-    """Where `score` writes embeddings: None (not asked), the configured file, or beside the table."""
-    if not settings.embeddings:
+def destination(settings: Settings, table_dest: str | None, one_process: bool = True) -> str | None:
+    """Where `score` writes embeddings: None (not wanted), the configured file, or beside the
+    table. By default (`embeddings` None) they are written when the table goes to a file and the
+    whole pool is scored in `one_process` (no --resume, --shard or torchrun)."""
+    if settings.embeddings is False:
+        return None
+    if settings.embeddings is None and (table_dest in (None, "-") or not one_process):
         return None
     if settings.embeddings_file:
         return settings.embeddings_file

@@ -45,9 +45,14 @@ def find_head(model: nn.Module, classes: int) -> tuple[str, nn.Linear]:
 
 
 class EmbeddingRecorder:
-    """Collects (ids, a, b) batch by batch; the head is found at the first batch."""
+    """Collects (ids, a, b) batch by batch; the head is found at the first batch.
 
-    def __init__(self) -> None:
+    `optional` (embeddings recorded by default, not asked for): a model they cannot be taken
+    from stops the recording instead of the run, and `skipped` says why."""
+
+    def __init__(self, optional: bool = False) -> None:
+        self.optional = optional
+        self.skipped: str | None = None
         self.head: tuple[str, nn.Linear] | None = None
         self._ids: list[str] = []
         self._a: list[torch.Tensor] = []
@@ -56,6 +61,19 @@ class EmbeddingRecorder:
     @contextlib.contextmanager
     def capture(self, model: nn.Module, ids: list[str]):
         """Around one plain forward of `model` on the batch `ids`: record its factors."""
+        if self.skipped is not None:
+            yield
+            return
+        try:
+            with self._capture(model, ids):
+                yield
+        except RunError as err:
+            if not self.optional:
+                raise
+            self.skipped = str(err)
+
+    @contextlib.contextmanager
+    def _capture(self, model: nn.Module, ids: list[str]):
         seen: dict = {}
 
         def on_output(module, args, output):  # the model's own output: the logits [B, C]
@@ -103,7 +121,10 @@ class EmbeddingRecorder:
         self._a.append(a.to(dtype).cpu())
         self._b.append(b.to(dtype).cpu())
 
-    def result(self) -> Embeddings:
+    def result(self) -> Embeddings | None:
+        """The embeddings recorded, or None when an optional recording was skipped."""
+        if self.skipped is not None:
+            return None
         if not self._ids:
             return Embeddings([], torch.zeros(0, 0), torch.zeros(0, 0))
         return Embeddings(list(self._ids), torch.cat(self._a), torch.cat(self._b))

@@ -35,6 +35,8 @@ class SelectPlan:
     exclusions: list[Exclusions] = field(default_factory=list)  # what --exclude names
     embeddings_file: str | None = None  # for --diverse on a table read from a file
     meta: dict = field(default_factory=dict)  # TABLE.meta.json of a table read from a file
+    diverse: bool = False  # --diverse asked for, or by default with the embeddings at hand
+    notes: list[str] = field(default_factory=list)  # warnings for people
 
 
 @dataclass
@@ -64,19 +66,24 @@ def prepare(settings: Settings, source: str | None, score_first: bool,
     if exclude_ids is not None:
         plan.exclusions.append(Exclusions(f"{settings.where('exclude')} (ids)",
                                           [str(i) for i in exclude_ids]))
-    if settings.diverse and not score_first:
-        if settings.embeddings_file:
-            path = settings.embeddings_file
-        elif source not in (None, "-"):
-            path = embeddings_path(str(source))
-        else:
+    plan.diverse = settings.diverse is not False  # by default, when the embeddings are at hand
+    if plan.diverse and not score_first:
+        path = settings.embeddings_file or (embeddings_path(str(source))
+                                            if source not in (None, "-") else None)
+        if settings.diverse is None and (path is None or not Path(path).is_file()):
+            plan.diverse = False  # the default, without embeddings: the plain top N
+            if path is not None:
+                plan.notes.append(f"selected the best scores without --diverse: the table has no "
+                                  f"embeddings file {path} (alcli score -o TABLE writes it)")
+        elif path is None:
             raise ConfigError(f"{settings.where('diverse')} needs the embeddings of the table, and "
                               f"a table from stdin (or rows in memory) has no file beside it: "
                               f"pass {settings.option('embeddings_file', 'FILE')}")
-        if not Path(path).is_file():
+        elif not Path(path).is_file():
             raise ConfigError(f"{settings.where('diverse')} needs the embeddings file {path}, which "
                               f"does not exist; write it with `alcli score --embeddings -o TABLE`")
-        plan.embeddings_file = path
+        else:
+            plan.embeddings_file = path
     if settings.contact_sheet == "-":
         raise ConfigError(f"{settings.where('contact_sheet')} needs a PNG file name, not stdout")
     for key in ("contact_sheet", "output"):
@@ -100,6 +107,7 @@ def pick(settings: Settings, rows: list[dict], plan: SelectPlan, *, embeddings=N
     ranked = rank(rows)
     try:
         excluded, notes = excluded_ids(plan.exclusions, ranked, settings.image_root)
+        notes = plan.notes + notes
     except ExclusionsError as err:
         raise ConfigError(f"{settings.where('exclude')}: {_sentence(err)}") from None
     kept = [r for r in ranked if str(r["id"]) not in excluded]
@@ -108,7 +116,14 @@ def pick(settings: Settings, rows: list[dict], plan: SelectPlan, *, embeddings=N
     if not kept:
         raise ConfigError(f"{settings.where('exclude')} excludes every one of the {len(ranked)} "
                           f"rows; nothing is left to select")
-    if settings.per_class or settings.diverse:
+    diverse = plan.diverse and (embeddings is not None or plan.embeddings_file is not None)
+    if plan.diverse and not diverse and settings.diverse:
+        raise ConfigError(f"{settings.where('diverse')} needs the examples' embeddings, and none "
+                          f"were recorded")
+    if plan.diverse and not diverse:
+        notes.append("selected the best scores without --diverse: no embeddings were recorded "
+                     "(the model has no nn.Linear classification head)")
+    if settings.per_class or diverse:
         eligible = [r for r in kept if is_scored(r)]
         if len(eligible) < len(kept):
             notes.append(f"{len(kept) - len(eligible)} rows without a finite score are left out "
@@ -117,7 +132,7 @@ def pick(settings: Settings, rows: list[dict], plan: SelectPlan, *, embeddings=N
             raise ConfigError("no row has a finite score; nothing to select")
     else:
         eligible = kept
-    factors = _factors(settings, eligible, plan, embeddings) if settings.diverse else None
+    factors = _factors(settings, eligible, plan, embeddings) if diverse else None
     try:
         chosen = choose(eligible, settings.budget, per_class=settings.per_class, factors=factors,
                         seed=settings.seed, candidates=settings.diverse_candidates)
