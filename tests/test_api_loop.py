@@ -61,3 +61,27 @@ def test_readme_loop_example_runs():
     exec(compile(block, "README loop example", "exec"), scope)
     assert len(scope["labeled"]) == 80  # 20 + 3 rounds of 20, none twice
     assert scope["labeled"] <= set(scope["ids"])
+
+
+class NoHead(nn.Module):
+    """Logits from a bare parameter: no nn.Linear head to take BADGE embeddings from."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(1)
+        self.w = nn.Parameter(torch.randn(12, 4))
+
+    def forward(self, x):
+        return x.flatten(1) @ self.w
+
+
+def test_default_embeddings_and_diversity_step_aside_for_a_model_without_head():
+    x = torch.randn(20, 12)
+    rows = alcli.score_pool((x,), NoHead(), strategy="entropy")
+    assert rows.embeddings is None  # recorded by default only where there is a head
+    top = alcli.select(rows, 3)  # the default: diverse when embeddings are at hand, else top N
+    assert [r["id"] for r in top] == [r["id"] for r in rows[:3]]
+    with pytest.raises(ConfigError, match="diverse="):
+        alcli.select(rows, 3, diverse=True)
+    with_head = alcli.score_pool((x,), _net(), strategy="entropy")
+    assert with_head.embeddings is not None and len(with_head.embeddings.ids) == 20
