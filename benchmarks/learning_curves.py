@@ -135,13 +135,12 @@ def accuracy(net: nn.Module, data: Data) -> float:
 # ----------------------------------------------------------------------------------- one AL curve
 def select_batch(method: str, net: nn.Module, x_unlabeled: torch.Tensor, budget: int,
                  seed: int) -> list[int]:
-    """Positions in `x_unlabeled` of the batch alcli picks (its ids are positions, as strings)."""
+    """Positions in `x_unlabeled` of the batch alcli picks (its ids are the positions)."""
     strategy, diverse, whole_pool = METHODS[method]
     options = dict(strategy=strategy, batch_size=512, device="cpu", seed=seed, quiet=True)
-    if diverse:
-        options["diverse"] = True
-        if whole_pool:
-            options["diverse_candidates"] = len(x_unlabeled)
+    options["diverse"] = diverse  # explicit both ways: select is diverse by default
+    if whole_pool:
+        options["diverse_candidates"] = "all"
     rows = alcli.select(pool=x_unlabeled, model=net, budget=budget, **options)
     return [int(r["id"]) for r in rows]
 
