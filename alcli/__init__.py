@@ -11,7 +11,8 @@ docs/architecture.md maps the package.
 """
 from .errors import AlcliError
 
-__all__ = ["AlcliError", "score_pool", "select"]
+__version__ = "0.2.0"
+__all__ = ["AlcliError", "__version__", "score_pool", "select"]
 
 
 def score_pool(pool=None, model=None, *, config=None, **options):

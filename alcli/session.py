@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterator
 
 import torch
 from torch import nn
 
-from .errors import ConfigError
+from .errors import CheckpointError, ConfigError, PoolError
 from .files.checkpoint import load_model
 from .files.config import Settings
 from .files.pool import Pool, PoolOptions, open_pool, tensor_pool
@@ -49,6 +50,9 @@ def model_for(settings: Settings, model: nn.Module | None = None) -> nn.Module:
         return model
     if settings.model is None:
         raise ConfigError("no model given; pass --model PATH (or set model: in a config)")
+    if not Path(settings.model).exists():
+        raise CheckpointError(f"model file {settings.model}{from_config(settings, 'model')} does "
+                              f"not exist")
     return load_model(settings.model, arch=settings.arch, arch_kwargs=settings.arch_kwargs,
                       trust=settings.trust_checkpoint)
 
@@ -66,7 +70,15 @@ def pool_for(settings: Settings, model: nn.Module, pool=None, stdin=None) -> Poo
         raise ConfigError("no pool given; pass POOL: a folder of images, a .csv/.jsonl manifest, "
                           "a .pt/.npy/.npz tensor file, or - for image paths on stdin")
     opts = PoolOptions(settings.labels_from_folders, settings.transform, model_channels(model))
+    if settings.pool != "-" and not Path(settings.pool).exists():
+        raise PoolError(f"pool {settings.pool}{from_config(settings, 'pool')} does not exist")
     return open_pool(settings.pool, opts, stdin)
+
+
+def from_config(settings: Settings, key: str) -> str:
+    """' (key 'model' in cfg.yaml)' when the value came from a config file, else ''."""
+    where = settings.sources.get(key, "")
+    return f" ({where})" if where.startswith("key ") else ""
 
 
 def resolve_device(spec: str) -> torch.device:
