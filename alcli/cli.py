@@ -30,9 +30,32 @@ except ImportError:  # pragma: no cover - older Typer on click
     from click.exceptions import ClickException, UsageError
 
 
+class _ClosedPipe(Exception):
+    """stdout's reader went away; carried past Typer, which would turn it into exit 1."""
+
+
+class _Stopped(Exception):
+    """Ctrl-C or SIGTERM, with the message saying where the finished rows are; carried past
+    Typer, which would turn any KeyboardInterrupt into a silent exit 130."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
 class _Alcli(TyperGroup):
     """Errors the way ripgrep or jq print them: one `alcli: error: ...` line, no panel, no
     traceback; exit 2 for usage, 1 for bad input or the environment, 141 for a closed pipe."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except OSError as err:
+            if err.errno == errno.EPIPE:
+                raise _ClosedPipe() from None
+            raise
+        except KeyboardInterrupt as err:
+            raise _Stopped(str(err), getattr(err, "exit_code", 130)) from None
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         try:
@@ -49,18 +72,18 @@ class _Alcli(TyperGroup):
         except AlcliError as err:
             sys.stderr.write(f"alcli: error: {err}\n")
             code = 1
-        except (Abort, KeyboardInterrupt) as err:
-            message = str(err) if isinstance(err, KeyboardInterrupt) else ""
-            if message:
-                sys.stderr.write(f"alcli: {message}\n")
-            code = getattr(err, "exit_code", 130)
+        except _Stopped as err:
+            if str(err) and _rank0():
+                sys.stderr.write(f"alcli: {err}\n")
+            code = err.exit_code
+        except (Abort, KeyboardInterrupt):
+            code = 130
         except OSError as err:
-            if err.errno != errno.EPIPE:
-                sys.stderr.write(f"alcli: error: {_os_error(err)}\n")
-                code = 1
-            else:  # the reader of stdout went away (`| head`): quiet, like grep and jq
-                _silence_stdout()
-                code = 141
+            sys.stderr.write(f"alcli: error: {_os_error(err)}\n")
+            code = 1
+        except _ClosedPipe:  # the reader of stdout went away (`| head`): quiet, like grep and jq
+            _silence_stdout()
+            code = 141
         sys.exit(code if isinstance(code, int) else 0)
 
 
@@ -186,7 +209,7 @@ SelectFormat = Annotated[Optional[str], typer.Option(
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress and no summary on "
                                      "stderr; warnings and errors still.")]
 Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Also say where each setting "
-                                       "came from and what the run does step by step.")]
+                                       "came from (default, config key or flag).")]
 LogFormat = Annotated[Optional[str], typer.Option(
     "--log-format", metavar="text|json", help="Progress lines, warnings and the summary on stderr "
     "as text (the default), or as one JSON object per line.")]
@@ -391,9 +414,9 @@ def score(
                "nan_scores": done.nans, "output": dest, "embeddings_file": emb_file},
               done.top, s.notes)
     if dest != "-":
-        r.say(f"wrote {done.count} rows to {dest}")
+        r.info(f"wrote {done.count} rows to {dest}")
     if emb_file:
-        r.say(f"wrote their embeddings to {emb_file}")
+        r.info(f"wrote their embeddings to {emb_file}")
 
 
 @app.command(cls=_Command, epilog=MERGE_EPILOG)
@@ -420,7 +443,7 @@ def merge(
     _warn_skipped(r, len(result.finished.errors), result.finished.nans, errors_file,
                   result.finished.errors)
     if dest != "-":
-        r.say(f"wrote {result.finished.count} rows from {result.parts} parts to {dest}")
+        r.info(f"wrote {result.finished.count} rows from {result.parts} parts to {dest}")
 
 
 @app.command(cls=_Command, epilog=SELECT_EPILOG)
@@ -460,6 +483,9 @@ def select(
     source = scores or settings.scores
     score_first = source is None and bool(pool or model or sys.stdin.isatty() or
                                           (settings.pool and _stdin_is_empty()))
+    if source is None and not score_first and _stdin_is_empty():
+        raise AlcliError("nothing on stdin and no pool to score: pipe a table in, name one "
+                         "(alcli select SCORES -n N), or score first with --pool POOL")
     with r.progress() if score_first else _no_progress() as (on_start, on_batch):
         api = _api()
         picked = api.run_select(settings, scores=None if score_first else (source or "-"),
@@ -471,9 +497,9 @@ def select(
     for note in picked.notes:
         r.warn(note)
     if settings.output not in (None, "-"):
-        r.say(f"wrote {len(picked.rows)} rows to {settings.output}")
+        r.info(f"wrote {len(picked.rows)} rows to {settings.output}")
     if settings.contact_sheet:
-        r.say(f"wrote a contact sheet of {len(picked.rows)} images to {settings.contact_sheet}")
+        r.info(f"wrote a contact sheet of {len(picked.rows)} images to {settings.contact_sheet}")
 
 
 class _no_progress:

@@ -69,8 +69,9 @@ def pool_for(settings: Settings, model: nn.Module, pool=None, stdin=None) -> Poo
     if settings.pool is None:
         raise ConfigError("no pool given; pass POOL: a folder of images, a .csv/.jsonl manifest, "
                           "a .pt/.npy/.npz tensor file, or - for image paths on stdin")
-    opts = PoolOptions(settings.labels_from_folders, settings.transform, model_channels(model))
-    if settings.pool != "-" and not Path(settings.pool).exists():
+    opts = PoolOptions(settings.labels_from_folders, settings.transform, model_channels(model),
+                       settings.null)
+    if isinstance(settings.pool, str) and settings.pool != "-" and not Path(settings.pool).exists():
         raise PoolError(f"pool {settings.pool}{from_config(settings, 'pool')} does not exist")
     return open_pool(settings.pool, opts, stdin)
 
@@ -117,4 +118,7 @@ def check_layers(model: nn.Module, layers: list[str] | None) -> None:
     try:
         select_params(model, layers)
     except ValueError as err:
-        raise ConfigError(str(err)) from None
+        names = [n for n, m in model.named_modules() if n and any(True for _ in m.parameters(False))]
+        shown = ", ".join(names[:8]) + (f", ... ({len(names)} in all)" if len(names) > 8 else "")
+        raise ConfigError(f"{err}; modules with parameters: {shown or '(none)'}; 'alcli inspect' "
+                          f"lists them all with their rules") from None

@@ -47,6 +47,10 @@ class Reporter:
         sys.stderr.flush()
 
     def say(self, message: str) -> None:
+        """What happened to the user's files (resumed, discarded): printed with --quiet too."""
+        self._emit("note", message, "")
+
+    def info(self, message: str) -> None:
         """A note for people (not with --quiet)."""
         if not self.quiet:
             self._emit("note", message, "")
@@ -114,7 +118,7 @@ class Reporter:
                 out += ["  " + "  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in cells]
             sys.stderr.write("\n".join(out) + "\n")
         for note in notes:
-            self.say(note)
+            self.info(note)
 
 
 def _readable(facts: dict) -> dict:

@@ -49,7 +49,8 @@ class Settings:
     arch: str | None = None
     arch_kwargs: dict = field(default_factory=dict)
     trust_checkpoint: bool = False
-    pool: str | None = None
+    pool: str | list[str] | None = None   # a path, '-' (stdin), or several image files
+    null: bool = False                    # paths on stdin are NUL-separated (find -print0)
     labels_from_folders: bool = False
     transform: Transform = field(default_factory=Transform)
     strategy: str = "egl"
@@ -104,6 +105,14 @@ def _str(v):
 
 def _opt_str(v):
     return None if v is None else _str(v)
+
+
+def _pool(v):
+    if isinstance(v, (list, tuple)):
+        if not v or not all(isinstance(p, (str, Path)) and str(p) for p in v):
+            raise ValueError("must be a path or a list of image files")
+        return [str(p) for p in v] if len(v) > 1 else str(v[0])
+    return _opt_str(v)
 
 
 def _bool(v):
@@ -241,7 +250,7 @@ def _normalize(v):
 
 CHECKS: dict[str, Callable[[Any], Any]] = {
     "model": _opt_str, "arch": _opt_str, "arch_kwargs": _mapping, "trust_checkpoint": _bool,
-    "pool": _opt_str, "labels_from_folders": _bool, "transform": _transform,
+    "pool": _pool, "null": _bool, "labels_from_folders": _bool, "transform": _transform,
     "strategy": _choice(STRATEGY_NAMES), "top_classes": _opt(_int(1)), "layers": _layers,
     "method": _choice(METHOD_NAMES), "batch_size": _int(1), "device": _device, "workers": _int(0),
     "seed": _int(0), "output": _opt_str, "format": _choice(FORMATS), "scores": _opt_str,

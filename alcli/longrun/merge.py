@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ConfigError, TableError
+from ..files.atomic import check_writable
 from .finish import Finished, finish, read_errors, read_meta, sidecar, write_sidecars
 from .partial import new_partial
 from ..files.table import read_table
@@ -34,6 +35,7 @@ def merge_tables(parts: list[str], dest: str, fmt: str = "csv") -> MergeResult:
     folder = Path(dest).parent if dest != "-" else Path(tempfile.gettempdir())
     if not folder.is_dir():
         raise ConfigError(f"output {dest}: the folder {folder} does not exist")
+    check_writable(folder, f"output {dest}")
     first = metas[0]
     with tempfile.TemporaryDirectory(prefix=".alcli-merge-", dir=folder) as tmp:
         combined = Path(tmp) / "merged.partial"
