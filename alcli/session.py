@@ -10,7 +10,7 @@ from typing import Iterator
 import torch
 from torch import nn
 
-from .errors import CheckpointError, ConfigError, PoolError
+from .errors import CheckpointError, ConfigError, PoolError, first_line
 from .files.checkpoint import load_model
 from .files.config import Settings
 from .files.pool import Pool, PoolOptions, open_pool, tensor_pool
@@ -62,10 +62,17 @@ def pool_for(settings: Settings, model: nn.Module, pool=None, stdin=None) -> Poo
     from `settings.pool`."""
     if isinstance(pool, Pool):
         return pool
-    if isinstance(pool, tuple) and len(pool) == 2:
-        return tensor_pool(*pool)
     if pool is not None and not isinstance(pool, str):
-        return tensor_pool(pool)
+        parts = pool if isinstance(pool, tuple) else (pool,)
+        if not 1 <= len(parts) <= 2:
+            raise PoolError(f"pool must be x, (x,) or (x, y): a tensor or array of inputs and "
+                            f"optional integer labels, not a tuple of {len(parts)}")
+        try:
+            return tensor_pool(*parts)
+        except (TypeError, ValueError, RuntimeError) as err:
+            kinds = " and ".join(type(p).__name__ for p in parts)
+            raise PoolError(f"pool must be x, (x,) or (x, y) with x a tensor or array of "
+                            f"inputs; a {kinds} cannot be made a tensor ({first_line(err)})") from None
     if settings.pool is None:
         raise ConfigError("no pool given; pass POOL: a folder of images, a .csv/.jsonl manifest, "
                           "a .pt/.npy/.npz tensor file, or - for image paths on stdin")

@@ -25,6 +25,7 @@ from typing import Callable
 
 from torch import nn
 
+from .. import __version__
 from ..errors import AlcliError, ConfigError, PoolError
 from ..files.atomic import check_writable
 from ..files.config import Settings
@@ -298,7 +299,7 @@ def _write(ctx, settings: Settings, dest: str, partial_path: Path, full: Pool, t
         try:
             finished = finish(sources, dest, settings.format)
             files = [] if dest == "-" else write_sidecars(dest, finished, {
-                "format": "alcli-table", "version": META_VERSION, "table_format": settings.format,
+                "format": "alcli-table", "version": META_VERSION, "alcli_version": __version__, "table_format": settings.format,
                 "shard": shard, "pool": full.name, "pool_size": len(full),
                 "shard_size": len(todo) if shard else len(full), "run": key})
         except BaseException:

@@ -12,6 +12,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import __version__
 from ..errors import ConfigError, TableError
 from ..files.atomic import check_writable
 from .finish import Finished, finish, read_errors, read_meta, sidecar, write_sidecars
@@ -63,7 +64,7 @@ def merge_tables(parts: list[str], dest: str, fmt: str = "csv") -> MergeResult:
                              f"{first['pool']} has {first['pool_size']}; a part is incomplete")
         finished = finish([combined], dest, fmt)
     files = [] if dest == "-" else write_sidecars(dest, finished, {
-        **first, "table_format": fmt, "shard": None, "shard_size": first["pool_size"],
+        **first, "alcli_version": __version__, "table_format": fmt, "shard": None, "shard_size": first["pool_size"],
         "merged_from": [str(p) for p in parts]})
     return MergeResult(finished, len(parts), files)
 
