@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import io
 import os
+import re
 import sys
 from typing import Annotated, List, Optional
 
@@ -113,6 +114,11 @@ def _silence_stdout() -> None:
 class _Command(TyperCommand):
     """Arguments listed by name only (POOL, PART...), without Typer's `<list[str]>` type tag."""
 
+    def format_help(self, ctx, formatter) -> None:
+        super().format_help(ctx, formatter)
+        formatter.buffer[:] = [part.replace("\xa0", " ").replace("\u2011", "-")
+                               for part in formatter.buffer]
+
     def collect_usage_pieces(self, ctx) -> list[str]:
         """`PART...` for a required argument, as man pages write it (Typer writes `{PART}...`)."""
         return [p[1:].replace("}", "", 1) if p.startswith("{") else p
@@ -124,10 +130,13 @@ class _Command(TyperCommand):
             record = param.get_help_record(ctx)
             if record is None:
                 continue
+            name, text = record
+            # never wrapped after "[default:" nor inside least-confidence (restored in format_help)
+            text = re.sub(r"(?<=\w)-(?=\w)", "\u2011", text.replace("[default: ", "[default:\xa0"))
             if param.param_type_name == "argument":
-                args.append((record[0].split(" <", 1)[0], record[1]))
+                args.append((name.split(" <", 1)[0], text))
             else:
-                opts.append(record)
+                opts.append((name, text))
         for title, rows in (("Arguments", args), ("Options", opts)):
             if rows:
                 with formatter.section(title):
@@ -176,8 +185,8 @@ LabelsFromFolders = Annotated[bool, typer.Option(
     "--labels-from-folders", help="Class subfolders of an image folder are the labels (sorted, "
                                   "like torchvision's ImageFolder).")]
 Strategy = Annotated[Optional[str], typer.Option(
-    "--strategy", "-s", metavar="NAME", help="egl, gradnorm, loss, entropy, margin, "
-    "least-confidence or random. [default: egl]")]
+    "--strategy", "-s", metavar="NAME", help="One of egl, gradnorm, loss, entropy, "
+    "margin, least-confidence, random. [default: egl]")]
 TopClasses = Annotated[Optional[int], typer.Option(
     metavar="K", help="egl: sum over the K most probable classes only. [default: all classes, "
     "exact]")]
@@ -218,10 +227,12 @@ ProgressEvery = Annotated[Optional[float], typer.Option(
     "progress line every SECONDS (default 30).")]
 # selection (select only, except --embeddings which score writes and select reads)
 WriteEmbeddings = Annotated[bool, typer.Option(
-    "--embeddings", help="Also write each example's BADGE embedding (last-layer gradient, "
-                         "factored) beside the table, as OUTPUT.emb.npz, for select --diverse.")]
+    "--embeddings", help="Also write each example's BADGE embedding (the gradient at the "
+                         "last layer, factored) beside the table, as OUTPUT.emb.npz, for select "
+                         "--diverse.")]
 ReadEmbeddings = Annotated[Optional[str], typer.Option(
-    "--embeddings", metavar="FILE", help="Embeddings for --diverse. [default: SCORES.emb.npz]")]
+    "--embeddings", metavar="FILE", help="The embeddings --diverse reads. [default: "
+    "SCORES.emb.npz]")]
 Diverse = Annotated[bool, typer.Option(
     "--diverse", help="BADGE: k-means++ on gradient embeddings among the best scores, so the batch "
                       "holds no near-duplicates (needs 'score --embeddings', or --pool).")]
