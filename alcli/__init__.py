@@ -10,8 +10,8 @@ Python API (the same work as the CLI, returning rows instead of printing):
 docs/architecture.md maps the package.
 """
 from .errors import AlcliError
+from .version import __version__
 
-__version__ = "0.2.0"
 __all__ = ["AlcliError", "__version__", "score_pool", "select"]
 
 

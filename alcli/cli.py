@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 from typer.core import TyperCommand, TyperGroup
 
-from . import __version__
+from .version import __version__
 from .errors import AlcliError
 from .files.config import DEFAULT_CONFIG, Settings, load_settings
 from .terminal import Reporter

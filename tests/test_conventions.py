@@ -290,8 +290,13 @@ def test_version_help_and_completion(in_ws, tmp_path):
     assert ok(cli("-V")).stdout == f"alcli {alcli.__version__}\n"
     for args in (["-h"], ["--help"], ["score", "-h"], ["select", "-h"], ["merge", "-h"]):
         assert ok(cli(*args)).stdout.startswith("Usage: alcli")
-    assert "complete -o default -F _alcli_completion alcli" in ok(
-        cli("--show-completion", "bash")).stdout
+    assert "--install-completion" in ok(cli("-h")).stdout
+    for words, cword, expected in (("alcli sc", "1", "score"), ("alcli score --batch", "2",
+                                                                "--batch-size")):
+        done = subprocess.run(alcli_cmd(), env=env(COMP_WORDS=words, COMP_CWORD=cword,
+                                                   _ALCLI_COMPLETE="complete_bash"),
+                              capture_output=True, text=True, timeout=60)
+        assert done.stdout.split() == [expected], done.stderr  # what bash's completion asks
     out = tmp_path / "s.csv"
     ok(cli("score", "pool", "-m", "model.pt", "-c", "config.yaml", "-o", out, "-q"))
     text = Path(f"{out}.meta.json").read_text()

@@ -25,7 +25,7 @@ from typing import Callable
 
 from torch import nn
 
-from .. import __version__
+from ..version import __version__
 from ..errors import AlcliError, ConfigError, PoolError
 from ..files.atomic import check_writable
 from ..files.config import Settings

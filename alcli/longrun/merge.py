@@ -12,7 +12,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import __version__
+from ..version import __version__
 from ..errors import ConfigError, TableError
 from ..files.atomic import check_writable
 from .finish import Finished, finish, read_errors, read_meta, sidecar, write_sidecars
