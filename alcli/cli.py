@@ -1,174 +1,325 @@
 """The `alcli` command line. Each command parses, calls alcli.api, and prints; no logic here.
 
-Data goes to stdout, everything for people to stderr. Bad input exits 1 with one sentence.
+Data goes to stdout, everything for people to stderr (alcli.terminal). Conventions: bad input or an
+environment fault exits 1 with `alcli: error: <one sentence>`; a usage error exits 2 with one such
+line; Ctrl-C 130, SIGTERM 143, a closed stdout (`| head`) 141 without a word.
 """
 from __future__ import annotations
 
-import contextlib
+import errno
+import io
+import os
+import re
 import sys
 from typing import Annotated, List, Optional
 
 import typer
 from rich.console import Console
-from rich.progress import (BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn,
-                           TimeElapsedColumn, TimeRemainingColumn)
 from rich.table import Table
-from rich.text import Text
+from typer.core import TyperCommand, TyperGroup
 
+from .version import __version__
 from .errors import AlcliError
 from .files.config import DEFAULT_CONFIG, Settings, load_settings
-from .files.table import columns_of, format_value
+from .terminal import Reporter
+
+from typer import Abort
+
+try:  # recent Typer carries its own copy of click
+    from typer._click.exceptions import ClickException, UsageError
+except ImportError:  # pragma: no cover - older Typer on click
+    from click.exceptions import ClickException, UsageError
+
+
+class _ClosedPipe(Exception):
+    """stdout's reader went away; carried past Typer, which would turn it into exit 1."""
+
+
+class _Stopped(Exception):
+    """Ctrl-C or SIGTERM, with the message saying where the finished rows are; carried past
+    Typer, which would turn any KeyboardInterrupt into a silent exit 130."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+class _Alcli(TyperGroup):
+    """Errors the way ripgrep or jq print them: one `alcli: error: ...` line, no panel, no
+    traceback; exit 2 for usage, 1 for bad input or the environment, 141 for a closed pipe."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except OSError as err:
+            if err.errno == errno.EPIPE:
+                raise _ClosedPipe() from None
+            raise
+        except KeyboardInterrupt as err:
+            raise _Stopped(str(err), getattr(err, "exit_code", 130)) from None
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        try:
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except UsageError as err:
+            command = err.ctx.command_path if err.ctx else "alcli"
+            message = _one_line(err.format_message()).rstrip(".")
+            sys.stderr.write(f"alcli: error: {message[:1].lower()}{message[1:]}; "
+                             f"try '{command} --help'\n")
+            code = 2
+        except ClickException as err:
+            sys.stderr.write(f"alcli: error: {_one_line(err.format_message())}\n")
+            code = err.exit_code
+        except AlcliError as err:
+            sys.stderr.write(f"alcli: error: {err}\n")
+            code = 1
+        except _Stopped as err:
+            if str(err) and _rank0():
+                sys.stderr.write(f"alcli: {err}\n")
+            code = err.exit_code
+        except (Abort, KeyboardInterrupt):
+            code = 130
+        except OSError as err:
+            sys.stderr.write(f"alcli: error: {_os_error(err)}\n")
+            code = 1
+        except _ClosedPipe:  # the reader of stdout went away (`| head`): quiet, like grep and jq
+            _silence_stdout()
+            code = 141
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _os_error(err: OSError) -> str:
+    """`cannot write /sys/x.csv.partial: Permission denied`-style, from any OSError."""
+    what = err.strerror or type(err).__name__
+    name = err.filename if err.filename is not None else None
+    if name is None:
+        return f"{what.rstrip('.')} (an operating system error)"
+    other = f" -> {err.filename2}" if err.filename2 else ""
+    return f"{name}{other}: {what}"
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so Python's final flush does not complain about the pipe."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        pass
+
+
+class _Command(TyperCommand):
+    """Arguments listed by name only (POOL, PART...), without Typer's `<list[str]>` type tag."""
+
+    def format_help(self, ctx, formatter) -> None:
+        super().format_help(ctx, formatter)
+        formatter.buffer[:] = [part.replace("\xa0", " ").replace("\u2011", "-")
+                               for part in formatter.buffer]
+
+    def collect_usage_pieces(self, ctx) -> list[str]:
+        """`PART...` for a required argument, as man pages write it (Typer writes `{PART}...`)."""
+        return [p[1:].replace("}", "", 1) if p.startswith("{") else p
+                for p in super().collect_usage_pieces(ctx)]
+
+    def format_options(self, ctx, formatter) -> None:
+        args, opts = [], []
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is None:
+                continue
+            name, text = record
+            # never wrapped after "[default:" nor inside least-confidence (restored in format_help)
+            text = re.sub(r"(?<=\w)-(?=\w)", "\u2011", text.replace("[default: ", "[default:\xa0"))
+            if param.param_type_name == "argument":
+                args.append((name.split(" <", 1)[0], text))
+            else:
+                opts.append((name, text))
+        for title, rows in (("Arguments", args), ("Options", opts)):
+            if rows:
+                with formatter.section(title):
+                    formatter.write_dl(rows)
+
 
 app = typer.Typer(
-    name="alcli", add_completion=False, pretty_exceptions_enable=False,
-    rich_markup_mode="rich",
+    name="alcli", cls=_Alcli, add_completion=True, pretty_exceptions_enable=False,
+    rich_markup_mode=None, no_args_is_help=True,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
     help="Rank an unlabeled pool for labeling by how much each example would move your model.",
 )
 
+
+def _version(value: bool) -> None:
+    if value:
+        sys.stdout.write(f"alcli {__version__}\n")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(version: Annotated[bool, typer.Option(
+        "--version", "-V", callback=_version, is_eager=True,
+        help="Print the version and exit.")] = False) -> None:
+    """Rank an unlabeled pool for labeling by how much each example would move your model.
+
+    Run 'alcli COMMAND -h' for a command's options; 'alcli score' alone scores the shipped demo.
+    """
+
+
 # --- options shared by the commands (every one also has a config key: its name with _ for -) ---
+# Help texts end in "[default: X]" where a default is worth saying; metavars name what is expected.
 Config = Annotated[Optional[str], typer.Option(
-    "--config", "-c", help="YAML config file; flags override it. Without --config and --model, "
-                           "./configs/default.yaml is used when present (the demo).")]
+    "--config", "-c", metavar="FILE", help="YAML config file; flags override it; its relative "
+    "paths are relative to its folder. Without --config and --model, ./configs/default.yaml is "
+    "used when present (the demo).")]
 Model = Annotated[Optional[str], typer.Option(
-    "--model", "-m", help="Checkpoint: a state_dict (needs --arch), a Lightning/DDP-style dict, "
-                          "a TorchScript archive, or a pickled model (see --trust-checkpoint).")]
+    "--model", "-m", metavar="FILE", help="Checkpoint: a state_dict (needs --arch), a "
+    "Lightning/DDP-style dict, a TorchScript archive, or a pickled model (see --trust-checkpoint).")]
 Arch = Annotated[Optional[str], typer.Option(
-    help="torchvision:NAME or package.module:callable; constructor arguments from the config "
-         "key arch_kwargs.")]
+    metavar="SPEC", help="torchvision:NAME or package.module:callable; constructor arguments from "
+    "the config key arch_kwargs.")]
 Trust = Annotated[bool, typer.Option(
     "--trust-checkpoint", help="Allow a pickled model (unpickling runs code from the file).")]
 LabelsFromFolders = Annotated[bool, typer.Option(
     "--labels-from-folders", help="Class subfolders of an image folder are the labels (sorted, "
                                   "like torchvision's ImageFolder).")]
 Strategy = Annotated[Optional[str], typer.Option(
-    "--strategy", "-s", help="egl (default), gradnorm, loss, entropy, margin, least-confidence, random.")]
+    "--strategy", "-s", metavar="NAME", help="One of egl, gradnorm, loss, entropy, "
+    "margin, least-confidence, random. [default: egl]")]
 TopClasses = Annotated[Optional[int], typer.Option(
-    help="egl: sum over the K most probable classes only (default: all classes, exact).")]
+    metavar="K", help="egl: sum over the K most probable classes only. [default: all classes, "
+    "exact]")]
 Layers = Annotated[Optional[List[str]], typer.Option(
-    help="Restrict gradient strategies to these modules (repeatable; e.g. fc, 'layer4.*').")]
+    metavar="PATTERN", help="Restrict gradient strategies to these modules (repeatable; e.g. fc, "
+    "'layer4.*'; 'alcli inspect' lists the names).")]
 Method = Annotated[Optional[str], typer.Option(
-    help="Engine method: auto (default), ghost, replicate, vmap, loop.")]
-BatchSize = Annotated[Optional[int], typer.Option("--batch-size", "-b", help="Examples per batch \\[default: 64].")]
-Device = Annotated[Optional[str], typer.Option(help="auto (prefers CUDA), cpu, cuda, cuda:N, mps.")]
-Workers = Annotated[Optional[int], typer.Option("--workers", "-j", help="Data-loading worker processes \\[default: 0 on the CPU, "
-                                            "the CPU count (at most 8) on CUDA].")]
+    metavar="NAME", help="Engine method: auto, ghost, replicate, vmap or loop. [default: auto]")]
+BatchSize = Annotated[Optional[int], typer.Option(
+    "--batch-size", "-b", metavar="N", help="Examples per batch. [default: 64]")]
+Device = Annotated[Optional[str], typer.Option(
+    metavar="DEVICE", help="auto (CUDA when there is one), cpu, cuda, cuda:N or mps. "
+    "[default: auto]")]
+Workers = Annotated[Optional[int], typer.Option(
+    "--workers", "-j", metavar="N", help="Data-loading worker processes. [default: 0 on the CPU, "
+    "the CPU count (at most 8) on CUDA]")]
 Seed = Annotated[Optional[int], typer.Option(
-    help="Seed for the random strategy and for select --diverse \\[default: 0].")]
+    metavar="N", help="Seed for the random strategy and for select --diverse. [default: 0]")]
 Output = Annotated[Optional[str], typer.Option(
-    "--output", "-o", help="Output file, or - for stdout.")]
-Format = Annotated[Optional[str], typer.Option(
-    "--format", "-f", help="csv (default), jsonl, paths (one file per line), ids (one id per "
-                           "line); select also "
-                           "labelstudio (Label Studio tasks JSON).")]
-Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No summary on stderr.")]
+    "--output", "-o", metavar="FILE", help="Output file, or - for stdout. [default: stdout, or "
+    "scores.csv when stdout is a terminal]")]
+SelectOutput = Annotated[Optional[str], typer.Option(
+    "--output", "-o", metavar="FILE", help="Output file, or - for stdout. [default: stdout]")]
+TableFormat = Annotated[Optional[str], typer.Option(
+    "--format", "-f", metavar="FORMAT", help="csv (the default), jsonl, paths (one image file per "
+    "line) or ids (one id per line).")]
+SelectFormat = Annotated[Optional[str], typer.Option(
+    "--format", "-f", metavar="FORMAT", help="csv (the default), jsonl, paths (one image file per "
+    "line), ids (one id per line), or labelstudio (Label Studio tasks JSON).")]
+Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress and no summary on "
+                                     "stderr; warnings and errors still.")]
+Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Also say where each setting "
+                                       "came from (default, config key or flag).")]
+LogFormat = Annotated[Optional[str], typer.Option(
+    "--log-format", metavar="text|json", help="Progress lines, warnings and the summary on stderr "
+    "as text (the default), or as one JSON object per line.")]
+ProgressEvery = Annotated[Optional[float], typer.Option(
+    "--progress-every", metavar="SECONDS", help="Where stderr is not a terminal (a log file), one "
+    "progress line every SECONDS (default 30).")]
 # selection (select only, except --embeddings which score writes and select reads)
 WriteEmbeddings = Annotated[Optional[bool], typer.Option(
     "--embeddings/--no-embeddings", show_default=False,
-    help="Write each example's BADGE embedding (last-layer gradient, factored) beside the table, "
-         "as OUTPUT.emb.npz, for select's diverse batches \\[default: when the whole pool goes "
-         "to a file].")]
+    help="Write each example's BADGE embedding (the gradient at the last layer, factored) beside "
+         "the table, as OUTPUT.emb.npz, for select's diverse batches. [default: when the whole "
+         "pool goes to a file]")]
 ReadEmbeddings = Annotated[Optional[str], typer.Option(
-    "--embeddings", metavar="FILE", help="Embeddings for --diverse \\[default: SCORES.emb.npz].")]
+    "--embeddings", metavar="FILE", help="The embeddings --diverse reads. [default: "
+    "SCORES.emb.npz]")]
 Diverse = Annotated[Optional[bool], typer.Option(
     "--diverse/--no-diverse", show_default=False,
     help="BADGE: k-means++ on gradient embeddings among the best scores, so the batch holds no "
-         "near-duplicates \\[default: when the table's embeddings are at hand (score writes them "
-         "beside a table file), or with --pool].")]
+         "near-duplicates. [default: when the table's embeddings are at hand (score writes them "
+         "beside a table file), or with --pool]")]
 DiverseCandidates = Annotated[Optional[str], typer.Option(
     "--diverse-candidates", metavar="M", help="--diverse picks among the M best-scoring examples "
-                                              "(per class with --per-class), or 'all' for classic "
-                                              "BADGE \\[default: 10 x budget].")]
+    "(per class with --per-class), or 'all' for classic BADGE. [default: 10 x budget]")]
 PerClass = Annotated[Optional[str], typer.Option(
-    "--per-class", metavar="proportional|equal", help="Spread the budget over predicted classes, in "
-                                                      "proportion to their counts or equally.")]
+    "--per-class", metavar="MODE", help="proportional or equal: spread the budget over the "
+    "predicted classes in proportion to their counts, or equally.")]
 Exclude = Annotated[Optional[List[str]], typer.Option(
     "--exclude", metavar="FILE", help="Never select the ids in FILE (.csv id column, .jsonl/"
-                                            ".json ids, else one per line; repeatable).")]
+                                      ".json ids, else one per line; repeatable).")]
 ImageRoot = Annotated[Optional[str], typer.Option(
     "--image-root", metavar="URL", help="-f labelstudio: prefix ids with this URL or path in "
                                         "data.image.")]
 ImageDir = Annotated[Optional[str], typer.Option(
-    "--image-dir", metavar="DIR", help="--contact-sheet: the folder the image ids are relative to "
-                                       "\\[default: the config's pool].")]
+    "--image-dir", metavar="DIR", help="--contact-sheet: the folder the image ids are relative to. "
+    "[default: the config's pool]")]
 ContactSheet = Annotated[Optional[str], typer.Option(
     "--contact-sheet", metavar="PNG", help="Also draw the selected images in one PNG grid with "
-                                           "rank, id and score under each.")]
+                                           "rank, id, score and predicted class under each.")]
 
 # long runs (score only)
 CheckpointEvery = Annotated[Optional[int], typer.Option(
     "--checkpoint-every", metavar="N", help="Save finished rows to OUTPUT.partial at least every N "
-                                            "examples (and on Ctrl-C/SIGTERM) \\[default: 2048].")]
+    "examples (and on Ctrl-C/SIGTERM). [default: 2048]")]
 Resume = Annotated[bool, typer.Option(
-    "--resume", help="Continue the unfinished run whose rows are in OUTPUT.partial (same settings).")]
+    "--resume", help="Continue the unfinished run whose rows are in OUTPUT.partial (same "
+    "settings; for stdout, the partial file is under ./.alcli/).")]
+Restart = Annotated[bool, typer.Option(
+    "--restart", help="Delete the partial file of an earlier unfinished run and start over.")]
 Strict = Annotated[bool, typer.Option(
     "--strict", help="Stop at the first unreadable example instead of skipping it (skipped ones "
                      "are listed in OUTPUT.errors.csv).")]
 Shard = Annotated[Optional[str], typer.Option(
     "--shard", metavar="K/N", help="Score shard K of N (K = 0..N-1; chosen by a hash of the id); "
-                                   "combine the parts with `alcli merge`.")]
+                                   "combine the parts with 'alcli merge'.")]
+Null = Annotated[bool, typer.Option(
+    "--null", "-0", help="Paths on stdin (POOL -) are separated by NUL, as find -print0 writes.")]
 
-SCORE_EPILOG = """[bold]Examples[/bold]
+# Examples: one command per line, each under 78 columns, so that no terminal wraps them; \b keeps
+# click from re-flowing a block.
+SCORE_EPILOG = """Examples:
 
-  [dim]# the shipped demo (configs/default.yaml):[/dim]
-
-  alcli score
-
-  [dim]# images, a torchvision model's weights, transforms in cfg.yaml:[/dim]
-
-  alcli score imgs/ -m ckpt.pt --arch torchvision:resnet18 -c cfg.yaml -o s.csv
-
-  [dim]# a pipeline: paths in, the 100 ids to label out:[/dim]
-
-  ls imgs/*.png | alcli score - -c cfg.yaml | alcli select -n 100 -f paths
-
-  [dim]# a long run: killed or stopped, continue where it was:[/dim]
-
-  alcli score imgs/ -c cfg.yaml -o s.csv --resume
-
-  [dim]# 4 array jobs, then one table; or all GPUs of a node with torchrun:[/dim]
-
-  alcli score imgs/ -c cfg.yaml --shard 2/4 -o part2.csv
-
-  alcli merge part0.csv part1.csv part2.csv part3.csv -o s.csv
-
-  torchrun --nproc-per-node 8 -m alcli score imgs/ -c cfg.yaml -o s.csv
+\b
+alcli score                      # the demo (configs/default.yaml)
+alcli score imgs/ -m w.pt --arch torchvision:resnet18 -c cfg.yaml -o s.csv
+alcli score a.png b.png c.png -c cfg.yaml
+find imgs -name '*.png' -print0 | alcli score - -0 -c cfg.yaml
+alcli score imgs/ -c cfg.yaml -o s.csv --resume   # after Ctrl-C, a crash
+alcli score imgs/ -c cfg.yaml --shard 2/4 -o part2.csv
+alcli score imgs/ -c cfg.yaml -o s.csv 2>log --progress-every 60
+torchrun --nproc-per-node 8 -m alcli score imgs/ -c cfg.yaml -o s.csv
 """
 
-MERGE_EPILOG = """[bold]Examples[/bold]
+MERGE_EPILOG = """Examples:
 
-  alcli merge part0.csv part1.csv part2.csv -o scores.csv
-
-  alcli merge parts/part*.csv | alcli select -n 100 -f paths
+\b
+alcli merge part0.csv part1.csv part2.csv -o scores.csv
+alcli merge parts/part*.csv | alcli select -n 100 -f paths
 """
 
-SELECT_EPILOG = """[bold]Examples[/bold]
+SELECT_EPILOG = """Examples:
 
-  alcli score data/demo/pool | alcli select -n 10 --format paths
+\b
+alcli score data/demo/pool | alcli select -n 10 -f paths
+alcli select scores.csv -n 100 -o batch.csv
+alcli select -n 20 --pool data/demo/pool -c configs/default.yaml
 
-  alcli select scores.csv -n 100 -o batch.csv
+Diverse (BADGE), balanced over classes, minus what is labeled, as a picture:
 
-  alcli select -n 20 --pool data/demo/pool -m data/demo/model.pt \\
-      --arch alcli.demo:DigitsCNN -c configs/default.yaml
-
-  [dim]# diverse (BADGE), balanced over predicted classes, minus what is labeled, as a picture:[/dim]
-
-  alcli score --embeddings -o scores.csv
-
-  alcli select scores.csv -n 40 --diverse --per-class equal --exclude labeled.csv \\
-      --contact-sheet batch.png -f labelstudio --image-root https://data.example.com/pool -o tasks.json
+\b
+alcli score --embeddings -o scores.csv
+alcli select scores.csv -n 40 --diverse --per-class equal \\
+    --exclude labeled.csv --contact-sheet batch.png -o batch.csv
 """
 
-INSPECT_EPILOG = """[bold]Examples[/bold]
+INSPECT_EPILOG = """Examples:
 
-  alcli inspect                          [dim]# the demo model[/dim]
-
-  alcli inspect -m ckpt.pt --arch torchvision:resnet18 --layers 'layer4.*' --pool imgs/
+\b
+alcli inspect                      # the demo model
+alcli inspect -m ckpt.pt --arch torchvision:resnet18 --layers 'layer4.*'
 """
-
-
-def _fail(message: str) -> typer.Exit:
-    sys.stderr.write(f"alcli: error: {message}\n")
-    return typer.Exit(1)
 
 
 def _settings(config: str | None, flags: dict) -> Settings:
@@ -178,80 +329,28 @@ def _settings(config: str | None, flags: dict) -> Settings:
              for k, v in flags.items()}
     if config is None and given.get("model") is None and DEFAULT_CONFIG.is_file():
         config = str(DEFAULT_CONFIG)
-    return load_settings(config, given)
+    settings = load_settings(config, given)
+    return settings
 
 
-def _stderr_console():
-    return Console(stderr=True, highlight=False, soft_wrap=True)
+def _reporter(settings: Settings, enabled: bool = True) -> Reporter:
+    r = Reporter(settings.log_format, quiet=settings.quiet, verbose=settings.verbose,
+                 progress_every=settings.progress_every, enabled=enabled)
+    for key, where in sorted(settings.sources.items()):
+        r.detail(f"{key} = {getattr(settings, key)!r} ({where})")
+    return r
 
 
-@contextlib.contextmanager
-def _progress(enabled: bool):
-    """(on_start, on_batch) callbacks driving a rich progress bar on stderr, or (None, None)."""
-    if not enabled:
-        yield None, None
-        return
-    class Speed(ProgressColumn):
-        def render(self, task):
-            return Text(f"{task.speed:,.0f} ex/s" if task.speed else "")
-
-    with Progress(TextColumn("scoring"), BarColumn(), MofNCompleteColumn(), Speed(),
-                  TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
-                  console=_stderr_console(), transient=True) as bar:
-        task = bar.add_task("scoring", total=None)
-        yield (lambda n: bar.update(task, total=n)), (lambda k: bar.advance(task, k))
-
-
-def _summary(top: list[dict], s, examples: str | None = None) -> None:
-    """A short table on stderr: count, time, speed, device, method, and the top 5 rows."""
-    console = _stderr_console()
-    method = f"{s.method} ({_reason(s.method, s.method_reason)})" if s.method else "no gradients needed"
-    facts = Table.grid(padding=(0, 2))
-    for key, value in (("examples", examples or f"{s.count}"), ("time", f"{s.seconds:.2f} s"),
-                       ("speed", f"{s.per_second:,.1f} examples/s"), ("device", s.device),
-                       ("strategy", s.strategy), ("method", method)):
-        facts.add_row(key, value)
-    console.print(facts)
-    columns = [c for c in columns_of(top[:5]) if c in ("rank", "id", "score", "pred",
-                                                       "confidence", "label")]
-    table = Table(title="top 5", title_justify="left")
-    for c in columns:
-        table.add_column(c, overflow="fold")
-    for row in top[:5]:
-        table.add_row(*[_short(format_value(row.get(c))) for c in columns])
-    console.print(table)
-    for note in s.notes:
-        console.print(f"note: {note}", markup=False)
-
-
-def _reason(method: str, reason: str | None) -> str:
-    reason = reason or ""
-    return reason[len(method) + 2:] if reason.startswith(f"{method}: ") else reason
-
-
-def _short(text: str) -> str:
-    try:
-        return f"{float(text):.4g}" if "." in text or "e" in text else text
-    except ValueError:
-        return text
-
-
-def _say(message: str) -> None:
-    sys.stderr.write(f"alcli: {message}\n")
-    sys.stderr.flush()
-
-
-def _warn(skipped: int, nans: int, errors_file: str | None, errors=()) -> None:
+def _warn_skipped(r: Reporter, skipped: int, nans: int, errors_file: str | None, errors=()) -> None:
     """Warnings that a long run must not hide (printed with --quiet too)."""
     if skipped:
         where = (f"they are listed in {errors_file}" if errors_file else
                  "; ".join(f"{id_}: {message}" for id_, message in list(errors)[:3])
                  + (" ..." if skipped > 3 else ""))
-        _say(f"warning: skipped {skipped} unreadable example{'s' if skipped > 1 else ''} "
-             f"({where})")
+        r.warn(f"skipped {skipped} unreadable example{'s' if skipped > 1 else ''} ({where})")
     if nans:
-        _say(f"warning: {nans} example{'s have' if nans > 1 else ' has'} a NaN score (a "
-             f"non-finite loss or gradient norm), ranked last")
+        r.warn(f"{nans} example{'s have' if nans > 1 else ' has'} a NaN score (a non-finite loss "
+               f"or gradient norm), ranked last")
 
 
 def _api():
@@ -261,20 +360,44 @@ def _api():
     return api
 
 
-@app.command(epilog=SCORE_EPILOG)
+def _rank0() -> bool:
+    """False on the torchrun processes other than rank 0, which print nothing."""
+    return os.environ.get("RANK", "0").strip() in ("", "0") or os.environ.get("WORLD_SIZE") == "1"
+
+
+def _stdin_is_empty() -> bool:
+    """stdin is not a terminal and holds nothing (`</dev/null`, cron, Slurm), without consuming it."""
+    buf = getattr(sys.stdin, "buffer", None)
+    if buf is None or sys.stdin.isatty():
+        return False
+    if hasattr(buf, "peek"):
+        return buf.peek(1) == b""
+    if buf.seekable():
+        at = buf.tell()
+        empty = buf.read(1) == b""
+        buf.seek(at)
+        return empty
+    return False
+
+
+@app.command(cls=_Command, epilog=SCORE_EPILOG)
 def score(
-    pool: Annotated[Optional[str], typer.Argument(
-        help="Image folder, .csv/.jsonl manifest (path, id, label), .pt/.npy/.npz tensors, "
-             "or - for image paths on stdin.", show_default=False, metavar="POOL")] = None,
+    pool: Annotated[Optional[List[str]], typer.Argument(
+        help="An image folder, image files, a .csv/.jsonl manifest (path, id, label), a "
+             ".pt/.npy/.npz tensor file, or - for image paths on stdin. [default: the config's "
+             "pool]", show_default=False, metavar="POOL")] = None,
     config: Config = None, model: Model = None, arch: Arch = None, trust_checkpoint: Trust = False,
     labels_from_folders: LabelsFromFolders = False, strategy: Strategy = None,
     top_classes: TopClasses = None, layers: Layers = None, method: Method = None,
     batch_size: BatchSize = None, device: Device = None, workers: Workers = None,
-    seed: Seed = None, output: Output = None, format: Format = None, quiet: Quiet = False,
+    seed: Seed = None, output: Output = None, format: TableFormat = None, null: Null = False,
     embeddings: WriteEmbeddings = None, checkpoint_every: CheckpointEvery = None,
-    resume: Resume = False, strict: Strict = False, shard: Shard = None,
+    resume: Resume = False, restart: Restart = False, strict: Strict = False, shard: Shard = None,
+    quiet: Quiet = False, verbose: Verbose = False, log_format: LogFormat = None,
+    progress_every: ProgressEvery = None,
 ):
-    """Score every example of POOL and write the ranked table (rank,id,score,pred,confidence,...).
+    """Score every example of POOL and write the ranked table (rank, id, score, pred,
+    confidence, ...).
 
     The table goes to --output, or to stdout when that is not a terminal (else to scores.csv).
     Finished rows are kept in OUTPUT.partial until the table is written (see --resume);
@@ -282,133 +405,140 @@ def score(
     the table. Under torchrun each process scores its shard and rank 0 writes the one table.
     """
     flags = dict(locals())
-    rank0 = True
+    files = flags.pop("pool") or []
+    flags["pool"] = files[0] if len(files) == 1 else (files or None)
+    settings = _settings(flags.pop("config"), flags)
+    rank0 = _rank0()
+    r = _reporter(settings, enabled=rank0)
+    dest = settings.output or ("scores.csv" if sys.stdout.isatty() else "-")
     try:
-        api = _api()
-        rank0 = api.is_rank0()
-        settings = _settings(flags.pop("config"), flags)
-        dest = settings.output or ("scores.csv" if sys.stdout.isatty() else "-")
-        with _progress(sys.stderr.isatty() and not settings.quiet and rank0) as (on_start, on_batch):
-            result, emb_file = api.score_to_table(settings, dest, on_start=on_start,
-                                                  on_batch=on_batch, say=_say if rank0 else None)
-        if result is None:  # a torchrun rank other than 0: rank 0 wrote the table
-            return
-    except AlcliError as err:
+        with r.progress() as (on_start, on_batch):
+            result, emb_file = _api().score_to_table(settings, dest, on_start=on_start,
+                                                     on_batch=on_batch, say=r.say)
+    except AlcliError:
         if not rank0:
             raise typer.Exit(1) from None
-        raise _fail(str(err)) from None
-    except KeyboardInterrupt as err:  # SIGINT/SIGTERM: the finished rows are saved
-        code = getattr(err, "exit_code", 130)
-        if rank0 and str(err):
-            _say(str(err))
-        raise typer.Exit(code) from None
+        raise
+    if result is None:  # a torchrun rank other than 0: rank 0 wrote the table
+        return
     done = result.finished
     errors_file = next((f for f in result.files if f.endswith(".errors.csv")), None)
-    _warn(len(done.errors), done.nans, errors_file, done.errors)
-    if not settings.quiet:
-        examples = f"{done.count}" + (f" ({result.resumed} from the partial file)"
-                                      if result.resumed else "")
-        _summary(done.top, result.stats, examples=examples)
-        if dest != "-":
-            _stderr_console().print(f"wrote {done.count} rows to {dest}", markup=False)
-        if emb_file:
-            _stderr_console().print(f"wrote their embeddings to {emb_file}", markup=False)
+    _warn_skipped(r, len(done.errors), done.nans, errors_file, done.errors)
+    s = result.stats
+    r.summary({"examples": done.count, "resumed": result.resumed, "seconds": s.seconds,
+               "per_second": s.per_second, "device": s.device, "strategy": s.strategy,
+               "method": s.method, "method_reason": s.method_reason, "skipped": len(done.errors),
+               "nan_scores": done.nans, "output": dest, "embeddings_file": emb_file},
+              done.top, s.notes)
+    if dest != "-":
+        r.info(f"wrote {done.count} rows to {dest}")
+    if emb_file:
+        r.info(f"wrote their embeddings to {emb_file}")
 
 
-@app.command(epilog=MERGE_EPILOG)
+@app.command(cls=_Command, epilog=MERGE_EPILOG)
 def merge(
     parts: Annotated[List[str], typer.Argument(
-        help="Shard tables written by `alcli score --shard K/N -o PART` (each with its "
-             "PART.meta.json beside it).", show_default=False, metavar="PARTS...")],
-    output: Output = None, format: Format = None, quiet: Quiet = False,
+        help="Shard tables written by 'alcli score --shard K/N -o PART' (each with its "
+             "PART.meta.json beside it).", show_default=False, metavar="PART")],
+    output: Output = None, format: TableFormat = None, quiet: Quiet = False,
+    log_format: LogFormat = None,
 ):
     """Combine the shard tables of one pool into its ranked table, as one process would have
     written it. Refuses parts that overlap, miss a shard, or were scored differently.
 
     The table goes to --output, or to stdout when that is not a terminal (else to scores.csv).
     """
-    try:
-        api = _api()
-        fmt = format or "csv"
-        if fmt not in ("csv", "jsonl", "paths", "ids"):
-            raise _fail(f"--format {fmt}: merge writes csv, jsonl, paths or ids")
-        dest = output or ("scores.csv" if sys.stdout.isatty() else "-")
-        result = api.merge(parts, dest, fmt)
-    except AlcliError as err:
-        raise _fail(str(err)) from None
+    settings = _settings(None, {"output": output, "format": format, "quiet": quiet,
+                                "log_format": log_format, "model": "(merge reads no config)"})
+    r = _reporter(settings)
+    if settings.format not in ("csv", "jsonl", "paths", "ids"):
+        raise AlcliError(f"--format {settings.format}: merge writes csv, jsonl, paths or ids")
+    dest = settings.output or ("scores.csv" if sys.stdout.isatty() else "-")
+    result = _api().merge(parts, dest, settings.format)
     errors_file = next((f for f in result.files if f.endswith(".errors.csv")), None)
-    _warn(len(result.finished.errors), result.finished.nans, errors_file, result.finished.errors)
-    if not quiet and dest != "-":
-        _stderr_console().print(f"wrote {result.finished.count} rows from {result.parts} parts "
-                                f"to {dest}", markup=False)
+    _warn_skipped(r, len(result.finished.errors), result.finished.nans, errors_file,
+                  result.finished.errors)
+    if dest != "-":
+        r.info(f"wrote {result.finished.count} rows from {result.parts} parts to {dest}")
 
 
-@app.command(epilog=SELECT_EPILOG)
+@app.command(cls=_Command, epilog=SELECT_EPILOG)
 def select(
     scores: Annotated[Optional[str], typer.Argument(
-        help="Ranked table (CSV or JSONL) from `alcli score`, or - for stdin (the default when "
-             "piped).", show_default=False, metavar="SCORES")] = None,
-    budget: Annotated[Optional[int], typer.Option("--budget", "-n", help="How many examples to select.")] = None,
+        help="Ranked table (CSV or JSONL) from 'alcli score', or - for stdin. [default: stdin "
+             "when something is piped in, else the config's pool scored first]",
+        show_default=False, metavar="SCORES")] = None,
+    budget: Annotated[Optional[int], typer.Option(
+        "--budget", "-n", metavar="N", help="How many examples to select.")] = None,
     pool: Annotated[Optional[str], typer.Option(
-        help="Score this pool first instead of reading SCORES (same forms as `score POOL`).")] = None,
+        metavar="POOL", help="Score this pool first instead of reading SCORES (same forms as "
+        "'score POOL').")] = None,
     config: Config = None, model: Model = None, arch: Arch = None, trust_checkpoint: Trust = False,
     labels_from_folders: LabelsFromFolders = False, strategy: Strategy = None,
     top_classes: TopClasses = None, layers: Layers = None, method: Method = None,
     batch_size: BatchSize = None, device: Device = None, workers: Workers = None,
-    seed: Seed = None, output: Output = None, format: Format = None, quiet: Quiet = False,
+    seed: Seed = None, output: SelectOutput = None, format: SelectFormat = None,
     diverse: Diverse = None, diverse_candidates: DiverseCandidates = None,
     embeddings_file: ReadEmbeddings = None, per_class: PerClass = None, exclude: Exclude = None,
     image_root: ImageRoot = None, contact_sheet: ContactSheet = None, image_dir: ImageDir = None,
+    quiet: Quiet = False, verbose: Verbose = False, log_format: LogFormat = None,
+    progress_every: ProgressEvery = None,
 ):
     """Write the BUDGET best examples of a ranked table: the batch to label.
 
-    Reads SCORES, or stdin when piped; with --pool/--model (or nothing piped in) it scores the
+    Reads SCORES, or stdin when something is piped in. With --pool or --model, or when nothing
+    is piped in (a terminal, or an empty stdin such as </dev/null under cron), it scores the
     config's pool first, in one process. The batch goes to --output, else to stdout, best score
     first; its rank column is each example's place in the whole table.
     """
     flags = dict(locals())
-    config_path = flags.pop("config")
-    try:
-        settings = _settings(config_path, flags)
-        if settings.budget is None:
-            raise _fail("no budget given; pass -n/--budget N (or set budget: in the config)")
+    settings = _settings(flags.pop("config"), flags)
+    r = _reporter(settings)
+    if settings.budget is None:
+        raise AlcliError("no budget given; pass -n/--budget N (or set budget: in the config)")
+    source = scores or settings.scores
+    score_first = source is None and bool(pool or model or sys.stdin.isatty() or
+                                          (settings.pool and _stdin_is_empty()))
+    if source is None and not score_first and _stdin_is_empty():
+        raise AlcliError("nothing on stdin and no pool to score: pipe a table in, name one "
+                         "(alcli select SCORES -n N), or score first with --pool POOL")
+    with r.progress() if score_first else _no_progress() as (on_start, on_batch):
         api = _api()
-        source = scores or settings.scores
-        score_first = source is None and (pool or model or sys.stdin.isatty())
-        with _progress(bool(score_first) and sys.stderr.isatty() and not settings.quiet) as bar:
-            picked = api.run_select(settings, scores=None if score_first else (source or "-"),
-                                    on_start=bar[0], on_batch=bar[1])
-        api.write_batch(picked.rows, settings.output or "-", settings, picked.meta)
-    except AlcliError as err:
-        raise _fail(str(err)) from None
-    if settings.quiet:
-        return
-    console = _stderr_console()
+        picked = api.run_select(settings, scores=None if score_first else (source or "-"),
+                                on_start=on_start, on_batch=on_batch)
+    api.write_batch(picked.rows, settings.output or "-", settings, picked.meta)
     if len(picked.rows) < settings.budget:
-        console.print(f"warning: the budget is {settings.budget} but only {picked.available} rows "
-                      f"are left to choose from; selected them all", markup=False)
+        r.warn(f"the budget is {settings.budget} but only {picked.available} rows are left to "
+               f"choose from; selected them all")
     for note in picked.notes:
-        console.print(f"warning: {note}", markup=False)
+        r.warn(note)
+    if settings.output not in (None, "-"):
+        r.info(f"wrote {len(picked.rows)} rows to {settings.output}")
     if settings.contact_sheet:
-        console.print(f"wrote a contact sheet of {len(picked.rows)} images to "
-                      f"{settings.contact_sheet}", markup=False)
+        r.info(f"wrote a contact sheet of {len(picked.rows)} images to {settings.contact_sheet}")
 
 
-@app.command(epilog=INSPECT_EPILOG)
+class _no_progress:
+    def __enter__(self):
+        return None, None
+
+    def __exit__(self, *exc):
+        return False
+
+
+@app.command(cls=_Command, epilog=INSPECT_EPILOG)
 def inspect(
     config: Config = None, model: Model = None, arch: Arch = None, trust_checkpoint: Trust = False,
     pool: Annotated[Optional[str], typer.Option(
-        help="A pool to try the engine on, to see which method auto picks.")] = None,
+        metavar="POOL", help="A pool to try the engine on, to see which method auto picks.")] = None,
     labels_from_folders: LabelsFromFolders = False, layers: Layers = None, method: Method = None,
 ):
     """Show the model's modules, parameter counts, which gradient rule serves each selected
     module, and which engine method auto will use."""
     flags = dict(locals())
-    try:
-        settings = _settings(flags.pop("config"), flags)
-        info = _api().inspect_model(settings)
-    except AlcliError as err:
-        raise _fail(str(err)) from None
+    settings = _settings(flags.pop("config"), flags)
+    info = _api().inspect_model(settings)
     table = Table(title=f"{info.model}: {info.total_params:,} parameters, "
                         f"{info.selected_params:,} selected", title_justify="left")
     for c in ("module", "type", "params", "selected", "rule"):
@@ -420,7 +550,9 @@ def inspect(
     console.print(table)
     console.print(f"input channels: {info.channels if info.channels else 'unknown (no convolution)'}",
                   markup=False)
-    reason = _reason(info.method, info.reason)
+    reason = info.reason or ""
+    if reason.startswith(f"{info.method}: "):
+        reason = reason[len(info.method) + 2:]
     console.print(f"method: {info.method}" + (f" ({reason})" if reason else ""), markup=False)
 
 

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterator
 
 import torch
 from torch import nn
 
-from .errors import ConfigError
+from .errors import CheckpointError, ConfigError, PoolError
 from .files.checkpoint import load_model
 from .files.config import Settings
 from .files.pool import Pool, PoolOptions, open_pool, tensor_pool
@@ -50,6 +51,9 @@ def model_for(settings: Settings, model: nn.Module | None = None) -> nn.Module:
     if settings.model is None:
         raise ConfigError(f"no model given; pass {settings.option('model', 'PATH')} (or set model: "
                           f"in a config)")
+    if not Path(settings.model).exists():
+        raise CheckpointError(f"model file {settings.model}{from_config(settings, 'model')} does "
+                              f"not exist")
     return load_model(settings.model, arch=settings.arch, arch_kwargs=settings.arch_kwargs,
                       trust=settings.trust_checkpoint)
 
@@ -59,16 +63,27 @@ def pool_for(settings: Settings, model: nn.Module, pool=None, stdin=None) -> Poo
     (x, y, ids)), or opened from `settings.pool`."""
     if isinstance(pool, Pool):
         return pool
-    if isinstance(pool, tuple) and 1 <= len(pool) <= 3:
-        return tensor_pool(*pool)
     if pool is not None and not isinstance(pool, str):
-        return tensor_pool(pool)
+        parts = pool if isinstance(pool, tuple) else (pool,)
+        if not 1 <= len(parts) <= 3:
+            raise PoolError(f"pool must be x, (x,), (x, y) or (x, y, ids): a tensor or array of "
+                            f"inputs, optional integer labels and ids, not a tuple of {len(parts)}")
+        return tensor_pool(*parts)
     if settings.pool is None:
         what = "pool=" if settings.from_api else "POOL:"
         raise ConfigError(f"no pool given; pass {what} a folder of images, a .csv/.jsonl manifest, "
                           f"a .pt/.npy/.npz tensor file, or - for image paths on stdin")
-    opts = PoolOptions(settings.labels_from_folders, settings.transform, model_channels(model))
+    opts = PoolOptions(settings.labels_from_folders, settings.transform, model_channels(model),
+                       settings.null)
+    if isinstance(settings.pool, str) and settings.pool != "-" and not Path(settings.pool).exists():
+        raise PoolError(f"pool {settings.pool}{from_config(settings, 'pool')} does not exist")
     return open_pool(settings.pool, opts, stdin)
+
+
+def from_config(settings: Settings, key: str) -> str:
+    """' (key 'model' in cfg.yaml)' when the value came from a config file, else ''."""
+    where = settings.sources.get(key, "")
+    return f" ({where})" if where.startswith("key ") else ""
 
 
 def resolve_device(spec: str) -> torch.device:
@@ -107,4 +122,7 @@ def check_layers(model: nn.Module, layers: list[str] | None) -> None:
     try:
         select_params(model, layers)
     except ValueError as err:
-        raise ConfigError(str(err)) from None
+        names = [n for n, m in model.named_modules() if n and any(True for _ in m.parameters(False))]
+        shown = ", ".join(names[:8]) + (f", ... ({len(names)} in all)" if len(names) > 8 else "")
+        raise ConfigError(f"{err}; modules with parameters: {shown or '(none)'}; 'alcli inspect' "
+                          f"lists them all with their rules") from None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
+import os
 import sys
 import textwrap
 from pathlib import Path
@@ -13,6 +14,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 from PIL import Image
+
+# subprocesses (`python -m alcli`, torchrun) run this checkout's alcli, not an installed one,
+# whatever their working directory
+REPO = Path(__file__).resolve().parents[1]
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [str(REPO), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))])
 
 TINYNET = textwrap.dedent('''
     import torch

@@ -47,7 +47,7 @@ def test_tensor_pool_ids_and_errors_name_arguments():
     assert sorted(r["id"] for r in default) == [0, 1, 2, 3]  # positions, as ints
     with pytest.raises(ConfigError, match="pass model=PATH"):
         alcli.score_pool((torch.randn(4, 12),))
-    with pytest.raises(alcli.AlcliError, match="one tensor or array"):
+    with pytest.raises(alcli.AlcliError, match="pool must be x, .*cannot be made a tensor"):
         alcli.score_pool(([torch.randn(3), "x"],), _net())
     with pytest.raises(ConfigError, match="embeddings_file=FILE"):
         alcli.select([{"id": "a", "score": 1.0}], 1, diverse=True)

@@ -36,7 +36,7 @@ def test_yaml_overrides_defaults_and_flags_override_yaml(tmp_path):
         layers: fc
     """.replace("\n        ", "\n"))
     s = load_settings(cfg, {"batch_size": 8, "strategy": None, "seed": 5})
-    assert s.model == "runs/ckpt.pt" and s.arch_kwargs == {"num_classes": 10}
+    assert s.model == str(tmp_path / "runs/ckpt.pt") and s.arch_kwargs == {"num_classes": 10}
     assert s.transform.resize == 36 and s.transform.center_crop == 32
     assert s.transform.normalize == {"mean": [0.49, 0.48, 0.45], "std": [0.25, 0.24, 0.26]}
     assert s.strategy == "gradnorm"   # None means "flag not given"
@@ -99,3 +99,29 @@ def test_missing_and_empty_config(tmp_path):
 def test_size_forms(tmp_path):
     s = load_settings(write(tmp_path, "transform: {resize: [40, 30], center_crop: 28}\n"))
     assert s.transform.resize == [40, 30] and s.transform.center_crop == 28
+
+
+def test_config_paths_are_relative_to_the_config_file(tmp_path, monkeypatch):
+    (tmp_path / "cfg").mkdir()
+    cfg = write(tmp_path / "cfg", "model: ../m.pt\npool: imgs\noutput: '-'\nexclude: [a.txt, /abs/b.txt]\n"
+                "contact_sheet: out/sheet.png\nembeddings_file: e.npz\nimage_dir: imgs\nscores: s.csv\n")
+    monkeypatch.chdir(tmp_path / "cfg")  # even from the config's own folder: `cfg/..` is normalised
+    s = load_settings("c.yaml")
+    assert (s.model, s.pool, s.output) == ("../m.pt", "imgs", "-")
+    monkeypatch.chdir(tmp_path)
+    s = load_settings("cfg/c.yaml", {"scores": "mine.csv"})
+    assert (s.model, s.pool, s.output) == ("m.pt", "cfg/imgs", "-")
+    assert s.exclude == ["cfg/a.txt", "/abs/b.txt"]
+    assert (s.contact_sheet, s.embeddings_file, s.image_dir) == ("cfg/out/sheet.png", "cfg/e.npz", "cfg/imgs")
+    assert s.scores == "mine.csv"  # flags stay relative to the working directory
+
+
+def test_a_config_typo_gets_did_you_mean(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        load_settings(write(tmp_path, "batch_sise: 3\n"))
+    assert "did you mean 'batch_size'?" in str(err.value) and "strategy" not in str(err.value)
+
+
+def test_integers_beyond_the_platform_size_are_a_config_error():
+    with pytest.raises(ConfigError, match="batch-size must be an integer <="):
+        load_settings(None, {"batch_size": 99999999999999999999})

@@ -267,7 +267,7 @@ def test_each_preflight_error_is_exit_1_and_one_sentence(in_ws, tmp_path):
          ["five.yaml", "num_classes 5", "3 classes"]),
         (["select", table, "-n", "0"], ["--budget", ">= 1"]),
         (["score", "pool", *m, "--shard", "3/3"], ["--shard", "0 <= K < N"]),
-        (["score", "pool", *m, "--resume"], ["--resume", "--output"]),
+        (["score", "pool", *m, "--resume", "--restart"], ["--resume and --restart"]),
         (["score", "pool", *m, "-o", tmp_path / "nowhere" / "s.csv"], ["nowhere", "does not exist"]),
     ]
     for args, needles in cases:

@@ -106,7 +106,7 @@ def test_tensor_file_errors(tmp_path, data, needle):
 
 def test_unknown_pool_kinds(tmp_path):
     (tmp_path / "notes.txt").write_text("x")
-    with pytest.raises(PoolError, match="is not a folder, a manifest"):
+    with pytest.raises(PoolError, match="is not a folder, an image"):
         open_pool(str(tmp_path / "notes.txt"), opts())
     with pytest.raises(PoolError, match="does not exist"):
         open_pool(str(tmp_path / "missing"), opts())

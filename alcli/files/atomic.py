@@ -3,8 +3,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import tempfile
 from pathlib import Path
 from typing import IO, Iterator
+
+from ..errors import RunError
 
 
 @contextlib.contextmanager
@@ -21,3 +24,14 @@ def atomic_open(dest: str | Path, mode: str = "w", **open_args) -> Iterator[IO]:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def check_writable(folder: str | Path, what: str) -> None:
+    """Fail before any work when no file can be created in `folder` (read-only, no permission,
+    a full or immutable file system): by creating one, as the real write would (a permission-bit
+    test is wrong for root and for read-only mounts)."""
+    try:
+        with tempfile.TemporaryFile(dir=folder, prefix=".alcli-check-"):
+            pass
+    except OSError as err:
+        raise RunError(f"{what}: cannot write in the folder {folder} ({err.strerror or err})") from None

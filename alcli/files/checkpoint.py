@@ -78,12 +78,29 @@ def _torch_load(path: Path, trust: bool):
                 f"the file; pass --trust-checkpoint if you trust where it came from") from None
         if not refused:
             raise CheckpointError(f"model file {path} is not a PyTorch checkpoint "
-                                  f"({_described(err)})") from None
+                                  f"({_not_torch_save(path) or _described(err)})") from None
     _cwd_importable()  # the pickled model's classes, like --arch, import from the working directory
     try:
         return torch.load(path, map_location="cpu", weights_only=False)
     except Exception as err:  # noqa: BLE001 - e.g. the pickled class cannot be imported
         raise CheckpointError(f"model file {path} could not be unpickled ({_described(err)})") from None
+
+
+def _not_torch_save(path: Path) -> str | None:
+    """Why the file cannot be a torch.save file (a zip archive, or an old-style pickle), in words;
+    None when it starts like one."""
+    with open(path, "rb") as f:
+        head = f.read(64)
+    if head.startswith(b"PK") or head.startswith(b"\x80"):
+        return None
+    if not head:
+        return "the file is empty"
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError:
+        return "it is neither a zip archive nor a pickle, as torch.save writes"
+    first = text.splitlines()[0][:40] if text.strip() else ""
+    return f"it is a text file, starting {first!r}; torch.save writes a zip archive"
 
 
 def _described(err: BaseException) -> str:

@@ -2,11 +2,15 @@
 
 Every option has one key, the flag's long name with `_` for `-` (`--batch-size` -> `batch_size`).
 Unknown keys and wrong types are errors that name the key and where it came from. Relative paths
-are taken as they are, i.e. relative to the working directory.
+in a config file are relative to the config file's folder (as a manifest's paths are relative to
+the manifest); on the command line and in Python, to the working directory.
 """
 from __future__ import annotations
 
+import difflib
+import os
 import re
+import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable
@@ -17,6 +21,10 @@ from ..errors import ConfigError
 
 DEFAULT_CONFIG = Path("configs") / "default.yaml"  # used by the CLI when neither --config nor --model
 FORMATS = ("csv", "jsonl", "paths", "ids", "labelstudio")  # labelstudio: `select` only
+LOG_FORMATS = ("text", "json")
+# keys holding a file or folder: in a config file, relative to the config file's folder
+PATH_KEYS = ("model", "pool", "output", "scores", "embeddings_file", "exclude", "image_dir",
+             "contact_sheet")
 PER_CLASS_MODES = ("proportional", "equal")
 # the names the strategy registry (alcli.score.strategies) and the engine (alcli.gradnorm.METHODS)
 # define, listed here so that reading a config does not import torch; a test keeps them equal
@@ -41,7 +49,8 @@ class Settings:
     arch: str | None = None
     arch_kwargs: dict = field(default_factory=dict)
     trust_checkpoint: bool = False
-    pool: str | None = None
+    pool: str | list[str] | None = None   # a path, '-' (stdin), or several image files
+    null: bool = False                    # paths on stdin are NUL-separated (find -print0)
     labels_from_folders: bool = False
     transform: Transform = field(default_factory=Transform)
     strategy: str = "egl"
@@ -72,9 +81,13 @@ class Settings:
     # long runs (`score`): OUTPUT.partial flushed every N examples, resume it, shards, bad examples
     checkpoint_every: int = 2048
     resume: bool = False
+    restart: bool = False                 # discard OUTPUT.partial of an earlier run first
     strict: bool = False                  # an unreadable example stops the run instead of being skipped
     shard: str | None = None              # "K/N": score shard K (0-based) of N, by a hash of the id
     quiet: bool = False
+    verbose: bool = False
+    progress_every: float = 30.0          # seconds between progress lines when stderr is no terminal
+    log_format: str = "text"              # text | json: progress lines, warnings and the summary
     # where each non-default value came from, for error messages: key -> "--flag" or "key 'x' in F"
     sources: dict = field(default_factory=dict, repr=False, compare=False)
     # not a setting: True when the Python API made these settings, whose messages then name
@@ -111,18 +124,34 @@ def _opt_str(v):
     return None if v is None else _str(v)
 
 
+def _pool(v):
+    if isinstance(v, (list, tuple)):
+        if not v or not all(isinstance(p, (str, Path)) and str(p) for p in v):
+            raise ValueError("must be a path or a list of image files")
+        return [str(p) for p in v] if len(v) > 1 else str(v[0])
+    return _opt_str(v)
+
+
 def _bool(v):
     if isinstance(v, bool):
         return v
     raise ValueError("must be true or false")
 
 
-def _int(minimum: int) -> Callable[[Any], int]:
+def _int(minimum: int, maximum: int = sys.maxsize) -> Callable[[Any], int]:
     def check(v):
         if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
             raise ValueError(f"must be an integer >= {minimum}")
+        if v > maximum:
+            raise ValueError(f"must be an integer <= {maximum}")
         return v
     return check
+
+
+def _seconds(v):
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < float("inf"):
+        raise ValueError("must be a number of seconds >= 0")
+    return float(v)
 
 
 def _opt(check):
@@ -247,7 +276,7 @@ def _normalize(v):
 
 CHECKS: dict[str, Callable[[Any], Any]] = {
     "model": _opt_str, "arch": _opt_str, "arch_kwargs": _mapping, "trust_checkpoint": _bool,
-    "pool": _opt_str, "labels_from_folders": _bool, "transform": _transform,
+    "pool": _pool, "null": _bool, "labels_from_folders": _bool, "transform": _transform,
     "strategy": _choice(STRATEGY_NAMES), "top_classes": _opt(_int(1)), "layers": _layers,
     "method": _choice(METHOD_NAMES), "batch_size": _int(1), "device": _device, "workers": _opt(_int(0)),
     "seed": _int(0), "output": _opt_str, "format": _choice(FORMATS), "scores": _opt_str,
@@ -255,7 +284,8 @@ CHECKS: dict[str, Callable[[Any], Any]] = {
     "embeddings": _opt(_bool), "embeddings_file": _opt_str, "diverse": _opt(_bool), "diverse_candidates": _candidates,
     "per_class": _opt(_choice(PER_CLASS_MODES)), "exclude": _files, "image_root": _opt_str,
     "image_dir": _opt_str, "contact_sheet": _opt_str,
-    "checkpoint_every": _int(1), "resume": _bool, "strict": _bool, "shard": _shard,
+    "checkpoint_every": _int(1), "resume": _bool, "restart": _bool, "strict": _bool,
+    "shard": _shard, "verbose": _bool, "progress_every": _seconds, "log_format": _choice(LOG_FORMATS),
 }
 assert set(CHECKS) == set(KEYS)
 
@@ -285,7 +315,10 @@ def read_yaml(path: str | Path) -> dict:
 def _apply(settings: Settings, values: dict, source: Callable[[str], str]) -> None:
     for key, value in values.items():
         if key not in CHECKS:
-            raise ConfigError(f"{source(key)} is not a known setting (known: {', '.join(KEYS)})")
+            close = difflib.get_close_matches(str(key), KEYS, n=1)
+            hint = f"did you mean '{close[0]}'?" if close else \
+                "the settings are the long option names with _ for -, see 'alcli score --help'"
+            raise ConfigError(f"{source(key)} is not a known setting; {hint}")
         try:
             setattr(settings, key, CHECKS[key](value))
         except _SubKeyError as err:
@@ -293,6 +326,21 @@ def _apply(settings: Settings, values: dict, source: Callable[[str], str]) -> No
         except ValueError as err:
             raise ConfigError(f"{source(key)} {err}, got {value!r}") from None
         settings.sources[key] = source(key)
+
+
+def _relative_to(folder: Path, values: dict) -> dict:
+    """The config's relative paths (PATH_KEYS) joined to the config file's folder; `-` (stdin or
+    stdout) and absolute paths as they are. Values of the wrong type are left for the checks."""
+    def join(v):
+        if isinstance(v, str) and v and v != "-" and not Path(v).expanduser().is_absolute():
+            return os.path.normpath(folder / v)  # configs/../data -> data
+        return v
+    out = dict(values)
+    for key in PATH_KEYS:
+        if key in out:
+            v = out[key]
+            out[key] = [join(f) for f in v] if isinstance(v, list) else join(v)
+    return out
 
 
 def load_settings(config: str | Path | None = None, overrides: dict | None = None, *,
@@ -304,7 +352,8 @@ def load_settings(config: str | Path | None = None, overrides: dict | None = Non
     """
     settings = Settings()
     if config is not None:
-        _apply(settings, read_yaml(config), lambda k: f"key '{k}' in {config}")
+        values = _relative_to(Path(config).parent, read_yaml(config))
+        _apply(settings, values, lambda k: f"key '{k}' in {config}")
     given = {k: v for k, v in (overrides or {}).items() if v is not None}
     if flag_names:
         _apply(settings, given, lambda k: f"option {flag(k)}")

@@ -32,6 +32,7 @@ class PoolOptions:
     labels_from_folders: bool = False
     transform: Transform = field(default_factory=Transform)
     channels: int | None = None  # what the model's first convolution takes; None if unknown
+    null: bool = False           # paths on stdin separated by NUL (find -print0), not newlines
 
 
 class Item(NamedTuple):
@@ -240,11 +241,23 @@ def from_directory(spec: str, opts: PoolOptions) -> Pool:
 
 
 def from_stdin(spec: str, opts: PoolOptions, stream=None) -> Pool:
-    """Newline-separated image paths; each path as given is its id."""
+    """Image paths, one per line (or NUL-separated with opts.null); each path as given is its id."""
     stream = stream if stream is not None else sys.stdin
-    lines = [line.strip() for line in stream.read().splitlines()]
-    rows = [(line, Path(line), -1) for line in lines if line]
-    return _image_pool("from stdin", rows, opts)
+    text = stream.read()
+    if opts.null:
+        entries = text.split("\0")
+    elif "\0" in text:
+        raise PoolError("the paths on stdin are separated by NUL characters (find -print0?); "
+                        "pass -0/--null to read them so")
+    else:
+        entries = [line.strip() for line in text.splitlines()]
+    return from_files([e for e in entries if e], opts, "from stdin")
+
+
+def from_files(paths: list[str], opts: PoolOptions, name: str | None = None) -> Pool:
+    """Image files named one by one (the command line, stdin); each path as given is its id."""
+    return _image_pool(name or (paths[0] if len(paths) == 1 else f"of {len(paths)} image files"),
+                       [(p, Path(p), -1) for p in paths], opts)
 
 
 def _label(value, where: str) -> int:
@@ -331,8 +344,10 @@ def _as_tensor(value, path: Path, key: str):
     raise PoolError(f"tensor pool {path}: '{key}' must be a tensor or array, not {type(value).__name__}")
 
 
-def open_pool(spec: str, opts: PoolOptions, stdin=None) -> Pool:
-    """Pick the source for `spec` and open it."""
+def open_pool(spec: str | list[str], opts: PoolOptions, stdin=None) -> Pool:
+    """Pick the source for `spec` (a path, '-' for stdin, or a list of image files) and open it."""
+    if isinstance(spec, list):
+        return _named_files(spec, opts)
     if spec == "-":
         return from_stdin(spec, opts, stdin)
     path = Path(spec)
@@ -347,8 +362,25 @@ def open_pool(spec: str, opts: PoolOptions, stdin=None) -> Pool:
         return from_manifest(spec, opts)
     if suffix in TENSOR_EXTS:
         return from_tensor_file(spec, opts)
-    raise PoolError(f"pool {spec} is not a folder, a manifest ({', '.join(MANIFEST_EXTS)}) "
-                    f"or a tensor file ({', '.join(TENSOR_EXTS)})")
+    if suffix in IMAGE_EXTS:
+        return from_files([spec], opts)
+    raise PoolError(f"pool {spec} is not a folder, an image ({', '.join(IMAGE_EXTS)}), a manifest "
+                    f"({', '.join(MANIFEST_EXTS)}) or a tensor file ({', '.join(TENSOR_EXTS)})")
+
+
+def _named_files(paths: list[str], opts: PoolOptions) -> Pool:
+    """Several POOL arguments: each must be an image file (one folder, manifest or tensor file
+    is a pool on its own)."""
+    if opts.labels_from_folders:
+        raise ConfigError("--labels-from-folders needs one directory pool with class subfolders")
+    for p in paths:
+        if p == "-" or Path(p).suffix.lower() not in IMAGE_EXTS or Path(p).is_dir():
+            raise PoolError(f"pool {p}: several POOL arguments must all be image files "
+                            f"({', '.join(IMAGE_EXTS)}); a folder, manifest, tensor file or - "
+                            f"is a pool on its own")
+        if not Path(p).exists():
+            raise PoolError(f"pool file {p} does not exist")
+    return from_files(paths, opts)
 
 
 def tensor_pool(x, y=None, ids=None, name: str = "tensor pool") -> TensorPool:
@@ -359,8 +391,9 @@ def tensor_pool(x, y=None, ids=None, name: str = "tensor pool") -> TensorPool:
         x = torch.as_tensor(x)
         y = None if y is None else torch.as_tensor(y)
     except (TypeError, ValueError, RuntimeError) as err:
-        raise PoolError(f"{name}: the examples must be one tensor or array [N, ...] (and labels "
-                        f"[N]), not {type(x).__name__} ({first_line(err)})") from None
+        kinds = " and ".join(type(p).__name__ for p in (x, y) if p is not None)
+        raise PoolError(f"pool must be x, (x,), (x, y) or (x, y, ids) with x a tensor or array of "
+                        f"inputs; a {kinds} cannot be made a tensor ({first_line(err)})") from None
     if x.dim() == 0:
         raise PoolError(f"{name}: the examples must be a tensor or array [N, ...], not a scalar")
     given = list(range(x.shape[0])) if ids is None else list(ids)

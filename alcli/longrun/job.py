@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import json
 import os
 import signal
 import tempfile
@@ -24,7 +25,9 @@ from typing import Callable
 
 from torch import nn
 
+from ..version import __version__
 from ..errors import AlcliError, ConfigError, PoolError
+from ..files.atomic import check_writable
 from ..files.config import Settings
 from ..files.pool import Pool
 from ..files.table import FORMATS as TABLE_FORMATS, sidecar
@@ -111,22 +114,46 @@ def _score_to_file(ctx, session: Session, todo: Pool, shard, settings: Settings,
     full, shard_text = session.pool, f"{shard[0]}/{shard[1]}" if shard else None
     key = run_key(settings, full, session.model)
     with contextlib.ExitStack() as stack:
-        if dest == "-":
-            folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="alcli-")))
-            partial_path = folder / "scores.partial"
-        else:
-            partial_path = sidecar(dest, f"{ctx.rank}-of-{ctx.world}.partial" if ctx else "partial")
+        partial_path, resumable = _partial_path(dest, ctx, {**key, "shard": shard_text}, stack)
         log = PartialFile(partial_path, {**key, "shard": shard_text},
-                          checkpoint_every=settings.checkpoint_every, resume=settings.resume)
+                          checkpoint_every=settings.checkpoint_every, resume=settings.resume,
+                          restart=settings.restart, pool_ids=full.ids, say=say)
         if log.resumed and say:
             say(f"resuming: {log.resumed} examples of {partial_path} are done already")
-        stats = _score(session, todo, settings, log, partial_path, on_start, on_batch, say,
-                       embeddings)
-        result = _write(ctx, settings, dest, partial_path, full, todo, key,
-                        shard_text if not ctx else None, stats, log.resumed)
+        stats = _score(session, todo, settings, log, partial_path, resumable, on_start, on_batch,
+                       say, embeddings)
+        try:
+            result = _write(ctx, settings, dest, partial_path, full, todo, key,
+                            shard_text if not ctx else None, stats, log.resumed)
+        except BrokenPipeError:  # `| head`: the reader has what it wanted; nothing to resume
+            partial_path.unlink(missing_ok=True)
+            raise
         distributed.barrier(ctx)
         partial_path.unlink(missing_ok=True)
     return result
+
+
+STDOUT_PARTIALS = Path(".alcli")  # where runs writing to stdout keep their partial file
+
+
+def _partial_path(dest: str, ctx, run: dict, stack: contextlib.ExitStack) -> tuple[Path, bool]:
+    """(the partial file, whether a later --resume can find it). For a table on stdout it is
+    ./.alcli/stdout-HASH.partial, HASH naming the run's settings, so the same command with
+    --resume finds it; where ./.alcli cannot be made, a temporary folder (nothing resumable)."""
+    suffix = f"{ctx.rank}-of-{ctx.world}.partial" if ctx else "partial"
+    if dest != "-":
+        return sidecar(dest, suffix), True
+    digest = hashlib.blake2b(json.dumps(run, sort_keys=True).encode(), digest_size=6).hexdigest()
+    try:
+        STDOUT_PARTIALS.mkdir(exist_ok=True)
+        ignore = STDOUT_PARTIALS / ".gitignore"
+        if not ignore.exists():
+            ignore.write_text("# alcli's unfinished runs that write to stdout\n*\n")
+        check_writable(STDOUT_PARTIALS, "partial file")
+        return STDOUT_PARTIALS / f"stdout-{digest}.{suffix}", True
+    except (OSError, AlcliError):
+        folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="alcli-")))
+        return folder / f"stdout.{suffix}", False
 
 
 def _check_options(settings: Settings, ctx, dest: str | None, embeddings) -> None:
@@ -141,15 +168,16 @@ def _check_options(settings: Settings, ctx, dest: str | None, embeddings) -> Non
     if embeddings is not None and (ctx or settings.shard or settings.resume):
         raise ConfigError("--embeddings cannot be combined with --resume, --shard or torchrun yet; "
                           "score the whole pool in one process to write embeddings")
-    if dest == "-" and settings.resume:
-        raise ConfigError("--resume needs --output FILE: an unfinished run keeps its rows in "
-                          "FILE.partial")
+    if settings.resume and settings.restart:
+        raise ConfigError("--resume and --restart contradict each other: --resume continues the "
+                          "unfinished run, --restart discards it")
     if dest != "-":
         folder = Path(dest).parent
         if not folder.is_dir():
             raise ConfigError(f"output {dest}: the folder {folder} does not exist")
         if Path(dest).is_dir():
             raise ConfigError(f"output {dest} is a directory")
+        check_writable(folder, f"output {dest}")
     if settings.format not in TABLE_FORMATS:
         raise ConfigError(f"--format {settings.format} is for select; score writes "
                           f"{', '.join(TABLE_FORMATS)}")
@@ -196,11 +224,11 @@ class _Batches:
 
 
 def _score(session: Session, todo: Pool, settings: Settings, log: PartialFile, partial_path: Path,
-           on_start, on_batch, say, embeddings) -> RunStats:
+           resumable: bool, on_start, on_batch, say, embeddings) -> RunStats:
     done = log.done
-    left = len(todo) - sum(1 for id_ in todo.ids if id_ in done) if done else len(todo)
+    already = sum(1 for id_ in todo.ids if id_ in done) if done else 0
     if on_start:
-        on_start(left)
+        on_start(len(todo), done=already)  # the whole pool, the resumed part already counted
     if done:
         def sink(rows, errors):  # a batch cut short by the crash is scored whole, written once
             log.add([r for r in rows if r["id"] not in done], [e for e in errors if e[0] not in done])
@@ -208,16 +236,25 @@ def _score(session: Session, todo: Pool, settings: Settings, log: PartialFile, p
     else:
         sink, batches = log.add, None
     try:
-        with _signals_raise(partial_path):
+        with _signals_raise(partial_path, resumable):
             stats = run(session.model, todo, settings, session.device, sink, on_batch,
                         batches=batches, say=say, embeddings=embeddings)
-    finally:
-        log.close()  # what is finished is on disk, whatever stopped the run
+    except Interrupted as err:
+        log.close()
+        if log.discard_if_empty():
+            raise Interrupted(f"stopped by {signal.Signals(err.exit_code - 128).name} before any "
+                              f"example was scored; nothing to resume", err.exit_code - 128) from None
+        raise
+    except BaseException:
+        log.close()
+        log.discard_if_empty()  # a run that scored nothing leaves no partial file
+        raise
+    log.close()  # what is finished is on disk, whatever stopped the run
     return stats
 
 
 @contextlib.contextmanager
-def _signals_raise(partial_path: Path):
+def _signals_raise(partial_path: Path, resumable: bool = True):
     """SIGINT and SIGTERM raise Interrupted (so the partial file is flushed on the way out)."""
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -229,8 +266,12 @@ def _signals_raise(partial_path: Path):
         if os.getpid() != owner:  # a forked DataLoader worker: quietly, as torch expects
             raise KeyboardInterrupt
         name = signal.Signals(signum).name
-        raise Interrupted(f"stopped by {name}; the finished rows are in {partial_path}, run the "
-                          f"same command with --resume to continue", signum)
+        if resumable:
+            raise Interrupted(f"stopped by {name}; the finished rows are in {partial_path}, run "
+                              f"the same command with --resume to continue", signum)
+        raise Interrupted(f"stopped by {name}; nothing can be resumed (the finished rows could "
+                          f"not be kept under ./.alcli/; write the table with -o FILE to be "
+                          f"able to resume)", signum)
 
     previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -260,7 +301,7 @@ def _write(ctx, settings: Settings, dest: str, partial_path: Path, full: Pool, t
         try:
             finished = finish(sources, dest, settings.format)
             files = [] if dest == "-" else write_sidecars(dest, finished, {
-                "format": "alcli-table", "version": META_VERSION, "table_format": settings.format,
+                "format": "alcli-table", "version": META_VERSION, "alcli_version": __version__, "table_format": settings.format,
                 "shard": shard, "pool": full.name, "pool_size": len(full),
                 "pool_path": _absolute(settings.pool), "model_file": _absolute(settings.model),
                 "shard_size": len(todo) if shard else len(full), "run": key})
@@ -271,9 +312,9 @@ def _write(ctx, settings: Settings, dest: str, partial_path: Path, full: Pool, t
     return JobResult(finished, stats, resumed, shard, files)
 
 
-def _absolute(path: str | None) -> str | None:
+def _absolute(path) -> str | None:
     """A file setting as an absolute path (what `select` reads back from OUTPUT.meta.json)."""
-    return None if path in (None, "-") else os.path.abspath(path)
+    return os.path.abspath(path) if isinstance(path, str) and path != "-" else None
 
 
 def _check_something_scored(result: JobResult, full: Pool) -> None:

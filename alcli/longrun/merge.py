@@ -12,7 +12,9 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..version import __version__
 from ..errors import ConfigError, TableError
+from ..files.atomic import check_writable
 from .finish import Finished, finish, read_errors, write_sidecars
 from .partial import new_partial
 from ..files.table import LINE_FORMATS, read_meta, read_table, sidecar
@@ -34,6 +36,7 @@ def merge_tables(parts: list[str], dest: str, fmt: str = "csv") -> MergeResult:
     folder = Path(dest).parent if dest != "-" else Path(tempfile.gettempdir())
     if not folder.is_dir():
         raise ConfigError(f"output {dest}: the folder {folder} does not exist")
+    check_writable(folder, f"output {dest}")
     first = metas[0]
     with tempfile.TemporaryDirectory(prefix=".alcli-merge-", dir=folder) as tmp:
         combined = Path(tmp) / "merged.partial"
@@ -61,7 +64,7 @@ def merge_tables(parts: list[str], dest: str, fmt: str = "csv") -> MergeResult:
                              f"{first['pool']} has {first['pool_size']}; a part is incomplete")
         finished = finish([combined], dest, fmt)
     files = [] if dest == "-" else write_sidecars(dest, finished, {
-        **first, "table_format": fmt, "shard": None, "shard_size": first["pool_size"],
+        **first, "alcli_version": __version__, "table_format": fmt, "shard": None, "shard_size": first["pool_size"],
         "merged_from": [str(p) for p in parts]})
     return MergeResult(finished, len(parts), files)
 

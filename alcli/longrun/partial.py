@@ -28,32 +28,53 @@ VERSION = 1
 class PartialFile:
     """Append-only log of finished examples; `done` holds the ids already in it (on resume)."""
 
-    def __init__(self, path: str | Path, run: dict, *, checkpoint_every: int, resume: bool):
+    def __init__(self, path: str | Path, run: dict, *, checkpoint_every: int, resume: bool,
+                 restart: bool = False, pool_ids: list[str] | None = None, say=None):
         self.path = Path(path)
         self.every = checkpoint_every
         self.done: set[str] = set()
         self.resumed = 0
+        self.written = 0          # lines this run appended (0: it may remove the file it made)
+        self.created = False
         self._buffer: list[str] = []
         self._pending = 0
+        if self.path.exists() and restart:
+            header, done, _ = _scan(self.path)  # only an alcli partial file is ever deleted
+            self.path.unlink()
+            if say:
+                say(f"discarded {self.path} ({len(done)} finished rows of an earlier run)")
         if self.path.exists():
-            if not resume:
-                raise ConfigError(f"{self.path} holds the finished rows of an earlier run that "
-                                  f"did not complete; pass --resume to continue it, or delete it "
-                                  f"to start over")
             header, self.done, end = _scan(self.path)
-            _check_same_run(self.path, header.get("run", {}), run)
+            if not resume:
+                raise ConfigError(f"{self.path} holds {len(self.done)} finished rows of an earlier "
+                                  f"run that did not complete; run the same command with --resume "
+                                  f"to continue it, or with --restart to discard them")
+            _check_same_run(self.path, header.get("run", {}), run, self.done, pool_ids)
             if end < self.path.stat().st_size:  # a line cut short by the crash
                 os.truncate(self.path, end)
             self.resumed = len(self.done)
         else:
             header_line = json.dumps({"format": FORMAT, "version": VERSION, "run": run})
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            except OSError as err:
+                raise RunError(f"cannot create the partial file {self.path}, where finished rows "
+                               f"are kept ({err.strerror or err})") from None
+            self.created = True
             try:
                 _write_all(fd, (header_line + "\n").encode())
                 os.fsync(fd)
             finally:
                 os.close(fd)
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+
+    def discard_if_empty(self) -> bool:
+        """Remove the file when this run made it and nothing was scored: a run that stopped
+        before its first row leaves nothing behind to resume."""
+        if self.created and self.written == 0 and not self._buffer:
+            self.path.unlink(missing_ok=True)
+            return True
+        return False
 
     def add(self, rows: list[dict], errors: list[tuple[str, str]]) -> None:
         """Queue one batch's rows and unreadable examples; write them out every `checkpoint_every`."""
@@ -71,6 +92,7 @@ class PartialFile:
         with _signals_held():
             if self._buffer:
                 _write_all(self._fd, "".join(self._buffer).encode())
+                self.written += len(self._buffer)
                 self._buffer.clear()
             os.fsync(self._fd)
             self._pending = 0
@@ -176,12 +198,30 @@ def read_record(path: Path, n: int, line: bytes) -> dict:
     return record
 
 
-def _check_same_run(path: Path, before: dict, now: dict) -> None:
-    for key in sorted(set(before) | set(now)):
-        if before.get(key) != now.get(key):
-            raise ConfigError(f"{path} was written with {key} {_show(before.get(key))}, but this "
-                              f"run has {key} {_show(now.get(key))}; resume with the same settings, "
-                              f"or delete it to start over")
+def _check_same_run(path: Path, before: dict, now: dict, done: set[str],
+                    pool_ids: list[str] | None) -> None:
+    changes = [_change(key, before.get(key), now.get(key), done, pool_ids)
+               for key in sorted(set(before) | set(now)) if before.get(key) != now.get(key)]
+    if changes:
+        raise ConfigError(f"{path} holds {len(done)} finished rows of a run with other settings "
+                          f"({'; '.join(changes)}); run with --restart to discard them and start "
+                          f"over, or resume with the earlier settings")
+
+
+def _change(key: str, before, now, done: set[str], pool_ids: list[str] | None) -> str:
+    """One difference between the partial file's run and this one, in words."""
+    if key == "pool_fingerprint" and isinstance(before, str) and isinstance(now, str):
+        was, is_ = before.split(":")[0], now.split(":")[0]
+        text = (f"the pool had {was} examples, now {is_}" if was != is_ else
+                f"the pool has {is_} examples as before, but other ones")
+        if pool_ids is not None:
+            gone = len(done - set(pool_ids))
+            if gone:
+                text += f"; {gone} of the finished examples are no longer in it"
+        return text
+    if key == "model":
+        return f"the model file changed (then {_show(before)}, now {_show(now)})"
+    return f"{key} was {_show(before)}, now {_show(now)}"
 
 
 def _show(value) -> str:

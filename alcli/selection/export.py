@@ -110,7 +110,24 @@ TILE_BACKGROUND = (235, 235, 235)
 
 
 def _font():
+    """DejaVu Sans where there is one (the system's, or matplotlib's copy): it has glyphs for
+    accented, Greek and Cyrillic ids, which Pillow's built-in font draws as boxes. CJK ids still
+    need a CJK font, which is not looked for."""
+    for name in filter(None, ("DejaVuSans.ttf", _matplotlib_font())):
+        try:
+            return ImageFont.truetype(name, 11)
+        except OSError:
+            continue
     return ImageFont.load_default()
+
+
+def _matplotlib_font() -> str | None:
+    try:
+        import matplotlib  # optional: only its font file is used
+    except ImportError:
+        return None
+    return os.path.join(os.path.dirname(matplotlib.__file__), "mpl-data", "fonts", "ttf",
+                        "DejaVuSans.ttf")
 
 
 def _line_height(font) -> int:
@@ -201,7 +218,9 @@ def contact_sheet(rows: Sequence[Mapping], image_root_dir: str | None, out_png: 
         draw.rectangle([x0 + PAD - 1, y0 + PAD - 1, x0 + PAD + tile, y0 + PAD + tile],
                        outline=(200, 200, 200))  # frames white images on the white sheet
         score = float(row["score"])
-        caption = [f"#{row.get('rank', i + 1)}", rid, f"score {score:.4g}"]
+        pred = row.get("pred")
+        caption = [f"#{row.get('rank', i + 1)}", rid,
+                   f"score {score:.4g}" + (f", pred {pred}" if pred not in (None, "") else "")]
         for j, text in enumerate(caption):
             draw.text((x0 + PAD, y0 + 2 * PAD + tile + j * line_h), _fit(draw, text, font, tile),
                       fill=(0, 0, 0), font=font)

@@ -91,7 +91,7 @@ def prepare(settings: Settings, source: str | None, score_first: bool,
         if target and target != "-" and not Path(target).resolve().parent.is_dir():
             raise ConfigError(f"{settings.where(key)} {target}: the folder "
                               f"{Path(target).parent} does not exist")
-    if settings.contact_sheet and score_first and settings.pool and \
+    if settings.contact_sheet and score_first and isinstance(settings.pool, str) and \
             Path(settings.pool).suffix.lower() in (".pt", ".pth", ".npy", ".npz"):
         raise ConfigError(f"{settings.where('contact_sheet')} draws images, but the pool "
                           f"{settings.pool} holds tensors")
@@ -212,9 +212,9 @@ def image_files(rows: list[dict], settings: Settings, pool=None, meta: dict | No
     return out
 
 
-def _pool_files(spec: str | None):
+def _pool_files(spec):
     """id -> file under the pool `spec` (None when it says nothing about that id)."""
-    if not spec or spec == "-":
+    if not isinstance(spec, str) or spec == "-":  # a list of image files: ids are their paths
         return lambda i: None
     path = Path(spec)
     if path.is_dir():
