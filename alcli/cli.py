@@ -11,6 +11,7 @@ import io
 import os
 import re
 import sys
+import warnings
 from typing import Annotated, List, Optional
 
 import typer
@@ -338,7 +339,26 @@ def _reporter(settings: Settings, enabled: bool = True) -> Reporter:
                  progress_every=settings.progress_every, enabled=enabled)
     for key, where in sorted(settings.sources.items()):
         r.detail(f"{key} = {getattr(settings, key)!r} ({where})")
+    _warnings_to(r)
     return r
+
+
+# what `auto` costs when it cannot use ghost, relative to ghost (benchmarks/gradnorm.py, CPU)
+FALLBACK_COST = {"vmap": "typically 3 to 50 times ghost's time", "replicate": "several times "
+                 "ghost's time", "loop": "about one forward and backward per example, often 20 "
+                 "times ghost's time or more"}
+
+
+def _warnings_to(r: Reporter) -> None:
+    """Python warnings from the engine (`auto` settling on a slower method) and from user code go
+    to stderr as `alcli: warning: ...` lines, not as Python's two-line warnings."""
+    def show(message, category, filename, lineno, file=None, line=None):
+        text = str(message)
+        if category.__name__ == "EngineFallback":
+            method = next((m for m in FALLBACK_COST if f"'{m}' method" in text), None)
+            text += f" (expected cost: {FALLBACK_COST[method]})" if method else ""
+        r.warn(text)
+    warnings.showwarning = show
 
 
 def _warn_skipped(r: Reporter, skipped: int, nans: int, errors_file: str | None, errors=()) -> None:

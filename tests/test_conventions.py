@@ -471,3 +471,38 @@ def test_under_a_terminal_the_bar_shows_ctrl_c_saves_and_resume_prefills(in_ws, 
         os.close(master)
     counts = [int(n) for n in re.findall(r"(\d+)/3000", seen2.decode(errors="replace"))]
     assert counts and min(counts) >= saved  # the whole pool, the resumed part already counted
+
+
+TIED = '''
+import torch
+from torch import nn
+
+class Net(nn.Module):
+    """A weight used outside its module: ghost cannot serve it, auto settles on vmap."""
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.lin(x) + x[:, :3] @ self.lin.weight[:, :3].T
+'''
+
+
+def test_a_slower_engine_method_is_one_warning_line_with_its_cost(tmp_path):
+    (tmp_path / "tied.py").write_text(TIED)
+    torch.manual_seed(0)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import tied
+    finally:
+        sys.path.remove(str(tmp_path))
+    torch.save(tied.Net().state_dict(), tmp_path / "m.pt")
+    torch.save({"x": torch.randn(6, 4)}, tmp_path / "p.pt")
+    proc = subprocess.run(alcli_cmd("score", "p.pt", "-m", "m.pt", "--arch", "tied:Net", "-q",
+                                    "-o", "s.csv"), cwd=tmp_path, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("alcli: warning: "), proc.stderr
+    assert "'vmap' method" in lines[0] and "used outside the module" in lines[0]
+    assert "expected cost: typically 3 to 50 times ghost's time" in lines[0]
