@@ -30,11 +30,22 @@ Config = Annotated[Optional[str], typer.Option(
     "--config", "-c", help="YAML config file; flags override it. Without --config and --model, "
                            "./configs/default.yaml is used when present (the demo).")]
 Model = Annotated[Optional[str], typer.Option(
-    "--model", "-m", help="Checkpoint: a state_dict (needs --arch), a Lightning/DDP-style dict, "
-                          "a TorchScript archive, or a pickled model (see --trust-checkpoint).")]
+    "--model", "-m", help="Checkpoint: a state_dict or .safetensors (needs --arch), a "
+                          "Lightning/DDP/timm-style dict, a TorchScript archive, a pickled model "
+                          "(see --trust-checkpoint), or a Hugging Face save_pretrained directory.")]
 Arch = Annotated[Optional[str], typer.Option(
-    help="torchvision:NAME or package.module:callable; constructor arguments from the config "
-         "key arch_kwargs.")]
+    help="torchvision:NAME, timm:NAME or package.module:callable; constructor arguments from "
+         "--arch-kwargs.")]
+ArchKwargs = Annotated[Optional[str], typer.Option(
+    "--arch-kwargs", metavar="JSON", help='Constructor arguments for --arch, e.g. \'{"num_classes": 10}\'.')]
+Ema = Annotated[bool, typer.Option(
+    "--ema", help="Use the EMA weights of a training checkpoint (timm's state_dict_ema).")]
+TextColumnOpt = Annotated[Optional[str], typer.Option(
+    "--text-column", metavar="NAME", help="Text pools (.csv/.jsonl): the column holding the text "
+                                          "\\[default: text].")]
+MaxLength = Annotated[Optional[int], typer.Option(
+    "--max-length", metavar="N", help="Text pools: truncate texts at N tokens \\[default: the "
+                                      "model's limit].")]
 Trust = Annotated[bool, typer.Option(
     "--trust-checkpoint", help="Allow a pickled model (unpickling runs code from the file).")]
 LabelsFromFolders = Annotated[bool, typer.Option(
@@ -258,9 +269,12 @@ def _api():
 @app.command(epilog=SCORE_EPILOG)
 def score(
     pool: Annotated[Optional[str], typer.Argument(
-        help="Image folder, .csv/.jsonl manifest (path, id, label), .pt/.npy/.npz tensors, "
-             "or - for image paths on stdin.", show_default=False, metavar="POOL")] = None,
+        help="Image folder, .csv/.jsonl manifest (path, id, label), text (.txt, or .csv/.jsonl "
+             "with a text column), .pt/.npy/.npz tensors, or - for image paths on stdin.",
+        show_default=False, metavar="POOL")] = None,
     config: Config = None, model: Model = None, arch: Arch = None, trust_checkpoint: Trust = False,
+    arch_kwargs: ArchKwargs = None, ema: Ema = False, text_column: TextColumnOpt = None,
+    max_length: MaxLength = None,
     labels_from_folders: LabelsFromFolders = False, strategy: Strategy = None,
     top_classes: TopClasses = None, layers: Layers = None, method: Method = None,
     batch_size: BatchSize = None, device: Device = None, workers: Workers = None,
@@ -346,6 +360,8 @@ def select(
     pool: Annotated[Optional[str], typer.Option(
         help="Score this pool first instead of reading SCORES (same forms as `score POOL`).")] = None,
     config: Config = None, model: Model = None, arch: Arch = None, trust_checkpoint: Trust = False,
+    arch_kwargs: ArchKwargs = None, ema: Ema = False, text_column: TextColumnOpt = None,
+    max_length: MaxLength = None,
     labels_from_folders: LabelsFromFolders = False, strategy: Strategy = None,
     top_classes: TopClasses = None, layers: Layers = None, method: Method = None,
     batch_size: BatchSize = None, device: Device = None, workers: Workers = None,
@@ -391,6 +407,7 @@ def select(
 @app.command(epilog=INSPECT_EPILOG)
 def inspect(
     config: Config = None, model: Model = None, arch: Arch = None, trust_checkpoint: Trust = False,
+    arch_kwargs: ArchKwargs = None, ema: Ema = False,
     pool: Annotated[Optional[str], typer.Option(
         help="A pool to try the engine on, to see which method auto picks.")] = None,
     labels_from_folders: LabelsFromFolders = False, layers: Layers = None, method: Method = None,

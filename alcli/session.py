@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from .errors import ConfigError
+from .files import hf
 from .files.checkpoint import load_model
 from .files.config import Settings
 from .files.pool import Pool, PoolOptions, open_pool, tensor_pool
@@ -51,7 +52,7 @@ def model_for(settings: Settings, model: nn.Module | None = None) -> nn.Module:
         raise ConfigError(f"no model given; pass {settings.option('model', 'PATH')} (or set model: "
                           f"in a config)")
     return load_model(settings.model, arch=settings.arch, arch_kwargs=settings.arch_kwargs,
-                      trust=settings.trust_checkpoint)
+                      trust=settings.trust_checkpoint, ema=settings.ema)
 
 
 def pool_for(settings: Settings, model: nn.Module, pool=None, stdin=None) -> Pool:
@@ -68,7 +69,23 @@ def pool_for(settings: Settings, model: nn.Module, pool=None, stdin=None) -> Poo
         raise ConfigError(f"no pool given; pass {what} a folder of images, a .csv/.jsonl manifest, "
                           f"a .pt/.npy/.npz tensor file, or - for image paths on stdin")
     opts = PoolOptions(settings.labels_from_folders, settings.transform, model_channels(model))
+    hf_options(opts, settings, model)
     return open_pool(settings.pool, opts, stdin)
+
+
+def hf_options(opts: PoolOptions, settings: Settings, model: nn.Module) -> None:
+    """For a Hugging Face model directory (the --model one, or the one a model object was loaded
+    from): its tokenizer for text pools, and its image processor settings for image pools unless
+    the config sets a transform."""
+    opts.text_column = settings.text_column
+    directory = hf.model_dir(model, settings.model)
+    if directory is None:
+        return
+    opts.tokenizer = lambda: hf.tokenizer_for(directory, model, settings.max_length)
+    if "transform" not in settings.sources:
+        transform = hf.image_transform(directory)
+        if transform is not None:
+            opts.transform = transform
 
 
 def resolve_device(spec: str) -> torch.device:

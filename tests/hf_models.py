@@ -42,12 +42,17 @@ def vit():
         intermediate_size=37, num_labels=CLASSES))
 
 
-def tokenizer(directory: Path):
-    """A BERT word-piece tokenizer over VOCAB, from a vocab.txt written into `directory`."""
+def tokenizer(directory: Path, token_types: bool = True):
+    """A BERT word-piece tokenizer over VOCAB, from a vocab.txt written into `directory`.
+    Without `token_types` it returns input_ids and attention_mask only, as GPT-2's and
+    DistilBERT's own tokenizers do."""
     from transformers import BertTokenizerFast
     directory.mkdir(parents=True, exist_ok=True)
+    vocab = str(directory / "vocab.txt")
     (directory / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
-    return BertTokenizerFast(vocab_file=str(directory / "vocab.txt"), model_max_length=64)
+    names = ["input_ids", "token_type_ids", "attention_mask"] if token_types else ["input_ids", "attention_mask"]
+    # transformers 4 reads `vocab_file`, 5 reads `vocab`
+    return BertTokenizerFast(vocab_file=vocab, vocab=vocab, model_max_length=64, model_input_names=names)
 
 
 def loop_norms(model, inputs, targets) -> torch.Tensor:

@@ -6,6 +6,7 @@ are taken as they are, i.e. relative to the working directory.
 """
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -41,7 +42,10 @@ class Settings:
     arch: str | None = None
     arch_kwargs: dict = field(default_factory=dict)
     trust_checkpoint: bool = False
+    ema: bool = False                     # a training checkpoint's EMA weights (timm's state_dict_ema)
     pool: str | None = None
+    text_column: str = "text"             # text pools (.csv/.jsonl): the column holding the text
+    max_length: int | None = None         # text pools: tokens kept per text (default: the model's limit)
     labels_from_folders: bool = False
     transform: Transform = field(default_factory=Transform)
     strategy: str = "egl"
@@ -151,6 +155,11 @@ def _candidates(v):
 
 
 def _mapping(v):
+    if isinstance(v, str):  # --arch-kwargs '{"num_classes": 10}'
+        try:
+            v = json.loads(v)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"must be a JSON mapping ({err.msg} at character {err.pos})") from None
     if not isinstance(v, dict) or not all(isinstance(k, str) for k in v):
         raise ValueError("must be a mapping of names to values")
     return dict(v)
@@ -254,6 +263,7 @@ CHECKS: dict[str, Callable[[Any], Any]] = {
     "per_class": _opt(_choice(PER_CLASS_MODES)), "exclude": _files, "image_root": _opt_str,
     "image_dir": _opt_str, "contact_sheet": _opt_str,
     "checkpoint_every": _int(1), "resume": _bool, "strict": _bool, "shard": _shard,
+    "ema": _bool, "text_column": _str, "max_length": _opt(_int(1)),
 }
 assert set(CHECKS) == set(KEYS)
 
