@@ -136,7 +136,7 @@ SERVES = {
     #             ghost  replicate vmap   loop  auto's choice
     "bert":       (False, False,   False, True, "loop"),   # ghost: shared position embeddings;
     "distilbert": (False, False,   False, True, "loop"),   # vmap: data-dependent control flow
-    "gpt2":       (False, False,   False, True, "loop"),   # ghost: index lookups ("data-dependent shapes")
+    "gpt2":       (False, False,   False, True, "loop"),   # ghost: shared position embeddings too
     "vit":        (True,  False,   True,  True, "ghost"),  # replicate: nested owners
 }
 
@@ -181,3 +181,39 @@ def test_hugging_face_egl_targets_from_the_engines_own_logits():
         norms, logits = grad_norms_per_target(model, inputs, lambda lg: [lg.argmax(1), lg.argmin(1)])
     assert norms.shape == (2, 4) and logits.shape == (4, 3)
     torch.testing.assert_close(norms[1], hf_models.loop_norms(model, inputs, logits.argmin(1)), **TOL)
+
+
+class LastTokenNet(nn.Module):
+    """GPT-2's pooling: per-token logits, then each example's last non-pad token picked by an
+    integer index (x[arange(B), last]), whose shape follows the indices, not their values."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(20, 6, padding_idx=0)
+        self.fc = nn.Linear(6, 3)
+
+    def forward(self, input_ids):
+        logits = self.fc(torch.tanh(self.emb(input_ids)))             # [B, T, 3]
+        last = (input_ids != 0).long().cumsum(1).argmax(1)           # [B]
+        return logits[torch.arange(input_ids.shape[0]), last]
+
+
+class MaskedMeanNet(LastTokenNet):
+    """A boolean mask selects tokens: the shape depends on the values, which ghost refuses."""
+
+    def forward(self, input_ids):
+        h = torch.tanh(self.emb(input_ids))
+        return torch.stack([self.fc(h[i][input_ids[i] != 0].mean(0)) for i in range(h.shape[0])])
+
+
+def test_integer_index_lookups_are_not_data_dependent_shapes_but_boolean_masks_are():
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(1, 20, (5, 6), generator=g)
+    ids[1, 3:] = 0
+    ids[3, 5:] = 0
+    targets = torch.tensor([0, 1, 2, 1, 0])
+    model = LastTokenNet().double().eval()
+    expected = per_example_grad_norms(model, ids, targets, method="loop")
+    torch.testing.assert_close(per_example_grad_norms(model, ids, targets, method="ghost"), expected, **TOL)
+    with pytest.raises(UnsupportedModel, match="data-dependent shapes"):
+        per_example_grad_norms(MaskedMeanNet().double().eval(), ids, targets, method="ghost")

@@ -72,9 +72,20 @@ class _DataDependentShapes(TorchDispatchMode):
         self.op = self.where = None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if self.op is None and torch.Tag.dynamic_output_shape in func.tags:
+        if (self.op is None and torch.Tag.dynamic_output_shape in func.tags
+                and not _integer_indexing(func, args)):
             self.op, self.where = str(func.overloadpacket.__name__), self.stack.where()
         return func(*args, **(kwargs or {}))
+
+
+def _integer_indexing(func, args) -> bool:
+    """x[idx] with integer index tensors (a gather: GPT-2's last-token pick, a relative-position
+    bias table): its shape follows the indices' shapes, not their values, unlike a boolean mask."""
+    if func.overloadpacket is not torch.ops.aten.index or len(args) < 2:
+        return False
+    indices = [i for i in args[1] if i is not None]
+    return bool(indices) and all(not i.is_floating_point() and i.dtype not in (torch.bool, torch.uint8)
+                                 for i in indices)
 
 
 def _mark_unreversed(model, inputs, modules, layouts):
