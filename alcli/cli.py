@@ -175,11 +175,23 @@ Config = Annotated[Optional[str], typer.Option(
     "paths are relative to its folder. Without --config and --model, ./configs/default.yaml is "
     "used when present (the demo).")]
 Model = Annotated[Optional[str], typer.Option(
-    "--model", "-m", metavar="FILE", help="Checkpoint: a state_dict (needs --arch), a "
-    "Lightning/DDP-style dict, a TorchScript archive, or a pickled model (see --trust-checkpoint).")]
+    "--model", "-m", metavar="FILE", help="Checkpoint: a state_dict or .safetensors (needs --arch), "
+    "a Lightning/DDP/timm-style dict, a TorchScript archive, a pickled model (see "
+    "--trust-checkpoint), or a Hugging Face save_pretrained directory.")]
 Arch = Annotated[Optional[str], typer.Option(
-    metavar="SPEC", help="torchvision:NAME or package.module:callable; constructor arguments from "
-    "the config key arch_kwargs.")]
+    metavar="SPEC", help="torchvision:NAME, timm:NAME or package.module:callable; constructor "
+    "arguments from --arch-kwargs.")]
+ArchKwargs = Annotated[Optional[str], typer.Option(
+    "--arch-kwargs", metavar="JSON", help='Constructor arguments for --arch, e.g. '
+    '\'{"num_classes": 10}\'.')]
+Ema = Annotated[bool, typer.Option(
+    "--ema", help="Use the EMA weights of a training checkpoint (timm's state_dict_ema).")]
+TextColumnOpt = Annotated[Optional[str], typer.Option(
+    "--text-column", metavar="NAME", help="Text pools (.csv/.jsonl): the column holding the "
+    "text. [default: text]")]
+MaxLength = Annotated[Optional[int], typer.Option(
+    "--max-length", metavar="N", help="Text pools: truncate texts at N tokens. [default: the "
+    "model's limit]")]
 Trust = Annotated[bool, typer.Option(
     "--trust-checkpoint", help="Allow a pickled model (unpickling runs code from the file).")]
 LabelsFromFolders = Annotated[bool, typer.Option(
@@ -403,10 +415,13 @@ def _stdin_is_empty() -> bool:
 @app.command(cls=_Command, epilog=SCORE_EPILOG)
 def score(
     pool: Annotated[Optional[List[str]], typer.Argument(
-        help="An image folder, image files, a .csv/.jsonl manifest (path, id, label), a "
-             ".pt/.npy/.npz tensor file, or - for image paths on stdin. [default: the config's "
-             "pool]", show_default=False, metavar="POOL")] = None,
+        help="An image folder, image files, a .csv/.jsonl manifest (path, id, label), text (.txt, "
+             "or .csv/.jsonl with a text column), a .pt/.npy/.npz tensor file, or - for image "
+             "paths on stdin. [default: the config's pool]", show_default=False,
+        metavar="POOL")] = None,
     config: Config = None, model: Model = None, arch: Arch = None, trust_checkpoint: Trust = False,
+    arch_kwargs: ArchKwargs = None, ema: Ema = False, text_column: TextColumnOpt = None,
+    max_length: MaxLength = None,
     labels_from_folders: LabelsFromFolders = False, strategy: Strategy = None,
     top_classes: TopClasses = None, layers: Layers = None, method: Method = None,
     batch_size: BatchSize = None, device: Device = None, workers: Workers = None,
@@ -495,6 +510,8 @@ def select(
         metavar="POOL", help="Score this pool first instead of reading SCORES (same forms as "
         "'score POOL').")] = None,
     config: Config = None, model: Model = None, arch: Arch = None, trust_checkpoint: Trust = False,
+    arch_kwargs: ArchKwargs = None, ema: Ema = False, text_column: TextColumnOpt = None,
+    max_length: MaxLength = None,
     labels_from_folders: LabelsFromFolders = False, strategy: Strategy = None,
     top_classes: TopClasses = None, layers: Layers = None, method: Method = None,
     batch_size: BatchSize = None, device: Device = None, workers: Workers = None,
@@ -550,6 +567,7 @@ class _no_progress:
 @app.command(cls=_Command, epilog=INSPECT_EPILOG)
 def inspect(
     config: Config = None, model: Model = None, arch: Arch = None, trust_checkpoint: Trust = False,
+    arch_kwargs: ArchKwargs = None, ema: Ema = False,
     pool: Annotated[Optional[str], typer.Option(
         metavar="POOL", help="A pool to try the engine on, to see which method auto picks.")] = None,
     labels_from_folders: LabelsFromFolders = False, layers: Layers = None, method: Method = None,

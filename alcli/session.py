@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from .errors import CheckpointError, ConfigError, PoolError
+from .files import hf
 from .files.checkpoint import load_model
 from .files.config import Settings
 from .files.pool import Pool, PoolOptions, open_pool, tensor_pool
@@ -55,7 +56,7 @@ def model_for(settings: Settings, model: nn.Module | None = None) -> nn.Module:
         raise CheckpointError(f"model file {settings.model}{from_config(settings, 'model')} does "
                               f"not exist")
     return load_model(settings.model, arch=settings.arch, arch_kwargs=settings.arch_kwargs,
-                      trust=settings.trust_checkpoint)
+                      trust=settings.trust_checkpoint, ema=settings.ema)
 
 
 def pool_for(settings: Settings, model: nn.Module, pool=None, stdin=None) -> Pool:
@@ -75,6 +76,7 @@ def pool_for(settings: Settings, model: nn.Module, pool=None, stdin=None) -> Poo
                           f"a .pt/.npy/.npz tensor file, or - for image paths on stdin")
     opts = PoolOptions(settings.labels_from_folders, settings.transform, model_channels(model),
                        settings.null)
+    hf_options(opts, settings, model)
     if isinstance(settings.pool, str) and settings.pool != "-" and not Path(settings.pool).exists():
         raise PoolError(f"pool {settings.pool}{from_config(settings, 'pool')} does not exist")
     return open_pool(settings.pool, opts, stdin)
@@ -84,6 +86,21 @@ def from_config(settings: Settings, key: str) -> str:
     """' (key 'model' in cfg.yaml)' when the value came from a config file, else ''."""
     where = settings.sources.get(key, "")
     return f" ({where})" if where.startswith("key ") else ""
+
+
+def hf_options(opts: PoolOptions, settings: Settings, model: nn.Module) -> None:
+    """For a Hugging Face model directory (the --model one, or the one a model object was loaded
+    from): its tokenizer for text pools, and its image processor settings for image pools unless
+    the config sets a transform."""
+    opts.text_column = settings.text_column
+    directory = hf.model_dir(model, settings.model)
+    if directory is None:
+        return
+    opts.tokenizer = lambda: hf.tokenizer_for(directory, model, settings.max_length)
+    if "transform" not in settings.sources:
+        transform = hf.image_transform(directory)
+        if transform is not None:
+            opts.transform = transform
 
 
 def resolve_device(spec: str) -> torch.device:

@@ -95,7 +95,7 @@ def test_build_arch(in_ws):
     assert isinstance(build_arch(ARCH, KW), nn.Module)
     net = build_arch("torchvision:resnet18", {"num_classes": 7})  # weights=None: no download
     assert net.fc.out_features == 7
-    cases = [("resnet18", "must be torchvision:NAME or package.module:callable"),
+    cases = [("resnet18", "must be torchvision:NAME, timm:NAME or package.module:callable"),
              ("torchvision:resnet1000", "torchvision has no model named 'resnet1000'"),
              ("nosuch.module:X", "cannot import module 'nosuch.module'"),
              ("tinynet:Nope", "has no attribute 'Nope'"),

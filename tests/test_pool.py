@@ -105,8 +105,11 @@ def test_tensor_file_errors(tmp_path, data, needle):
 
 
 def test_unknown_pool_kinds(tmp_path):
-    (tmp_path / "notes.txt").write_text("x")
+    (tmp_path / "notes.md").write_text("x")
     with pytest.raises(PoolError, match="is not a folder, an image"):
+        open_pool(str(tmp_path / "notes.md"), opts())
+    (tmp_path / "notes.txt").write_text("x")  # a text pool, which needs the model's tokenizer
+    with pytest.raises(PoolError, match="needs a tokenizer: pass --model a Hugging Face model directory"):
         open_pool(str(tmp_path / "notes.txt"), opts())
     with pytest.raises(PoolError, match="does not exist"):
         open_pool(str(tmp_path / "missing"), opts())

@@ -4,9 +4,13 @@ Accepted: a plain state_dict; a dict nesting one under `state_dict`/`model`/... 
 prefix (`model.` from Lightning, `module.` from DDP, `_orig_mod.` from torch.compile); a TorchScript
 archive; and a whole pickled model (`torch.save(model)`), only when trusted, because
 unpickling runs code from the file. Everything else is loaded with `weights_only=True`.
+Also: `.safetensors` weights (read with the safetensors package, never unpickled), timm training
+checkpoints (`state_dict`, or `state_dict_ema` with `ema`), and Hugging Face `save_pretrained`
+directories (files/hf.py).
 """
 from __future__ import annotations
 
+import argparse
 import importlib
 import os
 import sys
@@ -23,12 +27,27 @@ NESTING_KEYS = ("state_dict", "model_state_dict", "model", "module", "net", "wei
 SHOW = 4  # how many offending keys an error lists
 
 
+EMA_KEYS = ("state_dict_ema", "model_ema", "ema_state_dict", "ema")  # timm writes the first
+
+
 def load_model(path: str | Path, *, arch: str | None = None, arch_kwargs: dict | None = None,
-               trust: bool = False) -> nn.Module:
-    """The model in `path`, built from `arch` when the file holds weights only; in eval mode."""
+               trust: bool = False, ema: bool = False) -> nn.Module:
+    """The model in `path`, built from `arch` when the file holds weights only; in eval mode.
+    `ema`: the exponential moving average of the weights a training checkpoint also holds."""
     path = Path(path)
+    if path.is_dir():
+        from . import hf
+        if not hf.is_model_dir(path):
+            raise CheckpointError(f"model directory {path} holds no config.json; a directory must "
+                                  f"be a Hugging Face save_pretrained directory")
+        if arch is not None or ema:
+            raise CheckpointError(f"model directory {path} is a Hugging Face model, which its "
+                                  f"config.json describes; leave out {'--arch' if arch else '--ema'}")
+        return hf.load_model(path)
     if not path.is_file():
         raise CheckpointError(f"model file {path} does not exist")
+    if path.suffix.lower() == ".safetensors":
+        return _from_safetensors(path, arch, arch_kwargs or {}, ema)
     archive = _archive_kind(path)
     if archive == "torchscript":
         with warnings.catch_warnings():
@@ -41,8 +60,11 @@ def load_model(path: str | Path, *, arch: str | None = None, arch_kwargs: dict |
     obj = _torch_load(path, trust)
     module = _find_module(obj)
     if module is not None:
+        if ema:
+            raise CheckpointError(f"--ema: model file {path} holds a whole model, not training "
+                                  f"weights with an EMA copy")
         return module.eval()
-    state = find_state_dict(obj)
+    state = _ema_state_dict(obj, path) if ema else find_state_dict(obj)
     if state is None:
         keys = ", ".join(map(str, list(obj)[:SHOW])) if isinstance(obj, dict) else type(obj).__name__
         raise CheckpointError(f"model file {path} holds no state_dict or model (found: {keys})")
@@ -52,6 +74,39 @@ def load_model(path: str | Path, *, arch: str | None = None, arch_kwargs: dict |
     model = build_arch(arch, arch_kwargs or {})
     model.load_state_dict(fit_state_dict(model, state, path, arch))
     return model.eval()
+
+
+def _from_safetensors(path: Path, arch: str | None, arch_kwargs: dict, ema: bool) -> nn.Module:
+    try:
+        from safetensors.torch import load_file  # optional: only .safetensors files need it
+    except ImportError:
+        raise CheckpointError(f"model file {path} is a .safetensors file, which needs the "
+                              f"safetensors package; pip install 'alcli[hf]'") from None
+    if ema:
+        raise CheckpointError(f"--ema: model file {path} is a .safetensors file, which holds one "
+                              f"set of weights")
+    try:
+        state = load_file(str(path), device="cpu")
+    except Exception as err:  # noqa: BLE001 - a truncated or foreign file
+        raise CheckpointError(f"model file {path} is not a readable .safetensors file "
+                              f"({_described(err)})") from None
+    if arch is None:
+        raise CheckpointError(f"model file {path} holds weights only; give the architecture with "
+                              f"--arch (torchvision:NAME, timm:NAME or package.module:callable)")
+    model = build_arch(arch, arch_kwargs)
+    model.load_state_dict(fit_state_dict(model, state, path, arch))
+    return model.eval()
+
+
+def _ema_state_dict(obj, path: Path) -> dict:
+    """The EMA weights of a training checkpoint (timm's `state_dict_ema`)."""
+    if isinstance(obj, dict):
+        for key in EMA_KEYS:
+            if _is_state_dict(obj.get(key)):
+                return obj[key]
+    keys = ", ".join(map(str, list(obj)[:SHOW])) if isinstance(obj, dict) else type(obj).__name__
+    raise CheckpointError(f"--ema: model file {path} holds no EMA weights ({' or '.join(EMA_KEYS[:2])}; "
+                          f"found: {keys})")
 
 
 def _archive_kind(path: Path) -> str | None:
@@ -69,7 +124,9 @@ def _archive_kind(path: Path) -> str | None:
 
 def _torch_load(path: Path, trust: bool):
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        # timm's training checkpoints hold their argparse Namespace: plain data, safe to rebuild
+        with torch.serialization.safe_globals([argparse.Namespace]):
+            return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001 - torch raises many types for a bad file
         refused = "Weights only load failed" in str(err)
         if refused and not trust:
@@ -179,15 +236,19 @@ def _some(keys: list[str]) -> str:
 
 
 def build_arch(spec: str, kwargs: dict) -> nn.Module:
-    """`torchvision:NAME` (built with weights=None, no download) or `package.module:callable`."""
+    """`torchvision:NAME` (built with weights=None, no download), `timm:NAME` (pretrained=False)
+    or `package.module:callable`."""
     source, sep, name = spec.partition(":")
     if not sep or not source or not name:
-        raise CheckpointError(f"arch '{spec}' must be torchvision:NAME or package.module:callable")
+        raise CheckpointError(f"arch '{spec}' must be torchvision:NAME, timm:NAME or "
+                              f"package.module:callable")
     if source == "torchvision":
         import torchvision  # only for torchvision: archs; its import takes about 2 s
         if name not in torchvision.models.list_models():
             raise CheckpointError(f"arch '{spec}': torchvision has no model named '{name}'")
         factory = lambda **kw: torchvision.models.get_model(name, **{"weights": None, **kw})  # noqa: E731
+    elif source == "timm":
+        factory = _timm_factory(spec, name)
     else:
         factory = _import_callable(spec, source, name)
     try:
@@ -198,6 +259,16 @@ def build_arch(spec: str, kwargs: dict) -> nn.Module:
     if not isinstance(model, nn.Module):
         raise CheckpointError(f"arch '{spec}' returned a {type(model).__name__}, not a torch.nn.Module")
     return model
+
+
+def _timm_factory(spec: str, name: str):
+    try:
+        import timm  # optional (the `vision` extra), and slow to import: only for timm: archs
+    except ImportError:
+        raise CheckpointError(f"arch '{spec}' needs the timm package; pip install 'alcli[vision]'") from None
+    if not timm.is_model(name.split(".")[0]):  # NAME.TAG names pretrained weights
+        raise CheckpointError(f"arch '{spec}': timm has no model named '{name}'")
+    return lambda **kw: timm.create_model(name, **{"pretrained": False, **kw})
 
 
 def _cwd_importable() -> None:

@@ -8,6 +8,7 @@ the manifest); on the command line and in Python, to the working directory.
 from __future__ import annotations
 
 import difflib
+import json
 import os
 import re
 import sys
@@ -49,8 +50,11 @@ class Settings:
     arch: str | None = None
     arch_kwargs: dict = field(default_factory=dict)
     trust_checkpoint: bool = False
+    ema: bool = False                     # a training checkpoint's EMA weights (timm's state_dict_ema)
     pool: str | list[str] | None = None   # a path, '-' (stdin), or several image files
     null: bool = False                    # paths on stdin are NUL-separated (find -print0)
+    text_column: str = "text"             # text pools (.csv/.jsonl): the column holding the text
+    max_length: int | None = None         # text pools: tokens kept per text (default: the model's limit)
     labels_from_folders: bool = False
     transform: Transform = field(default_factory=Transform)
     strategy: str = "egl"
@@ -182,6 +186,11 @@ def _candidates(v):
 
 
 def _mapping(v):
+    if isinstance(v, str):  # --arch-kwargs '{"num_classes": 10}'
+        try:
+            v = json.loads(v)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"must be a JSON mapping ({err.msg} at character {err.pos})") from None
     if not isinstance(v, dict) or not all(isinstance(k, str) for k in v):
         raise ValueError("must be a mapping of names to values")
     return dict(v)
@@ -286,6 +295,7 @@ CHECKS: dict[str, Callable[[Any], Any]] = {
     "image_dir": _opt_str, "contact_sheet": _opt_str,
     "checkpoint_every": _int(1), "resume": _bool, "restart": _bool, "strict": _bool,
     "shard": _shard, "verbose": _bool, "progress_every": _seconds, "log_format": _choice(LOG_FORMATS),
+    "ema": _bool, "text_column": _str, "max_length": _opt(_int(1)),
 }
 assert set(CHECKS) == set(KEYS)
 

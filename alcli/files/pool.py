@@ -1,7 +1,8 @@
 """Pool sources -> a torch Dataset of (id, input, label) items, and the collate that batches them.
 
 A source is a small function `(spec, opts) -> Pool`, picked by what `spec` names: `-` (paths on
-stdin), a directory of images, a manifest (.csv/.jsonl with a `path` column), or a tensor file
+stdin), a directory of images, a manifest (.csv/.jsonl with a `path` column), a text pool (.txt, or
+.csv/.jsonl with a `text` column; tokenized when a batch is collated), or a tensor file
 (.pt/.npy/.npz). Labels are class indices; -1 means unknown. Reading an example never raises: the
 item carries the error instead, so a DataLoader worker can hand it back and the runner decides.
 """
@@ -25,6 +26,7 @@ from .jsonl import json_objects
 IMAGE_EXTS = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".tiff")
 TENSOR_EXTS = (".pt", ".pth", ".npy", ".npz")
 MANIFEST_EXTS = (".csv", ".jsonl")
+TEXT_EXTS = (".txt",)
 
 
 @dataclass
@@ -33,6 +35,9 @@ class PoolOptions:
     transform: Transform = field(default_factory=Transform)
     channels: int | None = None  # what the model's first convolution takes; None if unknown
     null: bool = False           # paths on stdin separated by NUL (find -print0), not newlines
+    text_column: str = "text"    # text pools: the manifest column holding the text
+    tokenizer: Callable[[], Callable[[list[str]], dict]] | None = None  # makes the model's tokenizer
+                                 # (texts -> dict of [B, T] tensors); None: the model has none
 
 
 class Item(NamedTuple):
@@ -43,9 +48,15 @@ class Item(NamedTuple):
     path: str | None = None     # the file it was read from (image pools)
 
 
+class Text(NamedTuple):
+    """A text example's input: tokenized together with its batch, when collated."""
+    text: str
+    tokenize: Callable[[list[str]], dict]
+
+
 class Batch(NamedTuple):
     ids: list[str]
-    inputs: torch.Tensor | None  # [B, ...]
+    inputs: torch.Tensor | dict | None  # [B, ...]; text pools: a dict of [B, T] tensors
     labels: torch.Tensor         # [B] long, -1 unknown
     errors: list[tuple[str, str]]  # (id, message) of items that could not be read
     mismatch: str | None = None  # items of another shape than the first: a config error, not a bad file
@@ -58,7 +69,7 @@ class Pool(Dataset):
     name: str
     ids: list[str]
     has_labels: bool
-    kind: str  # "images" or "tensors"
+    kind: str  # "images", "tensors" or "text"
     classes: list[str] | None = None  # class names, where the source names them (class folders)
     given_ids: list | None = None  # the caller's ids (any type) where `ids` holds their text
     to_float: Callable | None = None  # batch of stored inputs on the device -> model input
@@ -112,6 +123,8 @@ def collate(items: list[Item]) -> Batch:
     if not good:
         return Batch([], None, torch.empty(0, dtype=torch.long), errors)
     first = good[0]
+    if isinstance(first.input, Text):
+        return _collate_texts(good, errors)
     mismatch = None
     for it in good[1:]:
         if it.input.shape != first.input.shape and mismatch is None:
@@ -358,6 +371,8 @@ def open_pool(spec: str | list[str], opts: PoolOptions, stdin=None) -> Pool:
     suffix = path.suffix.lower()
     if path.is_dir():
         return from_directory(spec, opts)
+    if suffix in TEXT_EXTS or (suffix in MANIFEST_EXTS and is_text_manifest(path, opts.text_column)):
+        return from_text_file(spec, opts)
     if suffix in MANIFEST_EXTS:
         return from_manifest(spec, opts)
     if suffix in TENSOR_EXTS:
@@ -365,8 +380,8 @@ def open_pool(spec: str | list[str], opts: PoolOptions, stdin=None) -> Pool:
     if suffix in IMAGE_EXTS:
         return from_files([spec], opts)
     raise PoolError(f"pool {spec} is not a folder, an image ({', '.join(IMAGE_EXTS)}), a manifest "
-                    f"({', '.join(MANIFEST_EXTS)}) or a tensor file ({', '.join(TENSOR_EXTS)})")
-
+                    f"({', '.join(MANIFEST_EXTS)}), a text file (.txt) or a tensor file "
+                    f"({', '.join(TENSOR_EXTS)})")
 
 def _named_files(paths: list[str], opts: PoolOptions) -> Pool:
     """Several POOL arguments: each must be an image file (one folder, manifest or tensor file
@@ -381,6 +396,78 @@ def _named_files(paths: list[str], opts: PoolOptions) -> Pool:
         if not Path(p).exists():
             raise PoolError(f"pool file {p} does not exist")
     return from_files(paths, opts)
+
+
+# --- text ---------------------------------------------------------------------------------------
+
+class TextPool(Pool):
+    kind = "text"
+
+    def __init__(self, name: str, ids: list[str], texts: list[str], labels: list[int],
+                 tokenize: Callable[[list[str]], dict]):
+        self.name, self.ids, self.texts, self.labels = name, ids, texts, labels
+        self.has_labels = any(label >= 0 for label in labels)
+        self.tokenize = tokenize
+
+    def __getitem__(self, i: int) -> Item:
+        return Item(self.ids[i], Text(self.texts[i], self.tokenize), self.labels[i], None)
+
+
+def _collate_texts(good: list[Item], errors: list) -> Batch:
+    """Text items tokenized as one batch: padded to its longest, attention masks included."""
+    inputs = good[0].input.tokenize([it.input.text for it in good])
+    return Batch([it.id for it in good], inputs,
+                 torch.tensor([it.label for it in good], dtype=torch.long), errors)
+
+
+def is_text_manifest(path: Path, column: str) -> bool:
+    """Does the .csv header, or the first .jsonl object, have the text column?"""
+    try:
+        with open(path, newline="") as f:
+            if path.suffix.lower() == ".csv":
+                return column in (csv.DictReader(f).fieldnames or [])
+            for _, obj in json_objects(f, lambda n: f"manifest {path} line {n}", PoolError):
+                return column in obj
+    except (OSError, UnicodeDecodeError) as err:
+        raise PoolError(f"manifest {path} cannot be read ({first_line(err)})") from None
+    return False
+
+
+def from_text_file(spec: str, opts: PoolOptions) -> Pool:
+    """Texts: a .txt file (one per line; its line number is its id), or a .csv/.jsonl manifest with
+    the `text_column` column and optional `id` (default: the line number) and `label`."""
+    path = Path(spec)
+    rows: list[tuple[str, str, int]] = []  # (id, text, label)
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            if path.suffix.lower() == ".txt":
+                rows = [(str(n), line.rstrip("\r\n"), -1) for n, line in enumerate(f, 1) if line.strip()]
+            elif path.suffix.lower() == ".csv":
+                reader = csv.DictReader(f)
+                rows = [_text_row(path, reader.line_num, row, opts.text_column) for row in reader]
+            else:
+                rows = [_text_row(path, n, row, opts.text_column)
+                        for n, row in json_objects(f, lambda n: f"manifest {path} line {n}", PoolError)]
+    except (OSError, UnicodeDecodeError) as err:
+        raise PoolError(f"text pool {path} cannot be read ({first_line(err)})") from None
+    if not rows:
+        raise PoolError(f"text pool {path} holds no texts")
+    if opts.tokenizer is None:
+        raise PoolError(f"text pool {path} needs a tokenizer: pass --model a Hugging Face model "
+                        f"directory that holds one")
+    check_unique_ids(str(path), [r[0] for r in rows])
+    ids, texts, labels = (list(col) for col in zip(*rows))
+    return TextPool(str(path), ids, texts, labels, opts.tokenizer())
+
+
+def _text_row(path: Path, n: int, row: dict, column: str) -> tuple[str, str, int]:
+    where = f"manifest {path} line {n}"
+    text = row.get(column)
+    if not isinstance(text, str):
+        raise PoolError(f"{where} has no text in column '{column}'" if text is None else
+                        f"{where}: '{column}' must be a string, not {type(text).__name__}")
+    id_ = row.get("id")
+    return (str(id_) if id_ not in (None, "") else str(n)), text, _label(row.get("label"), where)
 
 
 def tensor_pool(x, y=None, ids=None, name: str = "tensor pool") -> TensorPool:
@@ -404,5 +491,5 @@ def tensor_pool(x, y=None, ids=None, name: str = "tensor pool") -> TensorPool:
     return pool
 
 
-__all__ = ["Batch", "Item", "Pool", "PoolOptions", "check_unique_ids", "collate", "image_transform",
-           "open_pool", "tensor_pool", "IMAGE_EXTS"]
+__all__ = ["Batch", "Item", "Pool", "PoolOptions", "Text", "TextPool", "check_unique_ids", "collate",
+           "image_transform", "open_pool", "tensor_pool", "IMAGE_EXTS"]

@@ -13,6 +13,7 @@ from .borrow import borrowed
 from .errors import UnsupportedModel
 from .ghost import ghost_norms
 from .loop import loop_norms
+from .model_io import batch_size, float_dtype, forward_logits, zeros_like_one
 from .params import select_params
 from .plan import describe
 from .replicate import replicate_norms
@@ -65,7 +66,7 @@ def grad_norms_per_target(model: nn.Module, inputs: torch.Tensor,
     else:
         fixed = list(target_sets)
         targets_for = lambda logits: fixed  # noqa: E731
-    run = _empty_batch if inputs.shape[0] == 0 else None
+    run = _empty_batch if batch_size(inputs) == 0 else None
     if method != "auto":
         with borrowed(model, selection.params):
             norms, logits = (run or METHOD_TABLE[method])(model, inputs, targets_for, selection, loss_fn)
@@ -103,11 +104,11 @@ def _empty_batch(model, inputs, targets_for, selection, loss_fn):
     whose forward cannot take an empty batch gives its logits' shape from a zero example."""
     with torch.no_grad():
         try:
-            logits = model(inputs)
+            logits = forward_logits(model, inputs)
         except torch.OutOfMemoryError:
             raise
         except Exception:  # the model's own forward refuses B = 0 (e.g. x.view(B, -1))
-            logits = model(torch.zeros((1, *inputs.shape[1:]), dtype=inputs.dtype, device=inputs.device))[:0]
+            logits = forward_logits(model, zeros_like_one(inputs))[:0]
     target_sets = targets_for(logits)
     return torch.zeros(len(target_sets), 0, dtype=torch.float64, device=logits.device), logits
 
@@ -155,4 +156,4 @@ def model_dtype(model: nn.Module) -> torch.dtype | None:
 
 def _dtype(model: nn.Module, inputs: torch.Tensor) -> torch.dtype:
     """The dtype the norms come back in: the model's, else the inputs'."""
-    return model_dtype(model) or (inputs.dtype if inputs.is_floating_point() else torch.get_default_dtype())
+    return model_dtype(model) or float_dtype(inputs) or torch.get_default_dtype()

@@ -21,6 +21,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from .errors import UnsupportedModel
 from .params import ParamSelection
 from .layout import call_layouts, check_batch
+from .model_io import batch_size, forward_logits
 from .plan import HookPlan, make_plan
 from .rules import RuleCall
 from .uses import UseWatch
@@ -48,7 +49,7 @@ _verified: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 def ghost_norms(model, inputs, targets_for, selection: ParamSelection, loss_fn):
     """-> [K, B] norms and [B, C] logits; `targets_for(logits)` gives the K target sets."""
     plan = make_plan(model, selection)
-    batch = inputs.shape[0]
+    batch = batch_size(inputs)
     calls: dict[str, list[_Call]] = {name: [] for name in plan.modules}
     stack: list[str] = []  # hooked modules running now, for UseWatch
     handles = []
@@ -109,10 +110,10 @@ def ghost_norms(model, inputs, targets_for, selection: ParamSelection, loss_fn):
                 patched.append(module)
         if verify:
             with UseWatch(_covering_modules(plan), stack):
-                logits = model(inputs)
+                logits = forward_logits(model, inputs)
             _verified.setdefault(model, set()).add(key)
         else:
-            logits = model(inputs)
+            logits = forward_logits(model, inputs)
     finally:
         for handle in handles:
             handle.remove()

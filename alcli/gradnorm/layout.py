@@ -22,6 +22,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from .errors import UnsupportedModel
+from .model_io import batch_flip, batch_size, batch_slice, call_model, example_key, repeat_first
 from .uses import ModuleStack
 
 MERGED = -1
@@ -39,15 +40,15 @@ _cache: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 def call_layouts(model, inputs: torch.Tensor, modules: dict) -> dict[str, list[Layout]]:
     """module name -> the Layout of each of its calls, in call order."""
-    key = (tuple(modules), tuple(inputs.shape[1:]), inputs.dtype)
+    key = (tuple(modules), example_key(inputs))
     per_model = _cache.setdefault(model, {})
     if key not in per_model:
         with ModuleStack(model) as stack, _DataDependentShapes(stack) as watch:
-            one = _record_shapes(model, inputs[:1], modules)
+            one = _record_shapes(model, batch_slice(inputs, 0, 1), modules)
         if watch.op is not None:
             raise UnsupportedModel(f"{watch.where} has data-dependent shapes ({watch.op}), so where the "
                                    "batch lies can change from batch to batch")
-        pair = inputs[:2] if inputs.shape[0] > 1 else inputs[:1].repeat(2, *[1] * (inputs.dim() - 1))
+        pair = batch_slice(inputs, 0, 2) if batch_size(inputs) > 1 else repeat_first(inputs, 2)
         two = _record_shapes(model, pair, modules)
         layouts = {}
         for name in modules:
@@ -56,7 +57,7 @@ def call_layouts(model, inputs: torch.Tensor, modules: dict) -> dict[str, list[L
                                        "different batch sizes")
             layouts[name] = [Layout(_dims(a_in, b_in), _dims(a_out, b_out))
                              for (a_in, a_out), (b_in, b_out) in zip(one[name], two[name])]
-        if inputs.shape[0] > 1:
+        if batch_size(inputs) > 1:
             _mark_unreversed(model, inputs, modules, layouts)
         per_model[key] = layouts
     return per_model[key]
@@ -71,9 +72,20 @@ class _DataDependentShapes(TorchDispatchMode):
         self.op = self.where = None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if self.op is None and torch.Tag.dynamic_output_shape in func.tags:
+        if (self.op is None and torch.Tag.dynamic_output_shape in func.tags
+                and not _integer_indexing(func, args)):
             self.op, self.where = str(func.overloadpacket.__name__), self.stack.where()
         return func(*args, **(kwargs or {}))
+
+
+def _integer_indexing(func, args) -> bool:
+    """x[idx] with integer index tensors (a gather: GPT-2's last-token pick, a relative-position
+    bias table): its shape follows the indices' shapes, not their values, unlike a boolean mask."""
+    if func.overloadpacket is not torch.ops.aten.index or len(args) < 2:
+        return False
+    indices = [i for i in args[1] if i is not None]
+    return bool(indices) and all(not i.is_floating_point() and i.dtype not in (torch.bool, torch.uint8)
+                                 for i in indices)
 
 
 def _mark_unreversed(model, inputs, modules, layouts):
@@ -81,9 +93,9 @@ def _mark_unreversed(model, inputs, modules, layouts):
 
     Values are compared through a fingerprint per batch row (a fixed random projection of the
     row), so the check holds [B] numbers per tensor, not the activations."""
-    batch = inputs.shape[0]
+    batch = batch_size(inputs)
     forward = _record(model, inputs, modules, lambda tree: _fingerprints(tree, batch))
-    backward = _record(model, inputs.flip(0), modules, lambda tree: _fingerprints(tree, batch))
+    backward = _record(model, batch_flip(inputs), modules, lambda tree: _fingerprints(tree, batch))
     for name in modules:
         if len(forward[name]) != len(backward[name]):
             raise UnsupportedModel(f"module '{name}' is called a different number of times for "
@@ -139,7 +151,7 @@ def _record(model, inputs, modules, what) -> dict[str, list]:
             handles.append(module.register_forward_hook(hook(name), with_kwargs=True))
         with ModuleStack(model) as stack:
             try:
-                model(inputs)  # with grad enabled, so modules take the same code paths as the real pass
+                call_model(model, inputs)  # with grad enabled, so modules take the same code paths as the real pass
             except (torch.OutOfMemoryError, UnsupportedModel):
                 raise
             except Exception as err:  # the model's own forward, on data it was not given

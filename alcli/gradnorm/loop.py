@@ -3,18 +3,19 @@ from __future__ import annotations
 
 import torch
 
+from .model_io import batch_size, batch_slice, forward_logits
 from .params import ParamSelection
 
 
 def loop_norms(model, inputs, targets_for, selection: ParamSelection, loss_fn):
     """-> [K, B] norms, one row per target set, and the batched logits [B, C]."""
-    batch = inputs.shape[0]
+    batch = batch_size(inputs)
     with torch.no_grad():
-        logits = model(inputs)
+        logits = forward_logits(model, inputs)
     target_sets = targets_for(logits)
     sq = torch.zeros(len(target_sets), batch, dtype=torch.float64, device=logits.device)
     for i in range(batch):
-        logits_i = model(inputs[i:i + 1])
+        logits_i = forward_logits(model, batch_slice(inputs, i, i + 1))
         for k, targets in enumerate(target_sets):
             loss = loss_fn(logits_i, targets[i:i + 1]).sum()
             if not loss.requires_grad:

@@ -19,11 +19,12 @@ from .plan import make_plan
 from .layout import MERGED, call_layouts
 from .uses import UseWatch
 from .params import ParamSelection
+from .model_io import batch_size, forward_logits
 
 
 def replicate_norms(model, inputs, targets_for, selection: ParamSelection, loss_fn):
     """-> [K, B] norms and [B, C] logits; `targets_for(logits)` gives the K target sets."""
-    batch = inputs.shape[0]
+    batch = batch_size(inputs)
     plan = make_plan(model, selection)
     for name in plan.modules:
         for other in plan.modules:
@@ -53,7 +54,7 @@ def replicate_norms(model, inputs, targets_for, selection: ParamSelection, loss_
         # inside patched modules the copies stand in for the parameters: any use of a real one
         # is outside them and would be missed
         with UseWatch({id(p): (name, set()) for name, p in zip(selection.names, selection.params)}, []):
-            logits = model(inputs)
+            logits = forward_logits(model, inputs)
     finally:
         for module in patched:
             del module.forward

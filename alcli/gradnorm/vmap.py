@@ -5,6 +5,7 @@ import torch
 from torch.func import functional_call, grad, vmap
 
 from .errors import UnsupportedModel
+from .model_io import batch_size, batch_slice, forward_logits, logits_of, map_batch, model_args
 from .params import ParamSelection
 from .uses import ModuleStack
 
@@ -13,7 +14,7 @@ CHUNK_ELEMENTS = 1 << 25  # per-example gradients held at once (~128 MB in float
 
 def vmap_norms(model, inputs, targets_for, selection: ParamSelection, loss_fn):
     """-> [K, B] norms and [B, C] logits; `targets_for(logits)` gives the K target sets."""
-    batch = inputs.shape[0]
+    batch = batch_size(inputs)
     params = {name: p.detach() for name, p in zip(selection.names, selection.params)}
     numel = sum(p.numel() for p in params.values())
     chunk = max(1, min(batch, CHUNK_ELEMENTS // max(numel, 1)))
@@ -22,13 +23,13 @@ def vmap_norms(model, inputs, targets_for, selection: ParamSelection, loss_fn):
 
     def loss_of_one(p, x, t):
         in_loss[0] = False
-        logits_i = functional_call(model, p, (x.unsqueeze(0),))
+        logits_i = logits_of(functional_call(model, p, *model_args(map_batch(x, lambda t: t.unsqueeze(0)))))
         in_loss[0] = True
         return loss_fn(logits_i, t.unsqueeze(0)).sum()
 
     per_example = vmap(grad(loss_of_one), in_dims=(None, 0, 0))
     with torch.no_grad():
-        logits = model(inputs)  # the targets may depend on them
+        logits = forward_logits(model, inputs)  # the targets may depend on them
     target_sets = targets_for(logits)
     stack = ModuleStack(model)
     try:
@@ -44,12 +45,12 @@ def vmap_norms(model, inputs, targets_for, selection: ParamSelection, loss_fn):
 
 def _chunked(per_example, params, inputs, target_sets, chunk):
     """Per-example gradients for `chunk` examples at a time, reduced to norms at once."""
-    batch = inputs.shape[0]
+    batch = batch_size(inputs)
     rows = []
     for targets in target_sets:
         sq_parts = []
         for start in range(0, batch, chunk):
-            grads = per_example(params, inputs[start:start + chunk], targets[start:start + chunk])
+            grads = per_example(params, batch_slice(inputs, start, start + chunk), targets[start:start + chunk])
             sq_parts.append(sum(g.reshape(g.shape[0], -1).double().square().sum(1) for g in grads.values()))
         rows.append(torch.cat(sq_parts).sqrt())
     return rows

@@ -190,21 +190,33 @@ def run_key(settings: Settings, full: Pool, net: nn.Module) -> dict:
             "arch": settings.arch, "arch_kwargs": settings.arch_kwargs or None,
             "strategy": settings.strategy, "top_classes": settings.top_classes,
             "layers": settings.layers, "seed": settings.seed,
-            "labels_from_folders": settings.labels_from_folders, "transform": transform}
+            "labels_from_folders": settings.labels_from_folders, "transform": transform,
+            **_text_key(settings, full)}
+
+
+def _text_key(settings: Settings, full: Pool) -> dict:
+    """What else must not change: the EMA weights, and how texts are read and tokenized."""
+    key = {"ema": True} if settings.ema else {}
+    if full.kind == "text":
+        key.update(text_column=settings.text_column, max_length=settings.max_length)
+    return key
 
 
 def _model_key(settings: Settings, net: nn.Module) -> str:
-    """The checkpoint's name and a hash of its bytes (the first 256 MiB and the size beyond that)."""
+    """The checkpoint's name and a hash of its bytes (the first 256 MiB and the size beyond that);
+    of a Hugging Face directory, those of all its files."""
     if settings.model is None:
         return type(net).__name__
     path = Path(settings.model)
     digest = hashlib.blake2b(digest_size=8)
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        left = 256 << 20
-        while left > 0 and (block := f.read(min(left, 1 << 20))):
-            digest.update(block)
-            left -= len(block)
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    size = sum(p.stat().st_size for p in files)
+    left = 256 << 20
+    for file in files:
+        with open(file, "rb") as f:
+            while left > 0 and (block := f.read(min(left, 1 << 20))):
+                digest.update(block)
+                left -= len(block)
     return f"{path.name} ({size} bytes, blake2b {digest.hexdigest()})"
 
 

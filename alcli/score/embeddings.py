@@ -22,6 +22,7 @@ from torch import nn
 from ..selection.diverse import badge_factors
 from .strategies import exact_dtype
 from ..errors import RunError
+from ..gradnorm import logits_of
 
 
 @dataclass
@@ -77,7 +78,10 @@ class EmbeddingRecorder:
         seen: dict = {}
 
         def on_output(module, args, output):  # the model's own output: the logits [B, C]
-            seen["logits"] = output
+            try:
+                seen["logits"] = logits_of(output)  # also in a Hugging Face output's .logits
+            except TypeError:
+                pass  # the runner reports a bad model output itself
 
         def on_input(name):
             def hook(module, args, output):

@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader
 from ..files.config import Settings
 from .embeddings import EmbeddingRecorder, record
 from ..errors import PoolError, RunError, first_line
-from ..gradnorm import UnsupportedModel, auto_choice, model_dtype
+from ..gradnorm import UnsupportedModel, auto_choice, batch_slice, call_model, logits_of, map_batch, model_dtype
 from ..files.pool import Batch, Pool, collate
 from .strategies import STRATEGIES, StrategyInputs, loss_at_targets
 
@@ -42,11 +42,14 @@ def make_loader(pool: Pool, batch_size: int, workers: int | None, device: torch.
                       persistent_workers=False)
 
 
-def to_model(inputs: torch.Tensor, model: nn.Module, device: torch.device,
-             to_float: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+def to_model(inputs: torch.Tensor | dict, model: nn.Module, device: torch.device,
+             to_float: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor | dict:
     """Inputs on the device (a non-blocking copy from pinned memory on CUDA), made model inputs
     there by the pool's `to_float` (images: uint8 -> normalized float), floating inputs in the
-    model's dtype (tensor pools may be float64); channels-last images for CUDA convolutions."""
+    model's dtype (tensor pools may be float64); channels-last images for CUDA convolutions.
+    A dict (tokenized text: input_ids, attention_mask) goes tensor by tensor."""
+    if not isinstance(inputs, torch.Tensor):
+        return map_batch(inputs, lambda t: to_model(t, model, device))
     inputs = inputs.to(device, non_blocking=True)
     if to_float is not None:
         inputs = to_float(inputs)
@@ -58,10 +61,10 @@ def to_model(inputs: torch.Tensor, model: nn.Module, device: torch.device,
     return inputs
 
 
-def forward(model: nn.Module, inputs: torch.Tensor, pool_name: str) -> torch.Tensor:
+def forward(model: nn.Module, inputs: torch.Tensor | dict, pool_name: str) -> torch.Tensor:
     try:
         with torch.no_grad():
-            out = model(inputs)
+            out = call_model(model, inputs)
     except torch.cuda.OutOfMemoryError:
         raise  # the micro-batcher splits the batch and retries
     except Exception as err:  # noqa: BLE001 - shape errors etc. from user models
@@ -138,14 +141,24 @@ def _home(columns: list[torch.Tensor]) -> list[list[float]]:
     return host.tolist()
 
 
-def _cannot_run(inputs: torch.Tensor, pool_name: str, err: Exception) -> RunError:
-    return RunError(f"the model cannot run on examples of shape {list(inputs.shape[1:])} from "
-                    f"{pool_name} ({first_line(err)})")
+def _cannot_run(inputs: torch.Tensor | dict, pool_name: str, err: Exception) -> RunError:
+    if isinstance(inputs, torch.Tensor):
+        shape = f"of shape {list(inputs.shape[1:])}"
+    else:  # tokenized text
+        shape = "with " + ", ".join(f"{k} {list(v.shape[1:])}" for k, v in inputs.items()
+                                    if isinstance(v, torch.Tensor))
+    return RunError(f"the model cannot run on examples {shape} from {pool_name} ({first_line(err)})")
 
 
 def _checked_logits(out) -> torch.Tensor:
-    if not isinstance(out, torch.Tensor) or out.dim() != 2:
-        got = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+    """The model's class scores [B, C], from the tensor it returns or what holds them (a
+    Hugging Face output's .logits, a dict's "logits", a tuple's first element)."""
+    try:
+        out = logits_of(out)
+    except TypeError as err:
+        raise RunError(str(err)) from None
+    if out.dim() != 2:
+        got = list(out.shape)
         raise RunError(f"the model must return class scores of shape [batch, classes], got {got}")
     return out
 
@@ -161,7 +174,7 @@ def _check_labels(logits: torch.Tensor, labels: torch.Tensor, ids: list[str], po
 
 def _part(batch: Batch, start: int, size: int) -> Batch:
     stop = start + size
-    return Batch(batch.ids[start:stop], batch.inputs[start:stop], batch.labels[start:stop], [],
+    return Batch(batch.ids[start:stop], batch_slice(batch.inputs, start, stop), batch.labels[start:stop], [],
                  paths=None if batch.paths is None else batch.paths[start:stop])
 
 

@@ -1,0 +1,167 @@
+"""Hugging Face model directories (`save_pretrained`): the model, its tokenizer, its image settings.
+
+A directory with a config.json is loaded with AutoModelForSequenceClassification or
+AutoModelForImageClassification, whichever the config names, offline: nothing is downloaded.
+Text pools are tokenized with the directory's tokenizer when a batch is collated; image pools use
+the directory's image processor settings (size, crop, mean/std) unless the config sets a transform.
+"""
+from __future__ import annotations
+
+import inspect
+import json
+import math
+import os
+from pathlib import Path
+
+from torch import nn
+
+from ..errors import CheckpointError, PoolError, first_line
+from .config import Transform
+
+INSTALL = "pip install 'alcli[hf]'"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json",
+                   "spiece.model", "sentencepiece.bpe.model")
+
+
+def is_model_dir(path: Path) -> bool:
+    return path.is_dir() and (path / "config.json").is_file()
+
+
+def transformers():
+    """The transformers package, imported only when a Hugging Face directory is used: it is an
+    optional dependency (the `hf` extra) and its import takes seconds."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach the Hub: everything is in DIR
+    try:
+        import transformers as tf
+    except ImportError:
+        raise CheckpointError(f"Hugging Face model directories need the transformers package; "
+                              f"{INSTALL}") from None
+    tf.logging.set_verbosity_error()  # its notes on unused weights etc. are not for our users
+    tf.logging.disable_progress_bar()  # nor its bars ("Loading weights") on our stderr
+    return tf
+
+
+def load_model(path: Path) -> nn.Module:
+    """The classification model saved in `path`, in eval mode."""
+    tf = transformers()
+    try:
+        config = tf.AutoConfig.from_pretrained(path, local_files_only=True)
+    except Exception as err:  # noqa: BLE001 - a malformed config.json raises many types
+        raise CheckpointError(f"model directory {path} has no readable config.json "
+                              f"({first_line(err)})") from None
+    auto = (tf.AutoModelForImageClassification if _is_image_model(tf, config)
+            else tf.AutoModelForSequenceClassification)
+    try:
+        model = auto.from_pretrained(path, local_files_only=True)
+    except Exception as err:  # noqa: BLE001
+        raise CheckpointError(f"model directory {path} cannot be loaded as a "
+                              f"{auto.__name__[len('AutoModelFor'):]} model ({first_line(err)})") from None
+    return model.eval()
+
+
+def _is_image_model(tf, config) -> bool:
+    names = config.architectures or []
+    if any(n.endswith("ForImageClassification") for n in names):
+        return True
+    if any(n.endswith("ForSequenceClassification") for n in names):
+        return False
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES
+    return config.model_type in MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES
+
+
+def model_dir(model: nn.Module, path: str | None) -> Path | None:
+    """The Hugging Face directory a model came from: the --model directory, else the one a
+    `from_pretrained` model remembers (the Python API given the model object)."""
+    for candidate in (path, getattr(model, "name_or_path", None)):
+        if candidate and is_model_dir(Path(candidate)):
+            return Path(candidate)
+    return None
+
+
+class Tokenize:
+    """texts -> {input_ids, attention_mask, ...} [B, T]: padded to the batch's longest, truncated
+    at `max_length`, holding only what the model's forward takes (DistilBERT takes no
+    token_type_ids)."""
+
+    def __init__(self, tokenizer, max_length: int | None, accepted: set[str] | None):
+        self.tokenizer, self.max_length, self.accepted = tokenizer, max_length, accepted
+
+    def __call__(self, texts: list[str]) -> dict:
+        enc = self.tokenizer(texts, padding="longest", truncation=self.max_length is not None,
+                             max_length=self.max_length, return_tensors="pt")
+        return {k: v for k, v in enc.items() if self.accepted is None or k in self.accepted}
+
+
+def tokenizer_for(directory: Path, model: nn.Module, max_length: int | None) -> Tokenize:
+    """The tokenizer saved in `directory`, for `model`."""
+    if not any((directory / name).is_file() for name in TOKENIZER_FILES):
+        raise PoolError(f"text pools need a tokenizer, and model directory {directory} holds none "
+                        f"(save it there with tokenizer.save_pretrained)")
+    tf = transformers()
+    try:
+        tok = tf.AutoTokenizer.from_pretrained(directory, local_files_only=True)
+    except Exception as err:  # noqa: BLE001
+        raise PoolError(f"the tokenizer in {directory} cannot be loaded ({first_line(err)})") from None
+    config = getattr(model, "config", None)
+    pad = getattr(config, "pad_token_id", None)
+    if tok.pad_token_id is None:
+        if pad is None:
+            raise PoolError(f"the tokenizer in {directory} has no padding token and the model's "
+                            f"config sets no pad_token_id, so texts of different lengths cannot "
+                            f"share a batch")
+        tok.pad_token_id = pad
+    return Tokenize(tok, max_length or _longest(tok, config), _forward_args(model))
+
+
+def _longest(tok, config) -> int | None:
+    """The tokenizer's model_max_length, else the model's position limit; None if neither."""
+    if tok.model_max_length and tok.model_max_length < 1e9:  # unset: a huge placeholder
+        return int(tok.model_max_length)
+    for key in ("max_position_embeddings", "n_positions"):
+        value = getattr(config, key, None)
+        if isinstance(value, int):
+            return value
+    return None
+
+
+def _forward_args(model: nn.Module) -> set[str] | None:
+    params = inspect.signature(model.forward).parameters.values()
+    if any(p.kind == p.VAR_KEYWORD for p in params):
+        return None
+    return {p.name for p in params}
+
+
+def image_transform(directory: Path) -> Transform | None:
+    """The directory's image processor settings as a transform (None without one): resize to
+    `size` (height x width, or the shortest edge), center crop to `crop_size`, mean/std."""
+    path = directory / "preprocessor_config.json"
+    if not path.is_file():
+        return None
+    try:
+        cfg = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise CheckpointError(f"{path} is not valid JSON ({first_line(err)})") from None
+    t = Transform()
+    size = cfg.get("size")
+    if cfg.get("do_resize", True) and size is not None:
+        t.resize = _size(size)
+    if cfg.get("do_center_crop") and cfg.get("crop_size") is not None:
+        t.center_crop = _size(cfg["crop_size"])
+    if cfg.get("do_rescale", True) and not math.isclose(cfg.get("rescale_factor", 1 / 255), 1 / 255):
+        raise CheckpointError(f"{path}: rescale_factor {cfg['rescale_factor']} is not 1/255, which "
+                              f"alcli's image pools assume; set transform in the config instead")
+    mean, std = cfg.get("image_mean"), cfg.get("image_std")
+    if cfg.get("do_normalize", True) and mean is not None and std is not None:
+        as_list = lambda v: [float(x) for x in (v if isinstance(v, (list, tuple)) else [v])]  # noqa: E731
+        t.normalize = {"mean": as_list(mean), "std": as_list(std)}
+    return t
+
+
+def _size(size) -> int | list[int]:
+    if isinstance(size, int):
+        return size
+    if "height" in size and "width" in size:
+        return [int(size["height"]), int(size["width"])]
+    if "shortest_edge" in size:
+        return int(size["shortest_edge"])
+    raise CheckpointError(f"image processor size {size} is neither height/width nor shortest_edge")
