@@ -19,7 +19,8 @@ BatchNorm backward (`batch_norm_backward_cpu`) takes its raw-pointer fast path w
 gradient is channels_last-contiguous but `suggest_memory_format()` calls it contiguous, which
 happens only at batch size 1 with a non-canonical batch stride, exactly what
 `x.flatten(2).transpose(1, 2)` after a Conv2d+BatchNorm2d stem hands back. The gradient is then
-read as NCHW while it is NHWC. FD sides with the batched methods on those parameters. Separately,
+read as NCHW while it is NHWC. FD sides with the batched methods on those parameters (and the
+engine inherits the bug for a batch of one example: every method but vmap). Separately,
 timm's eval-mode attention-bias cache (LeViT, EfficientFormer) makes every alcli method return 0
 for `attention_biases`; FD (cache cleared between evaluations) and the loop agree it is not 0.
 
