@@ -25,7 +25,6 @@ from .files.pool import Pool
 from .files.table import read_table
 from .inspection import Inspection, inspect_model  # noqa: F401 - the CLI's `inspect`
 from .longrun import distributed
-from .longrun.distributed import is_rank0  # noqa: F401 - the CLI prints on rank 0 only
 from .longrun.job import JobResult, score
 from .longrun.merge import MergeResult, merge_tables
 from .score.embeddings import EmbeddingRecorder, Embeddings
@@ -105,13 +104,13 @@ def score_pool(pool=None, model=None, *, config=None, **options) -> Rows:
 
     With embeddings=True the rows keep their examples' BADGE embeddings (`rows.embeddings`) for
     `select(rows, n, diverse=True)`; embeddings_file=PATH also writes them there."""
-    if isinstance(pool, str):
-        options["pool"] = pool
-    if isinstance(model, str):
-        options["model"] = model
+    if _names_files(pool):
+        options["pool"] = _as_setting(pool)
+    if _names_files(model):
+        options["model"] = _as_setting(model)
     settings = settings_for(config, **options)
     result = run_score(settings, model=model if isinstance(model, nn.Module) else None,
-                       pool=None if isinstance(pool, str) else pool)
+                       pool=None if _names_files(pool) else pool)
     rows = Rows(result.rows)
     rows.embeddings = result.embeddings
     if result.embeddings is not None and settings.embeddings_file:
@@ -134,15 +133,26 @@ def select(scores=None, budget: int | None = None, *, pool=None, model=None, con
         options["exclude"] = exclude_files
     if budget is not None:
         options["budget"] = budget
-    if isinstance(pool, str):
-        options["pool"] = pool
-    if isinstance(model, str):
-        options["model"] = model
+    if _names_files(pool):
+        options["pool"] = _as_setting(pool)
+    if _names_files(model):
+        options["model"] = _as_setting(model)
     settings = settings_for(config, **options)
     if settings.budget is None:
         raise ConfigError("no budget given; pass budget=N (how many examples to select)")
     return run_select(settings, scores=scores, model=model if isinstance(model, nn.Module) else None,
-                      pool=None if isinstance(pool, str) else pool, exclude_ids=exclude_ids).rows
+                      pool=None if _names_files(pool) else pool, exclude_ids=exclude_ids).rows
+
+
+def _names_files(value) -> bool:
+    """A path (str or PathLike), or a list of them (several image files as a pool)."""
+    if isinstance(value, list):
+        return bool(value) and all(isinstance(v, (str, os.PathLike)) for v in value)
+    return isinstance(value, (str, os.PathLike))
+
+
+def _as_setting(value):
+    return [os.fspath(v) for v in value] if isinstance(value, list) else os.fspath(value)
 
 
 def _split_exclude(exclude) -> tuple[list | None, list | None]:

@@ -535,6 +535,9 @@ def select(
     if settings.budget is None:
         raise AlcliError("no budget given; pass -n/--budget N (or set budget: in the config)")
     source = scores or settings.scores
+    if scores and pool:
+        raise AlcliError(f"give a table to select from (SCORES {scores}) or a pool to score first "
+                         f"(--pool {pool}), not both")
     score_first = source is None and bool(pool or model or sys.stdin.isatty() or
                                           (settings.pool and _stdin_is_empty()))
     if source is None and not score_first and _stdin_is_empty():

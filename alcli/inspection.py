@@ -1,15 +1,17 @@
 """`alcli inspect`: the model's modules, which engine rule serves each, and the method `auto` picks."""
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
-from .errors import ConfigError
+from .errors import PoolError, RunError
 from .files.config import Settings
 from .files.pool import Batch, collate
-from .gradnorm import auto_choice, grad_norms_per_target, rule_names, select_params
+from .gradnorm import (EngineFallback, UnsupportedModel, auto_choice, grad_norms_per_target,
+                       rule_names, select_params)
 from .score.runner import forward, to_model
 from .session import check_layers, model_channels, model_for, pool_for
 
@@ -61,9 +63,14 @@ def inspect_model(settings: Settings, *, model: nn.Module | None = None, pool=No
     the_pool = pool_for(settings, net, pool, stdin)
     batch: Batch = collate([the_pool[i] for i in range(min(2, len(the_pool)))])
     if batch.errors:
-        raise ConfigError(batch.errors[0][1])
+        raise PoolError(batch.errors[0][1])
     inputs = to_model(batch.inputs, net, torch.device("cpu"), the_pool.to_float)
     targets = forward(net, inputs, the_pool.name).argmax(dim=1)
-    grad_norms_per_target(net, inputs, [targets], params=settings.layers, method="auto")
+    with warnings.catch_warnings():  # the fallback is what this command reports
+        warnings.simplefilter("ignore", EngineFallback)
+        try:
+            grad_norms_per_target(net, inputs, [targets], params=settings.layers, method="auto")
+        except UnsupportedModel as err:
+            raise RunError(f"no engine method can serve this model ({err})") from None
     info.method, info.reason = auto_choice(net, settings.layers) or ("auto", "")
     return info

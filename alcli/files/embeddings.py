@@ -16,7 +16,7 @@ EMBEDDINGS_SUFFIX = ".emb.npz"
 _FORMAT = "alcli-badge-embeddings-v1"
 
 
-class EmbeddingsError(ValueError):
+class EmbeddingsError(TableError, ValueError):
     """An embeddings file is unreadable or does not match its table; the message names the file."""
 
 

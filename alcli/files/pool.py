@@ -289,15 +289,18 @@ def from_manifest(spec: str, opts: PoolOptions) -> Pool:
     """A .csv or .jsonl with `path` (relative to the manifest), optional `id` and `label`."""
     path = Path(spec)
     records: list[tuple[int, dict]] = []  # (line number, record)
-    with open(path, newline="") as f:
-        if path.suffix.lower() == ".csv":
-            reader = csv.DictReader(f)
-            if not reader.fieldnames or "path" not in reader.fieldnames:
-                raise PoolError(f"manifest {path} has no 'path' column "
-                                f"(columns: {', '.join(reader.fieldnames or [])})")
-            records = [(reader.line_num, row) for row in reader]
-        else:
-            records = list(json_objects(f, lambda n: f"manifest {path} line {n}", PoolError))
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as f:
+            if path.suffix.lower() == ".csv":
+                reader = csv.DictReader(f)
+                if not reader.fieldnames or "path" not in reader.fieldnames:
+                    raise PoolError(f"manifest {path} has no 'path' column "
+                                    f"(columns: {', '.join(reader.fieldnames or [])})")
+                records = [(reader.line_num, row) for row in reader]
+            else:
+                records = list(json_objects(f, lambda n: f"manifest {path} line {n}", PoolError))
+    except (OSError, UnicodeDecodeError, csv.Error) as err:
+        raise PoolError(f"manifest {path} cannot be read as UTF-8 text ({first_line(err)})") from None
     rows = []
     for n, row in records:
         where = f"manifest {path} line {n}"
@@ -483,6 +486,9 @@ def tensor_pool(x, y=None, ids=None, name: str = "tensor pool") -> TensorPool:
                         f"inputs; a {kinds} cannot be made a tensor ({first_line(err)})") from None
     if x.dim() == 0:
         raise PoolError(f"{name}: the examples must be a tensor or array [N, ...], not a scalar")
+    if y is not None and (y.shape != (x.shape[0],) or y.is_floating_point() or y.is_complex()):
+        raise PoolError(f"{name}: labels y must be {x.shape[0]} integer class indices (-1 = "
+                        f"unknown), one per example; got a {y.dtype} tensor of shape {list(y.shape)}")
     given = list(range(x.shape[0])) if ids is None else list(ids)
     texts = [str(i) for i in given]
     check_unique_ids(name, texts)

@@ -43,12 +43,6 @@ def from_env() -> Context | None:
     return ctx if ctx.world > 1 else None
 
 
-def is_rank0() -> bool:
-    """False on the torchrun processes other than rank 0, which print nothing."""
-    ctx = from_env()
-    return ctx is None or ctx.rank == 0
-
-
 def device_for(spec: str, ctx: Context) -> str:
     """The rank's device: CUDA device LOCAL_RANK when the run is on CUDA, else the setting."""
     if spec in ("auto", "cuda") or spec.startswith("cuda:"):

@@ -122,6 +122,9 @@ def _score_to_file(ctx, session: Session, todo: Pool, shard, settings: Settings,
             say(f"resuming: {log.resumed} examples of {partial_path} are done already")
         stats = _score(session, todo, settings, log, partial_path, resumable, on_start, on_batch,
                        say, embeddings)
+        if ctx is None and stats.count == 0 and not log.resumed and log.first_error:
+            partial_path.unlink(missing_ok=True)  # fail before the table: an earlier one stays
+            raise _nothing_read(full, stats.skipped, log.first_error)
         try:
             result = _write(ctx, settings, dest, partial_path, full, todo, key,
                             shard_text if not ctx else None, stats, log.resumed)
@@ -333,5 +336,9 @@ def _check_something_scored(result: JobResult, full: Pool) -> None:
     """Every example unreadable is a failed run, not an empty table."""
     f = result.finished
     if f.count == 0 and f.errors:
-        raise PoolError(f"no example of pool {full.name} could be read ({len(f.errors)} skipped; "
-                        f"the first: {f.errors[0][1]})")
+        raise _nothing_read(full, len(f.errors), f.errors[0][1])
+
+
+def _nothing_read(pool: Pool, skipped: int, first: str) -> PoolError:
+    return PoolError(f"no example of pool {pool.name} could be read ({skipped} skipped; the "
+                     f"first: {first})")

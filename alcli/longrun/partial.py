@@ -38,6 +38,7 @@ class PartialFile:
         self.created = False
         self._buffer: list[str] = []
         self._pending = 0
+        self.first_error: str | None = None  # the first unreadable example's message
         if self.path.exists() and restart:
             header, done, _ = _scan(self.path)  # only an alcli partial file is ever deleted
             self.path.unlink()
@@ -82,6 +83,8 @@ class PartialFile:
             self._buffer.append(json.dumps(row) + "\n")
         for id_, message in errors:
             self._buffer.append(json.dumps({"id": id_, "error": message}) + "\n")
+        if errors and self.first_error is None:
+            self.first_error = errors[0][1]
         self._pending += len(rows) + len(errors)
         if self._pending >= self.every:
             self.flush()

@@ -4,12 +4,12 @@ The model's final classification layer is found by shape: the last nn.Linear (in
 whose out_features equals the number of classes the model outputs. A forward hook on it records its
 input h [B, D] during the runner's plain no-grad forward only (the gradient engine's own forwards
 run outside that window), and p = softmax(model output). The factors (p − onehot(ŷ), h) are kept;
-the C·D outer product never is (see alcli.diverse).
+the C·D outer product never is (see alcli.selection.diverse).
 
     rec = EmbeddingRecorder()
     with record(rec, model, ids):        # around the runner's forward
         logits = model(inputs)
-    ids, a, b = rec.result()
+    emb = rec.result()                   # Embeddings(ids, a [N, C], b [N, D])
 """
 from __future__ import annotations
 
@@ -56,27 +56,36 @@ class EmbeddingRecorder:
         self.skipped: str | None = None
         self.head: tuple[str, nn.Linear] | None = None
         self._ids: list[str] = []
+        self._recorded: set[str] = set()  # a batch retried (out of memory) is recorded once
         self._a: list[torch.Tensor] = []
         self._b: list[torch.Tensor] = []
 
     @contextlib.contextmanager
     def capture(self, model: nn.Module, ids: list[str]):
-        """Around one plain forward of `model` on the batch `ids`: record its factors."""
-        if self.skipped is not None:
-            yield
-            return
+        """Around one plain forward of `model` on the batch `ids`: record its factors. Errors of
+        the forward itself pass through untouched; the recording's own may be skipped (optional)."""
+        seen: dict = {}
+        handles = [] if self.skipped is not None else self._optional(self._hooks, model, seen)
         try:
-            with self._capture(model, ids):
-                yield
+            yield
+        finally:
+            for h in handles or []:
+                h.remove()
+        if handles:
+            self._optional(self._add, model, ids, seen)
+
+    def _optional(self, step, *args):
+        """`step(*args)`; a RunError stops an optional recording instead of the run."""
+        try:
+            return step(*args)
         except RunError as err:
             if not self.optional:
                 raise
             self.skipped = str(err)
+            return None
 
-    @contextlib.contextmanager
-    def _capture(self, model: nn.Module, ids: list[str]):
-        seen: dict = {}
-
+    def _hooks(self, model: nn.Module, seen: dict) -> list:
+        """Forward hooks that put the model's logits and its head candidates' inputs in `seen`."""
         def on_output(module, args, output):  # the model's own output: the logits [B, C]
             try:
                 seen["logits"] = logits_of(output)  # also in a Hugging Face output's .logits
@@ -96,12 +105,7 @@ class EmbeddingRecorder:
         except RuntimeError as err:  # TorchScript modules take no Python hooks
             raise RunError(f"--embeddings cannot hook into this model ({str(err).splitlines()[0]}); "
                            f"it needs a plain PyTorch model (not TorchScript)") from None
-        try:
-            yield
-        finally:
-            for h in handles:
-                h.remove()
-        self._add(model, ids, seen)
+        return handles
 
     def _add(self, model: nn.Module, ids: list[str], seen: dict) -> None:
         logits = seen.get("logits")
@@ -121,6 +125,10 @@ class EmbeddingRecorder:
         dtype = h.dtype if h.dtype in (torch.float32, torch.float64) else torch.float32
         probs = torch.softmax(logits.detach().to(exact_dtype(logits)), dim=1)  # [B, C]
         a, b = badge_factors(probs, h.to(torch.float64 if dtype == torch.float64 else dtype))
+        new = [i for i, id_ in enumerate(ids) if id_ not in self._recorded]
+        if len(new) < len(ids):
+            a, b, ids = a[new], b[new], [ids[i] for i in new]
+        self._recorded.update(ids)
         self._ids.extend(ids)
         self._a.append(a.to(dtype).cpu())
         self._b.append(b.to(dtype).cpu())

@@ -194,6 +194,7 @@ class MicroBatches:
         self.say = say
         self.batches = 0
         self.first_limit: int | None = None  # the first batch's limit, while the full size is retried
+        self.said = False
 
     def __call__(self, batch: Batch, score: Callable[[Batch], list[dict]]) -> list[dict]:
         if self.batches == 1 and self.limit is not None:
@@ -216,7 +217,8 @@ class MicroBatches:
                 if size == 1:
                     raise RunError("CUDA ran out of memory on a single example; use a smaller "
                                    "model input, --layers, or another --device") from None
-                if self.limit is None and self.say and not self.batches:
+                if not self.said and self.say:
+                    self.said = True
                     self.say(f"CUDA out of memory at batch size {size}; scoring in micro-batches "
                              f"of at most {size // 2} from now on")
                 self.limit = size // 2

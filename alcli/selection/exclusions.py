@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from typing import Iterable
 from urllib.parse import unquote
 
+from ..errors import ConfigError
 from .export import image_ref
 
 
-class ExclusionsError(ValueError):
+class ExclusionsError(ConfigError, ValueError):
     """An exclusions file is unreadable, malformed, or matches nothing; the message names it."""
 
 

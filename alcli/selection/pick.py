@@ -70,7 +70,8 @@ def prepare(settings: Settings, source: str | None, score_first: bool,
     if plan.diverse and not score_first:
         path = settings.embeddings_file or (embeddings_path(str(source))
                                             if source not in (None, "-") else None)
-        if settings.diverse is None and (path is None or not Path(path).is_file()):
+        if settings.diverse is None and not settings.embeddings_file and \
+                (path is None or not Path(path).is_file()):
             plan.diverse = False  # the default, without embeddings: the plain top N
             if path is not None:
                 plan.notes.append(f"selected the best scores without --diverse: the table has no "

@@ -9,7 +9,7 @@ def score_order(score, id_) -> tuple:
     """Sort key: best score first, NaN (or None) last, ties broken by id. The one order of the
     package: tables, batches, shortlists."""
     nan = score is None or (isinstance(score, float) and math.isnan(score))
-    return (nan, 0.0 if nan else -score, id_)
+    return (nan, 0.0 if nan else -score, str(id_))  # ids of any type: ties by their text
 
 
 def order_key(row: dict) -> tuple:
