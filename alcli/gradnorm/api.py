@@ -13,7 +13,7 @@ from .borrow import borrowed
 from .errors import UnsupportedModel
 from .ghost import ghost_norms
 from .loop import loop_norms
-from .params import select_params
+from .params import select_params, selection_for
 from .plan import describe
 from .replicate import replicate_norms
 from .vmap import vmap_norms
@@ -59,7 +59,7 @@ def grad_norms_per_target(model: nn.Module, inputs: torch.Tensor,
     if method not in METHODS:
         raise ValueError(f"unknown method '{method}'; choose one of {', '.join(METHODS)}")
     loss_fn = loss_fn or cross_entropy
-    selection = select_params(model, params)
+    selection = selection_for(model, params)
     if callable(target_sets):
         targets_for = _checked(target_sets)
     else:
@@ -67,7 +67,7 @@ def grad_norms_per_target(model: nn.Module, inputs: torch.Tensor,
         targets_for = lambda logits: fixed  # noqa: E731
     run = _empty_batch if inputs.shape[0] == 0 else None
     if method != "auto":
-        with borrowed(model, selection.params):
+        with borrowed(model, selection.params, selection.modules, selection.all_params):
             norms, logits = (run or METHOD_TABLE[method])(model, inputs, targets_for, selection, loss_fn)
         return norms.to(_dtype(model, inputs)), logits.detach()
 
@@ -80,7 +80,7 @@ def grad_norms_per_target(model: nn.Module, inputs: torch.Tensor,
     # only UnsupportedModel moves on: any other error in a method is a bug, and surfaces
     for name in AUTO_ORDER[start:]:
         try:
-            with borrowed(model, selection.params):
+            with borrowed(model, selection.params, selection.modules, selection.all_params):
                 norms, logits = (run or METHOD_TABLE[name])(model, inputs, targets_for, selection, loss_fn)
         except UnsupportedModel as err:
             failures.append(f"{name}: {err}")

@@ -23,7 +23,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from .errors import UnsupportedModel
 from .params import ParamSelection
 from .layout import call_layouts, check_batch
-from .plan import HookPlan, make_plan
+from .plan import HookPlan, plan_for
 from .rules import RuleCall
 from .uses import UseWatch
 
@@ -49,7 +49,7 @@ _verified: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 def ghost_norms(model, inputs, targets_for, selection: ParamSelection, loss_fn):
     """-> [K, B] norms and [B, C] logits; `targets_for(logits)` gives the K target sets."""
-    plan = make_plan(model, selection)
+    plan = plan_for(model, selection)
     batch = inputs.shape[0]
     calls: dict[str, list[_Call]] = {name: [] for name in plan.modules}
     stack: list[str] = []  # hooked modules running now, for UseWatch
@@ -245,7 +245,8 @@ class _Pass:
 
     def __init__(self, plan: HookPlan, uses: dict, last: bool):
         self.plan, self.uses, self.last = plan, uses, last
-        self.sq: list[torch.Tensor] = []  # per-example squared norms [B], one per parameter and call
+        self.sq: list[torch.Tensor] = []     # per-example squared norms [B], one per parameter and call
+        self.small: list[torch.Tensor] = []  # per-example gradients [B, n] of small parameters
         self.summed_grads: dict[int, torch.Tensor] = {}  # parameter id -> [B, *shape]
 
     def hook_taps(self, calls) -> list:
@@ -294,6 +295,8 @@ class _Pass:
             key = id(paths[path])
             if wanted[path]:
                 self.summed_grads[key] = value + self.summed_grads[key] if key in self.summed_grads else value
+            elif value.dim() > 1:  # a small per-example gradient [B, *shape]: squared in finish
+                self.small.append(value.reshape(value.shape[0], -1))
             else:
                 self.sq.append(value)
         if self.last:
@@ -307,6 +310,8 @@ class _Pass:
                 if call.arrived is not None and any(g is not None for g in call.arrived):
                     self._run(name, call)
         acc = _acc_dtype(device)
+        if self.small:  # one cat, square and sum for all of them: [B, sum n] -> [B]
+            self.sq.append(torch.cat(self.small, 1).square().sum(1))
         for g in self.summed_grads.values():
             self.sq.append(g.reshape(g.shape[0], -1).to(acc).square().sum(1))
         if not self.sq:
