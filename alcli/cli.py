@@ -43,7 +43,7 @@ LabelsFromFolders = Annotated[bool, typer.Option(
 Strategy = Annotated[Optional[str], typer.Option(
     "--strategy", "-s", help="egl (default), gradnorm, loss, entropy, margin, least-confidence, random.")]
 TopClasses = Annotated[Optional[int], typer.Option(
-    help="egl: sum over the K most probable classes only (default: all classes, exact).")]
+    help="egl: sum over the K most probable classes; 0 = all classes, exact \\[default: 10].")]
 Layers = Annotated[Optional[List[str]], typer.Option(
     help="Restrict gradient strategies to these modules (repeatable; e.g. fc, 'layer4.*').")]
 Method = Annotated[Optional[str], typer.Option(

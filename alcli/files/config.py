@@ -45,7 +45,7 @@ class Settings:
     labels_from_folders: bool = False
     transform: Transform = field(default_factory=Transform)
     strategy: str = "egl"
-    top_classes: int | None = None
+    top_classes: int | None = None   # egl: K most probable classes; 0 = all (exact); None = 10 at most
     layers: list[str] | None = None
     method: str = "auto"
     batch_size: int = 64
@@ -246,7 +246,7 @@ def _normalize(v):
 CHECKS: dict[str, Callable[[Any], Any]] = {
     "model": _opt_str, "arch": _opt_str, "arch_kwargs": _mapping, "trust_checkpoint": _bool,
     "pool": _opt_str, "labels_from_folders": _bool, "transform": _transform,
-    "strategy": _choice(STRATEGY_NAMES), "top_classes": _opt(_int(1)), "layers": _layers,
+    "strategy": _choice(STRATEGY_NAMES), "top_classes": _opt(_int(0)), "layers": _layers,
     "method": _choice(METHOD_NAMES), "batch_size": _int(1), "device": _device, "workers": _opt(_int(0)),
     "seed": _int(0), "output": _opt_str, "format": _choice(FORMATS), "scores": _opt_str,
     "budget": _opt(_int(1)), "quiet": _bool,

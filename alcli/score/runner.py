@@ -20,7 +20,7 @@ from .embeddings import EmbeddingRecorder, record
 from ..errors import PoolError, RunError, first_line
 from ..gradnorm import UnsupportedModel, auto_choice, model_dtype
 from ..files.pool import Batch, Pool, collate
-from .strategies import STRATEGIES, StrategyInputs, loss_at_targets
+from .strategies import DEFAULT_TOP_CLASSES, STRATEGIES, StrategyInputs, loss_at_targets
 
 
 def default_workers(device: torch.device) -> int:
@@ -295,7 +295,8 @@ def run(model: nn.Module, pool: Pool, settings: Settings, device: torch.device, 
     if STRATEGIES[settings.strategy].gradients:
         stats.method, stats.method_reason = engine_method(model, settings)
     if mass_left:
-        stats.notes.append(f"--top-classes {settings.top_classes} leaves out probability mass "
+        k = settings.top_classes or DEFAULT_TOP_CLASSES
+        stats.notes.append(f"--top-classes {k} leaves out probability mass "
                            f"{mass_left[0] / stats.count:.3g} on average, {mass_left[1]:.3g} at most")
     return stats
 
