@@ -6,23 +6,19 @@ import weakref
 from typing import Callable, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .borrow import borrowed
 from .errors import UnsupportedModel
 from .ghost import ghost_norms
 from .loop import loop_norms
+from .loss import cross_entropy
 from .params import select_params, selection_for
 from .plan import describe
 from .replicate import replicate_norms
 from .vmap import vmap_norms
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (logits, targets) -> [B]
-
-
-def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits, targets, reduction="none")
 
 
 METHOD_TABLE = {"loop": loop_norms, "replicate": replicate_norms, "vmap": vmap_norms, "ghost": ghost_norms}

@@ -23,6 +23,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from .errors import UnsupportedModel
 from .params import ParamSelection
 from .layout import call_layouts, check_batch
+from .loss import cross_entropy, cross_entropy_cotangents
 from .plan import HookPlan, plan_for
 from .rules import RuleCall
 from .uses import UseWatch
@@ -184,6 +185,9 @@ def _cotangents(logits, target_sets, loss_fn) -> torch.Tensor:
     z = logits.detach()
     if z.dtype in (torch.float16, torch.bfloat16):
         z = z.float()
+
+    if loss_fn is cross_entropy and z.dim() == 2:
+        return cross_entropy_cotangents(z, torch.stack(list(target_sets)))
 
     def one(targets):
         return torch.func.grad(lambda l: loss_fn(l, targets).sum())(z)
