@@ -144,20 +144,18 @@ def _backwards(model, plan, uses, calls, taps, logits, cotangents, batch) -> tor
 
     if k == 1:
         return backward(cotangents[0], last=True).unsqueeze(0)
-    mode = _k_mode.get(model)
-    if mode != "per target":
+    if _k_mode.get(model) != "per target":
         try:
-            # the first multi-target call keeps the graph and the inputs, to fall back on
-            norms = vmap(lambda g: backward(g, last=mode == "batched"))(cotangents)
+            # the graph and the captured inputs are kept, for one backward per target set if a
+            # backward op or rule cannot be vmapped (nn.LSTM's per-example pullback)
+            norms = vmap(lambda g: backward(g, last=False))(cotangents)
             _k_mode[model] = "batched"
             return norms
         except torch.OutOfMemoryError:
             raise
         except (RuntimeError, NotImplementedError) as err:
-            if mode == "batched":
-                raise
-            _k_mode[model] = "per target"  # a backward op or rule torch.func cannot batch
-            _k_reasons[model] = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
+            _k_mode[model] = "per target"
+            _k_reasons[model] = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
     return torch.stack([backward(cotangents[i], last=i + 1 == k) for i in range(k)])
 
 
