@@ -44,6 +44,8 @@ Strategy = Annotated[Optional[str], typer.Option(
     "--strategy", "-s", help="egl (default), gradnorm, loss, entropy, margin, least-confidence, random.")]
 TopClasses = Annotated[Optional[int], typer.Option(
     help="egl: sum over the K most probable classes; 0 = all classes, exact \\[default: 10].")]
+Precision = Annotated[Optional[str], typer.Option(
+    help="fp32, bf16 or fp16: the model's forward under autocast; norms add up in float32 or better \\[default: fp32].")]
 Layers = Annotated[Optional[List[str]], typer.Option(
     help="Restrict gradient strategies to these modules (repeatable; e.g. fc, 'layer4.*').")]
 Method = Annotated[Optional[str], typer.Option(
@@ -263,7 +265,7 @@ def score(
     config: Config = None, model: Model = None, arch: Arch = None, trust_checkpoint: Trust = False,
     labels_from_folders: LabelsFromFolders = False, strategy: Strategy = None,
     top_classes: TopClasses = None, layers: Layers = None, method: Method = None,
-    batch_size: BatchSize = None, device: Device = None, workers: Workers = None,
+    precision: Precision = None, batch_size: BatchSize = None, device: Device = None, workers: Workers = None,
     seed: Seed = None, output: Output = None, format: Format = None, quiet: Quiet = False,
     embeddings: WriteEmbeddings = False, checkpoint_every: CheckpointEvery = None,
     resume: Resume = False, strict: Strict = False, shard: Shard = None,
@@ -348,7 +350,7 @@ def select(
     config: Config = None, model: Model = None, arch: Arch = None, trust_checkpoint: Trust = False,
     labels_from_folders: LabelsFromFolders = False, strategy: Strategy = None,
     top_classes: TopClasses = None, layers: Layers = None, method: Method = None,
-    batch_size: BatchSize = None, device: Device = None, workers: Workers = None,
+    precision: Precision = None, batch_size: BatchSize = None, device: Device = None, workers: Workers = None,
     seed: Seed = None, output: Output = None, format: Format = None, quiet: Quiet = False,
     diverse: Diverse = False, diverse_candidates: DiverseCandidates = None,
     embeddings_file: ReadEmbeddings = None, per_class: PerClass = None, exclude: Exclude = None,

@@ -168,13 +168,19 @@ def _backward(plan, uses, calls, taps, logits, cotangent, batch: int, last: bool
     """One backward of `cotangent` [*logits.shape] from the logits into the taps -> [B] norms."""
     backward_pass = _Pass(plan, uses, last)
     hooks = backward_pass.hook_taps(calls)
+    # fp16 gradients underflow below 6e-8: the cotangent is scaled up, and the norms back down
+    scale = FP16_SCALE if logits.dtype == torch.float16 else 1.0
     try:
-        torch.autograd.grad(logits, taps, cotangent.to(logits.dtype), retain_graph=not last,
-                            allow_unused=True)
+        torch.autograd.grad(logits, taps, (cotangent * scale if scale != 1.0 else cotangent).to(logits.dtype),
+                            retain_graph=not last, allow_unused=True)
     finally:
         for hook in hooks:
             hook.remove()
-    return backward_pass.finish(calls, batch, logits.device)
+    norms = backward_pass.finish(calls, batch, logits.device)
+    return norms / scale if scale != 1.0 else norms
+
+
+FP16_SCALE = 2.0 ** 10
 
 
 def _cotangents(logits, target_sets, loss_fn) -> torch.Tensor:

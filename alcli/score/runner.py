@@ -5,6 +5,7 @@ one collated batch in, one row per example out, nothing else touched.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -58,6 +59,17 @@ def to_model(inputs: torch.Tensor, model: nn.Module, device: torch.device,
     return inputs
 
 
+LOW_PRECISION = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def autocast(precision: str, device: torch.device):
+    """The model's forwards (the runner's and the engine's) under autocast for bf16/fp16; the
+    engine's rules square and sum in float32 or better whatever the forward ran in."""
+    if precision == "fp32" or device.type not in ("cuda", "cpu", "mps"):
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=LOW_PRECISION[precision])
+
+
 def forward(model: nn.Module, inputs: torch.Tensor, pool_name: str) -> torch.Tensor:
     try:
         with torch.no_grad():
@@ -84,7 +96,7 @@ def score_batch(model: nn.Module, batch: Batch, settings: Settings, device: torc
     strategy = STRATEGIES[settings.strategy]
     logits = None  # gradient strategies take the logits from the engine's own forward
     if not strategy.gradients or embeddings is not None:
-        with record(embeddings, model, batch.ids):         # BADGE factors, when asked for
+        with record(embeddings, model, batch.ids), autocast(settings.precision, device):  # BADGE factors
             logits = forward(model, inputs, pool_name)     # [B, C]
         _check_labels(logits, batch.labels, batch.ids, pool_name)
     s = StrategyInputs(model=model, inputs=inputs, labels=labels, logits=logits, ids=batch.ids,
@@ -93,7 +105,8 @@ def score_batch(model: nn.Module, batch: Batch, settings: Settings, device: torc
                        check_logits=lambda out: _check_labels(_checked_logits(out), batch.labels,
                                                               batch.ids, pool_name))
     try:
-        cols = strategy.fn(s)
+        with autocast(settings.precision, device):
+            cols = strategy.fn(s)
     except UnsupportedModel as err:
         raise RunError(f"--method {settings.method}: {err}") from None
     except (torch.cuda.OutOfMemoryError, RunError):
