@@ -186,7 +186,8 @@ def precision_table(device, dry: bool, say):
     import alcli
     from gradnorm_zoo import build
     say("\n## bf16 against fp32 scores (egl, every class): Spearman rank correlation, top-10% overlap")
-    say(f"   {'model':<24} {'pool':>5} {'Spearman':>9} {'top 10%':>8}")
+    say("   (spread: std/mean of the fp32 scores; where it is below bf16's error the ranks are noise)")
+    say(f"   {'model':<24} {'pool':>5} {'Spearman':>9} {'top 10%':>8} {'spread':>9} {'median rel. diff':>17}")
     n = 20 if dry else 400
     cases = ["simple", "bn_res_cnn"] if dry else ["simple", "mlp", "bn_res_cnn", "resnet18", "mobilenet_v3_small",
                                                   "transformer", "conv2d_variants"]
@@ -217,7 +218,8 @@ def scores_both(score_pool, pool, model, device):
 
 def report(say, name, n, a, b):
     rho, overlap = rank_agreement(a, b)
-    say(f"   {name:<24} {n:>5} {rho:>9.4f} {overlap:>8.0%}")
+    spread, diff = float(a.std() / a.mean()), float(((b - a) / a).abs().median())
+    say(f"   {name:<24} {n:>5} {rho:>9.4f} {overlap:>8.0%} {spread:>9.1e} {diff:>17.1e}")
 
 
 # ------------------------------------------------------------------------------------ end to end
