@@ -201,8 +201,11 @@ Strategy = Annotated[Optional[str], typer.Option(
     "--strategy", "-s", metavar="NAME", help="One of egl, gradnorm, loss, entropy, "
     "margin, least-confidence, random. [default: egl]")]
 TopClasses = Annotated[Optional[int], typer.Option(
-    metavar="K", help="egl: sum over the K most probable classes only. [default: all classes, "
-    "exact]")]
+    metavar="K", help="egl: sum over the K most probable classes; 0 = all classes, exact. "
+    "[default: 10 for models with more than 10 classes, else all]")]
+Precision = Annotated[Optional[str], typer.Option(
+    metavar="fp32|bf16|fp16", help="The model's forward under autocast; norms add up in float32 "
+    "or better. [default: fp32]")]
 Layers = Annotated[Optional[List[str]], typer.Option(
     metavar="PATTERN", help="Restrict gradient strategies to these modules (repeatable; e.g. fc, "
     "'layer4.*'; 'alcli inspect' lists the names).")]
@@ -424,12 +427,12 @@ def score(
     max_length: MaxLength = None,
     labels_from_folders: LabelsFromFolders = False, strategy: Strategy = None,
     top_classes: TopClasses = None, layers: Layers = None, method: Method = None,
-    batch_size: BatchSize = None, device: Device = None, workers: Workers = None,
-    seed: Seed = None, output: Output = None, format: TableFormat = None, null: Null = False,
-    embeddings: WriteEmbeddings = None, checkpoint_every: CheckpointEvery = None,
-    resume: Resume = False, restart: Restart = False, strict: Strict = False, shard: Shard = None,
-    quiet: Quiet = False, verbose: Verbose = False, log_format: LogFormat = None,
-    progress_every: ProgressEvery = None,
+    precision: Precision = None, batch_size: BatchSize = None, device: Device = None,
+    workers: Workers = None, seed: Seed = None, output: Output = None, format: TableFormat = None,
+    null: Null = False, embeddings: WriteEmbeddings = None,
+    checkpoint_every: CheckpointEvery = None, resume: Resume = False, restart: Restart = False,
+    strict: Strict = False, shard: Shard = None, quiet: Quiet = False, verbose: Verbose = False,
+    log_format: LogFormat = None, progress_every: ProgressEvery = None,
 ):
     """Score every example of POOL and write the ranked table (rank, id, score, pred,
     confidence, ...).
@@ -514,9 +517,10 @@ def select(
     max_length: MaxLength = None,
     labels_from_folders: LabelsFromFolders = False, strategy: Strategy = None,
     top_classes: TopClasses = None, layers: Layers = None, method: Method = None,
-    batch_size: BatchSize = None, device: Device = None, workers: Workers = None,
-    seed: Seed = None, output: SelectOutput = None, format: SelectFormat = None,
-    diverse: Diverse = None, diverse_candidates: DiverseCandidates = None,
+    precision: Precision = None, batch_size: BatchSize = None, device: Device = None,
+    workers: Workers = None, seed: Seed = None, output: SelectOutput = None,
+    format: SelectFormat = None, diverse: Diverse = None,
+    diverse_candidates: DiverseCandidates = None,
     embeddings_file: ReadEmbeddings = None, per_class: PerClass = None, exclude: Exclude = None,
     image_root: ImageRoot = None, contact_sheet: ContactSheet = None, image_dir: ImageDir = None,
     quiet: Quiet = False, verbose: Verbose = False, log_format: LogFormat = None,

@@ -33,6 +33,8 @@ def opened(settings: Settings, model: nn.Module | None = None, pool=None, stdin=
     model's training flags are restored on exit."""
     net = model_for(settings, model)
     device = resolve_device(device_spec or settings.device)
+    if device.type == "cuda":  # TF32 matmuls under fp32; cuDNN picks kernels for the batch's fixed shapes
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = torch.backends.cudnn.benchmark = True
     modes = [(m, m.training) for m in net.modules()]
     try:
         net.to(device).eval()

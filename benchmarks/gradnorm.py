@@ -10,6 +10,7 @@ issue 2 with PASS/MISS.
 
     python benchmarks/gradnorm.py [--device cpu|cuda] [--rounds N] [--models simple,mlp,...]
                                   [--quick] [--json OUT] [--no-memory]
+    python benchmarks/gradnorm.py --ops     # aten ops per batch (issue 9's targets), no timing
 """
 from __future__ import annotations
 
@@ -29,8 +30,10 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # for _peers when run as a script
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's alcli
 
 from alcli.gradnorm import UnsupportedModel, auto_choice, per_example_grad_norms  # noqa: E402
 from alcli.gradnorm import select_params  # noqa: E402
@@ -449,6 +452,72 @@ def run_memory(device: torch.device) -> dict:
 
 
 # ------------------------------------------------------------------------------------------ main
+# ------------------------------------------------------------------------------ ops per batch
+class OpCounter(TorchDispatchMode):
+    """Counts aten ops, as a GPU would launch kernels: views (view, _unsafe_view, permute,
+    expand, t, transpose, ...), detach and alias are free and not counted."""
+
+    FREE = {"detach", "alias", "lift_fresh", "_unsafe_view"}
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not func.is_view and func.overloadpacket.__name__ not in self.FREE:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def count_ops(fn) -> int:
+    fn()
+    fn()  # first calls probe (layout, checks): counted is a later batch
+    with OpCounter() as counter:
+        fn()
+    return counter.count
+
+
+def ops_table(batch: int = 8, size: int = 32, classes: int = 10) -> list[dict]:
+    """Issue 9's op targets: gradnorm <= 3x a plain forward+backward of the summed loss, exact EGL
+    over 10 classes <= 1.5x gradnorm, on resnet18 and mobilenet_v3_small at 32x32, batch 8."""
+    import torchvision
+    from alcli.gradnorm import grad_norms_per_target
+    rows = []
+    for name in ("resnet18", "mobilenet_v3_small"):
+        torch.manual_seed(0)
+        model = getattr(torchvision.models, name)(num_classes=classes).eval()
+        x = torch.randn(batch, 3, size, size)
+        labels = torch.randint(0, classes, (batch,))
+
+        def plain():
+            model.zero_grad(set_to_none=True)
+            F.cross_entropy(model(x), labels, reduction="sum").backward()
+
+        def gradnorm():
+            per_example_grad_norms(model, x, labels, method="ghost")
+
+        def egl():  # every class, most probable first, as `--strategy egl --top-classes 0` asks
+            grad_norms_per_target(model, x, lambda logits: list(logits.argsort(1, descending=True).T),
+                                  method="ghost")
+        counts = {fn.__name__: count_ops(fn) for fn in (plain, gradnorm, egl)}
+        model.zero_grad(set_to_none=True)
+        rows.append({"model": name, **counts, "gradnorm_x_plain": counts["gradnorm"] / counts["plain"],
+                     "egl_x_gradnorm": counts["egl"] / counts["gradnorm"]})
+    return rows
+
+
+def print_ops(rows: list[dict]) -> None:
+    print("aten ops per batch (batch 8, 3x32x32, 10 classes; views, detach, alias not counted)")
+    print(f"{'model':<20} {'plain f+b':>9} {'gradnorm':>9} {'EGL x10':>8} {'gn/plain':>9} {'EGL/gn':>7}")
+    for r in rows:
+        print(f"{r['model']:<20} {r['plain']:>9} {r['gradnorm']:>9} {r['egl']:>8} "
+              f"{r['gradnorm_x_plain']:>8.2f}x {r['egl_x_gradnorm']:>6.2f}x")
+    for r in rows:
+        for what, value, limit in (("gradnorm <= 3x plain", r["gradnorm_x_plain"], 3.0),
+                                   ("EGL x10 <= 1.5x gradnorm", r["egl_x_gradnorm"], 1.5)):
+            print(f"   {'PASS' if value <= limit else 'MISS':<5} {r['model']}: {what} ({value:.2f}x)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", choices=("cpu", "cuda"),
@@ -469,7 +538,11 @@ def main() -> None:
                     help="torch.set_num_threads(N) (default: torch's own default, left alone)")
     ap.add_argument("--json", metavar="OUT", help="also write all results as JSON")
     ap.add_argument("--memory-probe", choices=("floor", "auto"), help=argparse.SUPPRESS)
+    ap.add_argument("--ops", action="store_true", help="only count aten ops per batch (issue 9's targets)")
     args = ap.parse_args()
+    if args.ops:
+        print_ops(ops_table())
+        return
     device = torch.device(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -66,7 +66,7 @@ def test_every_option_has_a_key():
     ("transform: {normalize: {mean: [0.5]}}", "key 'transform.normalize'"),
     ("transform: {normalize: {mean: [0.5, 0.5], std: [1]}}", "key 'transform.normalize'"),
     ("transform: {normalize: {mean: [0.5], std: [0]}}", "key 'transform.normalize'"),
-    ("top_classes: 0", "key 'top_classes'"),
+    ("top_classes: -1", "key 'top_classes'"),
     ("- a list", "must hold a mapping"),
     ("model: [unclosed", "not valid YAML at line"),
 ])
@@ -82,7 +82,7 @@ def test_bad_flag_values_name_the_option():
     with pytest.raises(ConfigError, match="option --batch-size"):
         load_settings(None, {"batch_size": -1})
     with pytest.raises(ConfigError, match="option --top-classes"):
-        load_settings(None, {"top_classes": 0})
+        load_settings(None, {"top_classes": -1})
 
 
 def test_python_keywords_are_named_as_arguments():

@@ -55,6 +55,23 @@ def test_egl_exact_and_top_classes():
         assert float(top["mass_left"][i]) == pytest.approx(1 - float(p[i, best].sum()), abs=1e-12)
 
 
+def test_egl_default_is_top_10_beyond_10_classes_and_0_is_exact():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 12)).double().eval()
+    s = inputs(model)
+    p = torch.softmax(s.logits, 1)
+    default = STRATEGIES["egl"].fn(s)          # top_classes None: the 10 most probable of 12
+    s.top_classes = 0
+    exact = STRATEGIES["egl"].fn(s)            # 0: all 12, exact
+    assert "mass_left" not in exact
+    for i in range(6):
+        norms = [loop_norm(model, s.inputs[i], c) for c in range(12)]
+        best = torch.argsort(p[i], descending=True)[:10].tolist()
+        assert float(exact["score"][i]) == pytest.approx(sum(float(p[i, c]) * norms[c] for c in range(12)), rel=1e-6)
+        assert float(default["score"][i]) == pytest.approx(sum(float(p[i, c]) * norms[c] for c in best), rel=1e-6)
+        assert float(default["mass_left"][i]) == pytest.approx(1 - float(p[i, best].sum()), abs=1e-12)
+
+
 def test_gradnorm_uses_labels_where_known():
     model = mlp()
     s = inputs(model, labels=[3, -1, 0, 2, -1, 1])

@@ -31,6 +31,7 @@ PER_CLASS_MODES = ("proportional", "equal")
 # define, listed here so that reading a config does not import torch; a test keeps them equal
 STRATEGY_NAMES = ("egl", "gradnorm", "loss", "entropy", "margin", "least-confidence", "random")
 METHOD_NAMES = ("auto", "ghost", "replicate", "vmap", "loop")
+PRECISIONS = ("fp32", "bf16", "fp16")
 DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 
 
@@ -58,9 +59,10 @@ class Settings:
     labels_from_folders: bool = False
     transform: Transform = field(default_factory=Transform)
     strategy: str = "egl"
-    top_classes: int | None = None
+    top_classes: int | None = None   # egl: K most probable classes; 0 = all (exact); None = 10 at most
     layers: list[str] | None = None
     method: str = "auto"
+    precision: str = "fp32"  # fp32 | bf16 | fp16: autocast for the model's forward (the engine's rules stay float32)
     batch_size: int = 64
     device: str = "auto"
     workers: int | None = None  # None: 0 on the CPU, the CPU count (at most 8) on CUDA
@@ -286,8 +288,9 @@ def _normalize(v):
 CHECKS: dict[str, Callable[[Any], Any]] = {
     "model": _opt_str, "arch": _opt_str, "arch_kwargs": _mapping, "trust_checkpoint": _bool,
     "pool": _pool, "null": _bool, "labels_from_folders": _bool, "transform": _transform,
-    "strategy": _choice(STRATEGY_NAMES), "top_classes": _opt(_int(1)), "layers": _layers,
-    "method": _choice(METHOD_NAMES), "batch_size": _int(1), "device": _device, "workers": _opt(_int(0)),
+    "strategy": _choice(STRATEGY_NAMES), "top_classes": _opt(_int(0)), "layers": _layers,
+    "method": _choice(METHOD_NAMES), "precision": _choice(PRECISIONS), "batch_size": _int(1),
+    "device": _device, "workers": _opt(_int(0)),
     "seed": _int(0), "output": _opt_str, "format": _choice(FORMATS), "scores": _opt_str,
     "budget": _opt(_int(1)), "quiet": _bool,
     "embeddings": _opt(_bool), "embeddings_file": _opt_str, "diverse": _opt(_bool), "diverse_candidates": _candidates,

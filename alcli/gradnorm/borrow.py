@@ -8,14 +8,16 @@ from torch import nn
 
 
 @contextlib.contextmanager
-def borrowed(model: nn.Module, grad_params: list[nn.Parameter]):
+def borrowed(model: nn.Module, grad_params: list[nn.Parameter], modules: list | None = None,
+             params: list | None = None):
     """Eval mode; requires_grad only on `grad_params`; everything restored on exit.
 
-    Unselected parameters stop requiring grad so autograd records nothing for them.
+    Unselected parameters stop requiring grad so autograd records nothing for them. `modules`
+    and `params` (every module and parameter, once each) may be given when already known.
     """
-    modules = list(model.modules())
+    modules = modules or list(model.modules())
     modes = [(m, m.training) for m in modules]
-    params = list({id(p): p for m in modules for p in m._parameters.values() if p is not None}.values())
+    params = params or list({id(p): p for m in modules for p in m._parameters.values() if p is not None}.values())
     flags = [(p, p.requires_grad, p.grad) for p in params]
     wanted = {id(p) for p in grad_params}
     grad_mode = torch.is_grad_enabled()

@@ -12,17 +12,20 @@
 """
 from __future__ import annotations
 
+import contextlib
 import weakref
 from dataclasses import dataclass, field
 
 import torch
+from torch.func import vmap
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from .errors import UnsupportedModel
 from .params import ParamSelection
 from .layout import call_layouts, check_batch
+from .loss import cross_entropy, cross_entropy_cotangents
 from .model_io import batch_size, forward_logits
-from .plan import HookPlan, make_plan
+from .plan import HookPlan, plan_for
 from .rules import RuleCall
 from .uses import UseWatch
 
@@ -48,7 +51,7 @@ _verified: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 def ghost_norms(model, inputs, targets_for, selection: ParamSelection, loss_fn):
     """-> [K, B] norms and [B, C] logits; `targets_for(logits)` gives the K target sets."""
-    plan = make_plan(model, selection)
+    plan = plan_for(model, selection)
     batch = batch_size(inputs)
     calls: dict[str, list[_Call]] = {name: [] for name in plan.modules}
     stack: list[str] = []  # hooked modules running now, for UseWatch
@@ -123,21 +126,94 @@ def ghost_norms(model, inputs, targets_for, selection: ParamSelection, loss_fn):
     _check_unmodified(calls)
     _apply_layouts(plan, calls, call_layouts(model, inputs, plan.modules), batch)
     uses = _count_uses(plan, calls)
-    all_taps = [tap for module_calls in calls.values() for call in module_calls for tap in call.taps]
+    taps = [tap for module_calls in calls.values() for call in module_calls for tap in call.taps]
     target_sets = targets_for(logits)
-    rows = []
-    for k, targets in enumerate(target_sets):
-        backward_pass = _Pass(plan, uses, batch, logits.device, last=k + 1 == len(target_sets))
-        hooks = backward_pass.hook_taps(calls)
+    if not taps or not logits.requires_grad:  # no selected parameter affects the loss
+        return torch.zeros(len(target_sets), batch, dtype=_acc_dtype(logits.device), device=logits.device), logits
+    cotangents = _cotangents(logits, target_sets, loss_fn)  # [K, *logits.shape]
+    with _no_autocast(logits.device):  # the rules square and sum in float32 or better
+        return _backwards(model, plan, uses, calls, taps, logits, cotangents, batch), logits
+
+
+def _backwards(model, plan, uses, calls, taps, logits, cotangents, batch) -> torch.Tensor:
+    """[K, B] norms: the K output cotangents through ONE backward (vmapped over K) when the
+    model's backward and rules can be vmapped, else one backward per target set."""
+    k = cotangents.shape[0]
+
+    def backward(cotangent, last):
+        return _backward(plan, uses, calls, taps, logits, cotangent, batch, last)
+
+    if k == 1:
+        return backward(cotangents[0], last=True).unsqueeze(0)
+    if _k_mode.get(model) != "per target":
         try:
-            loss = loss_fn(logits, targets).sum()
-            if all_taps and loss.requires_grad:  # else no selected parameter affects the loss
-                torch.autograd.grad(loss, all_taps, retain_graph=k + 1 < len(target_sets), allow_unused=True)
-        finally:
-            for hook in hooks:
-                hook.remove()
-        rows.append(backward_pass.finish(calls))
-    return torch.stack(rows), logits
+            # the graph and the captured inputs are kept, for one backward per target set if a
+            # backward op or rule cannot be vmapped (nn.LSTM's per-example pullback)
+            norms = vmap(lambda g: backward(g, last=False))(cotangents)
+            _k_mode[model] = "batched"
+            return norms
+        except torch.OutOfMemoryError:
+            raise
+        except (RuntimeError, NotImplementedError) as err:
+            _k_mode[model] = "per target"
+            _k_reasons[model] = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+    return torch.stack([backward(cotangents[i], last=i + 1 == k) for i in range(k)])
+
+
+# model -> "batched" | "per target": how its K target sets go through the backward
+_k_mode: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_k_reasons: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _backward(plan, uses, calls, taps, logits, cotangent, batch: int, last: bool) -> torch.Tensor:
+    """One backward of `cotangent` [*logits.shape] from the logits into the taps -> [B] norms."""
+    backward_pass = _Pass(plan, uses, last)
+    hooks = backward_pass.hook_taps(calls)
+    # fp16 gradients underflow below 6e-8: the cotangent is scaled up, and the norms back down
+    scale = FP16_SCALE if logits.dtype == torch.float16 else 1.0
+    try:
+        torch.autograd.grad(logits, taps, (cotangent * scale if scale != 1.0 else cotangent).to(logits.dtype),
+                            retain_graph=not last, allow_unused=True)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    norms = backward_pass.finish(calls, batch, logits.device)
+    return norms / scale if scale != 1.0 else norms
+
+
+FP16_SCALE = 2.0 ** 10
+
+
+def _cotangents(logits, target_sets, loss_fn) -> torch.Tensor:
+    """d(sum_i loss_fn(logits, t_k)_i)/d(logits) for each target set k -> [K, *logits.shape],
+    in float32 or better (bf16/fp16 logits are upcast first)."""
+    z = logits.detach()
+    if z.dtype in (torch.float16, torch.bfloat16):
+        z = z.float()
+
+    if loss_fn is cross_entropy and z.dim() == 2:
+        return cross_entropy_cotangents(z, torch.stack(list(target_sets)))
+
+    def one(targets):
+        return torch.func.grad(lambda l: loss_fn(l, targets).sum())(z)
+
+    if len(target_sets) > 1:
+        try:
+            return vmap(one)(torch.stack(list(target_sets)))
+        except (RuntimeError, NotImplementedError, TypeError, ValueError):
+            pass  # a loss function torch.func cannot vmap: one target set at a time
+    return torch.stack([one(t) for t in target_sets])
+
+
+def _acc_dtype(device) -> torch.dtype:
+    """Squared norms add up in float64 (float32 on MPS, which has no float64)."""
+    return torch.float32 if device.type == "mps" else torch.float64
+
+
+def _no_autocast(device):
+    if device.type in ("cuda", "cpu") and torch.is_autocast_enabled(device.type):
+        return torch.autocast(device.type, enabled=False)
+    return contextlib.nullcontext()
 
 
 def _new_call(args, kwargs) -> _Call:
@@ -176,9 +252,10 @@ class _Pass:
     arrived, so output gradients (and, on the last pass, captured inputs) are freed as the
     backward proceeds instead of all being held at once."""
 
-    def __init__(self, plan: HookPlan, uses: dict, batch: int, device, last: bool):
+    def __init__(self, plan: HookPlan, uses: dict, last: bool):
         self.plan, self.uses, self.last = plan, uses, last
-        self.sq = torch.zeros(batch, dtype=torch.float64, device=device)
+        self.sq: list[torch.Tensor] = []     # per-example squared norms [B], one per parameter and call
+        self.small: list[torch.Tensor] = []  # per-example gradients [B, n] of small parameters
         self.summed_grads: dict[int, torch.Tensor] = {}  # parameter id -> [B, *shape]
 
     def hook_taps(self, calls) -> list:
@@ -216,7 +293,9 @@ class _Pass:
             grad_out = grad_out.movedim(call.out_move, 0)
         module, paths = self.plan.modules[name], self.plan.paths[name]
         wanted = {path: self.uses[id(p)] > 1 for path, p in paths.items()}
-        seen = RuleCall(call.args, call.kwargs, grad_out, call.cache, call.layout)
+        # bf16/fp16 (autocast) inputs and gradients: the rules square and sum in float32
+        args, kwargs, grad_out = _float32((call.args, call.kwargs, grad_out))
+        seen = RuleCall(args, kwargs, grad_out, call.cache, call.layout)
         try:
             result = self.plan.rules[name].rule(module, seen, wanted)
         except UnsupportedModel as err:
@@ -225,21 +304,41 @@ class _Pass:
             key = id(paths[path])
             if wanted[path]:
                 self.summed_grads[key] = value + self.summed_grads[key] if key in self.summed_grads else value
+            elif value.dim() > 1:  # a small per-example gradient [B, *shape]: squared in finish
+                self.small.append(value.reshape(value.shape[0], -1))
             else:
-                self.sq += value  # float64 accumulator
+                self.sq.append(value)
         if self.last:
             call.args, call.kwargs, call.cache = None, None, None
 
-    def finish(self, calls) -> torch.Tensor:
+    def finish(self, calls, batch: int, device) -> torch.Tensor:
         """Calls whose outputs got only part of their gradient (an unused output) run now with
         zeros for the rest; calls that got none contribute nothing."""
         for name, module_calls in calls.items():
             for call in module_calls:
                 if call.arrived is not None and any(g is not None for g in call.arrived):
                     self._run(name, call)
+        acc = _acc_dtype(device)
+        if self.small:  # one cat, square and sum for all of them: [B, sum n] -> [B]
+            self.sq.append(torch.cat(self.small, 1).square().sum(1))
         for g in self.summed_grads.values():
-            self.sq += g.reshape(g.shape[0], -1).double().square().sum(1)
-        return self.sq.clamp_min(0).sqrt()
+            self.sq.append(g.reshape(g.shape[0], -1).to(acc).square().sum(1))
+        if not self.sq:
+            return torch.zeros(batch, dtype=acc, device=device)
+        # one stack and one sum for the whole pass: [P, B] -> [B], accumulated in float64
+        return torch.stack(self.sq).to(acc).sum(0).clamp_min(0).sqrt()
+
+
+_LOW = (torch.float16, torch.bfloat16)
+
+
+def _float32(tree):
+    """Half-precision tensors in a pytree as float32 (the tree itself when there are none)."""
+    leaves, spec = tree_flatten(tree)
+    if not any(isinstance(t, torch.Tensor) and t.dtype in _LOW for t in leaves):
+        return tree
+    return tree_unflatten([t.float() if isinstance(t, torch.Tensor) and t.dtype in _LOW else t
+                           for t in leaves], spec)
 
 
 def _covering_modules(plan: HookPlan) -> dict:

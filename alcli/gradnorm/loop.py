@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from .model_io import batch_size, batch_slice, forward_logits
+from .model_io import batch_size, batch_slice, forward_logits, repeat_first
 from .params import ParamSelection
 
 
@@ -15,7 +15,8 @@ def loop_norms(model, inputs, targets_for, selection: ParamSelection, loss_fn):
     target_sets = targets_for(logits)
     sq = torch.zeros(len(target_sets), batch, dtype=torch.float64, device=logits.device)
     for i in range(batch):
-        logits_i = forward_logits(model, batch_slice(inputs, i, i + 1))
+        # example i as two copies, row 0's loss: never a batch of one (see ONE_EXAMPLE_BUG)
+        logits_i = forward_logits(model, repeat_first(batch_slice(inputs, i, i + 1), 2))[:1]
         for k, targets in enumerate(target_sets):
             loss = loss_fn(logits_i, targets[i:i + 1]).sum()
             if not loss.requires_grad:

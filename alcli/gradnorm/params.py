@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import fnmatch
-from dataclasses import dataclass
+import weakref
+from dataclasses import dataclass, field
 
 from torch import nn
 
@@ -16,6 +17,25 @@ class ParamSelection:
     # owner module name -> [(attribute name, parameter)] for every module that directly owns a
     # selected parameter (a tied parameter appears under each module that holds it)
     owners: dict[str, list[tuple[str, nn.Parameter]]]
+    # every module and every parameter of the model, once each: what `borrowed` sets and restores
+    modules: list = field(default_factory=list, repr=False)
+    all_params: list = field(default_factory=list, repr=False)
+    plans: dict = field(default_factory=dict, repr=False)  # method -> what it builds once per selection
+
+
+# model -> {params key: (model fingerprint, ParamSelection)}
+_SELECTIONS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def selection_for(model: nn.Module, params) -> ParamSelection:
+    """`select_params`, built once per (model, params) and reused while the model's modules,
+    parameters and requires_grad flags stay the same (plans hang off the selection)."""
+    key = (params,) if params is None or isinstance(params, str) else tuple(params)
+    fingerprint = (tuple(map(id, model.modules())), tuple((id(p), p.requires_grad) for p in model.parameters()))
+    known = _SELECTIONS.setdefault(model, {}).get(key)
+    if known is None or known[0] != fingerprint:
+        known = _SELECTIONS[model][key] = (fingerprint, select_params(model, params))
+    return known[1]
 
 
 def _module_matches(module_name: str, patterns: list[str]) -> bool:
@@ -62,7 +82,9 @@ def select_params(model: nn.Module, params: list[str] | str | None) -> ParamSele
                 seen.add(id(p))
                 names.append(f"{mod_name}.{attr}" if mod_name else attr)
                 plist.append(p)
-    return ParamSelection(names, plist, owners)
+    modules = list({id(m): m for _, m, _ in walk}.values())
+    every = list({id(p): p for _, _, own in walk for _, p in own}.values())
+    return ParamSelection(names, plist, owners, modules, every)
 
 
 def _param_matches(param_name: str, module_name: str, pattern: str) -> bool:

@@ -18,6 +18,13 @@ class HookPlan:
     paths: dict      # module name -> {param path within module: parameter}
 
 
+def plan_for(model, selection: ParamSelection) -> HookPlan:
+    """`make_plan`, built once per selection (a selection is rebuilt when the model changes)."""
+    if "hooks" not in selection.plans:
+        selection.plans["hooks"] = make_plan(model, selection)
+    return selection.plans["hooks"]
+
+
 def make_plan(model, selection: ParamSelection) -> HookPlan:
     """Every module object once (under its first name), with the selected parameters its rule
     covers. A parameter is one tensor however many modules register it: a module drops the

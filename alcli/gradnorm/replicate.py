@@ -15,7 +15,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from .pytree import dims_like, squeeze_leaves, unsqueeze_leaves
 from .errors import UnsupportedModel
-from .plan import make_plan
+from .plan import plan_for
 from .layout import MERGED, call_layouts
 from .uses import UseWatch
 from .params import ParamSelection
@@ -25,7 +25,7 @@ from .model_io import batch_size, forward_logits
 def replicate_norms(model, inputs, targets_for, selection: ParamSelection, loss_fn):
     """-> [K, B] norms and [B, C] logits; `targets_for(logits)` gives the K target sets."""
     batch = batch_size(inputs)
-    plan = make_plan(model, selection)
+    plan = plan_for(model, selection)
     for name in plan.modules:
         for other in plan.modules:
             if other != name and other.startswith(name + "." if name else ""):

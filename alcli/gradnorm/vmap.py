@@ -9,7 +9,17 @@ from .model_io import batch_size, batch_slice, forward_logits, logits_of, map_ba
 from .params import ParamSelection
 from .uses import ModuleStack
 
-CHUNK_ELEMENTS = 1 << 25  # per-example gradients held at once (~128 MB in float32)
+CPU_BUDGET_BYTES = 1 << 29  # per-example gradients held at once on the CPU (512 MiB)
+
+
+def chunk_elements(device: torch.device, element_size: int) -> int:
+    """How many per-example gradient elements one chunk may hold: a quarter of the memory the
+    device has free on CUDA (the forward and backward of the chunk need the rest), a fixed budget
+    elsewhere."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return max(1, free // 4 // element_size)
+    return CPU_BUDGET_BYTES // element_size
 
 
 def vmap_norms(model, inputs, targets_for, selection: ParamSelection, loss_fn):
@@ -17,7 +27,9 @@ def vmap_norms(model, inputs, targets_for, selection: ParamSelection, loss_fn):
     batch = batch_size(inputs)
     params = {name: p.detach() for name, p in zip(selection.names, selection.params)}
     numel = sum(p.numel() for p in params.values())
-    chunk = max(1, min(batch, CHUNK_ELEMENTS // max(numel, 1)))
+    element = max((p.element_size() for p in params.values()), default=4)
+    device = next(iter(params.values())).device if params else torch.device("cpu")
+    chunk = max(1, min(batch, chunk_elements(device, element) // max(numel, 1)))
 
     in_loss = [False]  # a failure after the model's forward is the loss function's
 

@@ -56,7 +56,9 @@ class EmbeddingRecorder:
         self.skipped: str | None = None
         self.head: tuple[str, nn.Linear] | None = None
         self._ids: list[str] = []
-        self._recorded: set[str] = set()  # a batch retried (out of memory) is recorded once
+        # the batch just recorded, still on the device: (ids, a, b); kept by `keep` once the
+        # batch is scored (a batch retried after out of memory replaces it: recorded once)
+        self._current: tuple | None = None
         self._a: list[torch.Tensor] = []
         self._b: list[torch.Tensor] = []
 
@@ -125,18 +127,27 @@ class EmbeddingRecorder:
         dtype = h.dtype if h.dtype in (torch.float32, torch.float64) else torch.float32
         probs = torch.softmax(logits.detach().to(exact_dtype(logits)), dim=1)  # [B, C]
         a, b = badge_factors(probs, h.to(torch.float64 if dtype == torch.float64 else dtype))
-        new = [i for i, id_ in enumerate(ids) if id_ not in self._recorded]
-        if len(new) < len(ids):
-            a, b, ids = a[new], b[new], [ids[i] for i in new]
-        self._recorded.update(ids)
-        self._ids.extend(ids)
-        self._a.append(a.to(dtype).cpu())
-        self._b.append(b.to(dtype).cpu())
+        if self._current is not None and not set(self._current[0]) & set(ids):
+            self.keep([t.cpu() for t in self.pending()])  # an earlier batch nobody kept
+        self._current = (list(ids), a.to(dtype), b.to(dtype))  # a retried batch replaces its try
+
+    def pending(self) -> list[torch.Tensor]:
+        """The current batch's factors [a, b], on the device, for the runner's one copy home."""
+        return [] if self._current is None else list(self._current[1:])
+
+    def keep(self, host: list[torch.Tensor]) -> None:
+        """Keep the current batch, given its factors copied home (`pending()`'s, in order)."""
+        if self._current is not None:
+            self._ids.extend(self._current[0])
+            self._a.append(host[0])
+            self._b.append(host[1])
+            self._current = None
 
     def result(self) -> Embeddings | None:
         """The embeddings recorded, or None when an optional recording was skipped."""
         if self.skipped is not None:
             return None
+        self.keep([t.cpu() for t in self.pending()])  # recorded outside the runner (tests)
         if not self._ids:
             return Embeddings([], torch.zeros(0, 0), torch.zeros(0, 0))
         return Embeddings(list(self._ids), torch.cat(self._a), torch.cat(self._b))

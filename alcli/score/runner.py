@@ -5,6 +5,7 @@ one collated batch in, one row per example out, nothing else touched.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -20,7 +21,7 @@ from .embeddings import EmbeddingRecorder, record
 from ..errors import PoolError, RunError, first_line
 from ..gradnorm import UnsupportedModel, auto_choice, batch_slice, call_model, logits_of, map_batch, model_dtype
 from ..files.pool import Batch, Pool, collate
-from .strategies import STRATEGIES, StrategyInputs, loss_at_targets
+from .strategies import DEFAULT_TOP_CLASSES, STRATEGIES, StrategyInputs, loss_at_targets
 
 
 def default_workers(device: torch.device) -> int:
@@ -61,6 +62,17 @@ def to_model(inputs: torch.Tensor | dict, model: nn.Module, device: torch.device
     return inputs
 
 
+LOW_PRECISION = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def autocast(precision: str, device: torch.device):
+    """The model's forwards (the runner's and the engine's) under autocast for bf16/fp16; the
+    engine's rules square and sum in float32 or better whatever the forward ran in."""
+    if precision == "fp32" or device.type not in ("cuda", "cpu", "mps"):
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=LOW_PRECISION[precision])
+
+
 def forward(model: nn.Module, inputs: torch.Tensor | dict, pool_name: str) -> torch.Tensor:
     try:
         with torch.no_grad():
@@ -87,7 +99,7 @@ def score_batch(model: nn.Module, batch: Batch, settings: Settings, device: torc
     strategy = STRATEGIES[settings.strategy]
     logits = None  # gradient strategies take the logits from the engine's own forward
     if not strategy.gradients or embeddings is not None:
-        with record(embeddings, model, batch.ids):         # BADGE factors, when asked for
+        with record(embeddings, model, batch.ids), autocast(settings.precision, device):  # BADGE factors
             logits = forward(model, inputs, pool_name)     # [B, C]
         _check_labels(logits, batch.labels, batch.ids, pool_name)
     s = StrategyInputs(model=model, inputs=inputs, labels=labels, logits=logits, ids=batch.ids,
@@ -96,7 +108,8 @@ def score_batch(model: nn.Module, batch: Batch, settings: Settings, device: torc
                        check_logits=lambda out: _check_labels(_checked_logits(out), batch.labels,
                                                               batch.ids, pool_name))
     try:
-        cols = strategy.fn(s)
+        with autocast(settings.precision, device):
+            cols = strategy.fn(s)
     except UnsupportedModel as err:
         raise RunError(f"--method {settings.method}: {err}") from None
     except (torch.cuda.OutOfMemoryError, RunError):
@@ -110,7 +123,10 @@ def score_batch(model: nn.Module, batch: Batch, settings: Settings, device: torc
     finite = torch.isfinite(score) & torch.isfinite(loss.to(score.device))
     score = torch.where(finite, score, torch.full_like(score, math.nan))  # ranked last, counted
     columns = {"score": score, "pred": pred, "confidence": conf, "loss": loss, **cols}
-    values = dict(zip(columns, _home(list(columns.values()))))
+    lists, factors = _home(list(columns.values()), embeddings.pending() if embeddings else [])
+    if embeddings is not None:
+        embeddings.keep(factors)
+    values = dict(zip(columns, lists))
     values["pred"] = [int(p) for p in values["pred"]]
     labels_home = batch.labels.tolist() if has_labels else None
     rows = []
@@ -127,18 +143,23 @@ def score_batch(model: nn.Module, batch: Batch, settings: Settings, device: torc
     return rows
 
 
-def _home(columns: list[torch.Tensor]) -> list[list[float]]:
-    """[B] columns on the device -> Python lists, in one copy (into pinned memory on CUDA).
-    float64 holds every score and every class index exactly (MPS, which has no float64: float32)."""
+def _home(columns: list[torch.Tensor], extras: list[torch.Tensor] = ()
+          ) -> tuple[list[list[float]], list[torch.Tensor]]:
+    """[B] columns on the device -> Python lists, and `extras` (the batch's BADGE factors) -> host
+    tensors of their dtype, all in one copy (into pinned memory on CUDA). float64 holds every
+    score, class index and float32 factor exactly (MPS, which has no float64: float32)."""
     dtype = torch.float32 if columns[0].device.type == "mps" else torch.float64
-    stacked = torch.stack([c.detach().to(dtype) for c in columns])  # [K, B] on the device
-    if stacked.device.type == "cuda":
-        host = torch.empty(stacked.shape, dtype=dtype, pin_memory=True)
-        host.copy_(stacked, non_blocking=True)
-        torch.cuda.current_stream(stacked.device).synchronize()  # the batch's one sync
+    parts = [torch.stack([c.detach().to(dtype) for c in columns])] + [e.to(dtype) for e in extras]
+    flat = torch.cat([p.flatten() for p in parts])  # [K*B + sum of extras' sizes] on the device
+    if flat.device.type == "cuda":
+        host = torch.empty(flat.shape, dtype=dtype, pin_memory=True)
+        host.copy_(flat, non_blocking=True)
+        torch.cuda.current_stream(flat.device).synchronize()  # the batch's one sync
     else:
-        host = stacked.cpu()
-    return host.tolist()
+        host = flat.cpu()
+    pieces = host.split([p.numel() for p in parts])
+    return (pieces[0].view(parts[0].shape).tolist(),
+            [piece.view(e.shape).to(e.dtype) for piece, e in zip(pieces[1:], extras)])
 
 
 def _cannot_run(inputs: torch.Tensor | dict, pool_name: str, err: Exception) -> RunError:
@@ -310,7 +331,8 @@ def run(model: nn.Module, pool: Pool, settings: Settings, device: torch.device, 
     if STRATEGIES[settings.strategy].gradients:
         stats.method, stats.method_reason = engine_method(model, settings)
     if mass_left:
-        stats.notes.append(f"--top-classes {settings.top_classes} leaves out probability mass "
+        k = settings.top_classes or DEFAULT_TOP_CLASSES
+        stats.notes.append(f"--top-classes {k} leaves out probability mass "
                            f"{mass_left[0] / stats.count:.3g} on average, {mass_left[1]:.3g} at most")
     return stats
 

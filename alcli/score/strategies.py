@@ -36,7 +36,7 @@ class StrategyInputs:
     ids: list[str]
     layers: list[str] | None = None  # module patterns for gradient strategies (None = all)
     method: str = "auto"             # engine method
-    top_classes: int | None = None   # egl: sum over the K most probable classes only
+    top_classes: int | None = None   # egl: the K most probable classes (0: all; None: at most 10)
     seed: int = 0
     check_logits: Callable[[torch.Tensor], None] | None = None  # validates the engine's logits
 
@@ -86,10 +86,21 @@ def _grad_norms(s: StrategyInputs, choose: Callable[[StrategyInputs], list[torch
     return norms.detach().to(s.logits.device, exact_dtype(s.logits))
 
 
+DEFAULT_TOP_CLASSES = 10  # egl over more classes than this sums the 10 most probable by default
+
+
+def top_classes(setting: int | None, classes: int) -> int:
+    """How many classes egl sums over: `setting` (0 = all, exact), by default all up to 10 classes
+    and the 10 most probable beyond (the `mass_left` column says what that leaves out)."""
+    if setting == 0:
+        return classes
+    return min(setting or DEFAULT_TOP_CLASSES, classes)
+
+
 def _most_probable(s: StrategyInputs) -> list[torch.Tensor]:
     """The K most probable classes of each example, most probable first -> K tensors [B]."""
     probs = s.probs
-    k = min(s.top_classes or probs.shape[1], probs.shape[1])
+    k = top_classes(s.top_classes, probs.shape[1])
     order = probs.argsort(dim=1, descending=True, stable=True)[:, :k]  # [B, K]
     return [order[:, j] for j in range(k)]
 

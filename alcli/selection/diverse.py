@@ -39,8 +39,9 @@ def badge_factors(probs: torch.Tensor, features: torch.Tensor) -> tuple[torch.Te
     if probs.dim() != 2 or features.dim() != 2 or probs.shape[0] != features.shape[0]:
         raise ValueError(f"badge_factors needs probs [N, C] and features [N, D]; "
                          f"got {tuple(probs.shape)} and {tuple(features.shape)}")
-    a = probs.detach().clone()
-    a[torch.arange(a.shape[0]), a.argmax(dim=1)] -= 1.0  # p − onehot(ŷ)
+    probs = probs.detach()
+    onehot = torch.zeros_like(probs).scatter_(1, probs.argmax(dim=1, keepdim=True), 1.0)
+    a = probs - onehot  # p − onehot(ŷ), on the device, no host sync
     return a, features.detach()
 
 

@@ -5,6 +5,7 @@ W grad_i = sum_t g_it a_it^T per group, with a_it the (C_in/groups * prod(kernel
 """
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from torch import nn
 
@@ -15,6 +16,10 @@ from .registry import register
 def unfold_patches(module, x):
     """x [B, C_in, *S] -> patches [B, groups, C_in/groups * K, T], rows ordered like weight.flatten(1)."""
     batch, spatial = x.shape[0], len(module.kernel_size)
+    if spatial == 2 and module.padding_mode == "zeros" and not isinstance(module.padding, str):
+        # one im2col kernel: [B, C_in * K, T]
+        patches = F.unfold(x, module.kernel_size, module.dilation, module.padding, module.stride)
+        return patches.reshape(batch, module.groups, -1, patches.shape[-1])
     mode = "constant" if module.padding_mode == "zeros" else module.padding_mode
     if any(module._reversed_padding_repeated_twice):
         x = F.pad(x, module._reversed_padding_repeated_twice, mode=mode)
@@ -51,10 +56,11 @@ def conv_rule(module, call, wanted):
             gram_a = call.cache.get("gram")
             if gram_a is None:
                 gram_a = call.cache["gram"] = a.transpose(2, 3) @ a  # [B, groups, T, T]
-            out["weight"] = (gram_a * (g.transpose(2, 3) @ g)).sum((1, 2, 3))
+            g3 = g.reshape(-1, *g.shape[2:])  # [B*groups, o, T]: a plain bmm, no copies of g
+            out["weight"] = (gram_a * torch.bmm(g3.mT, g3).view(gram_a.shape)).sum((1, 2, 3))
         else:
             out["weight"] = (g @ a.transpose(2, 3)).square().sum((1, 2, 3))
     if "bias" in wanted:
         bias_grad = g.sum(3).reshape(batch, c_out)
-        out["bias"] = bias_grad if wanted["bias"] else bias_grad.square().sum(1)
+        out["bias"] = bias_grad  # [B, C_out]: the driver squares small gradients all at once
     return out

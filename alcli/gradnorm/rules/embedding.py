@@ -30,7 +30,7 @@ def embedding_rule(module, call, wanted):
         rows = module.num_embeddings
         flat = (idx + rows * torch.arange(batch, device=idx.device).unsqueeze(1)).flatten()
         grad = torch.zeros(batch * rows, g.shape[-1], dtype=g.dtype, device=g.device)
-        grad.index_add_(0, flat, g.reshape(-1, g.shape[-1]))
+        grad = grad.index_add(0, flat, g.reshape(-1, g.shape[-1]))  # out of place: vmaps over K
         return {"weight": grad.view(batch, rows, -1)}
     same = (idx.unsqueeze(2) == idx.unsqueeze(1)).to(g.dtype)  # [B, T, T]
     return {"weight": (same * (g @ g.transpose(1, 2))).sum((1, 2))}

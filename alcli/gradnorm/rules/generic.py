@@ -32,7 +32,7 @@ def generic_rule(module, call, wanted):
         out = functional_call(module, params, args, kwargs, strict=False)
         outs = tree_flatten(squeeze_leaves(out, call.layout.out_dims))[0]
         gs = tree_flatten(grad_out_i)[0]
-        return sum((o * g).sum() for o, g in zip(outs, gs) if isinstance(o, torch.Tensor) and g is not None)
+        return _total([(o * g).sum() for o, g in zip(outs, gs) if isinstance(o, torch.Tensor) and g is not None])
 
     try:
         with torch.no_grad():
@@ -64,12 +64,20 @@ def _looped_pullback(module, own, inputs, layout, grad_out):
                 raise UnsupportedModel(f"it cannot run one example at a time ({reason})") from err
             outs = tree_flatten(out)[0]
             gs = tree_flatten(_take(grad_out, layout.out_dims, i))[0]
-            objective = sum((o * g).sum() for o, g in zip(outs, gs)
-                            if isinstance(o, torch.Tensor) and g is not None)
+            objective = _total([(o * g).sum() for o, g in zip(outs, gs)
+                                if isinstance(o, torch.Tensor) and g is not None])
             grads = torch.autograd.grad(objective, list(params.values()), allow_unused=True)
         for path, g in zip(params, grads):
             per_path[path].append(torch.zeros_like(params[path]) if g is None else g)
     return {path: torch.stack(gs) for path, gs in per_path.items()}
+
+
+def _total(terms):
+    """Sum of tensors, starting from the first (not from a Python 0, a CPU scalar beside device tensors)."""
+    total = terms[0]
+    for t in terms[1:]:
+        total = total + t
+    return total
 
 
 def _take(tree, dims, i):

@@ -6,6 +6,8 @@ per-example statistics for LayerNorm / GroupNorm / RMSNorm. Per-example gradient
 """
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -14,13 +16,14 @@ from ..errors import UnsupportedModel
 from .registry import register
 
 
-def _affine_grads(x_hat, g, keep_dims: int, wanted):
-    """Sum g * x_hat and g over every dim except batch and the trailing/channel `keep_dims`."""
+def _affine_grads(x_hat, g, keep_dims, wanted):
+    """Sum g * x_hat and g over every dim except batch and the trailing/channel `keep_dims`.
+    Per-example gradients go back as they are (small: [B, C]); the driver squares them all at once."""
     out = {}
-    for name, per_example in (("weight", lambda: g * x_hat), ("bias", lambda: g)):
-        if name in wanted:
-            grad = _sum_to(per_example(), keep_dims)
-            out[name] = grad if wanted[name] else grad.reshape(grad.shape[0], -1).square().sum(1)
+    if "weight" in wanted:
+        out["weight"] = _sum_to(g * x_hat, keep_dims)
+    if "bias" in wanted:
+        out["bias"] = _sum_to(g, keep_dims)
     return out
 
 
@@ -30,15 +33,34 @@ def _sum_to(t, keep):
     return t.reshape(t.shape[0], -1, *t.shape[t.dim() - keep:]).sum(1)  # keep the last `keep` dims
 
 
+# module -> (running_var, its version, eps, 1/sqrt(running_var + eps)): computed once per model state
+_INVSTD: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _invstd(module) -> torch.Tensor:
+    var = module.running_var
+    known = _INVSTD.get(module)
+    if known is None or known[0] is not var or known[1] != var._version or known[2] != module.eps \
+            or known[3].dtype != var.dtype:
+        known = _INVSTD[module] = (var, var._version, module.eps, torch.rsqrt(var.detach() + module.eps))
+    return known[3]
+
+
 @register(nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm, layout="batch_first")
 def batchnorm_rule(module, call, wanted):
     if module.running_mean is None or module.running_var is None:
         raise UnsupportedModel("BatchNorm without running statistics normalises with batch "
                                "statistics, which couples the examples")
-    x = call.args[0]
-    shape = (1, -1) + (1,) * (x.dim() - 2)
-    x_hat = (x - module.running_mean.view(shape)) * torch.rsqrt(module.running_var.view(shape) + module.eps)
-    return _affine_grads(x_hat, call.grad_out, "channel", wanted)
+    x, g = call.args[0], call.grad_out
+    # x_hat = (x - mean) * invstd per channel, so sum g * x_hat = (sum g * x - mean * sum g) * invstd:
+    # one full-size product, the rest on [B, C]
+    g_sum = _sum_to(g, "channel")                                      # [B, C] = bias grad
+    out = {"bias": g_sum} if "bias" in wanted else {}
+    if "weight" in wanted:
+        invstd = _invstd(module).to(g.dtype)
+        gx_sum = _sum_to(g * x, "channel")                             # [B, C]
+        out["weight"] = (gx_sum - module.running_mean.to(g.dtype) * g_sum) * invstd
+    return out
 
 
 @register(nn.LayerNorm, layout="anywhere")

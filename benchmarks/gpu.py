@@ -1,0 +1,290 @@
+"""alcli on one GPU, in one command (at most ~8 minutes on one H200):
+
+1. the CUDA-marked tests (tests/test_cuda.py);
+2. side by side in one process, per model: plain forward, plain forward+backward, alcli gradnorm
+   and EGL (top-10 and exact over all classes) in fp32 and bf16, and the peers (torch.func,
+   Opacus, BackPACK where they run) on resnet50 224x224, ViT-B/16, the text transformer and the
+   seed's SimpleModel;
+3. bf16 against fp32 scores: Spearman rank correlation and overlap of the top 10%, on zoo models
+   and the shipped demo;
+4. `alcli score` end to end on a folder of JPEGs it writes.
+
+    python benchmarks/gpu.py              # writes benchmarks/results/gpu-<device>.txt
+    python benchmarks/gpu.py --dry-run    # the whole script on the CPU, tiny sizes, < 1 minute
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks"), str(ROOT / "tests")]
+warnings.filterwarnings("ignore", message="There is a performance drop")
+warnings.filterwarnings("ignore", category=UserWarning, module="backpack")  # modules it has no extension for
+
+from alcli.gradnorm import grad_norms_per_target  # noqa: E402
+from gradnorm import SimpleModel, TextTransformer  # noqa: E402  (benchmarks/gradnorm.py)
+
+LOW = {"fp32": None, "bf16": torch.bfloat16}
+
+
+def autocast(precision: str, device: torch.device):
+    dtype = LOW[precision]
+    return torch.autocast(device.type, dtype=dtype, enabled=dtype is not None)
+
+
+# ---------------------------------------------------------------------------------------- models
+def models(dry: bool):
+    """(name, builder -> (model, inputs [B, ...], labels [B]))."""
+    import torchvision
+    g = torch.Generator().manual_seed(0)
+
+    def images(n, size, classes):
+        return torch.randn(n, 3, size, size, generator=g), torch.randint(0, classes, (n,), generator=g)
+
+    def resnet50():
+        if dry:  # resnet50's blocks, one of each stage
+            from torchvision.models.resnet import Bottleneck, ResNet
+            return ResNet(Bottleneck, [1, 1, 1, 1], num_classes=1000), *images(2, 16, 1000)
+        return torchvision.models.resnet50(num_classes=1000), *images(64, 224, 1000)
+
+    def vit():
+        if dry:
+            m = torchvision.models.VisionTransformer(image_size=32, patch_size=16, num_layers=1, num_heads=2,
+                                                     hidden_dim=32, mlp_dim=64, num_classes=10)
+            return m, *images(2, 32, 10)
+        return torchvision.models.vit_b_16(num_classes=1000), *images(32, 224, 1000)
+
+    def text():
+        n = 2 if dry else 64
+        return TextTransformer(), torch.randint(0, 1000, (n, 8 if dry else 64), generator=g), \
+            torch.randint(0, 10, (n,), generator=g)
+
+    def simple():
+        n = 2 if dry else 256
+        return SimpleModel(), torch.rand(n, 3, 10, 10, generator=g), torch.randint(0, 10, (n,), generator=g)
+
+    return [("resnet50", resnet50), ("vit_b_16", vit), ("text transformer", text), ("seed SimpleModel", simple)]
+
+
+# --------------------------------------------------------------------------------------- timing
+def timed(fn, device, seconds: float, reps: int) -> float:
+    """Median seconds per call after one warm-up call, within `seconds` or `reps` calls."""
+    fn()
+    sync(device)
+    times, start = [], time.perf_counter()
+    while len(times) < reps and (not times or time.perf_counter() - start < seconds):
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def contenders(model, x, y, device, exact_ok: bool):
+    def plain_forward():
+        with torch.no_grad():
+            model(x)
+
+    def plain_backward():
+        F.cross_entropy(model(x), y, reduction="sum").backward()
+        model.zero_grad(set_to_none=True)
+
+    def engine(precision, k):
+        def run():
+            with autocast(precision, device):
+                grad_norms_per_target(model, x, lambda logits: list(
+                    logits.argsort(1, descending=True)[:, :k].T), method="ghost")
+        return run
+
+    out = [("forward", plain_forward), ("forward+backward", plain_backward)]
+    for precision in ("fp32", "bf16"):
+        out.append((f"alcli gradnorm {precision}", engine(precision, 1)))
+        out.append((f"alcli EGL top-10 {precision}", engine(precision, 10)))
+        if exact_ok:
+            out.append((f"alcli EGL exact {precision}", engine(precision, 10 ** 9)))
+    return out
+
+
+def peers(model, x, y):
+    import _peers
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    for name, factory in _peers.PEERS.items():
+        try:
+            yield name, factory(model, x, y, names), None
+        except Exception as err:  # noqa: BLE001 - a peer that cannot take the model
+            yield name, None, f"{type(err).__name__}: {str(err).strip().splitlines()[0][:80] if str(err).strip() else ''}"
+
+
+def timing_table(device, dry: bool, say, budget_s: float):
+    per_call_s = 0.05 if dry else 3.0
+    for name, build in models(dry):
+        torch.manual_seed(0)
+        model, x, y = build()
+        model = model.to(device).eval()
+        if device.type == "cuda" and x.dim() == 4:
+            x = x.contiguous(memory_format=torch.channels_last)
+        model = model.to(memory_format=torch.channels_last) if device.type == "cuda" and x.dim() == 4 else model
+        x, y = x.to(device), y.to(device)
+        with torch.no_grad():
+            classes = model(x[:1]).shape[1]
+        say(f"\n## {name}: batch {x.shape[0]}, input {list(x.shape[1:])}, {classes} classes")
+        say(f"   {'contender':<28} {'ms/batch':>10} {'examples/s':>11}  note")
+        # exact EGL over 1000 classes is 100x the top-10 work: timed only where it fits the budget
+        rows = [(n, f, None) for n, f in contenders(model, x, y, device, exact_ok=classes <= 10)]
+        rows += list(peers(model, x, y))
+        for label, fn, note in rows:
+            if note is None and not dry and time.perf_counter() > budget_s:
+                note = "skipped: over the time budget"
+            if note is not None:
+                say(f"   {label:<28} {'-':>10} {'-':>11}  {note}")
+                continue
+            try:
+                s = timed(fn, device, per_call_s, 1 if dry else 20)
+            except torch.OutOfMemoryError:
+                torch.cuda.empty_cache()
+                say(f"   {label:<28} {'-':>10} {'-':>11}  out of memory")
+                continue
+            except Exception as err:  # noqa: BLE001 - a peer failing on this model
+                say(f"   {label:<28} {'-':>10} {'-':>11}  {type(err).__name__}: {str(err)[:80]}")
+                continue
+            say(f"   {label:<28} {s * 1e3:>10.2f} {x.shape[0] / s:>11.0f}")
+        if classes > 10:
+            say(f"   (EGL exact over {classes} classes: {classes // 10}x the top-10 backward, not timed; "
+                "`alcli score --top-classes 0` runs it)")
+        del model, x, y
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+# ------------------------------------------------------------------------------------- precision
+def rank_agreement(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
+    """(Spearman rank correlation, overlap of the top 10%) of two score vectors."""
+    ra, rb = a.argsort().argsort().double(), b.argsort().argsort().double()
+    rho = float(torch.corrcoef(torch.stack([ra, rb]))[0, 1])
+    k = max(1, len(a) // 10)
+    top_a, top_b = set(a.argsort(descending=True)[:k].tolist()), set(b.argsort(descending=True)[:k].tolist())
+    return rho, len(top_a & top_b) / k
+
+
+def precision_table(device, dry: bool, say):
+    import alcli
+    from gradnorm_zoo import build
+    say("\n## bf16 against fp32 scores (egl, every class): Spearman rank correlation, top-10% overlap")
+    say("   (spread: std/mean of the fp32 scores; where it is below bf16's error the ranks are noise)")
+    say(f"   {'model':<24} {'pool':>5} {'Spearman':>9} {'top 10%':>8} {'spread':>9} {'median rel. diff':>17}")
+    n = 20 if dry else 400
+    cases = ["simple", "bn_res_cnn"] if dry else ["simple", "mlp", "bn_res_cnn", "resnet18", "mobilenet_v3_small",
+                                                  "transformer", "conv2d_variants"]
+    for case in cases:
+        model, inputs, _ = build(case)
+        gen = torch.Generator().manual_seed(5)
+        if inputs.is_floating_point():
+            pool = torch.randn(n, *inputs.shape[1:], generator=gen)
+        else:
+            pool = torch.randint(1, int(inputs.max()) + 1, (n, *inputs.shape[1:]), generator=gen)
+        report(say, case, *scores_both(alcli.score_pool, pool, model, device))
+    demo = ROOT / "data" / "demo"
+    if (demo / "model.pt").is_file():
+        from alcli.files.checkpoint import load_model
+        model = load_model(demo / "model.pt", arch="alcli.demo:DigitsCNN")
+        pool = str(demo / "pool")
+        report(say, "shipped demo (DigitsCNN)", *scores_both(alcli.score_pool, pool, model, device))
+
+
+def scores_both(score_pool, pool, model, device):
+    out = []
+    for precision in ("fp32", "bf16"):
+        rows = score_pool(pool, model, device=device.type, precision=precision, batch_size=64, top_classes=0)
+        out.append({str(r["id"]): r["score"] for r in rows})
+    ids = sorted(out[0])
+    return len(ids), torch.tensor([out[0][i] for i in ids]), torch.tensor([out[1][i] for i in ids])
+
+
+def report(say, name, n, a, b):
+    rho, overlap = rank_agreement(a, b)
+    spread, diff = float(a.std() / a.mean()), float(((b - a) / a).abs().median())
+    say(f"   {name:<24} {n:>5} {rho:>9.4f} {overlap:>8.0%} {spread:>9.1e} {diff:>17.1e}")
+
+
+# ------------------------------------------------------------------------------------ end to end
+def end_to_end(device, dry: bool, say):
+    import numpy as np
+    import torchvision
+    from PIL import Image
+    n, size = (8, 32) if dry else (1024, 224)
+    arch = "resnet18" if dry else "resnet50"
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp) / "pool"
+        folder.mkdir()
+        rng = np.random.default_rng(0)
+        for i in range(n):
+            Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8)).save(folder / f"{i:05d}.jpg")
+        weights = Path(tmp) / f"{arch}.pt"
+        torch.save(getattr(torchvision.models, arch)(num_classes=1000).state_dict(), weights)
+        say(f"\n## alcli score end to end: {n} JPEGs {size}x{size}, {arch} (1000 classes), {device.type}")
+        for precision in ("bf16",) if dry else ("fp32", "bf16"):
+            cmd = [sys.executable, "-m", "alcli", "score", str(folder), "-m", str(weights), "--arch",
+                   f"torchvision:{arch}", "--device", device.type, "--precision", precision,
+                   "-b", "4" if dry else "64", "-o", str(Path(tmp) / f"{precision}.csv"), "-q"]
+            t0 = time.perf_counter()
+            done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+            s = time.perf_counter() - t0
+            status = "ok" if done.returncode == 0 else f"failed: {done.stderr.strip().splitlines()[-1:]}"
+            say(f"   egl top-10 {precision}: {s:6.1f} s wall (process start included), {n / s:7.1f} images/s  {status}")
+
+
+# ------------------------------------------------------------------------------------------ main
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dry-run", action="store_true", help="the whole script on the CPU at tiny sizes")
+    ap.add_argument("--out", help="the results file (default benchmarks/results/gpu-<device>.txt; "
+                                  "none for --dry-run)")
+    ap.add_argument("--budget", type=float, default=420.0, help="seconds before timing stops (default 420)")
+    args = ap.parse_args()
+    if not args.dry_run and not torch.cuda.is_available():
+        raise SystemExit("no CUDA device: run with --dry-run to check the script on the CPU")
+    device = torch.device("cpu" if args.dry_run else "cuda")
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+        torch.backends.cudnn.benchmark = True
+    lines: list[str] = []
+
+    def say(line=""):
+        print(line, flush=True)
+        lines.append(line)
+
+    start = time.perf_counter()
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (dry run)"
+    say(f"# alcli on {name}: torch {torch.__version__}")
+    tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_cuda.py"],
+                           capture_output=True, text=True, cwd=ROOT)
+    say(f"\n## CUDA-marked tests: {(tests.stdout.strip().splitlines() or ['(no output)'])[-1]}")
+    if tests.returncode not in (0, 5):
+        say("\n".join(tests.stdout.strip().splitlines()[-30:]))
+    timing_table(device, args.dry_run, say, start + (20 if args.dry_run else args.budget))
+    precision_table(device, args.dry_run, say)
+    end_to_end(device, args.dry_run, say)
+    say(f"\n(total {time.perf_counter() - start:.0f} s)")
+    out = args.out or (None if args.dry_run else ROOT / "benchmarks" / "results" / f"gpu-{device.type}.txt")
+    if out:
+        Path(out).write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()

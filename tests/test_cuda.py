@@ -1,0 +1,76 @@
+"""On a real CUDA device (skipped without one; benchmarks/gpu.py runs them first): every method
+against the float64 loop on zoo models, auto's choice per zoo model, classes in one backward,
+no host sync in the engine after the first batch, bf16 autocast, and the runner's one sync."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import alcli
+from alcli.gradnorm import auto_choice, grad_norms_per_target, per_example_grad_norms
+from alcli.gradnorm.ghost import _k_mode
+
+from gradnorm_zoo import AUTO_CHOICE, DECLINES, build, model_names, oracle_norms
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+CUDA = torch.device("cuda")
+ZOO = [n for n in model_names() if n not in ("lstm",)] + ["lstm"]
+
+
+@pytest.mark.parametrize("method", ["ghost", "replicate", "vmap", "auto"])
+@pytest.mark.parametrize("case", ZOO)
+def test_methods_on_cuda_match_the_loop(case, method):
+    if method in DECLINES.get(case, ()):
+        pytest.skip(f"{method} declines {case}")
+    model, inputs, targets = build(case)
+    expected = oracle_norms(model, inputs, targets)
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    model = model.to(CUDA)
+    norms = per_example_grad_norms(model, inputs.to(CUDA), targets.to(CUDA), method=method)
+    assert norms.device.type == "cuda"
+    torch.testing.assert_close(norms.double().cpu(), expected, rtol=1e-3, atol=1e-6 * float(expected.max()))
+    if method == "auto":
+        assert auto_choice(model)[0] == AUTO_CHOICE.get(case, "ghost")
+
+
+@pytest.mark.parametrize("case", ["resnet18", "transformer", "bn_res_cnn", "mobilenet_v3_small"])
+def test_classes_in_one_backward_on_cuda(case):
+    model, inputs, targets = build(case)
+    sets = [targets, (targets + 1) % 3, torch.zeros_like(targets)]
+    expected = torch.stack([oracle_norms(model, inputs, t) for t in sets])
+    model = model.to(CUDA)
+    norms, _ = grad_norms_per_target(model, inputs.to(CUDA), [t.to(CUDA) for t in sets], method="ghost")
+    torch.testing.assert_close(norms.double().cpu(), expected, rtol=1e-3, atol=1e-6 * float(expected.max()))
+    assert _k_mode[model] == "batched"
+
+
+@pytest.mark.parametrize("case", ["resnet18", "transformer"])
+def test_no_host_sync_after_the_first_batch(case):
+    model, inputs, targets = build(case)
+    model, x, t = model.to(CUDA), inputs.to(CUDA), targets.to(CUDA)
+    per_example_grad_norms(model, x, t)  # the first batch may probe
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        per_example_grad_norms(model, x, t)
+        grad_norms_per_target(model, x, lambda logits: list(logits.argsort(1, descending=True).T))
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+def test_bf16_autocast_on_cuda():
+    model, inputs, targets = build("resnet18")
+    expected = oracle_norms(model, inputs, targets)
+    model = model.to(CUDA)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        norms = per_example_grad_norms(model, inputs.to(CUDA), targets.to(CUDA), method="ghost")
+    torch.testing.assert_close(norms.double().cpu(), expected, rtol=3e-2, atol=0.0)
+
+
+def test_score_pool_on_cuda_matches_the_cpu():
+    model, inputs, _ = build("bn_res_cnn")
+    pool = torch.randn(40, *inputs.shape[1:], generator=torch.Generator().manual_seed(0))
+    cpu = {r["id"]: r["score"] for r in alcli.score_pool(pool, model, batch_size=16, device="cpu")}
+    gpu = {r["id"]: r["score"] for r in alcli.score_pool(pool, model, batch_size=16, device="cuda")}
+    for i in cpu:
+        assert gpu[i] == pytest.approx(cpu[i], rel=1e-2)

@@ -1,0 +1,51 @@
+"""EGL's K target sets through ONE backward (ghost vmaps the backward over K output cotangents):
+every zoo case ghost serves, K = 4 target sets, against the float64 per-example loop run once per
+target set, in float64 (1e-6) and float32 (1e-3)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from alcli.gradnorm import grad_norms_per_target
+from alcli.gradnorm.ghost import _k_mode
+
+from gradnorm_zoo import one_thread  # noqa: F401  (autouse fixture)
+from gradnorm_zoo import CASE_BY_ID, CASES, DECLINES, as_dtype, build, oracle_norms
+
+# (case, dtype) whose backward torch.func cannot vmap over the K cotangents: one backward per
+# target set. nn.LSTM in float64 has no vmap rule even per example, so the generic rule pulls
+# back one example at a time with autograd, which cannot run inside vmap.
+PER_TARGET = frozenset({("lstm", torch.float64)})
+SERVED = [c.id for c in CASES if "ghost" not in DECLINES.get(c.model, ())]
+_ORACLE: dict = {}
+
+
+def target_sets(model, inputs, targets):
+    with torch.no_grad():
+        classes = model(inputs).shape[1]
+    return [targets, (targets + 1) % classes, torch.zeros_like(targets), torch.full_like(targets, classes - 1)]
+
+
+def oracle(case_id):
+    if case_id not in _ORACLE:
+        case = CASE_BY_ID[case_id]
+        model, inputs, targets = build(case.model)
+        _ORACLE[case_id] = torch.stack([oracle_norms(model, inputs, t, case.select)
+                                        for t in target_sets(model, inputs, targets)])
+    return _ORACLE[case_id]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+@pytest.mark.parametrize("case_id", SERVED)
+def test_classes_in_one_backward(case_id, dtype):
+    case = CASE_BY_ID[case_id]
+    model, inputs, targets = build(case.model)
+    model, inputs = model.to(dtype), as_dtype(inputs, dtype)
+    sets = target_sets(model, inputs, targets)
+    norms, _ = grad_norms_per_target(model, inputs, sets, method="ghost",
+                                     params=list(case.params) if case.params else None)
+    expected = oracle(case_id)
+    rtol = 1e-6 if dtype == torch.float64 else 1e-3
+    torch.testing.assert_close(norms.double(), expected, rtol=rtol, atol=rtol * 1e-3 * float(expected.abs().max()))
+    assert _k_mode[model] == ("per target" if (case_id, dtype) in PER_TARGET else "batched"), \
+        f"{case_id}: the K target sets went through {_k_mode[model]!r}"
