@@ -13,7 +13,13 @@ from .errors import UnsupportedModel
 from .ghost import ghost_norms
 from .loop import loop_norms
 from .loss import cross_entropy
-from .model_io import batch_size, float_dtype, forward_logits, repeat_first, zeros_like_one
+from .model_io import (
+    batch_size,
+    float_dtype,
+    forward_logits,
+    repeat_first,
+    zeros_like_one,
+)
 from .params import select_params, selection_for
 from .plan import describe
 from .replicate import replicate_norms

@@ -20,11 +20,12 @@ import torch
 from torch.func import vmap
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from ..errors import first_line
 from .errors import UnsupportedModel
-from .params import ParamSelection
 from .layout import call_layouts, check_batch
 from .loss import cross_entropy, cross_entropy_cotangents
 from .model_io import batch_size, forward_logits
+from .params import ParamSelection
 from .plan import HookPlan, plan_for
 from .rules import RuleCall
 from .uses import UseWatch
@@ -156,7 +157,7 @@ def _backwards(model, plan, uses, calls, taps, logits, cotangents, batch) -> tor
             raise
         except (RuntimeError, NotImplementedError) as err:
             _k_mode[model] = "per target"
-            _k_reasons[model] = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+            _k_reasons[model] = first_line(err)
     return torch.stack([backward(cotangents[i], last=i + 1 == k) for i in range(k)])
 
 

@@ -21,8 +21,16 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from ..errors import first_line
 from .errors import UnsupportedModel
-from .model_io import batch_flip, batch_size, batch_slice, call_model, example_key, repeat_first
+from .model_io import (
+    batch_flip,
+    batch_size,
+    batch_slice,
+    call_model,
+    example_key,
+    repeat_first,
+)
 from .uses import ModuleStack
 
 MERGED = -1
@@ -155,7 +163,7 @@ def _record(model, inputs, modules, what) -> dict[str, list]:
             except (torch.OutOfMemoryError, UnsupportedModel):
                 raise
             except Exception as err:  # the model's own forward, on data it was not given
-                reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+                reason = first_line(err)
                 raise UnsupportedModel(f"{stack.where()} fails on part of the batch or the batch in "
                                        f"another order, which finding the batch dims needs ({reason})") from err
     finally:

@@ -13,13 +13,14 @@ from torch import nn
 from torch.func import functional_call, vmap
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from .pytree import dims_like, squeeze_leaves, unsqueeze_leaves
+from ..errors import first_line
 from .errors import UnsupportedModel
-from .plan import plan_for
 from .layout import MERGED, call_layouts
-from .uses import UseWatch
-from .params import ParamSelection
 from .model_io import batch_size, forward_logits
+from .params import ParamSelection
+from .plan import plan_for
+from .pytree import dims_like, squeeze_leaves, unsqueeze_leaves
+from .uses import UseWatch
 
 
 def replicate_norms(model, inputs, targets_for, selection: ParamSelection, loss_fn):
@@ -103,7 +104,7 @@ def _replicated_forward(module, name: str, copies: dict, layouts: list):
         except torch.OutOfMemoryError:
             raise  # the caller splits the batch
         except (RuntimeError, NotImplementedError, TypeError, ValueError) as err:
-            reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+            reason = first_line(err)
             raise UnsupportedModel(f"{label} cannot run with per-example copies under vmap ({reason})") from err
         finally:
             inside[0] = False

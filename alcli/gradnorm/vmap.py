@@ -4,8 +4,16 @@ from __future__ import annotations
 import torch
 from torch.func import functional_call, grad, vmap
 
+from ..errors import first_line
 from .errors import UnsupportedModel
-from .model_io import batch_size, batch_slice, forward_logits, logits_of, map_batch, model_args
+from .model_io import (
+    batch_size,
+    batch_slice,
+    forward_logits,
+    logits_of,
+    map_batch,
+    model_args,
+)
 from .params import ParamSelection
 from .uses import ModuleStack
 
@@ -51,7 +59,7 @@ def vmap_norms(model, inputs, targets_for, selection: ParamSelection, loss_fn):
         raise  # the caller splits the batch
     except (RuntimeError, NotImplementedError, TypeError) as err:
         where = "the loss function" if in_loss[0] else stack.where()
-        raise UnsupportedModel(f"torch.func cannot vmap {where} ({_first_line(err)})") from err
+        raise UnsupportedModel(f"torch.func cannot vmap {where} ({first_line(err)})") from err
     return torch.stack(rows), logits
 
 
@@ -66,8 +74,3 @@ def _chunked(per_example, params, inputs, target_sets, chunk):
             sq_parts.append(sum(g.reshape(g.shape[0], -1).double().square().sum(1) for g in grads.values()))
         rows.append(torch.cat(sq_parts).sqrt())
     return rows
-
-
-def _first_line(err: Exception) -> str:
-    text = str(err).strip().splitlines()
-    return text[0][:200] if text else type(err).__name__

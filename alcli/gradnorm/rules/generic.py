@@ -14,8 +14,9 @@ import torch
 from torch.func import functional_call, grad, vmap
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
-from ..pytree import dims_like, squeeze_leaves, unsqueeze_leaves
+from ...errors import first_line
 from ..errors import UnsupportedModel
+from ..pytree import dims_like, squeeze_leaves, unsqueeze_leaves
 
 
 def generic_rule(module, call, wanted):
@@ -60,7 +61,7 @@ def _looped_pullback(module, own, inputs, layout, grad_out):
             except torch.OutOfMemoryError:
                 raise  # the caller splits the batch
             except (RuntimeError, NotImplementedError, TypeError, ValueError, IndexError) as err:
-                reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+                reason = first_line(err)
                 raise UnsupportedModel(f"it cannot run one example at a time ({reason})") from err
             outs = tree_flatten(out)[0]
             gs = tree_flatten(_take(grad_out, layout.out_dims, i))[0]
