@@ -135,3 +135,19 @@ def in_ws(workspace, monkeypatch) -> Workspace:
     """Run inside the workspace, so `--arch tinynet:TinyNet` imports from the working directory."""
     monkeypatch.chdir(workspace.root)
     return workspace
+
+
+def score_in(root, *args, ok=True):
+    """`alcli score ARGS -q -o -` run with `root` as the working directory (Typer's CliRunner);
+    checked to exit 0 unless `ok` is False."""
+    from typer.testing import CliRunner
+    from alcli.cli import app
+    old = os.getcwd()
+    os.chdir(root)
+    try:
+        result = CliRunner().invoke(app, ["score", *map(str, args), "-q", "-o", "-"])
+    finally:
+        os.chdir(old)
+    if ok:
+        assert result.exit_code == 0, result.stderr + result.stdout
+    return result

@@ -17,8 +17,8 @@ import torch.nn.functional as F
 from PIL import Image
 from typer.testing import CliRunner
 
-from alcli.cli import app
 from cli_errors import assert_one_error
+from conftest import score_in as cli
 from conftest import parse_csv
 
 pytest.importorskip("transformers")
@@ -52,18 +52,6 @@ def hf_ws(tmp_path_factory):
     for i in range(5):
         Image.fromarray(rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)).save(root / "images" / f"im{i}.png")
     return root
-
-
-def cli(ws, *args, ok=True):
-    old = os.getcwd()
-    os.chdir(ws)
-    try:
-        result = runner.invoke(app, ["score", *map(str, args), "-q", "-o", "-"])
-    finally:
-        os.chdir(old)
-    if ok:
-        assert result.exit_code == 0, result.stderr + result.stdout
-    return result
 
 
 def oracle_model(directory: Path):

@@ -4,7 +4,6 @@ scored through the CLI against a float64 per-example loop."""
 from __future__ import annotations
 
 import argparse
-import os
 
 import numpy as np
 import pytest
@@ -13,10 +12,10 @@ import torch.nn.functional as F
 from PIL import Image
 from typer.testing import CliRunner
 
-from alcli.cli import app
 from alcli.errors import CheckpointError
 from alcli.files.checkpoint import load_model
 from cli_errors import assert_one_error
+from conftest import score_in as cli
 from conftest import parse_csv
 
 timm = pytest.importorskip("timm")
@@ -47,18 +46,6 @@ def timm_ws(tmp_path_factory):
     for i in range(5):
         Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(root / "images" / f"im{i}.png")
     return root
-
-
-def cli(ws, *args, ok=True):
-    old = os.getcwd()
-    os.chdir(ws)
-    try:
-        result = runner.invoke(app, ["score", *map(str, args), "-q", "-o", "-"])
-    finally:
-        os.chdir(old)
-    if ok:
-        assert result.exit_code == 0, result.stderr + result.stdout
-    return result
 
 
 def test_timm_model_from_safetensors_scores_an_image_pool(timm_ws):
