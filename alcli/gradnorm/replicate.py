@@ -2,8 +2,10 @@
 per-example copy of it, inside ONE batched forward and backward.
 
 The copies are one stride-0 leaf per parameter, `p.expand(B, *p.shape)` (no memory, no deepcopy);
-the module's forward is vmapped over the batch with example i using copy i, so the backward
-deposits example i's gradient in row i of the leaf's gradient. Repeated calls and tied
+Linear, Conv1d/2d/3d and the norm layers run all copies at once as batched matmuls, grouped
+convolutions and broadcast affines (replicate_layers.py); any other module's forward is vmapped
+over the batch with example i using copy i. Either way the backward deposits example i's gradient
+in row i of the leaf's gradient. Repeated calls and tied
 parameters share the leaf, so their contributions add before the norm, as they should.
 """
 from __future__ import annotations
@@ -19,6 +21,7 @@ from .layout import MERGED, call_layouts
 from .model_io import batch_size, forward_logits
 from .params import ParamSelection
 from .plan import plan_for
+from .replicate_layers import NOT_SERVED, batched_forward
 from .pytree import dims_like, squeeze_leaves, unsqueeze_leaves
 from .uses import UseWatch
 
@@ -70,9 +73,26 @@ def replicate_norms(model, inputs, targets_for, selection: ParamSelection, loss_
             grads = torch.autograd.grad(loss, leaves, retain_graph=k + 1 < len(target_sets), allow_unused=True)
             for g in grads:
                 if g is not None:
-                    sq += g.reshape(batch, -1).double().square().sum(1)
+                    sq += _square_norms(g.reshape(batch, -1))
         rows.append(sq.sqrt())
     return torch.stack(rows), logits
+
+
+def _square_norms(flat: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
+    """[B, n] -> [B] float64 squared row norms, without a float64 copy of the rows: dot products
+    of chunks of `chunk` entries (one bmm, accumulated in the rows' dtype, short enough to stay
+    accurate), summed in float64."""
+    if flat.dtype == torch.float64:
+        return flat.square().sum(1)
+    batch, n = flat.shape
+    whole = n // chunk * chunk
+    sq = torch.zeros(batch, dtype=torch.float64, device=flat.device)
+    if whole:
+        main = flat[:, :whole].reshape(-1, 1, chunk)
+        sq += torch.bmm(main, main.transpose(1, 2)).view(batch, -1).double().sum(1)
+    if whole < n:
+        sq += flat[:, whole:].double().square().sum(1)
+    return sq
 
 
 def _replicated_forward(module, name: str, copies: dict, layouts: list):
@@ -88,6 +108,9 @@ def _replicated_forward(module, name: str, copies: dict, layouts: list):
         layout = next(calls, None)
         if layout is None or MERGED in layout.out_dims or MERGED in layout.in_dims:
             raise UnsupportedModel(f"{label}: its inputs and outputs do not all carry the batch in one dim")
+        fast = batched_forward(module, copies, args, kwargs, layout)
+        if fast is not NOT_SERVED:
+            return fast
         in_dims = dims_like((args, kwargs), layout.in_dims)
         structure = []
 
