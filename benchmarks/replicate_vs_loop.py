@@ -8,7 +8,7 @@ replicate's norms are checked against loop's (the largest relative difference is
 float32: on resnet18 a 1e-6 change in conv1's output, grouped vs plain convolution, moves one
 example's norm by ~1e-3; in float64 the two agree to 1e-15).
 
-    python benchmarks/replicate_vs_loop.py [--rounds N] [--out FILE]
+    python benchmarks/replicate_vs_loop.py [--rounds N] [--threads 2,1] [--out FILE [--append]]
 """
 from __future__ import annotations
 
@@ -82,10 +82,17 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--threads", default="",
+                        help="comma-separated torch thread counts to run in turn (default: torch's own)")
+    parser.add_argument("--append", action="store_true", help="append to --out instead of overwriting")
     args = parser.parse_args()
-    lines = run(args.rounds)
+    lines = []
+    for threads in [int(t) for t in args.threads.split(",") if t] or [None]:
+        if threads:
+            torch.set_num_threads(threads)
+        lines += run(args.rounds) + [""]
     if args.out:
-        with open(args.out, "w") as f:
+        with open(args.out, "a" if args.append else "w") as f:
             f.write("\n".join(lines) + "\n")
 
 

@@ -21,7 +21,7 @@ from .layout import MERGED, call_layouts
 from .model_io import batch_size, forward_logits
 from .params import ParamSelection
 from .plan import plan_for
-from .replicate_layers import NOT_SERVED, batched_forward
+from .replicate_layers import NOT_SERVED, Sink, batched_forward, square_norms
 from .pytree import dims_like, squeeze_leaves, unsqueeze_leaves
 from .uses import UseWatch
 
@@ -46,6 +46,14 @@ def replicate_norms(model, inputs, targets_for, selection: ParamSelection, loss_
         copy.requires_grad_()
         copies[id(p)] = copy
 
+    # a copy used by one call only can have its squared norms taken inside the backward, a few
+    # examples at a time, instead of materialising its whole [B, *shape] gradient
+    uses: dict[int, int] = {}
+    for name, paths in plan.paths.items():
+        for p in paths.values():
+            uses[id(p)] = uses.get(id(p), 0) + len(layouts[name])
+    sinks = {id(p): Sink() for p in selection.params if uses.get(id(p)) == 1}
+
     patched = []
     try:
         for name, module in plan.modules.items():
@@ -53,7 +61,8 @@ def replicate_norms(model, inputs, targets_for, selection: ParamSelection, loss_
                 continue  # the same module object under a second name: already patched
             paths = plan.paths[name]
             module.forward = _replicated_forward(module, name, {path: copies[id(p)] for path, p in paths.items()},
-                                                 layouts[name])
+                                                 layouts[name],
+                                                 {path: sinks[id(p)] for path, p in paths.items() if id(p) in sinks})
             patched.append(module)
         # inside patched modules the copies stand in for the parameters: any use of a real one
         # is outside them and would be missed
@@ -69,33 +78,18 @@ def replicate_norms(model, inputs, targets_for, selection: ParamSelection, loss_
     for k, targets in enumerate(target_sets):
         loss = loss_fn(logits, targets).sum()
         sq = torch.zeros(batch, dtype=torch.float64, device=logits.device)
+        for sink in sinks.values():
+            sink.sq = sq  # the backward adds the squared norms of the copies it takes in place
         if loss.requires_grad:  # else no selected parameter affects the loss
             grads = torch.autograd.grad(loss, leaves, retain_graph=k + 1 < len(target_sets), allow_unused=True)
             for g in grads:
                 if g is not None:
-                    sq += _square_norms(g.reshape(batch, -1))
+                    sq += square_norms(g.reshape(batch, -1))
         rows.append(sq.sqrt())
     return torch.stack(rows), logits
 
 
-def _square_norms(flat: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
-    """[B, n] -> [B] float64 squared row norms, without a float64 copy of the rows: dot products
-    of chunks of `chunk` entries (one bmm, accumulated in the rows' dtype, short enough to stay
-    accurate), summed in float64."""
-    if flat.dtype == torch.float64:
-        return flat.square().sum(1)
-    batch, n = flat.shape
-    whole = n // chunk * chunk
-    sq = torch.zeros(batch, dtype=torch.float64, device=flat.device)
-    if whole:
-        main = flat[:, :whole].reshape(-1, 1, chunk)
-        sq += torch.bmm(main, main.transpose(1, 2)).view(batch, -1).double().sum(1)
-    if whole < n:
-        sq += flat[:, whole:].double().square().sum(1)
-    return sq
-
-
-def _replicated_forward(module, name: str, copies: dict, layouts: list):
+def _replicated_forward(module, name: str, copies: dict, layouts: list, sinks: dict):
     """A forward that runs example i through `module` with parameter copies[path][i]."""
     original = type(module).forward
     label = f"module '{name}' ({type(module).__name__})" if name else "the root module"
@@ -108,7 +102,7 @@ def _replicated_forward(module, name: str, copies: dict, layouts: list):
         layout = next(calls, None)
         if layout is None or MERGED in layout.out_dims or MERGED in layout.in_dims:
             raise UnsupportedModel(f"{label}: its inputs and outputs do not all carry the batch in one dim")
-        fast = batched_forward(module, copies, args, kwargs, layout)
+        fast = batched_forward(module, copies, args, kwargs, layout, sinks)
         if fast is not NOT_SERVED:
             return fast
         in_dims = dims_like((args, kwargs), layout.in_dims)

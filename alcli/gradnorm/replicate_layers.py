@@ -32,7 +32,33 @@ _CONV = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
 _BATCHNORM = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
 
 
-def batched_forward(module, copies: dict, args: tuple, kwargs: dict, layout):
+class Sink:
+    """Where a copy's per-example squared norms go when its gradient is not materialised: `sq`
+    is the [B] float64 accumulator of the current backward."""
+    sq: torch.Tensor | None = None
+
+
+_CHUNK = 1 << 21  # elements of per-example gradient held at once when taking norms in the backward
+
+
+def square_norms(flat: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
+    """[B, n] -> [B] float64 squared row norms, without a float64 copy of the rows: dot products
+    of chunks of `chunk` entries (one bmm, accumulated in the rows' dtype, short enough to stay
+    accurate), summed in float64."""
+    if flat.dtype == torch.float64:
+        return flat.square().sum(1)
+    batch, n = flat.shape
+    whole = n // chunk * chunk
+    sq = torch.zeros(batch, dtype=torch.float64, device=flat.device)
+    if whole:
+        main = flat[:, :whole].reshape(-1, 1, chunk)
+        sq += torch.bmm(main, main.transpose(1, 2)).view(batch, -1).double().sum(1)
+    if whole < n:
+        sq += flat[:, whole:].double().square().sum(1)
+    return sq
+
+
+def batched_forward(module, copies: dict, args: tuple, kwargs: dict, layout, sinks: dict | None = None):
     """The module's output for the whole batch with per-example copies, or NOT_SERVED."""
     if kwargs or len(args) != 1 or not isinstance(args[0], torch.Tensor):
         return NOT_SERVED
@@ -44,11 +70,12 @@ def batched_forward(module, copies: dict, args: tuple, kwargs: dict, layout):
     if not x.is_floating_point() or any(c.dtype != x.dtype for c in copies.values()):
         return NOT_SERVED
     kind = type(module)
+    sink = (sinks or {}).get("weight")
     if kind is nn.Linear or (isinstance(module, nn.Linear) and kind.forward is nn.Linear.forward):
-        return _linear(module, copies, x)
+        return _linear(module, copies, x, sink)
     for conv_type in _CONV:
         if kind is conv_type or (isinstance(module, conv_type) and kind.forward is conv_type.forward):
-            return _conv(module, copies, x)
+            return _conv(module, copies, x, sink)
     if kind is nn.LayerNorm:
         return _layer_norm(module, copies, x)
     if kind is nn.GroupNorm:
@@ -58,14 +85,14 @@ def batched_forward(module, copies: dict, args: tuple, kwargs: dict, layout):
     return NOT_SERVED
 
 
-def _linear(module, copies, x):
+def _linear(module, copies, x, sink):
     if x.dim() < 2:
         return NOT_SERVED
     batch = x.shape[0]
     w, b = copies.get("weight"), copies.get("bias")
     x3 = x.reshape(batch, -1, x.shape[-1])  # [B, T, in]
     if w is not None:
-        out = _Copies.apply(x3, w, _LinearOps)  # = bmm(x3, w.transpose(1, 2)), [B, T, out]
+        out = _Copies.apply(x3, w, _LinearOps, sink)  # = bmm(x3, w.transpose(1, 2)), [B, T, out]
     else:
         out = F.linear(x3, module.weight)
     if module.bias is not None:
@@ -73,7 +100,7 @@ def _linear(module, copies, x):
     return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
-def _conv(module, copies, x):
+def _conv(module, copies, x, sink):
     spatial = len(module.kernel_size)
     if x.dim() != spatial + 2:
         return NOT_SERVED  # unbatched input
@@ -82,7 +109,7 @@ def _conv(module, copies, x):
     if w is None:
         out = module._conv_forward(x, module.weight, None)
     else:
-        out = _Copies.apply(x, w, _ConvOps(module))
+        out = _Copies.apply(x, w, _ConvOps(module), sink)
     if module.bias is not None:
         bias = b if b is not None else module.bias.unsqueeze(0)
         out = out + bias.reshape(bias.shape[0], c_out, *([1] * spatial))
@@ -97,8 +124,8 @@ class _Copies(torch.autograd.Function):
     gradient in row i (`ops.grad_copies`: one batched matmul)."""
 
     @staticmethod
-    def forward(ctx, x, copies, ops):
-        ctx.ops = ops
+    def forward(ctx, x, copies, ops, sink):
+        ctx.ops, ctx.sink = ops, sink
         ctx.save_for_backward(x, copies)
         return ops.forward(x, copies[0])
 
@@ -106,8 +133,17 @@ class _Copies(torch.autograd.Function):
     def backward(ctx, grad_out):
         x, copies = ctx.saved_tensors
         grad_x = ctx.ops.grad_input(x, copies[0], grad_out) if ctx.needs_input_grad[0] else None
-        grad_copies = ctx.ops.grad_copies(x, grad_out) if ctx.needs_input_grad[1] else None
-        return grad_x, grad_copies, None
+        grad_copies = None
+        if ctx.needs_input_grad[1]:
+            if ctx.sink is None:
+                grad_copies = ctx.ops.grad_copies(x, grad_out)
+            else:  # the copy's only use: its norms now, a few examples at a time (no [B, *shape] gradient)
+                batch, each = x.shape[0], copies[0].numel()
+                step = max(1, _CHUNK // max(each, 1))
+                parts = [square_norms(ctx.ops.grad_copies(x[i:i + step], grad_out[i:i + step]).reshape(-1, each))
+                         for i in range(0, batch, step)]
+                ctx.sink.sq += torch.cat(parts)
+        return grad_x, grad_copies, None, None
 
 
 class _LinearOps:
