@@ -38,7 +38,7 @@ class Sink:
     sq: torch.Tensor | None = None
 
 
-_CHUNK = 1 << 21  # elements of per-example gradient held at once when taking norms in the backward
+_CHUNK = 1 << 16  # elements of per-example gradient held at once when taking norms in the backward (cache-sized)
 
 
 def square_norms(flat: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
