@@ -48,7 +48,9 @@ def cases():
 
 
 def run(rounds: int) -> list[str]:
-    lines = [f"torch {torch.__version__}, {platform.machine()}, torch threads {torch.get_num_threads()}, "
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    lines = [f"torch {torch.__version__}, {platform.machine()}, {os.cpu_count()} CPUs (shared; load {load:.1f} "
+             f"at start), torch threads {torch.get_num_threads()}, "
              f"median of {rounds} interleaved rounds (seconds per batch; x floor in brackets)", ""]
     header = f"{'model':<58} {'floor':>9} {'replicate':>18} {'loop':>18} {'loop/replicate':>15}"
     lines += [header, "-" * len(header)]

@@ -5,8 +5,12 @@ The copies are one stride-0 leaf per parameter, `p.expand(B, *p.shape)` (no memo
 Linear, Conv1d/2d/3d and the norm layers run all copies at once as batched matmuls, grouped
 convolutions and broadcast affines (replicate_layers.py); any other module's forward is vmapped
 over the batch with example i using copy i. Either way the backward deposits example i's gradient
-in row i of the leaf's gradient. Repeated calls and tied
-parameters share the leaf, so their contributions add before the norm, as they should.
+in row i of the leaf's gradient. For Linear and Conv weights the forward is the plain batched call
+(all copies are equal) and the backward fills the copies' gradient with one batched matmul; a copy
+used by one call only (no second call, no tied parameter) does not even materialise its
+[B, *shape] gradient: its squared norms are taken inside the backward, a few examples at a time.
+Repeated calls and tied parameters share the leaf, so their contributions add before the norm, as
+they should.
 """
 from __future__ import annotations
 
