@@ -26,8 +26,9 @@ from torch import nn
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from alcli.gradnorm import per_example_grad_norms  # noqa: E402
-from gradnorm import SimpleModel  # noqa: E402
+from gradnorm import SimpleModel
+
+from alcli.gradnorm import per_example_grad_norms
 
 
 def cases():
@@ -42,25 +43,29 @@ def cases():
         torch.randint(0, 10, (64,), generator=g)
     import torchvision
     torch.manual_seed(0)
-    yield "torchvision resnet18 (eval), 3x32x32, batch 32, 10 classes", \
-        torchvision.models.resnet18(weights=None, num_classes=10).eval(), \
-        torch.randn(32, 3, 32, 32, generator=g), torch.randint(0, 10, (32,), generator=g)
+    yield ("torchvision resnet18 (eval), 3x32x32, batch 32, 10 classes",
+           torchvision.models.resnet18(weights=None, num_classes=10).eval(),
+           torch.randn(32, 3, 32, 32, generator=g), torch.randint(0, 10, (32,), generator=g))
+
+
+def contenders(model, x, y) -> dict:
+    def floor():
+        F.cross_entropy(model(x), y, reduction="none").sum().backward()
+        model.zero_grad(set_to_none=True)
+    return {"floor": floor,
+            "replicate": lambda: per_example_grad_norms(model, x, y, method="replicate"),
+            "loop": lambda: per_example_grad_norms(model, x, y, method="loop")}
 
 
 def run(rounds: int) -> list[str]:
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    lines = [f"torch {torch.__version__}, {platform.machine()}, {os.cpu_count()} CPUs (shared; load {load:.1f} "
-             f"at start), torch threads {torch.get_num_threads()}, "
-             f"median of {rounds} interleaved rounds (seconds per batch; x floor in brackets)", ""]
+    lines = [(f"torch {torch.__version__}, {platform.machine()}, {os.cpu_count()} CPUs (shared; load {load:.1f} "
+              f"at start), torch threads {torch.get_num_threads()}, "
+              f"median of {rounds} interleaved rounds (seconds per batch; x floor in brackets)"), ""]
     header = f"{'model':<58} {'floor':>9} {'replicate':>18} {'loop':>18} {'loop/replicate':>15}"
     lines += [header, "-" * len(header)]
     for title, model, x, y in cases():
-        def floor():
-            F.cross_entropy(model(x), y, reduction="none").sum().backward()
-            model.zero_grad(set_to_none=True)
-        fns = {"floor": floor,
-               "replicate": lambda: per_example_grad_norms(model, x, y, method="replicate"),
-               "loop": lambda: per_example_grad_norms(model, x, y, method="loop")}
+        fns = contenders(model, x, y)
         a, b = fns["replicate"](), fns["loop"]()  # warm-up, and the check
         worst = float(((a - b).abs() / b.abs().clamp_min(1e-12)).max())
         assert worst < 1e-2, f"{title}: replicate and loop differ by {worst:.1e} relative"

@@ -25,8 +25,8 @@ from .layout import MERGED, call_layouts
 from .model_io import batch_size, forward_logits
 from .params import ParamSelection
 from .plan import plan_for
-from .replicate_layers import NOT_SERVED, Sink, batched_forward, square_norms
 from .pytree import dims_like, squeeze_leaves, unsqueeze_leaves
+from .replicate_layers import NOT_SERVED, Sink, batched_forward, square_norms
 from .uses import UseWatch
 
 
