@@ -47,6 +47,8 @@ def square_norms(flat: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
     accurate), summed in float64."""
     if flat.dtype == torch.float64:
         return flat.square().sum(1)
+    if flat.dtype != torch.float32:  # half types: a bmm would round each chunk's sum to them
+        flat = flat.float()
     batch, n = flat.shape
     whole = n // chunk * chunk
     sq = torch.zeros(batch, dtype=torch.float64, device=flat.device)
