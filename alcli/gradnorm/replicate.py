@@ -2,9 +2,15 @@
 per-example copy of it, inside ONE batched forward and backward.
 
 The copies are one stride-0 leaf per parameter, `p.expand(B, *p.shape)` (no memory, no deepcopy);
-the module's forward is vmapped over the batch with example i using copy i, so the backward
-deposits example i's gradient in row i of the leaf's gradient. Repeated calls and tied
-parameters share the leaf, so their contributions add before the norm, as they should.
+Linear, Conv1d/2d/3d and the norm layers run all copies at once as batched matmuls, grouped
+convolutions and broadcast affines (replicate_layers.py); any other module's forward is vmapped
+over the batch with example i using copy i. Either way the backward deposits example i's gradient
+in row i of the leaf's gradient. For Linear and Conv weights the forward is the plain batched call
+(all copies are equal) and the backward fills the copies' gradient with one batched matmul; a copy
+used by one call only (no second call, no tied parameter) does not even materialise its
+[B, *shape] gradient: its squared norms are taken inside the backward, a few examples at a time.
+Repeated calls and tied parameters share the leaf, so their contributions add before the norm, as
+they should.
 """
 from __future__ import annotations
 
@@ -20,6 +26,7 @@ from .model_io import batch_size, forward_logits
 from .params import ParamSelection
 from .plan import plan_for
 from .pytree import dims_like, squeeze_leaves, unsqueeze_leaves
+from .replicate_layers import NOT_SERVED, Sink, batched_forward, square_norms
 from .uses import UseWatch
 
 
@@ -43,6 +50,14 @@ def replicate_norms(model, inputs, targets_for, selection: ParamSelection, loss_
         copy.requires_grad_()
         copies[id(p)] = copy
 
+    # a copy used by one call only can have its squared norms taken inside the backward, a few
+    # examples at a time, instead of materialising its whole [B, *shape] gradient
+    uses: dict[int, int] = {}
+    for name, paths in plan.paths.items():
+        for p in paths.values():
+            uses[id(p)] = uses.get(id(p), 0) + len(layouts[name])
+    sinks = {id(p): Sink() for p in selection.params if uses.get(id(p)) == 1}
+
     patched = []
     try:
         for name, module in plan.modules.items():
@@ -50,7 +65,8 @@ def replicate_norms(model, inputs, targets_for, selection: ParamSelection, loss_
                 continue  # the same module object under a second name: already patched
             paths = plan.paths[name]
             module.forward = _replicated_forward(module, name, {path: copies[id(p)] for path, p in paths.items()},
-                                                 layouts[name])
+                                                 layouts[name],
+                                                 {path: sinks[id(p)] for path, p in paths.items() if id(p) in sinks})
             patched.append(module)
         # inside patched modules the copies stand in for the parameters: any use of a real one
         # is outside them and would be missed
@@ -66,16 +82,18 @@ def replicate_norms(model, inputs, targets_for, selection: ParamSelection, loss_
     for k, targets in enumerate(target_sets):
         loss = loss_fn(logits, targets).sum()
         sq = torch.zeros(batch, dtype=torch.float64, device=logits.device)
+        for sink in sinks.values():
+            sink.sq = sq  # the backward adds the squared norms of the copies it takes in place
         if loss.requires_grad:  # else no selected parameter affects the loss
             grads = torch.autograd.grad(loss, leaves, retain_graph=k + 1 < len(target_sets), allow_unused=True)
             for g in grads:
                 if g is not None:
-                    sq += g.reshape(batch, -1).double().square().sum(1)
+                    sq += square_norms(g.reshape(batch, -1))
         rows.append(sq.sqrt())
     return torch.stack(rows), logits
 
 
-def _replicated_forward(module, name: str, copies: dict, layouts: list):
+def _replicated_forward(module, name: str, copies: dict, layouts: list, sinks: dict):
     """A forward that runs example i through `module` with parameter copies[path][i]."""
     original = type(module).forward
     label = f"module '{name}' ({type(module).__name__})" if name else "the root module"
@@ -88,6 +106,9 @@ def _replicated_forward(module, name: str, copies: dict, layouts: list):
         layout = next(calls, None)
         if layout is None or MERGED in layout.out_dims or MERGED in layout.in_dims:
             raise UnsupportedModel(f"{label}: its inputs and outputs do not all carry the batch in one dim")
+        fast = batched_forward(module, copies, args, kwargs, layout, sinks)
+        if fast is not NOT_SERVED:
+            return fast
         in_dims = dims_like((args, kwargs), layout.in_dims)
         structure = []
 
