@@ -203,6 +203,9 @@ Strategy = Annotated[Optional[str], typer.Option(
 TopClasses = Annotated[Optional[int], typer.Option(
     metavar="K", help="egl: sum over the K most probable classes; 0 = all classes, exact. "
     "[default: 10 for models with more than 10 classes, else all]")]
+Decode = Annotated[Optional[str], typer.Option(
+    metavar="cpu|gpu", help="Where JPEG images are decoded: by PIL in the loader (cpu), or as "
+    "file bytes decoded, resized and cropped on the device (gpu: nvJPEG on CUDA). [default: cpu]")]
 Precision = Annotated[Optional[str], typer.Option(
     metavar="fp32|bf16|fp16", help="The model's forward under autocast; norms add up in float32 "
     "or better. [default: fp32]")]
@@ -427,7 +430,8 @@ def score(
     max_length: MaxLength = None,
     labels_from_folders: LabelsFromFolders = False, strategy: Strategy = None,
     top_classes: TopClasses = None, layers: Layers = None, method: Method = None,
-    precision: Precision = None, batch_size: BatchSize = None, device: Device = None,
+    precision: Precision = None, decode: Decode = None, batch_size: BatchSize = None,
+    device: Device = None,
     workers: Workers = None, seed: Seed = None, output: Output = None, format: TableFormat = None,
     null: Null = False, embeddings: WriteEmbeddings = None,
     checkpoint_every: CheckpointEvery = None, resume: Resume = False, restart: Restart = False,
@@ -517,7 +521,8 @@ def select(
     max_length: MaxLength = None,
     labels_from_folders: LabelsFromFolders = False, strategy: Strategy = None,
     top_classes: TopClasses = None, layers: Layers = None, method: Method = None,
-    precision: Precision = None, batch_size: BatchSize = None, device: Device = None,
+    precision: Precision = None, decode: Decode = None, batch_size: BatchSize = None,
+    device: Device = None,
     workers: Workers = None, seed: Seed = None, output: SelectOutput = None,
     format: SelectFormat = None, diverse: Diverse = None,
     diverse_candidates: DiverseCandidates = None,

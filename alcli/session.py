@@ -77,7 +77,7 @@ def pool_for(settings: Settings, model: nn.Module, pool=None, stdin=None) -> Poo
         raise ConfigError(f"no pool given; pass {what} a folder of images, a .csv/.jsonl manifest, "
                           f"a .pt/.npy/.npz tensor file, or - for image paths on stdin")
     opts = PoolOptions(settings.labels_from_folders, settings.transform, model_channels(model),
-                       settings.null)
+                       settings.null, decode=settings.decode)
     hf_options(opts, settings, model)
     if isinstance(settings.pool, str) and settings.pool != "-" and not Path(settings.pool).exists():
         raise PoolError(f"pool {settings.pool}{from_config(settings, 'pool')} does not exist")

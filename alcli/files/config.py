@@ -32,6 +32,7 @@ PER_CLASS_MODES = ("proportional", "equal")
 STRATEGY_NAMES = ("egl", "gradnorm", "loss", "entropy", "margin", "least-confidence", "random")
 METHOD_NAMES = ("auto", "ghost", "replicate", "vmap", "loop")
 PRECISIONS = ("fp32", "bf16", "fp16")
+DECODERS = ("cpu", "gpu")  # where image files are decoded: the loader's workers, or the device
 DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 
 
@@ -62,6 +63,7 @@ class Settings:
     top_classes: int | None = None   # egl: K most probable classes; 0 = all (exact); None = 10 at most
     layers: list[str] | None = None
     method: str = "auto"
+    decode: str = "cpu"  # cpu: PIL in the DataLoader's workers; gpu: JPEG bytes decoded on the device
     precision: str = "fp32"  # fp32 | bf16 | fp16: autocast for the model's forward (the engine's rules stay float32)
     batch_size: int = 64
     device: str = "auto"
@@ -289,7 +291,7 @@ CHECKS: dict[str, Callable[[Any], Any]] = {
     "model": _opt_str, "arch": _opt_str, "arch_kwargs": _mapping, "trust_checkpoint": _bool,
     "pool": _pool, "null": _bool, "labels_from_folders": _bool, "transform": _transform,
     "strategy": _choice(STRATEGY_NAMES), "top_classes": _opt(_int(0)), "layers": _layers,
-    "method": _choice(METHOD_NAMES), "precision": _choice(PRECISIONS), "batch_size": _int(1),
+    "method": _choice(METHOD_NAMES), "precision": _choice(PRECISIONS), "decode": _choice(DECODERS), "batch_size": _int(1),
     "device": _device, "workers": _opt(_int(0)),
     "seed": _int(0), "output": _opt_str, "format": _choice(FORMATS), "scores": _opt_str,
     "budget": _opt(_int(1)), "quiet": _bool,

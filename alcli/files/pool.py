@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import sys
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, NamedTuple
@@ -38,6 +39,7 @@ class PoolOptions:
     text_column: str = "text"    # text pools: the manifest column holding the text
     tokenizer: Callable[[], Callable[[list[str]], dict]] | None = None  # makes the model's tokenizer
                                  # (texts -> dict of [B, T] tensors); None: the model has none
+    decode: str = "cpu"          # "gpu": image pools hand over JPEG bytes, decoded on the device
 
 
 class Item(NamedTuple):
@@ -79,17 +81,25 @@ class Pool(Dataset):
         return len(self.ids)
 
 
+class JpegBytes(NamedTuple):
+    """A JPEG file's bytes [n] uint8, handed over undecoded (--decode gpu)."""
+    data: torch.Tensor
+
+
 class ImagePool(Pool):
     kind = "images"
 
     def __init__(self, name: str, ids: list[str], paths: list[Path], labels: list[int],
-                 transform: Callable):
+                 transform: Callable, decode: str = "cpu"):
         self.name, self.ids, self.paths, self.labels = name, ids, paths, labels
         self.has_labels = any(label >= 0 for label in labels)
         self.transform = transform
         self.to_float = transform.to_float
+        self.decode = decode
 
     def __getitem__(self, i: int) -> Item:
+        if self.decode == "gpu":
+            return self._jpeg_bytes(i)
         try:
             with Image.open(self.paths[i]) as img:
                 x = self.transform(img)
@@ -97,6 +107,18 @@ class ImagePool(Pool):
             return Item(self.ids[i], None, self.labels[i],
                         f"cannot read image {self.paths[i]} ({first_line(err)})")
         return Item(self.ids[i], x, self.labels[i], None, str(self.paths[i]))
+
+    def _jpeg_bytes(self, i: int) -> Item:
+        try:
+            data = Path(self.paths[i]).read_bytes()
+        except OSError as err:
+            return Item(self.ids[i], None, self.labels[i],
+                        f"cannot read image {self.paths[i]} ({first_line(err)})")
+        if not data.startswith(b"\xff\xd8\xff"):
+            return Item(self.ids[i], None, self.labels[i], f"image {self.paths[i]} is not a JPEG "
+                        f"file (--decode gpu decodes JPEGs only)")
+        return Item(self.ids[i], JpegBytes(torch.frombuffer(bytearray(data), dtype=torch.uint8)),
+                    self.labels[i], None, str(self.paths[i]))
 
 
 class TensorPool(Pool):
@@ -125,6 +147,10 @@ def collate(items: list[Item]) -> Batch:
     first = good[0]
     if isinstance(first.input, Text):
         return _collate_texts(good, errors)
+    if isinstance(first.input, JpegBytes):  # decoded (and sized) on the device: see to_float
+        return Batch([it.id for it in good], [it.input.data for it in good],
+                     torch.tensor([it.label for it in good], dtype=torch.long), errors,
+                     paths=[it.path for it in good])
     mismatch = None
     for it in good[1:]:
         if it.input.shape != first.input.shape and mismatch is None:
@@ -168,12 +194,43 @@ class ImageTransform:
         x = x.unsqueeze(0) if x.dim() == 2 else x.permute(2, 0, 1)  # [C, H, W]
         return x.contiguous()
 
-    def to_float(self, x: torch.Tensor) -> torch.Tensor:
-        """uint8 [..., C, H, W] on any device -> float32 in [0, 1], normalized, on that device."""
+    def to_float(self, x, device: torch.device | None = None) -> torch.Tensor:
+        """uint8 [..., C, H, W] on any device -> float32 in [0, 1], normalized, on that device.
+        A list of JPEG files' bytes (--decode gpu) is decoded on `device` first."""
+        if isinstance(x, list):
+            x = self.decode_jpegs(x, device or torch.device("cpu"))
         x = x.to(torch.float32) / 255.0
         if self.mean is not None:
             x = (x - self.mean.to(x.device, non_blocking=True)) / self.std.to(x.device, non_blocking=True)
         return x
+
+    def decode_jpegs(self, datas: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+        """JPEG bytes -> uint8 [B, C, H, W] on `device` (nvJPEG on CUDA), in the channel mode,
+        resized and cropped there as the PIL path would (bilinear, antialiased)."""
+        with warnings.catch_warnings():  # torchvision 0.29 calls its decoders deprecated
+            warnings.simplefilter("ignore", DeprecationWarning)
+            from torchvision.io import ImageReadMode, decode_jpeg  # only for --decode gpu (2 s)
+            from torchvision.transforms.v2 import functional as TF
+        gray = self.t.grayscale or self.mode == "L"
+        mode = ImageReadMode.GRAY if gray else ImageReadMode.RGB
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            images = decode_jpeg(datas, mode=mode, device=device if device.type == "cuda" else "cpu")
+        out = []
+        for img in images:  # [C, H, W] uint8
+            img = img.to(device)
+            if gray and self.mode != "L":
+                img = img.expand(3, -1, -1)
+            if self.t.resize is not None:
+                w, h = _resized((img.shape[2], img.shape[1]), self.t.resize)
+                img = TF.resize(img, [h, w], antialias=True)
+            if self.t.center_crop is not None:
+                img = TF.center_crop(img, self.t.center_crop)
+            out.append(img)
+        if any(o.shape != out[0].shape for o in out):
+            raise PoolError("images of different sizes in one batch; set transform.resize and "
+                            "transform.center_crop in the config")
+        return torch.stack(out)
 
 
 def _resized(size: tuple[int, int], resize) -> tuple[int, int]:
@@ -215,7 +272,8 @@ def _image_pool(name: str, rows: list[tuple[str, Path, int]], opts: PoolOptions)
         raise PoolError(f"pool {name} holds no images (looked for {', '.join(IMAGE_EXTS)})")
     check_unique_ids(name, [r[0] for r in rows])
     ids, paths, labels = (list(col) for col in zip(*rows))
-    return ImagePool(name, ids, paths, labels, image_transform(opts.transform, opts.channels))
+    return ImagePool(name, ids, paths, labels, image_transform(opts.transform, opts.channels),
+                     opts.decode)
 
 
 def check_unique_ids(name: str, ids: list[str]) -> None:

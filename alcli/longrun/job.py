@@ -194,7 +194,10 @@ def run_key(settings: Settings, full: Pool, net: nn.Module) -> dict:
             "strategy": settings.strategy, "top_classes": settings.top_classes,
             "layers": settings.layers, "seed": settings.seed,
             "labels_from_folders": settings.labels_from_folders, "transform": transform,
-            **_text_key(settings, full)}
+            **_text_key(settings, full),
+            # settings that change the numbers, recorded when they are not the default
+            **{k: getattr(settings, k) for k, default in (("decode", "cpu"), ("precision", "fp32"))
+               if getattr(settings, k) != default}}
 
 
 def _text_key(settings: Settings, full: Pool) -> dict:

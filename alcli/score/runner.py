@@ -49,11 +49,14 @@ def to_model(inputs: torch.Tensor | dict, model: nn.Module, device: torch.device
     there by the pool's `to_float` (images: uint8 -> normalized float), floating inputs in the
     model's dtype (tensor pools may be float64); channels-last images for CUDA convolutions.
     A dict (tokenized text: input_ids, attention_mask) goes tensor by tensor."""
-    if not isinstance(inputs, torch.Tensor):
+    if isinstance(inputs, list):  # --decode gpu: JPEG files' bytes, decoded on the device
+        inputs = to_float(inputs, device)
+    elif not isinstance(inputs, torch.Tensor):
         return map_batch(inputs, lambda t: to_model(t, model, device))
-    inputs = inputs.to(device, non_blocking=True)
-    if to_float is not None:
-        inputs = to_float(inputs)
+    else:
+        inputs = inputs.to(device, non_blocking=True)
+        if to_float is not None:
+            inputs = to_float(inputs)
     if device.type == "cuda" and inputs.dim() == 4:
         inputs = inputs.contiguous(memory_format=torch.channels_last)
     dtype = model_dtype(model)
