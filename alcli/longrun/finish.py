@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from ..files.table import BASE_COLUMNS, atomic_file, sidecar, write_meta, write_rows
-from ..selection.rank import order_key
+from ..files.table import atomic_file, columns_of, sidecar, write_meta, write_rows
+from ..selection.rank import score_order
 from .partial import read_record
 
 
@@ -52,17 +51,14 @@ def finish(sources: list[Path], dest, fmt: str, *, top: int = 5) -> Finished:
                     if "score" in record:
                         for key in record:
                             columns.setdefault(key, None)
-                        score = record["score"]
-                        nan = score is None or (isinstance(score, float) and math.isnan(score))
-                        nans += nan
-                        keys.append((order_key({"id": id_, "score": float("nan") if nan else score}),
-                                     s, offset))
+                        key = score_order(record["score"], id_)
+                        nans += key[0]  # NaN (or None) scores sort last
+                        keys.append((key, s, offset))
                     else:
                         errors[id_] = str(record.get("error", ""))
                 offset += len(line)
     keys.sort()
-    cols = ["rank"] + [c for c in BASE_COLUMNS if c in columns and c != "rank"] + \
-        [c for c in columns if c not in BASE_COLUMNS]
+    cols = columns_of([{"rank": None, **columns}])
     out = Finished(count=len(keys), nans=nans, errors=sorted(errors.items()))
 
     def ranked() -> Iterator[dict]:
