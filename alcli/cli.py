@@ -371,11 +371,8 @@ def _warnings_to(r: Reporter) -> None:
     """Python warnings from the engine (`auto` settling on a slower method) and from user code go
     to stderr as `alcli: warning: ...` lines, not as Python's two-line warnings."""
     def show(message, category, filename, lineno, file=None, line=None):
-        text = str(message)
-        if category.__name__ == "EngineFallback":
-            method = next((m for m in FALLBACK_COST if f"'{m}' method" in text), None)
-            text += f" (expected cost: {FALLBACK_COST[method]})" if method else ""
-        r.warn(text)
+        cost = FALLBACK_COST.get(getattr(message, "method", None))  # an EngineFallback
+        r.warn(f"{message} (expected cost: {cost})" if cost else str(message))
     warnings.showwarning = show
 
 

@@ -95,8 +95,9 @@ def grad_norms_per_target(model: nn.Module, inputs: torch.Tensor,
         if key not in known or failures:
             known[key] = (name, "; ".join(failures + [_why(name, model, selection)]))
             if name != "ghost":
-                warnings.warn(f"per-example gradient norms of {type(model).__name__} use the slower "
-                              f"'{name}' method: {known[key][1]}", EngineFallback, stacklevel=3)
+                warnings.warn(EngineFallback(f"per-example gradient norms of {type(model).__name__} "
+                                             f"use the slower '{name}' method: {known[key][1]}",
+                                             name), stacklevel=3)
         return norms.to(_dtype(model, inputs)), logits.detach()
     raise UnsupportedModel("no method can serve this model: " + "; ".join(failures))
 
@@ -117,7 +118,12 @@ def _twice(target_sets):
 
 
 class EngineFallback(UserWarning):
-    """`auto` settled on a method other than ghost for a model; the message says why."""
+    """`auto` settled on a method other than ghost for a model; the message says why, and
+    `method` which."""
+
+    def __init__(self, message: str, method: str):
+        super().__init__(message)
+        self.method = method
 
 
 def _empty_batch(model, inputs, targets_for, selection, loss_fn):
