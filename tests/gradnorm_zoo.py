@@ -502,6 +502,33 @@ def _packed_inputs(gen, batch):
     return packed_inputs([1, 1, 0, 2], gen)
 
 
+# ------------------------------------------------------- positions shared by all examples (BERT, GPT-2)
+class SharedPositions(nn.Module):
+    """Learned positions looked up with ids [1, T] shared by all examples, then a Linear on the
+    shared [1, T, d] positions, added to the tokens by broadcasting."""
+
+    def __init__(self):
+        super().__init__()
+        self.tok = nn.Embedding(VOCAB, 6)
+        self.pos = nn.Embedding(8, 6)
+        self.pos_mlp = nn.Linear(6, 6)
+        self.fc = nn.Linear(6, 3)
+        self.register_buffer("position_ids", torch.arange(8).unsqueeze(0))
+
+    def forward(self, tokens):
+        positions = self.pos_mlp(torch.tanh(self.pos(self.position_ids[:, :tokens.shape[1]])))
+        return self.fc(torch.tanh(self.tok(tokens) + positions).mean(1))
+
+
+class SharedPositionsSummed(SharedPositions):
+    """The shared positions summed over their leading dim: expanded to the batch they would
+    count B times, so they stay shared, and no per-example output gradient exists for them."""
+
+    def forward(self, tokens):
+        positions = self.pos(self.position_ids[:, :tokens.shape[1]]).sum(0)  # [T, d]
+        return self.fc(torch.tanh(self.tok(tokens) + positions).mean(1))
+
+
 # ------------------------------------------------------------------------------------------ cases
 def randomize_batchnorm(model: nn.Module, gen: torch.Generator) -> nn.Module:
     """Non-trivial running stats and affine parameters for every BatchNorm."""
@@ -578,6 +605,8 @@ _BUILDERS: dict[str, tuple[Callable[[], nn.Module], Callable, int]] = {
     "alias_module": (AliasModule, lambda g, b: torch.randn(b, 6, generator=g), 4),
     "cell_rnn": (CellRNN, lambda g, b: _tokens(g, b, 4), 4),
     "parametrized_alias": (ParametrizedAlias, lambda g, b: torch.randn(b, 5, generator=g), 4),
+    "shared_positions": (SharedPositions, lambda g, b: _tokens(g, b, 6), 4),
+    "shared_positions_summed": (SharedPositionsSummed, lambda g, b: _tokens(g, b, 6), 4),
 }
 
 
@@ -595,11 +624,14 @@ DECLINES: dict[str, frozenset] = {
     "weight_norm": frozenset({"ghost", "replicate"}),   # a parametrization computes the weight
     "alias_attr_used": frozenset({"ghost", "replicate"}),  # the parent uses its alias directly
     "parametrized_alias": frozenset({"ghost", "replicate"}),
+    "shared_positions": frozenset({"replicate"}),   # an output shared by all examples
+    "shared_positions_summed": frozenset({"ghost", "replicate"}),  # and ghost cannot broadcast it
 }
 # What `auto` settles on, where it is not ghost.
 AUTO_CHOICE: dict[str, str] = {
     "packed_lstm": "loop", "packed_gru_sorted": "loop", "packed_tokens": "loop",
     "weight_norm": "vmap", "alias_attr_used": "vmap", "parametrized_alias": "vmap",
+    "shared_positions_summed": "vmap",
 }
 
 

@@ -134,9 +134,9 @@ def test_logits_of_refuses_an_output_without_logits():
 # (UnsupportedModel); `auto` always matches the loop, with the method it settles on
 SERVES = {
     #             ghost  replicate vmap   loop  auto's choice
-    "bert":       (False, False,   False, True, "loop"),   # ghost: shared position embeddings;
-    "distilbert": (False, False,   False, True, "loop"),   # vmap: data-dependent control flow
-    "gpt2":       (False, False,   False, True, "loop"),   # ghost: shared position embeddings too
+    "bert":       (True,  False,   False, True, "ghost"),  # replicate: padding_idx; vmap: control flow
+    "distilbert": (True,  False,   False, True, "ghost"),  # ghost: shared position embeddings broadcast
+    "gpt2":       (True,  False,   False, True, "ghost"),  # replicate: shared position embeddings
     "vit":        (True,  False,   True,  True, "ghost"),  # replicate: nested owners
 }
 

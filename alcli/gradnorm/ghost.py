@@ -71,6 +71,10 @@ def ghost_norms(model, inputs, targets_for, selection: ParamSelection, loss_fn):
                 return None  # its capturing forward recorded the call
             call = _new_call(args, kwargs)
             if isinstance(output, torch.Tensor) and output.is_floating_point():  # the common case
+                if _broadcast(plan, layouts, name, len(calls[name])):
+                    # a shared [1, ...] call: tapped as the batch sees it, [B, ...]
+                    call.args = (args[0].expand(batch, *args[0].shape[1:]), *args[1:])
+                    output = output.expand(batch, *output.shape[1:])
                 calls[name].append(call)
                 return _tap(call, output)
             leaves, call.out_spec = tree_flatten(output)
@@ -101,6 +105,7 @@ def ghost_norms(model, inputs, targets_for, selection: ParamSelection, loss_fn):
             return output
         return forward
 
+    layouts = call_layouts(model, inputs, plan.modules)
     key = tuple(selection.names)
     verify = key not in _verified.get(model, set())
     patched = []
@@ -125,7 +130,7 @@ def ghost_norms(model, inputs, targets_for, selection: ParamSelection, loss_fn):
             del module.forward
 
     _check_unmodified(calls)
-    _apply_layouts(plan, calls, call_layouts(model, inputs, plan.modules), batch)
+    _apply_layouts(plan, calls, layouts, batch)
     uses = _count_uses(plan, calls)
     taps = [tap for module_calls in calls.values() for call in module_calls for tap in call.taps]
     target_sets = targets_for(logits)
@@ -367,7 +372,7 @@ def _apply_layouts(plan: HookPlan, calls, layouts, batch: int):
             if not call.args or not isinstance(call.args[0], torch.Tensor) or not call.taps:
                 raise UnsupportedModel(f"{where}: its rule needs a tensor as the first positional "
                                        "input and a floating-point output")
-            d_in, d_out = layout.in_dims[0], layout.out_dims[0]
+            d_in, d_out = (0, 0) if layout.broadcast else (layout.in_dims[0], layout.out_dims[0])
             x, out = call.args[0], call.taps[0]  # the tap has the output's shape
             if d_in is None or d_out is None:
                 raise UnsupportedModel(f"{where}: its input or output is shared by all examples")
@@ -378,6 +383,13 @@ def _apply_layouts(plan: HookPlan, calls, layouts, batch: int):
             if d_in:
                 call.args = (x.movedim(d_in, 0), *call.args[1:])
             call.out_move = d_out
+
+
+def _broadcast(plan: HookPlan, layouts, name: str, index: int) -> bool:
+    """Is this call of `name` a shared [1, ...] call whose output ghost expands to the batch?"""
+    module_layouts = layouts[name]
+    return (index < len(module_layouts) and module_layouts[index].broadcast
+            and plan.rules[name].layout != "own")
 
 
 def _check_unmodified(calls):

@@ -11,6 +11,12 @@ tokens with one token in each of the first two examples), so the full batch is a
 reverse order: a true batch dim holds the same values, reversed. Because the result is cached
 per model, hooked modules and example shape, a forward whose shapes depend on the data (an op
 such as nonzero or boolean masking) is refused: a later batch could lay out differently.
+
+A call whose first input and output are shared by all examples with a leading dim of 1 (a
+position embedding looked up with position ids [1, T]) is marked `broadcast` when expanding its
+output to the batch ([1, T, d] -> [B, T, d], as the model's own broadcasting would) leaves the
+model's output unchanged: ghost then taps the expanded output, so each example's own gradient
+comes back and the layer's rule applies as to any batched call.
 """
 from __future__ import annotations
 
@@ -29,6 +35,7 @@ from .model_io import (
     batch_slice,
     call_model,
     example_key,
+    logits_of,
     repeat_first,
 )
 from .uses import ModuleStack
@@ -41,6 +48,7 @@ class Layout:
     """Batch dims of one module call: per leaf of (args, kwargs) and per leaf of the output."""
     in_dims: list
     out_dims: list
+    broadcast: bool = False  # shared [1, ...] input and output that may be expanded to the batch
 
 
 _cache: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -67,6 +75,7 @@ def call_layouts(model, inputs: torch.Tensor, modules: dict) -> dict[str, list[L
                              for (a_in, a_out), (b_in, b_out) in zip(one[name], two[name])]
         if batch_size(inputs) > 1:
             _mark_unreversed(model, inputs, modules, layouts)
+        _mark_broadcast(model, pair, modules, layouts, two)
         per_model[key] = layouts
     return per_model[key]
 
@@ -113,6 +122,40 @@ def _mark_unreversed(model, inputs, modules, layouts):
                 for i, (d, f, b) in enumerate(zip(dims, f_leaves, b_leaves)):
                     if d is not None and d != MERGED and (d not in f or d not in b or not _same(f[d].flip(0), b[d])):
                         dims[i] = MERGED
+
+
+def _mark_broadcast(model, pair, modules, layouts, shapes):
+    """Mark the shared [1, ...] calls (see the module docstring) when expanding all their outputs
+    to the pair's batch of 2 changes neither the shape nor the values of the model's output."""
+    candidates = {(name, i) for name in modules for i, (layout, (ins, out)) in
+                  enumerate(zip(layouts[name], shapes[name]))
+                  if layout.in_dims[:1] == [None] and layout.out_dims == [None]
+                  and ins and ins[0] and ins[0][0] == 1 and out[0] and out[0][0] == 1}
+    if not candidates:
+        return
+    seen: dict[str, int] = {}
+    handles = []
+
+    def hook(name):
+        def expand(module, args, output):
+            i = seen[name] = seen.get(name, -1) + 1
+            return output.expand(2, *output.shape[1:]) if (name, i) in candidates else None
+        return expand
+
+    with torch.no_grad():
+        plain = logits_of(call_model(model, pair))
+        try:
+            for name in {name for name, _ in candidates}:
+                handles.append(modules[name].register_forward_hook(hook(name)))
+            expanded = logits_of(call_model(model, pair))
+        except Exception:  # the model's code needs the leading 1: leave the calls shared
+            return
+        finally:
+            for handle in handles:
+                handle.remove()
+    if _same(plain, expanded):
+        for name, i in candidates:
+            layouts[name][i].broadcast = True
 
 
 def _fingerprints(tree, batch: int) -> list:

@@ -27,7 +27,7 @@ from torch import nn
 
 from . import attention, conv, embedding, linear, norm  # noqa: F401  (they register themselves)
 from .generic import generic_rule
-from .registry import RULES, Entry, RuleCall
+from .registry import Entry, RuleCall, registered
 
 __all__ = ["Entry", "RuleCall", "rule_for"]
 
@@ -40,8 +40,8 @@ def rule_for(module: nn.Module) -> Entry:
     A registered rule serves subclasses only when they keep the registered type's forward.
     """
     for module_type in type(module).__mro__:
-        if module_type in RULES:
-            entry = RULES[module_type]
+        entry = registered(module_type)
+        if entry is not None:
             if type(module).forward is module_type.forward:
                 if entry.accepts is None or entry.accepts(module):
                     return entry

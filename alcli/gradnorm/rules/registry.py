@@ -31,15 +31,21 @@ class Entry(NamedTuple):
         return self.rule.__module__.rsplit(".", 1)[-1]
 
 
-RULES: dict[type, Entry] = {}
+RULES: dict = {}  # a module type, or "package.module.Class" for optional packages' types
 
 
-def register(*types: type, layout: str, claims_children: tuple = (), capture=None, accepts=None):
+def register(*types, layout: str, claims_children: tuple = (), capture=None, accepts=None):
+    """Register a rule for module types, or for classes named "package.module.Class" (types of
+    optional packages such as transformers, matched without importing them)."""
     def wrap(rule: Rule) -> Rule:
         for module_type in types:
             RULES[module_type] = Entry(rule, layout, claims_children, capture, accepts)
         return rule
     return wrap
+
+
+def registered(module_type: type) -> Entry | None:
+    return RULES.get(module_type) or RULES.get(f"{module_type.__module__}.{module_type.__qualname__}")
 
 
 def flat_batch(t):
