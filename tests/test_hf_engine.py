@@ -217,3 +217,33 @@ def test_integer_index_lookups_are_not_data_dependent_shapes_but_boolean_masks_a
     torch.testing.assert_close(per_example_grad_norms(model, ids, targets, method="ghost"), expected, **TOL)
     with pytest.raises(UnsupportedModel, match="data-dependent shapes"):
         per_example_grad_norms(MaskedMeanNet().double().eval(), ids, targets, method="ghost")
+
+
+def test_hugging_face_conv1d_gets_the_linear_rule_with_its_weight_transposed():
+    pytest.importorskip("transformers")
+    from transformers.pytorch_utils import Conv1D
+
+    from alcli.gradnorm.params import select_params
+    from alcli.gradnorm.plan import describe
+
+    class TiedConv1D(nn.Module):
+        """A Conv1D ([d_in, d_out] weight) whose weight an nn.Linear ([d_out, d_in]) also uses:
+        the per-example gradients of the two calls add only in one layout."""
+
+        def __init__(self):
+            super().__init__()
+            self.proj = Conv1D(5, 5)
+            self.lin = nn.Linear(5, 5)
+            self.lin.weight = self.proj.weight
+            self.head = Conv1D(3, 5)
+
+        def forward(self, x):  # [B, T, 5]
+            return self.head(torch.tanh(self.lin(torch.tanh(self.proj(x))))).mean(1)
+
+    torch.manual_seed(2)
+    model = TiedConv1D().double().eval()
+    x = torch.randn(4, 3, 5, dtype=torch.float64)
+    targets = torch.tensor([0, 1, 2, 1])
+    expected = hf_models.loop_norms(model, x, targets)
+    torch.testing.assert_close(per_example_grad_norms(model, x, targets, method="ghost"), expected, **TOL)
+    assert {rule for _, _, rule, _ in describe(model, select_params(model, None))} == {"linear"}
