@@ -529,6 +529,54 @@ class SharedPositionsSummed(SharedPositions):
         return self.fc(torch.tanh(self.tok(tokens) + positions).mean(1))
 
 
+# ------------------------------------------ parameters an ancestor of their module uses (swin's attention)
+class WindowAttention(nn.Module):
+    """torchvision swin's pattern: the forward calls F.linear with its children's weights and
+    never calls the children; `scale` is its own parameter."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(6, 18)
+        self.proj = nn.Linear(6, 6)
+        self.scale = nn.Parameter(torch.linspace(0.5, 1.5, 6))
+
+    def forward(self, x):  # [B, T, 6]
+        q, k, v = F.linear(x, self.qkv.weight, self.qkv.bias).chunk(3, -1)
+        a = torch.softmax(q @ k.transpose(1, 2), -1) @ v
+        return F.linear(a * self.scale, self.proj.weight, self.proj.bias)
+
+
+class CalledAndUsed(nn.Module):
+    """A child called as a module, and its weight also used directly by the parent."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(6, 6)
+
+    def forward(self, x):
+        return torch.tanh(self.lin(x)) + x @ self.lin.weight.T
+
+
+class AncestorUses(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, 6)
+        self.block = nn.Sequential(WindowAttention(), nn.LayerNorm(6), CalledAndUsed())
+        self.fc = nn.Linear(6, 3)
+
+    def forward(self, tokens):
+        return self.fc(self.block(self.emb(tokens)).mean(1))
+
+
+class AncestorUsesLeaked(AncestorUses):
+    """The attention's proj is also called from the root: moved to the attention's rule, that
+    call would go uncounted, so ghost declines."""
+
+    def forward(self, tokens):
+        h = self.block(self.emb(tokens))
+        return self.fc(self.block[0].proj(h).mean(1))
+
+
 # ------------------------------------------------------------------------------------------ cases
 def randomize_batchnorm(model: nn.Module, gen: torch.Generator) -> nn.Module:
     """Non-trivial running stats and affine parameters for every BatchNorm."""
@@ -605,6 +653,8 @@ _BUILDERS: dict[str, tuple[Callable[[], nn.Module], Callable, int]] = {
     "alias_module": (AliasModule, lambda g, b: torch.randn(b, 6, generator=g), 4),
     "cell_rnn": (CellRNN, lambda g, b: _tokens(g, b, 4), 4),
     "parametrized_alias": (ParametrizedAlias, lambda g, b: torch.randn(b, 5, generator=g), 4),
+    "ancestor_uses": (AncestorUses, lambda g, b: _tokens(g, b, 5), 4),
+    "ancestor_uses_leaked": (AncestorUsesLeaked, lambda g, b: _tokens(g, b, 5), 4),
     "shared_positions": (SharedPositions, lambda g, b: _tokens(g, b, 6), 4),
     "shared_positions_summed": (SharedPositionsSummed, lambda g, b: _tokens(g, b, 6), 4),
 }
@@ -624,6 +674,8 @@ DECLINES: dict[str, frozenset] = {
     "weight_norm": frozenset({"ghost", "replicate"}),   # a parametrization computes the weight
     "alias_attr_used": frozenset({"ghost", "replicate"}),  # the parent uses its alias directly
     "parametrized_alias": frozenset({"ghost", "replicate"}),
+    "ancestor_uses": frozenset({"replicate"}),      # nested owners
+    "ancestor_uses_leaked": frozenset({"ghost", "replicate"}),  # a moved parameter used outside its new module
     "shared_positions": frozenset({"replicate"}),   # an output shared by all examples
     "shared_positions_summed": frozenset({"ghost", "replicate"}),  # and ghost cannot broadcast it
 }
@@ -631,7 +683,7 @@ DECLINES: dict[str, frozenset] = {
 AUTO_CHOICE: dict[str, str] = {
     "packed_lstm": "loop", "packed_gru_sorted": "loop", "packed_tokens": "loop",
     "weight_norm": "vmap", "alias_attr_used": "vmap", "parametrized_alias": "vmap",
-    "shared_positions_summed": "vmap",
+    "shared_positions_summed": "vmap", "ancestor_uses_leaked": "vmap",
 }
 
 

@@ -26,7 +26,7 @@ from .layout import call_layouts, check_batch
 from .loss import cross_entropy, cross_entropy_cotangents
 from .model_io import batch_size, forward_logits
 from .params import ParamSelection
-from .plan import HookPlan, plan_for
+from .plan import HookPlan, covering_modules, ghost_plan_for
 from .rules import RuleCall
 from .uses import UseWatch
 
@@ -52,7 +52,7 @@ _verified: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 def ghost_norms(model, inputs, targets_for, selection: ParamSelection, loss_fn):
     """-> [K, B] norms and [B, C] logits; `targets_for(logits)` gives the K target sets."""
-    plan = plan_for(model, selection)
+    plan = ghost_plan_for(model, selection, inputs)
     batch = batch_size(inputs)
     calls: dict[str, list[_Call]] = {name: [] for name in plan.modules}
     stack: list[str] = []  # hooked modules running now, for UseWatch
@@ -118,7 +118,7 @@ def ghost_norms(model, inputs, targets_for, selection: ParamSelection, loss_fn):
                 module.forward = capturing_forward(name, module)
                 patched.append(module)
         if verify:
-            with UseWatch(_covering_modules(plan), stack):
+            with UseWatch(covering_modules(plan), stack):
                 logits = forward_logits(model, inputs)
             _verified.setdefault(model, set()).add(key)
         else:
@@ -345,16 +345,6 @@ def _float32(tree):
         return tree
     return tree_unflatten([t.float() if isinstance(t, torch.Tensor) and t.dtype in _LOW else t
                            for t in leaves], spec)
-
-
-def _covering_modules(plan: HookPlan) -> dict:
-    """parameter id -> (its name, names of the hooked modules whose rules cover it)"""
-    covered: dict[int, tuple[str, set]] = {}
-    for name, paths in plan.paths.items():
-        for path, p in paths.items():
-            label = f"{name}.{path}" if name else path
-            covered.setdefault(id(p), (label, set()))[1].add(name)
-    return covered
 
 
 def _apply_layouts(plan: HookPlan, calls, layouts, batch: int):

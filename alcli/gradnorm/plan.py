@@ -6,8 +6,10 @@ from dataclasses import dataclass
 import torch
 
 from .errors import UnsupportedModel
+from .model_io import batch_slice
 from .params import ParamSelection
-from .rules import rule_for
+from .rules import GENERIC, rule_for
+from .uses import ancestor_uses
 
 
 @dataclass
@@ -25,12 +27,38 @@ def plan_for(model, selection: ParamSelection) -> HookPlan:
     return selection.plans["hooks"]
 
 
-def make_plan(model, selection: ParamSelection) -> HookPlan:
+def ghost_plan_for(model, selection: ParamSelection, inputs) -> HookPlan:
+    """`plan_for`, with the parameters an ancestor of their module uses in its own forward
+    (swin's attention calls F.linear with qkv.weight and never calls qkv) moved to that
+    ancestor's generic rule, which sees every use inside its forward. Found by one forward of
+    the first example, once per selection."""
+    if "ghost" not in selection.plans:
+        plan = plan_for(model, selection)
+        lifted = ancestor_uses(model, covering_modules(plan), batch_slice(inputs, 0, 1))
+        lifted = {pid: name for pid, name in lifted.items()
+                  if rule_for(model.get_submodule(name)).rule is GENERIC.rule}
+        selection.plans["ghost"] = make_plan(model, selection, lifted) if lifted else plan
+    return selection.plans["ghost"]
+
+
+def covering_modules(plan: HookPlan) -> dict:
+    """parameter id -> (its name, names of the hooked modules whose rules cover it)"""
+    covered: dict[int, tuple[str, set]] = {}
+    for name, paths in plan.paths.items():
+        for path, p in paths.items():
+            label = f"{name}.{path}" if name else path
+            covered.setdefault(id(p), (label, set()))[1].add(name)
+    return covered
+
+
+def make_plan(model, selection: ParamSelection, lifted: dict | None = None) -> HookPlan:
     """Every module object once (under its first name), with the selected parameters its rule
     covers. A parameter is one tensor however many modules register it: a module drops the
     parameters also registered below it (`self.w = self.lin.weight`, Opacus' DPRNN registering
     each cell's weights on the RNN), since the deeper module's calls run inside its forward and
-    its rule would count them twice. A use the plan does not cover is caught by uses.UseWatch."""
+    its rule would count them twice. `lifted` (parameter id -> module name) gives parameters to
+    an ancestor's generic rule instead. A use the plan does not cover is caught by uses.UseWatch."""
+    lifted = lifted or {}
     if isinstance(model, torch.jit.ScriptModule):
         raise UnsupportedModel("the root module is a TorchScript module, which cannot take the forward "
                                "hooks this method needs")
@@ -48,10 +76,14 @@ def make_plan(model, selection: ParamSelection) -> HookPlan:
             sub = getattr(module, child, None)
             if sub is not None:
                 covered += [(f"{child}.{attr}", p) for attr, p in sub._parameters.items()]
-        paths = {path: p for path, p in covered if p is not None and id(p) in selected}
+        paths = {path: p for path, p in covered if p is not None and id(p) in selected and id(p) not in lifted}
         if paths:
             deeper = _registered_below(module, entry.claims_children)
             paths = {path: p for path, p in paths.items() if id(p) not in deeper}
+        if name in lifted.values():
+            entry = GENERIC
+            paths.update((path, p) for path, p in module.named_parameters(remove_duplicate=False)
+                         if lifted.get(id(p)) == name)
         if paths:
             plan.modules[name] = module
             plan.rules[name] = entry

@@ -11,6 +11,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from .errors import UnsupportedModel
+from .model_io import call_model
 
 
 class UseWatch(TorchFunctionMode):
@@ -53,6 +54,36 @@ def _shallow_tensors(args, kwargs):
             yield value
         elif isinstance(value, (list, tuple)):
             yield from (v for v in value if isinstance(v, torch.Tensor))
+
+
+def ancestor_uses(model, covered: dict, inputs) -> dict[int, str]:
+    """parameter id -> name of the module whose own forward uses the parameter with none of its
+    covering modules running: the innermost running module that is an ancestor of all of them
+    (never the root). Parameters used so in two such modules are left out."""
+    found: dict[int, str | None] = {}
+
+    class Record(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if _op_name(func) not in METADATA:
+                for leaf in _shallow_tensors(args, kwargs):
+                    entry = covered.get(id(leaf))
+                    if entry is not None and not entry[1].intersection(stack.names):
+                        owners = [n for n in stack.names
+                                  if n and all(m.startswith(n + ".") for m in entry[1])]
+                        user = owners[-1] if owners else None
+                        found[id(leaf)] = user if found.get(id(leaf), user) == user else None
+            return func(*args, **kwargs)
+
+    with ModuleStack(model) as stack:
+        try:
+            with Record():
+                call_model(model, inputs)
+        except torch.OutOfMemoryError:
+            raise
+        except Exception:  # the ghost forward will meet it again and say what it is
+            return {}
+    return {pid: name for pid, name in found.items() if name is not None}
 
 
 class ModuleStack:

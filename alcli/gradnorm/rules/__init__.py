@@ -29,7 +29,7 @@ from . import attention, conv, embedding, linear, norm  # noqa: F401  (they regi
 from .generic import generic_rule
 from .registry import Entry, RuleCall, registered
 
-__all__ = ["Entry", "RuleCall", "rule_for"]
+__all__ = ["GENERIC", "Entry", "RuleCall", "rule_for"]
 
 GENERIC = Entry(generic_rule, "own")
 
