@@ -1,7 +1,12 @@
 """Peer libraries' per-example gradient norms, each behind one uniform factory.
 
 A factory takes (model, inputs, targets, names) — `names` are the selected parameters' names, the
-same selection alcli resolves — and returns a zero-argument callable giving norms `[B]`. Each peer
+same selection alcli resolves — and returns a zero-argument callable giving norms `[B]`. `inputs`
+is a tensor (the model's one positional argument) or a dict of tensors batched in dim 0 (keyword
+arguments, as Hugging Face models take `input_ids` and `attention_mask`); the model may return the
+logits or an object holding them in `.logits` (a Hugging Face `ModelOutput`). Every peer calls the
+model and reads its logits through `forward_logits`, so that a peer that fails on such a model
+fails on the model itself, not on our calling convention. Each peer
 works on its own deep copy of the model (they install hooks or change flags in place), with
 `requires_grad` on the selected parameters only, so that a peer differentiates only what alcli does.
 A missing package raises PeerMissing; anything else a peer raises is its failure, reported as is.
@@ -19,6 +24,21 @@ class PeerMissing(Exception):
     """The peer's package is not installed."""
 
 
+def call(model: nn.Module, inputs):
+    """The model's raw output: `model(**inputs)` for a dict, `model(inputs)` for a tensor."""
+    return model(**inputs) if isinstance(inputs, dict) else model(inputs)
+
+
+def logits_of(output) -> torch.Tensor:
+    """The logits: the output itself, or its `.logits` (a Hugging Face ModelOutput)."""
+    logits = getattr(output, "logits", None)
+    return logits if isinstance(logits, torch.Tensor) else output
+
+
+def forward_logits(model: nn.Module, inputs) -> torch.Tensor:
+    return logits_of(call(model, inputs))
+
+
 def _copy(model: nn.Module, names: list[str]) -> nn.Module:
     """A deep copy in eval mode whose selected parameters alone require grad."""
     m = copy.deepcopy(model).eval()
@@ -29,12 +49,17 @@ def _copy(model: nn.Module, names: list[str]) -> nn.Module:
 
 
 def _opacus_mode(m: nn.Module) -> nn.Module:
-    """Opacus only records modules in training mode: train mode, but stochastic and running-stat
-    modules stay in eval so the function is the same as the eval-mode model everyone else sees."""
-    m.train()
+    """Opacus records a module only while that module is in training mode: train mode for the
+    modules that own trainable parameters themselves (those Opacus hooks), Dropout and BatchNorm
+    excepted; every other module stays in eval, so that the function is the same as the eval-mode
+    model everyone else sees. (A whole-model train() would also turn on dropout that a container
+    applies functionally, as Hugging Face attention does with `dropout_p if self.training`.)"""
+    m.eval()
     for mod in m.modules():
         if isinstance(mod, (nn.Dropout, nn.modules.batchnorm._BatchNorm)):
-            mod.eval()
+            continue
+        if any(p.requires_grad for p in mod.parameters(recurse=False)):
+            mod.training = True  # this module alone, not its children
     return m
 
 
@@ -50,12 +75,19 @@ def opacus_hooks(model, inputs, targets, names):
         raise PeerMissing(str(err)) from err
     m = _opacus_mode(_copy(model, names))
     gsm = GradSampleModule(m, loss_reduction="sum")  # batch_first=True, strict=True (defaults)
-    params = _trainable(m)
+    params = [(n, p) for n, p in m.named_parameters() if p.requires_grad]
 
     def run():
-        loss = F.cross_entropy(gsm(inputs), targets, reduction="none").sum()
+        loss = F.cross_entropy(forward_logits(gsm, inputs), targets, reduction="none").sum()
         loss.backward()
-        sq = sum(p.grad_sample.flatten(1).pow(2).sum(1) for p in params)  # [B]
+        batch = targets.shape[0]
+        for n, p in params:  # e.g. [1, ...] for an embedding whose input all examples share
+            rows = p.grad_sample.shape[0]
+            if rows != batch:
+                gsm.zero_grad(set_to_none=True)
+                raise RuntimeError(f"Opacus gave {n} a grad_sample of {rows} row(s), not one per example "
+                                   f"({batch})")
+        sq = sum(p.grad_sample.flatten(1).pow(2).sum(1) for _, p in params)  # [B]
         gsm.zero_grad(set_to_none=True)  # clears .grad and .grad_sample
         return sq.sqrt()
 
@@ -76,7 +108,7 @@ def opacus_ghost(model, inputs, targets, names):
     params = _trainable(m)
 
     def run():
-        loss = F.cross_entropy(gsm(inputs), targets, reduction="none").sum()
+        loss = F.cross_entropy(forward_logits(gsm, inputs), targets, reduction="none").sum()
         loss.backward()
         norms = gsm.get_norm_sample()  # [B]
         for p in params:
@@ -104,7 +136,7 @@ def backpack_l2(model, inputs, targets, names):
         params = [(n, p) for n, p in m.named_parameters() if p.requires_grad]
 
         def run():
-            loss = lossf(m(inputs), targets)
+            loss = lossf(forward_logits(m, inputs), targets)
             with backpack(BatchL2Grad()):
                 loss.backward()
             missing = [n for n, p in params if not hasattr(p, "batch_l2")]
@@ -141,14 +173,19 @@ def _first(err: BaseException) -> str:
 
 
 def torch_func(model, inputs, targets, names):
-    """Plain torch.func: functional_call + vmap(grad(loss of one example)) over the whole batch."""
+    """Plain torch.func: functional_call + vmap(grad(loss of one example)) over the whole batch.
+    A dict of inputs is vmapped over its leaves (in_dims 0 applies to every tensor in it) and
+    passed as keyword arguments."""
     from torch.func import functional_call, grad, vmap
     m = _copy(model, names)
     params = {n: p.detach() for n, p in m.named_parameters() if p.requires_grad}
 
     def loss_of_one(p, x, t):
-        logits = functional_call(m, p, (x.unsqueeze(0),))
-        return F.cross_entropy(logits, t.unsqueeze(0))
+        if isinstance(x, dict):
+            out = functional_call(m, p, (), {k: v.unsqueeze(0) for k, v in x.items()})
+        else:
+            out = functional_call(m, p, (x.unsqueeze(0),))
+        return F.cross_entropy(logits_of(out), t.unsqueeze(0))
 
     per_example = vmap(grad(loss_of_one), in_dims=(None, 0, 0))
 

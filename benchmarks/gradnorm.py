@@ -6,10 +6,11 @@ loss over all parameters, then zero grads), alcli's methods (auto, ghost, replic
 when installed, Opacus GradSampleModule (hooks), Opacus ghost clipping's per-sample norms, BackPACK
 BatchL2Grad and plain torch.func. Every result is checked against alcli's loop (rtol 1e-3).
 Then peak memory of the floor vs auto on resnet18, each in a fresh subprocess, and the targets of
-issue 2 with PASS/MISS.
+issue 2 (and of issue 11 for its models) with PASS/MISS.
 
     python benchmarks/gradnorm.py [--device cpu|cuda] [--rounds N] [--models simple,mlp,...]
                                   [--quick] [--json OUT] [--no-memory]
+    python benchmarks/gradnorm.py --models issue11   # bert-small, gpt2-small, swin_t, lstm; batch 32
     python benchmarks/gradnorm.py --ops     # aten ops per batch (issue 9's targets), no timing
 """
 from __future__ import annotations
@@ -37,11 +38,16 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 from alcli.gradnorm import UnsupportedModel, auto_choice, per_example_grad_norms  # noqa: E402
 from alcli.gradnorm import select_params  # noqa: E402
+from _peers import forward_logits  # noqa: E402
 
-BATCH = 64
+BATCH = 64  # the default models' batch (issue 2)
 RTOL = 1e-3
 ALCLI_METHODS = ("auto", "ghost", "replicate", "vmap", "loop")
-ALL_MODELS = ("simple", "simple-conv2", "mlp", "resnet18", "transformer")
+ALL_MODELS = ("simple", "simple-conv2", "mlp", "resnet18", "transformer")  # the default run
+ISSUE11_BATCH = 32
+ISSUE11_MODELS = ("bert-small", "gpt2-small", "swin_t", "lstm")  # --models issue11
+GROUPS = {"issue11": ISSUE11_MODELS}
+KNOWN_MODELS = ALL_MODELS + ISSUE11_MODELS
 
 # torch.func's fallback for attention kernels without a batching rule warns on every call
 warnings.filterwarnings("ignore", message="There is a performance drop")
@@ -80,18 +86,53 @@ class TextTransformer(nn.Module):
         return self.head(h.mean(1))
 
 
+class LSTMClassifier(nn.Module):
+    """Issue 11's recurrent model: Embedding(1000, 64) -> LSTM(64, 128) -> last time step -> Linear."""
+
+    def __init__(self, vocab=1000, d=64, hidden=128, classes=10):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.lstm = nn.LSTM(d, hidden, batch_first=True)
+        self.head = nn.Linear(hidden, classes)
+
+    def forward(self, tokens):  # [B, T]
+        h, _ = self.lstm(self.emb(tokens))  # [B, T, hidden]
+        return self.head(h[:, -1])
+
+
+def padded_tokens(batch: int, length: int, g: torch.Generator, vocab: int = 1000) -> dict:
+    """{"input_ids", "attention_mask"} [batch, length]: token ids 1..vocab-1, and every fourth row
+    padded at the end (mask 0, pad id 0) to a length between length/2 and length-1."""
+    ids = torch.randint(1, vocab, (batch, length), generator=g)
+    lengths = torch.full((batch,), length)
+    lengths[::4] = torch.randint(length // 2, length, (len(lengths[::4]),), generator=g)
+    mask = (torch.arange(length)[None, :] < lengths[:, None]).long()
+    return {"input_ids": ids * mask, "attention_mask": mask}
+
+
+def to_device(inputs, device):
+    if isinstance(inputs, dict):
+        return {k: v.to(device) for k, v in inputs.items()}
+    return inputs.to(device)
+
+
 @dataclass
 class Case:
     name: str
     title: str
     model: nn.Module
-    inputs: torch.Tensor
+    inputs: torch.Tensor | dict       # a tensor, or a dict of tensors passed as keyword arguments
     targets: torch.Tensor
     params: list[str] | None = None  # alcli's params= selection
+    batch: int = BATCH
+    group: str = "issue2"            # whose targets apply: issue2 (the default models) or issue11
 
 
 def build_case(name: str, device: torch.device) -> Case:
-    """Deterministic model (eval mode) and a batch of 64 for one benchmark case."""
+    """Deterministic model (eval mode) and a batch for one benchmark case: 64 examples for the
+    default models (issue 2), 32 for issue 11's."""
+    if name in ISSUE11_MODELS:
+        return build_issue11_case(name, device)
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(1)
     y = torch.randint(0, 10, (BATCH,), generator=g)
@@ -114,17 +155,51 @@ def build_case(name: str, device: torch.device) -> Case:
         x = torch.randint(0, 1000, (BATCH, 64), generator=g)
         title = "text transformer (emb 1000x128, 2 layers, 4 heads, T=64)"
     else:
-        raise SystemExit(f"unknown model '{name}'; choose from {', '.join(ALL_MODELS)}")
+        raise SystemExit(f"unknown model '{name}'; choose from {', '.join(KNOWN_MODELS)}")
     model = model.to(device).eval()
     return Case(name, title, model, x.to(device), y.to(device), params)
+
+
+def build_issue11_case(name: str, device: torch.device) -> Case:
+    """Issue 11's models, random weights, eval mode, batch 32, 10 classes."""
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(1)
+    b = ISSUE11_BATCH
+    y = torch.randint(0, 10, (b,), generator=g)
+    if name == "bert-small":
+        from transformers import BertConfig, BertForSequenceClassification
+        model = BertForSequenceClassification(BertConfig(
+            vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+            intermediate_size=256, max_position_embeddings=64, num_labels=10))
+        x = padded_tokens(b, 16, g)
+        title = "HF BertForSequenceClassification (hidden 64, 2 layers, 2 heads), dict inputs T=16, padded"
+    elif name == "gpt2-small":
+        from transformers import GPT2Config, GPT2ForSequenceClassification
+        model = GPT2ForSequenceClassification(GPT2Config(
+            vocab_size=1000, n_embd=64, n_layer=2, n_head=2, n_positions=64, num_labels=10,
+            pad_token_id=0, bos_token_id=1, eos_token_id=1))  # bos/eos inside the vocabulary (unused here)
+        x = padded_tokens(b, 16, g)
+        title = "HF GPT2ForSequenceClassification (n_embd 64, 2 layers, 2 heads), dict inputs T=16, padded"
+    elif name == "swin_t":
+        import torchvision
+        model = torchvision.models.swin_t(weights=None, num_classes=10)
+        x, title = torch.randn(b, 3, 64, 64, generator=g), "torchvision swin_t, 3x64x64"
+    elif name == "lstm":
+        model = LSTMClassifier()
+        x = torch.randint(0, 1000, (b, 32), generator=g)
+        title = "Embedding 1000x64 -> LSTM(64, 128) -> last step -> Linear, T=32"
+    else:
+        raise SystemExit(f"unknown model '{name}'; choose from {', '.join(KNOWN_MODELS)}")
+    model = model.to(device).eval()
+    return Case(name, title, model, to_device(x, device), y.to(device), batch=b, group="issue11")
 
 
 # ------------------------------------------------------------------------------------ contenders
 def floor_fn(case: Case):
     model, x, y = case.model, case.inputs, case.targets
 
-    def run():
-        F.cross_entropy(model(x), y, reduction="none").sum().backward()
+    def run():  # model(**x) for a dict of inputs; the logits of an output object
+        F.cross_entropy(forward_logits(model, x), y, reduction="none").sum().backward()
         model.zero_grad(set_to_none=True)
     return run
 
@@ -289,7 +364,7 @@ def process_warmup(device):
 # ------------------------------------------------------------------------------------- reporting
 def print_table(case: Case, rows: list[Row], device) -> dict:
     floor = rows[0].median
-    print(f"\n## {case.name}: {case.title}, batch {BATCH}, {device.type}")
+    print(f"\n## {case.name}: {case.title}, batch {case.batch}, {device.type}")
     choice = auto_choice(case.model, case.params)
     if choice:
         print(f"   auto chose '{choice[0]}' ({choice[1]})")
@@ -297,15 +372,15 @@ def print_table(case: Case, rows: list[Row], device) -> dict:
             f"{'matches loop':<24} {'n':>4}")
     print(head)
     print("-" * len(head))
-    out = {"title": case.title, "params": case.params, "auto_choice": list(choice) if choice else None,
-           "contenders": {}}
+    out = {"title": case.title, "params": case.params, "batch": case.batch, "group": case.group,
+           "auto_choice": list(choice) if choice else None, "contenders": {}}
     notes = []
     for row in rows:
         med = row.median
         if row.status == "ok" and med is not None:
             n = f"{len(row.times)}{'*' if row.cold else ''}"
             ratio = f"{med / floor:10.2f}x" if floor else f"{'-':>11}"
-            print(f"{row.name:<30} {med * 1e3:10.1f} {ratio} {BATCH / med:11.1f}  "
+            print(f"{row.name:<30} {med * 1e3:10.1f} {ratio} {case.batch / med:11.1f}  "
                   f"{row.match or '-':<24} {n:>4}")
             if row.note:
                 notes.append(f"   {row.name}: {row.note}")
@@ -317,7 +392,7 @@ def print_table(case: Case, rows: list[Row], device) -> dict:
         out["contenders"][row.name] = {
             "kind": row.kind, "status": row.status, "note": row.note, "median_s": med,
             "time_over_floor": (med / floor) if med and floor else None,
-            "examples_per_s": (BATCH / med) if med else None, "matches_loop": row.matches,
+            "examples_per_s": (case.batch / med) if med else None, "matches_loop": row.matches,
             "max_rel_err": row.max_rel, "rounds": len(row.times), "calls_per_round": row.reps,
             "cold_single_call": row.cold, "times_s": row.times}
     if any(r.cold for r in rows):
@@ -327,39 +402,63 @@ def print_table(case: Case, rows: list[Row], device) -> dict:
     return out
 
 
+def _short(text: str, n: int = 150) -> str:
+    return text if len(text) <= n else text[:n - 3] + "..."
+
+
+# Per group: (auto's time at most this many times the floor's, the fastest matching peer's time
+# over auto's: at least this ("auto >= 1.3x faster", issue 2), or more than this ("auto faster",
+# issue 11)).
+TARGETS = {"issue2": {"floor_x": 1.25, "peer_x": 1.3, "strict": False},
+           "issue11": {"floor_x": 2.0, "peer_x": 1.0, "strict": True}}
+
+
 def targets_summary(results: dict, memory: dict | None) -> list[dict]:
-    """Issue 2's targets, each PASS/MISS with its numbers (n/a only when it cannot be measured)."""
+    """Each model's group's targets (issue 2 for the default models, issue 11 for its group), each
+    PASS/MISS with its numbers (n/a only when it cannot be measured); "issue" says whose."""
     lines = []
+    issue = "issue2"
 
     def add(target, verdict, detail):
-        lines.append({"target": target, "verdict": verdict, "detail": detail})
+        lines.append({"issue": issue, "target": target, "verdict": verdict, "detail": detail})
 
     for name, res in results.items():
+        issue = res.get("group", "issue2")
+        tg = TARGETS[issue]
+        floor_target = (f"{name}: auto within {tg['floor_x']:g}x of the floor" if issue == "issue2"
+                        else f"{name}: auto at most {tg['floor_x']:g}x the floor")
+        peer_target = (f"{name}: auto >= {tg['peer_x']:g}x faster than the fastest peer" if not tg["strict"]
+                       else f"{name}: auto faster than the fastest peer that runs and matches loop")
         c = res["contenders"]
         auto, floor = c.get("alcli auto", {}), c["floor (fwd+bwd, summed loss)"]
         a = auto.get("median_s")
+        if issue == "issue11":
+            choice = res.get("auto_choice")
+            add(f"{name}: auto chose", "info",
+                f"'{choice[0]}' ({_short(choice[1])})" if choice else "nothing recorded (auto did not run)")
         if floor["median_s"] is None:
-            add(f"{name}: auto within 1.25x of the floor", "MISS", f"the floor did not run: {floor['note']}")
+            add(floor_target, "MISS", f"the floor did not run: {floor['note']}")
             continue
         if a is None:
-            add(f"{name}: auto within 1.25x of the floor", "MISS", f"auto did not run: {auto.get('note')}")
+            add(floor_target, "MISS", f"auto did not run: {auto.get('note')}")
             continue
         if auto.get("matches_loop") is False:
             add(f"{name}: auto matches loop", "MISS", f"max rel err {auto['max_rel_err']:.1e}")
         r = a / floor["median_s"]
-        add(f"{name}: auto within 1.25x of the floor", "PASS" if r <= 1.25 else "MISS",
+        add(floor_target, "PASS" if r <= tg["floor_x"] else "MISS",
             f"auto {a * 1e3:.1f} ms / floor {floor['median_s'] * 1e3:.1f} ms = {r:.2f}x")
         peers = {k: v for k, v in c.items() if v["kind"] == "peer" and v["median_s"] is not None}
         good = {k: v for k, v in peers.items() if v["matches_loop"]}
         if good:
             best = min(good, key=lambda k: good[k]["median_s"])
             s = good[best]["median_s"] / a
-            add(f"{name}: auto >= 1.3x faster than the fastest peer", "PASS" if s >= 1.3 else "MISS",
+            ok = s > tg["peer_x"] if tg["strict"] else s >= tg["peer_x"]
+            add(peer_target, "PASS" if ok else "MISS",
                 f"{best} {good[best]['median_s'] * 1e3:.1f} ms / auto {a * 1e3:.1f} ms = {s:.2f}x")
         else:
-            add(f"{name}: auto >= 1.3x faster than the fastest peer", "n/a", "no peer ran and matched loop")
+            add(peer_target, "n/a", "no peer ran and matched loop")
         for k, v in peers.items():
-            if not v["matches_loop"] and v["median_s"] < a * 1.3:
+            if not v["matches_loop"] and v["median_s"] < a * max(tg["peer_x"], 1.3):
                 add(f"{name}: note", "info", f"{k} ran {v['median_s'] * 1e3:.1f} ms but disagrees with loop")
         if name == "simple-conv2":
             add("simple-conv2 (seed's case): auto at or under the floor", "PASS" if r <= 1.0 else "MISS",
@@ -371,6 +470,7 @@ def targets_summary(results: dict, memory: dict | None) -> list[dict]:
             else:
                 add("resnet18: auto >= 10x faster than loop", "PASS" if lp / a >= 10 else "MISS",
                     f"loop {lp * 1e3:.0f} ms / auto {a * 1e3:.1f} ms = {lp / a:.1f}x")
+    issue = "issue2"
     if memory is not None:
         f, a = memory.get("floor"), memory.get("auto")
         if f and a and f.get("peak_bytes") and a.get("peak_bytes") is not None:
@@ -518,6 +618,21 @@ def print_ops(rows: list[dict]) -> None:
             print(f"   {'PASS' if value <= limit else 'MISS':<5} {r['model']}: {what} ({value:.2f}x)")
 
 
+def parse_models(spec: str) -> list[str]:
+    """A comma list of model names and group names (issue11), groups expanded, first seen kept."""
+    models = []
+    for m in (m.strip() for m in spec.split(",")):
+        if not m:
+            continue
+        if m not in KNOWN_MODELS and m not in GROUPS:
+            raise SystemExit(f"unknown model '{m}'; choose from {', '.join(KNOWN_MODELS)} "
+                             f"or a group: {', '.join(GROUPS)}")
+        for name in GROUPS.get(m, (m,)):
+            if name not in models:
+                models.append(name)
+    return models
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", choices=("cpu", "cuda"),
@@ -530,7 +645,9 @@ def main() -> None:
     ap.add_argument("--slow", type=float, default=None,
                     help="a contender whose first call takes this long is timed by that call alone "
                          "(default 5, quick 2; never floor or auto)")
-    ap.add_argument("--models", default=",".join(ALL_MODELS), help=f"comma list of {', '.join(ALL_MODELS)}")
+    ap.add_argument("--models", default=",".join(ALL_MODELS),
+                    help=f"comma list of {', '.join(KNOWN_MODELS)}, or a group: issue11 "
+                         f"({', '.join(ISSUE11_MODELS)}; batch 32) (default: {', '.join(ALL_MODELS)})")
     ap.add_argument("--quick", action="store_true", help="fewer rounds, a smoke run")
     ap.add_argument("--no-peers", action="store_true", help="skip Opacus, BackPACK and torch.func")
     ap.add_argument("--no-memory", action="store_true", help="skip the resnet18 memory probes")
@@ -558,13 +675,11 @@ def main() -> None:
                 budget_s=args.budget or (4.0 if args.quick else 12.0),
                 slow_s=args.slow or (2.0 if args.quick else 5.0),
                 sample_s=0.02 if args.quick else 0.05)
-    models = [m.strip() for m in args.models.split(",") if m.strip()]
-    for m in models:
-        if m not in ALL_MODELS:
-            raise SystemExit(f"unknown model '{m}'; choose from {', '.join(ALL_MODELS)}")
+    models = parse_models(args.models)
     dev_name = torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name()
+    batches = sorted({ISSUE11_BATCH if m in ISSUE11_MODELS else BATCH for m in models}, reverse=True)
     print(f"torch {torch.__version__}, device {device.type} ({dev_name}), {torch.get_num_threads()} threads, "
-          f"batch {BATCH}, {rounds} rounds (loop {tm.loop_rounds}), median per call reported")
+          f"batch {'/'.join(map(str, batches))}, {rounds} rounds (loop {tm.loop_rounds}), median per call reported")
     print(_versions())
     print("floor = one batched forward + backward of the summed per-example loss over ALL parameters, "
           "then zero grads; n = timed rounds (fast contenders repeat calls within a round)")
@@ -591,11 +706,14 @@ def main() -> None:
                 print(f"   {which:<6} probe failed: {m.get('error')}")
 
     summary = targets_summary(results, memory)
-    print("\n## targets (issue 2)")
-    for s in summary:
-        print(f"   {s['verdict']:<5} {s['target']}: {s['detail']}")
+    for issue, head in (("issue2", "issue 2"), ("issue11", f"issue 11: batch {ISSUE11_BATCH}, {device.type}")):
+        mine = [s for s in summary if s["issue"] == issue]
+        if mine:
+            print(f"\n## targets ({head})")
+        for s in mine:
+            print(f"   {s['verdict']:<5} {s['target']}: {s['detail']}")
     print(f"\n(total {time.perf_counter() - t_start:.0f} s)")
-    if args.json:
+    if args.json:  # "batch" is the default models'; each model's own is in models[name]["batch"]
         with open(args.json, "w") as fh:
             json.dump({"device": device.type, "device_name": dev_name, "torch": torch.__version__,
                        "threads": torch.get_num_threads(), "batch": BATCH, "rounds": rounds,
