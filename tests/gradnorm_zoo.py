@@ -577,6 +577,50 @@ class AncestorUsesLeaked(AncestorUses):
         return self.fc(self.block[0].proj(h).mean(1))
 
 
+# ------------------------------------------------- the batch merged with windows ([B*nW, N, C]: timm swin)
+class WindowBias(nn.Module):
+    """Attention within each window, with a learned bias per window position (its own
+    parameter: the generic rule), on [B*nW, N, C] with a mask shared by all examples."""
+
+    def __init__(self, n=3, c=6):
+        super().__init__()
+        self.bias = nn.Parameter(torch.linspace(-0.3, 0.3, n * n).view(n, n))
+        self.qk = nn.Linear(c, 2 * c)
+
+    def forward(self, x, mask):  # x [B*nW, N, C], mask [nW, N, N]
+        q, k = self.qk(x).chunk(2, -1)
+        scores = (q @ k.transpose(1, 2)).unflatten(0, (-1, mask.shape[0])) + mask + self.bias
+        return scores.flatten(0, 1).softmax(-1) @ x
+
+
+class Windowed(nn.Module):
+    """Tokens cut into windows of 3 with the batch outside: [B, 2*3, C] -> [B*2, 3, C]."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, 6)
+        self.norm = nn.LayerNorm(6)
+        self.attn = WindowBias()
+        self.fc = nn.Linear(6, 3)
+        self.register_buffer("mask", torch.tensor([0.0, -1.0]).view(2, 1, 1).expand(2, 3, 3).clone())
+
+    def forward(self, tokens):  # [B, 6]
+        h = self.emb(tokens).reshape(-1, 3, 6)  # [B*2, 3, 6]
+        h = self.attn(self.norm(h), self.mask)
+        return self.fc(torch.tanh(h).reshape(tokens.shape[0], 6, 6).mean(1))
+
+
+class WindowedBatchInside(Windowed):
+    """The same layers on [2*B, 3, C], windows outside the batch: no example owns a block of
+    rows, so ghost declines."""
+
+    def forward(self, tokens):
+        h = self.emb(tokens).reshape(-1, 2, 3, 6).transpose(0, 1).reshape(-1, 3, 6)  # [2*B, 3, 6]
+        h = self.norm(h)
+        h = h.reshape(2, -1, 3, 6).transpose(0, 1).reshape(-1, 6, 6)
+        return self.fc(torch.tanh(h).mean(1))
+
+
 # ------------------------------------------------------------------------------------------ cases
 def randomize_batchnorm(model: nn.Module, gen: torch.Generator) -> nn.Module:
     """Non-trivial running stats and affine parameters for every BatchNorm."""
@@ -655,6 +699,8 @@ _BUILDERS: dict[str, tuple[Callable[[], nn.Module], Callable, int]] = {
     "parametrized_alias": (ParametrizedAlias, lambda g, b: torch.randn(b, 5, generator=g), 4),
     "ancestor_uses": (AncestorUses, lambda g, b: _tokens(g, b, 5), 4),
     "ancestor_uses_leaked": (AncestorUsesLeaked, lambda g, b: _tokens(g, b, 5), 4),
+    "windowed": (Windowed, lambda g, b: _tokens(g, b, 6), 4),
+    "windowed_batch_inside": (WindowedBatchInside, lambda g, b: _tokens(g, b, 6), 4),
     "shared_positions": (SharedPositions, lambda g, b: _tokens(g, b, 6), 4),
     "shared_positions_summed": (SharedPositionsSummed, lambda g, b: _tokens(g, b, 6), 4),
 }
@@ -676,6 +722,8 @@ DECLINES: dict[str, frozenset] = {
     "parametrized_alias": frozenset({"ghost", "replicate"}),
     "ancestor_uses": frozenset({"replicate"}),      # nested owners
     "ancestor_uses_leaked": frozenset({"ghost", "replicate"}),  # a moved parameter used outside its new module
+    "windowed": frozenset({"replicate"}),           # nested owners
+    "windowed_batch_inside": frozenset({"ghost", "replicate"}),  # no example owns a block of rows
     "shared_positions": frozenset({"replicate"}),   # an output shared by all examples
     "shared_positions_summed": frozenset({"ghost", "replicate"}),  # and ghost cannot broadcast it
 }
@@ -683,7 +731,7 @@ DECLINES: dict[str, frozenset] = {
 AUTO_CHOICE: dict[str, str] = {
     "packed_lstm": "loop", "packed_gru_sorted": "loop", "packed_tokens": "loop",
     "weight_norm": "vmap", "alias_attr_used": "vmap", "parametrized_alias": "vmap",
-    "shared_positions_summed": "vmap", "ancestor_uses_leaked": "vmap",
+    "shared_positions_summed": "vmap", "ancestor_uses_leaked": "vmap", "windowed_batch_inside": "vmap",
 }
 
 

@@ -60,6 +60,14 @@ def _maxvit(g):
     return model, torch.randn(4, 3, 16, 16, generator=g)
 
 
+def _timm(name, size, **kwargs):
+    def build(g):
+        timm = pytest.importorskip("timm")
+        model = timm.create_model(name, pretrained=False, num_classes=3, img_size=size, **kwargs)
+        return model, torch.randn(4, 3, size, size, generator=g)
+    return build
+
+
 def _vit(g):
     pytest.importorskip("transformers")
     return hf_models.vit(), torch.randn(4, 3, 16, 16, generator=g)
@@ -72,6 +80,9 @@ ARCHITECTURES = {
     "vit": _vit,
     "swin": _swin,
     "maxvit": _maxvit,
+    # windows with the batch as their outer factor, [B*nW, N, C]
+    "timm_swin": _timm("swin_tiny_patch4_window7_224", 56, embed_dim=16, depths=(1, 1), num_heads=(1, 2)),
+    "timm_maxvit": _timm("test_maxvit", 64),
     "lstm": lambda g: (LSTMClassifier(), _tokens(g)[0]),
 }
 

@@ -22,7 +22,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ..errors import first_line
 from .errors import UnsupportedModel
-from .layout import call_layouts, check_batch
+from .layout import MERGED, call_layouts, check_batch
 from .loss import cross_entropy, cross_entropy_cotangents
 from .model_io import batch_size, forward_logits
 from .params import ParamSelection
@@ -43,6 +43,7 @@ class _Call:
     arrived: list | None = None                      # output gradients received so far in this pass
     layout: object = None                            # layout.Layout: batch dim of every leaf
     out_move: int = 0                                # batch dim of the output, moved to 0 for the rule
+    out_blocks: int = 0                              # k when that dim is [B*k] with the batch outer
     cache: dict = field(default_factory=dict)        # the rule's, across target sets
 
 
@@ -297,6 +298,8 @@ class _Pass:
                                        "structure its output has") from err
         if call.out_move:  # "anywhere" rules get the batch in dim 0
             grad_out = grad_out.movedim(call.out_move, 0)
+        if call.out_blocks:  # [B*k, ...] -> [B, k, ...]
+            grad_out = grad_out.unflatten(0, (-1, call.out_blocks))
         module, paths = self.plan.modules[name], self.plan.paths[name]
         wanted = {path: self.uses[id(p)] > 1 for path, p in paths.items()}
         # bf16/fp16 (autocast) inputs and gradients: the rules square and sum in float32
@@ -366,6 +369,12 @@ def _apply_layouts(plan: HookPlan, calls, layouts, batch: int):
             x, out = call.args[0], call.taps[0]  # the tap has the output's shape
             if d_in is None or d_out is None:
                 raise UnsupportedModel(f"{where}: its input or output is shared by all examples")
+            if kind == "anywhere" and _in_blocks(layout, x, out, batch):
+                # [B*k, ...] with the batch outer (windows): per-row layers see [B, k, ...]
+                (d_in, k_in), (d_out, call.out_blocks) = layout.in_blocks[0], layout.out_blocks[0]
+                call.args = (x.movedim(d_in, 0).unflatten(0, (batch, k_in)), *call.args[1:])
+                call.out_move = d_out
+                continue
             check_batch([d_in], [x], batch, f"input of {where}")
             check_batch([d_out], [out], batch, f"output of {where}")
             if kind == "batch_first" and (d_in, d_out) != (0, 0):
@@ -373,6 +382,15 @@ def _apply_layouts(plan: HookPlan, calls, layouts, batch: int):
             if d_in:
                 call.args = (x.movedim(d_in, 0), *call.args[1:])
             call.out_move = d_out
+
+
+def _in_blocks(layout, x, out, batch: int) -> bool:
+    """Are the call's input and output both [B*k, ...] with the batch as the outer factor?"""
+    if layout.broadcast or not layout.in_blocks or not layout.out_blocks:
+        return False
+    blocks = layout.in_blocks[0], layout.out_blocks[0]
+    return (layout.in_dims[0] == MERGED and layout.out_dims[0] == MERGED and None not in blocks
+            and x.shape[blocks[0][0]] == batch * blocks[0][1] and out.shape[blocks[1][0]] == batch * blocks[1][1])
 
 
 def _broadcast(plan: HookPlan, layouts, name: str, index: int) -> bool:

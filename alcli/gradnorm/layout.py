@@ -49,6 +49,10 @@ class Layout:
     in_dims: list
     out_dims: list
     broadcast: bool = False  # shared [1, ...] input and output that may be expanded to the batch
+    # per leaf, for a MERGED dim holding the batch as its outer factor ([B*k, ...], windows of
+    # a swin or maxvit): (that dim, k), else None
+    in_blocks: list | None = None
+    out_blocks: list | None = None
 
 
 _cache: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -71,7 +75,8 @@ def call_layouts(model, inputs: torch.Tensor, modules: dict) -> dict[str, list[L
             if len(one[name]) != len(two[name]):
                 raise UnsupportedModel(f"module '{name}' is called a different number of times for "
                                        "different batch sizes")
-            layouts[name] = [Layout(_dims(a_in, b_in), _dims(a_out, b_out))
+            layouts[name] = [Layout(_dims(a_in, b_in), _dims(a_out, b_out),
+                                    in_blocks=_blocks(a_in, b_in), out_blocks=_blocks(a_out, b_out))
                              for (a_in, a_out), (b_in, b_out) in zip(one[name], two[name])]
         if batch_size(inputs) > 1:
             _mark_unreversed(model, inputs, modules, layouts)
@@ -118,10 +123,22 @@ def _mark_unreversed(model, inputs, modules, layouts):
             raise UnsupportedModel(f"module '{name}' is called a different number of times for "
                                    "the same examples in another order")
         for layout, (f_in, f_out), (b_in, b_out) in zip(layouts[name], forward[name], backward[name]):
-            for dims, f_leaves, b_leaves in ((layout.in_dims, f_in, b_in), (layout.out_dims, f_out, b_out)):
+            for dims, blocks, f_leaves, b_leaves in ((layout.in_dims, layout.in_blocks, f_in, b_in),
+                                                     (layout.out_dims, layout.out_blocks, f_out, b_out)):
                 for i, (d, f, b) in enumerate(zip(dims, f_leaves, b_leaves)):
                     if d is not None and d != MERGED and (d not in f or d not in b or not _same(f[d].flip(0), b[d])):
                         dims[i] = MERGED
+                    if blocks[i] is not None and not _blocks_reverse(blocks[i], f, b, batch):
+                        blocks[i] = None
+
+
+def _blocks_reverse(block, f, b, batch: int) -> bool:
+    """Does dim `d` of size B*k hold the batch as its outer factor: reversing the batch reverses
+    its blocks of k rows, each block unchanged?"""
+    d, k = block
+    if f is None or b is None or d not in f or d not in b or f[d].shape[0] != batch * k:
+        return False
+    return _same(f[d].view(batch, k).flip(0).reshape(-1), b[d])
 
 
 def _mark_broadcast(model, pair, modules, layouts, shapes):
@@ -159,8 +176,8 @@ def _mark_broadcast(model, pair, modules, layouts, shapes):
 
 
 def _fingerprints(tree, batch: int) -> list:
-    """Per tensor leaf, {dim of size B: [B] fingerprint of the rows along that dim}."""
-    return [{d: _fingerprint(leaf, d) for d in range(leaf.dim()) if leaf.shape[d] == batch}
+    """Per tensor leaf, {dim whose size is a multiple of B: fingerprint of the rows along that dim}."""
+    return [{d: _fingerprint(leaf, d) for d in range(leaf.dim()) if leaf.shape[d] % batch == 0 and leaf.shape[d]}
             if isinstance(leaf, torch.Tensor) else None for leaf in tree_flatten(tree)[0]]
 
 
@@ -233,6 +250,17 @@ def _dims(one: list, two: list) -> list:
         else:
             dims.append(MERGED)
     return dims
+
+
+def _blocks(one: list, two: list) -> list:
+    """Per leaf, (d, k) when only dim d changed, from k > 1 to 2k: the batch may be its outer
+    factor (confirmed on the batch reversed); else None."""
+    blocks = []
+    for a, b in zip(one, two):
+        changed = [] if a is None or b is None or len(a) != len(b) else [d for d in range(len(a)) if a[d] != b[d]]
+        ok = len(changed) == 1 and a[changed[0]] > 1 and b[changed[0]] == 2 * a[changed[0]]
+        blocks.append((changed[0], a[changed[0]]) if ok else None)
+    return blocks
 
 
 def check_batch(dims: list, leaves: list, batch: int, what: str):

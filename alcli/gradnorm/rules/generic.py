@@ -16,7 +16,7 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from ...errors import first_line
 from ..errors import UnsupportedModel
-from ..pytree import dims_like, squeeze_leaves, unsqueeze_leaves
+from ..pytree import dims_like, squeeze_leaves, unmerge_blocks, unsqueeze_leaves
 
 
 def generic_rule(module, call, wanted):
@@ -24,38 +24,43 @@ def generic_rule(module, call, wanted):
         raise UnsupportedModel("its output is shared by all examples (a parametrization computing "
                                "a weight?), so its gradient is not per-example")
     own = {path: module.get_parameter(path).detach() for path in wanted}
-    inputs = tree_map(_detach, (call.args, call.kwargs))
-    in_dims = dims_like(inputs, call.layout.in_dims)
-    out_dims = dims_like(call.grad_out, call.layout.out_dims)
+    layout = call.layout
+    inputs, in_vmap, in_batch = unmerge_blocks(tree_map(_detach, (call.args, call.kwargs)),
+                                               layout.in_dims, layout.in_blocks)
+    grad_out, out_vmap, out_batch = unmerge_blocks(call.grad_out, layout.out_dims, layout.out_blocks)
+    in_dims = dims_like(inputs, in_vmap)
+    out_dims = dims_like(grad_out, out_vmap)
 
     def pullback(params, inputs_i, grad_out_i):
-        args, kwargs = unsqueeze_leaves(inputs_i, call.layout.in_dims)
+        args, kwargs = unsqueeze_leaves(inputs_i, in_batch)
         out = functional_call(module, params, args, kwargs, strict=False)
-        outs = tree_flatten(squeeze_leaves(out, call.layout.out_dims))[0]
+        outs = tree_flatten(squeeze_leaves(out, out_batch))[0]
         gs = tree_flatten(grad_out_i)[0]
         return _total([(o * g).sum() for o, g in zip(outs, gs) if isinstance(o, torch.Tensor) and g is not None])
 
     try:
         with torch.no_grad():
-            grads = vmap(grad(pullback), in_dims=(None, in_dims, out_dims))(own, inputs, call.grad_out)
+            grads = vmap(grad(pullback), in_dims=(None, in_dims, out_dims))(own, inputs, grad_out)
     except torch.OutOfMemoryError:
         raise  # the caller splits the batch
     except (RuntimeError, NotImplementedError, TypeError, ValueError):
         # some ops (e.g. nn.LSTM's fused kernel) have no vmap rule: pull back one example at a
         # time, through this module only
-        grads = _looped_pullback(module, own, inputs, call.layout, call.grad_out)
+        grads = _looped_pullback(module, own, (inputs, in_vmap, in_batch), (grad_out, out_vmap, out_batch))
     return {path: g if wanted[path] else g.reshape(g.shape[0], -1).square().sum(1) for path, g in grads.items()}
 
 
-def _looped_pullback(module, own, inputs, layout, grad_out):
-    """Per-example gradients of <module(w, inputs_i), g_i>, one example at a time -> {path: [B, *]}."""
+def _looped_pullback(module, own, inputs, grad_out):
+    """Per-example gradients of <module(w, inputs_i), g_i>, one example at a time -> {path: [B, *]}.
+    `inputs` and `grad_out` are (tree, vmap dims, batch dims) as pytree.unmerge_blocks gives them."""
     per_path = {path: [] for path in own}
-    batch = next(leaf.shape[d] for leaf, d in zip(tree_flatten(grad_out)[0], layout.out_dims)
+    tree, vmap_dims, _ = grad_out
+    batch = next(leaf.shape[d] for leaf, d in zip(tree_flatten(tree)[0], vmap_dims)
                  if d is not None and isinstance(leaf, torch.Tensor))
     for i in range(batch):
         params = {path: p.clone().requires_grad_() for path, p in own.items()}
         with torch.enable_grad():
-            args, kwargs = _take(inputs, layout.in_dims, i)
+            args, kwargs = _take(*inputs, i)
             try:
                 out = functional_call(module, params, args, kwargs, strict=False)
             except torch.OutOfMemoryError:
@@ -64,7 +69,7 @@ def _looped_pullback(module, own, inputs, layout, grad_out):
                 reason = first_line(err)
                 raise UnsupportedModel(f"it cannot run one example at a time ({reason})") from err
             outs = tree_flatten(out)[0]
-            gs = tree_flatten(_take(grad_out, layout.out_dims, i))[0]
+            gs = tree_flatten(_take(*grad_out, i))[0]
             objective = _total([(o * g).sum() for o, g in zip(outs, gs)
                                 if isinstance(o, torch.Tensor) and g is not None])
             grads = torch.autograd.grad(objective, list(params.values()), allow_unused=True)
@@ -81,11 +86,16 @@ def _total(terms):
     return total
 
 
-def _take(tree, dims, i):
-    """Example i of every batched leaf, keeping a size-1 batch dim."""
+def _take(tree, vmap_dims, batch_dims, i):
+    """Example i of every batched leaf, with its size-1 batch dim where it has one."""
     leaves, spec = tree_flatten(tree)
-    return tree_unflatten([leaf.narrow(d, i, 1) if d is not None and isinstance(leaf, torch.Tensor) else leaf
-                           for leaf, d in zip(leaves, dims)], spec)
+    taken = []
+    for leaf, d, keep in zip(leaves, vmap_dims, batch_dims):
+        if d is not None and isinstance(leaf, torch.Tensor):
+            leaf = leaf.select(d, i)
+            leaf = leaf.unsqueeze(keep) if keep is not None else leaf
+        taken.append(leaf)
+    return tree_unflatten(taken, spec)
 
 
 def _detach(leaf):
