@@ -104,6 +104,7 @@ def score_pool(pool=None, model=None, *, config=None, **options) -> Rows:
 
     With embeddings=True the rows keep their examples' BADGE embeddings (`rows.embeddings`) for
     `select(rows, n, diverse=True)`; embeddings_file=PATH also writes them there."""
+    _refuse_file_options(options, "score_pool", "`alcli score -o FILE` or alcli.api.score_to_table")
     if _names_files(pool):
         options["pool"] = _as_setting(pool)
     if _names_files(model):
@@ -128,6 +129,7 @@ def select(scores=None, budget: int | None = None, *, pool=None, model=None, con
     diverse_candidates=M or "all", per_class="proportional"|"equal", contact_sheet="sheet.png"
     (written), seed, and exclude=: a set of ids, or exclusion files (a path or a list; in a list,
     items that are not str or Path are ids)."""
+    _refuse_file_options(options, "select", "`alcli select -o FILE -f FORMAT` or alcli.api.write_batch")
     exclude_files, exclude_ids = _split_exclude(options.pop("exclude", None))
     if exclude_files is not None:
         options["exclude"] = exclude_files
@@ -142,6 +144,17 @@ def select(scores=None, budget: int | None = None, *, pool=None, model=None, con
         raise ConfigError("no budget given; pass budget=N (how many examples to select)")
     return run_select(settings, scores=scores, model=model if isinstance(model, nn.Module) else None,
                       pool=None if _names_files(pool) else pool, exclude_ids=exclude_ids).rows
+
+
+# options of the command's output file, which the functions returning rows have no use for
+_FILE_OPTIONS = ("output", "format", "resume", "restart", "checkpoint_every")
+
+
+def _refuse_file_options(options: dict, function: str, instead: str):
+    given = [key for key in _FILE_OPTIONS if key in options]
+    if given:
+        raise ConfigError(f"{function}() returns the rows and writes no table, so it takes no "
+                          f"{given[0]}= argument; to write one use {instead}")
 
 
 def _names_files(value) -> bool:

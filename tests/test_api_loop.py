@@ -53,6 +53,14 @@ def test_tensor_pool_ids_and_errors_name_arguments():
         alcli.select([{"id": "a", "score": 1.0}], 1, diverse=True)
 
 
+def test_the_functions_returning_rows_refuse_output_file_options_instead_of_ignoring_them(tmp_path):
+    with pytest.raises(ConfigError, match=r"score_pool\(\) returns the rows .* no output= argument"):
+        alcli.score_pool((torch.randn(4, 12),), _net(), output=str(tmp_path / "t.csv"))
+    with pytest.raises(ConfigError, match=r"select\(\) returns the rows .* no format= argument"):
+        alcli.select([{"id": "a", "score": 1.0}], 1, format="jsonl")
+    assert not list(tmp_path.iterdir())
+
+
 def test_readme_loop_example_runs():
     text = README.read_text()
     block = re.search(r"<!-- loop-example[^>]*-->\n```python\n(.*?)```", text, re.S).group(1)
