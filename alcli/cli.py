@@ -21,7 +21,7 @@ from typer.core import TyperCommand, TyperGroup
 
 from .version import __version__
 from .errors import AlcliError
-from .files.config import DEFAULT_CONFIG, Settings, load_settings
+from .files.config import DEFAULT_CONFIG, Settings, flag, load_settings
 from .terminal import Reporter
 
 from typer import Abort
@@ -549,6 +549,11 @@ def select(
     if source is None and not score_first and _stdin_is_empty():
         raise AlcliError("nothing on stdin and no pool to score: pipe a table in, name one "
                          "(alcli select SCORES -n N), or score first with --pool POOL")
+    unused = [key for key in _SCORING_FLAGS if flags.get(key) not in (None, False)]
+    if not score_first and unused:
+        more = f" (and {len(unused) - 1} more scoring options)" if len(unused) > 1 else ""
+        r.warn(f"{flag(unused[0])}{more} has no effect: the scores are read from "
+               f"{source if source not in (None, '-') else 'stdin'}; pass --pool POOL to score first")
     with r.progress() if score_first else _no_progress() as (on_start, on_batch):
         api = _api()
         picked = api.run_select(settings, scores=None if score_first else (source or "-"),
@@ -563,6 +568,12 @@ def select(
         r.info(f"wrote {len(picked.rows)} rows to {settings.output}")
     if settings.contact_sheet:
         r.info(f"wrote a contact sheet of {len(picked.rows)} images to {settings.contact_sheet}")
+
+
+# `select` options that only matter when it scores the pool itself
+_SCORING_FLAGS = ("arch", "arch_kwargs", "trust_checkpoint", "ema", "text_column", "max_length",
+                  "labels_from_folders", "strategy", "top_classes", "layers", "method", "precision",
+                  "decode", "batch_size", "device", "workers")
 
 
 class _no_progress:

@@ -177,6 +177,15 @@ def test_per_class_quotas_exactly(crafted):
     assert ranks == [1, 2, 3, 6, 10]
 
 
+def test_scoring_options_given_with_a_table_are_named_as_having_no_effect(crafted):
+    plain = select(crafted, "-n", 2, "--no-diverse")
+    assert plain.stderr == ""
+    told = select(crafted, "-n", 2, "--no-diverse", "--strategy", "entropy", "-b", "8")
+    assert ids_of(told) == ids_of(plain)
+    assert told.stderr.strip() == (f"alcli: warning: --strategy (and 1 more scoring options) has no effect: "
+                                   f"the scores are read from {crafted}; pass --pool POOL to score first")
+
+
 def test_exclusions_from_csv_jsonl_and_lines(crafted, tmp_path):
     (tmp_path / "labeled.csv").write_text("path,id\nx.png,a0\n")
     (tmp_path / "queued.jsonl").write_text('{"id": "b0"}\n\n')
