@@ -396,7 +396,9 @@ def _api():
 
 
 def _rank0() -> bool:
-    """False on the torchrun processes other than rank 0, which print nothing."""
+    """False on the torchrun processes other than rank 0, which print nothing. Read from the
+    environment here, not through longrun.distributed.from_env, which would import torch (2 s)
+    before every error message."""
     return os.environ.get("RANK", "0").strip() in ("", "0") or os.environ.get("WORLD_SIZE") == "1"
 
 
