@@ -12,6 +12,7 @@ from .files.config import Settings
 from .files.pool import Batch, collate
 from .gradnorm import (EngineFallback, UnsupportedModel, auto_choice, grad_norms_per_target,
                        rule_names, select_params)
+from .gradnorm.plan import ghost_plan_for
 from .score.runner import forward, to_model
 from .session import check_layers, model_channels, model_for, pool_for
 
@@ -73,4 +74,8 @@ def inspect_model(settings: Settings, *, model: nn.Module | None = None, pool=No
         except UnsupportedModel as err:
             raise RunError(f"no engine method can serve this model ({err})") from None
     info.method, info.reason = auto_choice(net, settings.layers) or ("auto", "")
+    if info.method == "ghost":  # the rules this pool's run settled on
+        rules = rule_names(net, ghost_plan_for(net, select_params(net, settings.layers), inputs))
+        for row in info.modules:
+            row.rule = rules.get("" if row.name == "(root)" else row.name, "-")
     return info

@@ -106,9 +106,10 @@ def describe(model, selection: ParamSelection) -> list[tuple[str, str, str, int]
              sum(p.numel() for p in plan.paths[name].values())) for name in plan.modules]
 
 
-def rule_names(model) -> dict[str, str]:
+def rule_names(model, plan: HookPlan | None = None) -> dict[str, str]:
     """Module name -> the rule serving it under ghost ("via PARENT" for children whose parameters
-    a parent's rule covers), for every module of the model (`alcli inspect`)."""
+    a parent's rule covers), for every module of the model (`alcli inspect`). Given the ghost plan
+    of a run (`ghost_plan_for`), its modules show the rules it settled on."""
     names: dict[str, str] = {}
     for name, module in model.named_modules():
         if name in names:
@@ -117,4 +118,10 @@ def rule_names(model) -> dict[str, str]:
         names[name] = entry.name
         for child in entry.claims_children:
             names[f"{name}.{child}" if name else child] = f"via {name or '(root)'}"
+    for name, paths in (plan.paths.items() if plan is not None else ()):
+        names[name] = plan.rules[name].name
+        for path in paths:
+            if "." in path:  # a child's parameter, covered here
+                child = path.rsplit(".", 1)[0]
+                names[f"{name}.{child}" if name else child] = f"via {name or '(root)'}"
     return names
