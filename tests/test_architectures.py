@@ -104,3 +104,22 @@ def test_auto_serves_every_architecture_with_ghost_and_matches_the_float64_loop(
     assert auto_choice(model)[0] == "ghost"
     rules = {rule for _, _, rule, _ in describe(model, select_params(model, None))}
     assert rules <= {"linear", "conv", "embedding", "norm", "attention", "generic", "rnn", "swin"}
+
+
+def test_inspect_with_a_pool_shows_the_rules_the_run_settled_on():
+    """Swin's attention uses its children's weights in its own forward: its rule claims them.
+    In the zoo's AncestorUses no rule claims them, so the attention's generic rule covers them."""
+    import gradnorm_zoo
+
+    from alcli.api import settings_for
+    from alcli.inspection import inspect_model
+
+    g = torch.Generator().manual_seed(1)
+    model, x = _swin(g)
+    rules = {row.name: row.rule for row in inspect_model(settings_for(), model=model.eval(), pool=(x,)).modules}
+    assert rules["features.1.0.attn"] == "swin" and rules["features.1.0.attn.qkv"] == "via features.1.0.attn"
+    model, tokens, _ = gradnorm_zoo.build("ancestor_uses")
+    info = inspect_model(settings_for(), model=model, pool=(tokens,))
+    rules = {row.name: row.rule for row in info.modules}
+    assert info.method == "ghost"
+    assert rules["block.0"] == "generic" and rules["block.0.qkv"] == "via block.0" and rules["fc"] == "linear"
