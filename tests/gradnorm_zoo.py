@@ -520,6 +520,30 @@ class SharedPositions(nn.Module):
         return self.fc(torch.tanh(self.tok(tokens) + positions).mean(1))
 
 
+class GridEncoding(nn.Module):
+    """xcit's position encoding: a Linear on a fixed grid, repeated for the batch; its input is
+    the batch size, an int."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(4, 6)
+        self.register_buffer("grid", torch.linspace(0, 1, 24).view(1, 6, 4))
+
+    def forward(self, batch: int):
+        return torch.tanh(self.proj(self.grid)).repeat(batch, 1, 1)  # [B, 6, 6]
+
+
+class RepeatedPositions(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.tok = nn.Embedding(VOCAB, 6)
+        self.pos = GridEncoding()
+        self.fc = nn.Linear(6, 3)
+
+    def forward(self, tokens):  # [B, 6]
+        return self.fc(torch.tanh(self.tok(tokens) + self.pos(tokens.shape[0])).mean(1))
+
+
 class SharedPositionsSummed(SharedPositions):
     """The shared positions summed over their leading dim: expanded to the batch they would
     count B times, so they stay shared, and no per-example output gradient exists for them."""
@@ -701,6 +725,7 @@ _BUILDERS: dict[str, tuple[Callable[[], nn.Module], Callable, int]] = {
     "ancestor_uses_leaked": (AncestorUsesLeaked, lambda g, b: _tokens(g, b, 5), 4),
     "windowed": (Windowed, lambda g, b: _tokens(g, b, 6), 4),
     "windowed_batch_inside": (WindowedBatchInside, lambda g, b: _tokens(g, b, 6), 4),
+    "repeated_positions": (RepeatedPositions, lambda g, b: _tokens(g, b, 6), 4),
     "shared_positions": (SharedPositions, lambda g, b: _tokens(g, b, 6), 4),
     "shared_positions_summed": (SharedPositionsSummed, lambda g, b: _tokens(g, b, 6), 4),
 }
@@ -724,6 +749,7 @@ DECLINES: dict[str, frozenset] = {
     "ancestor_uses_leaked": frozenset({"ghost", "replicate"}),  # a moved parameter used outside its new module
     "windowed": frozenset({"replicate"}),           # nested owners
     "windowed_batch_inside": frozenset({"ghost", "replicate"}),  # no example owns a block of rows
+    "repeated_positions": frozenset({"replicate"}),  # an output shared by all examples
     "shared_positions": frozenset({"replicate"}),   # an output shared by all examples
     "shared_positions_summed": frozenset({"ghost", "replicate"}),  # and ghost cannot broadcast it
 }

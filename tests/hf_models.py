@@ -57,7 +57,10 @@ def tokenizer(directory: Path, token_types: bool = True):
 
 def loop_norms(model, inputs, targets) -> torch.Tensor:
     """Every example alone through a float64 copy of `model`: ||d CE(logits_i, t_i) / d params||.
-    `inputs` is a tensor (positional) or a dict of tensors (keyword arguments)."""
+    `inputs` is a tensor (positional) or a dict of tensors (keyword arguments). The example runs
+    as a batch of two copies with the loss halved (the same gradient in eval mode): at batch 1,
+    PyTorch's BatchNorm2d backward misreads some channels_last gradients (xcit's patch
+    interaction; tests/test_gradnorm_oracle.py has the reproducer)."""
     import copy
     m = copy.deepcopy(model).double().eval()
     params = [p for p in m.parameters() if p.requires_grad]
@@ -65,12 +68,12 @@ def loop_norms(model, inputs, targets) -> torch.Tensor:
     out = torch.empty(n, dtype=torch.float64)
     for i in range(n):
         if isinstance(inputs, dict):
-            output = m(**{k: v[i:i + 1] for k, v in inputs.items()})
+            output = m(**{k: v[[i, i]] for k, v in inputs.items()})
         else:
-            x = inputs[i:i + 1]
+            x = inputs[[i, i]]
             output = m(x.double() if x.is_floating_point() else x)
         logits = output.logits if hasattr(output, "logits") else output
-        loss = F.cross_entropy(logits, targets[i:i + 1])
+        loss = F.cross_entropy(logits, targets[[i, i]])  # the mean of two equal losses
         grads = torch.autograd.grad(loss, params, allow_unused=True)
         out[i] = torch.sqrt(sum(g.double().square().sum() for g in grads if g is not None))
     return out

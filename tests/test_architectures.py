@@ -53,6 +53,14 @@ def _swin(g):
     return model, torch.randn(4, 3, 16, 16, generator=g)
 
 
+def _swin_v2(g):
+    from torchvision.models.swin_transformer import PatchMergingV2, SwinTransformer, SwinTransformerBlockV2
+    model = SwinTransformer(patch_size=[2, 2], embed_dim=8, depths=[2, 2], num_heads=[1, 2],
+                            window_size=[3, 3], num_classes=3, block=SwinTransformerBlockV2,
+                            downsample_layer=PatchMergingV2)
+    return model, torch.randn(4, 3, 16, 16, generator=g)
+
+
 def _maxvit(g):
     from torchvision.models.maxvit import MaxVit
     model = MaxVit(input_size=(16, 16), stem_channels=8, partition_size=2, block_channels=[8, 16],
@@ -79,10 +87,13 @@ ARCHITECTURES = {
     "gpt2": _text(hf_models.gpt2),
     "vit": _vit,
     "swin": _swin,
+    "swin_v2": _swin_v2,
     "maxvit": _maxvit,
     # windows with the batch as their outer factor, [B*nW, N, C]
     "timm_swin": _timm("swin_tiny_patch4_window7_224", 56, embed_dim=16, depths=(1, 1), num_heads=(1, 2)),
     "timm_maxvit": _timm("test_maxvit", 64),
+    # a position encoding computed from the image size alone, repeated for the batch
+    "timm_xcit": _timm("xcit_nano_12_p16_224", 32, depth=2),
     "lstm": lambda g: (LSTMClassifier(), _tokens(g)[0]),
 }
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import fnmatch
 
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -173,13 +175,14 @@ def test_swin_v2_attention_keeps_the_generic_rule_and_is_exact():
                                                  and ".cpb_mlp." not in n), rtol=1e-6, atol=0)
 
 
-def test_swin_v2_whole_model_goes_to_vmap_and_is_exact():
-    """V2's cpb_mlp maps a fixed coordinate table shared by all examples: ghost declines it (as
-    before the swin rule), and auto settles on vmap."""
+def test_swin_v2_is_served_by_ghost_and_exact():
+    """V2's cpb_mlp maps a fixed coordinate table shared by all examples: its parameters go up to
+    the attention's generic rule, whose output is batched; ghost serves the whole model."""
     model, (x, y) = tiny_swin(v2=True), batch()
-    with pytest.warns(UserWarning, match="cpb_mlp"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
         norms = per_example_grad_norms(model, x, y)
-    assert auto_choice(model)[0] == "vmap"
+    assert auto_choice(model)[0] == "ghost"
     torch.testing.assert_close(norms, loop_norms(model, x, y), rtol=1e-6, atol=0)
 
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 import torch
 
 from .errors import UnsupportedModel
+from .layout import call_layouts
 from .model_io import batch_slice
 from .params import ParamSelection
 from .rules import GENERIC, rule_for
@@ -35,10 +36,49 @@ def ghost_plan_for(model, selection: ParamSelection, inputs) -> HookPlan:
     if "ghost" not in selection.plans:
         plan = plan_for(model, selection)
         lifted = ancestor_uses(model, covering_modules(plan), batch_slice(inputs, 0, 1))
-        lifted = {pid: name for pid, name in lifted.items()
-                  if rule_for(model.get_submodule(name)).rule is GENERIC.rule}
-        selection.plans["ghost"] = make_plan(model, selection, lifted) if lifted else plan
+        lifted = {pid: name for pid, name in lifted.items() if _generic(model, name)}
+        if lifted:
+            plan = make_plan(model, selection, lifted)
+        selection.plans["ghost"] = _lift_shared(model, selection, inputs, plan, lifted)
     return selection.plans["ghost"]
+
+
+def _lift_shared(model, selection, inputs, plan: HookPlan, lifted: dict) -> HookPlan:
+    """A module whose calls see no example (xcit's position encoding: a Conv2d on a fixed grid,
+    repeated for the batch by its parent) has no per-example output gradient; its parameters go
+    up to the nearest ancestor with the generic rule, until that ancestor's output is batched.
+    Returns `plan` as it came when that cannot be done (the ghost pass then refuses the module)."""
+    base, lifted = plan, dict(lifted)
+    for _ in range(len(max(plan.modules, key=len, default="").split("."))):
+        layouts = call_layouts(model, inputs, plan.modules)
+        shared = [name for name, calls in layouts.items() if calls and name and
+                  all(not c.broadcast and all(d is None for d in c.out_dims) for c in calls)]
+        if not shared:
+            return plan
+        for name in shared:
+            parent = _generic_ancestor(model, name)
+            if parent is None:
+                return base
+            lifted.update((id(p), parent) for p in plan.paths[name].values())
+        plan = make_plan(model, selection, lifted)
+        called = call_layouts(model, inputs, plan.modules)
+        if any(not called[name] for name in set(lifted.values())):
+            return base  # an ancestor never called: nothing would see those parameters
+    return base
+
+
+def _generic(model, name: str) -> bool:
+    return rule_for(model.get_submodule(name)).rule is GENERIC.rule
+
+
+def _generic_ancestor(model, name: str) -> str | None:
+    """The nearest ancestor (not the root) that the generic rule serves."""
+    parts = name.split(".")[:-1]
+    while parts:
+        if _generic(model, ".".join(parts)):
+            return ".".join(parts)
+        parts.pop()
+    return None
 
 
 def covering_modules(plan: HookPlan) -> dict:
@@ -100,8 +140,9 @@ def _registered_below(module, claims_children) -> set[int]:
 
 
 def describe(model, selection: ParamSelection) -> list[tuple[str, str, str, int]]:
-    """[(module name, module type, rule name, selected parameter count)] for `alcli inspect`."""
-    plan = make_plan(model, selection)
+    """[(module name, module type, rule name, selected parameter count)]: the ghost plan a run
+    on this selection settled on, else the plan from the modules alone."""
+    plan = selection.plans.get("ghost") or make_plan(model, selection)
     return [(name, type(plan.modules[name]).__name__, plan.rules[name].name,
              sum(p.numel() for p in plan.paths[name].values())) for name in plan.modules]
 
