@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from . import attention, conv, embedding, linear, norm  # noqa: F401  (they register themselves)
+from . import attention, conv, embedding, linear, norm, rnn  # noqa: F401  (they register themselves)
 from .generic import generic_rule
 from .registry import RULES, Entry, RuleCall
 
