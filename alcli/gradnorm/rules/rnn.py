@@ -129,16 +129,20 @@ def rnn_rule(module, call, wanted):
     out = {}
     for sfx, x, p, m in call.args:
         d_a = next(grads)
-        d_a = d_a if module.batch_first else d_a.transpose(0, 1)           # [B, T, G*H]
-        d_h = next(grads).transpose(0, 1) if module.mode == "GRU" else d_a   # at h_{t-1} W_hh^T
-        pairs = {"weight_ih": (x, d_a), "weight_hh": (p, d_h)}
+        d_a = d_a if module.batch_first else d_a.transpose(0, 1)            # [B, T, G*H]
+        d_h = next(grads).transpose(0, 1) if module.mode == "GRU" else d_a  # at h_{t-1} W_hh^T + b_hh
+        shared = {} if d_h is d_a else None  # LSTM/RNN: W_ih and W_hh share G, and its Gram
+        products = [("weight_ih", x, d_a, shared), ("weight_hh", p, d_h, shared)]
         if m is not None:
-            pairs["weight_hr"] = (m, next(grads).transpose(0, 1))
-        for name, (a, g) in pairs.items():
+            products.append(("weight_hr", m, next(grads).transpose(0, 1), None))
+        for name, a, g, g_grams in products:
             path = name + sfx
             if path in wanted:
-                out[path] = g.transpose(1, 2) @ a if wanted[path] else sq_norm_of_product(a, g, call.cache, path)
-        for name, g in (("bias_ih", d_a), ("bias_hh", d_h)):
-            if name + sfx in wanted:  # [B, G*H]: the driver squares small gradients all at once
-                out[name + sfx] = g.sum(1)
+                out[path] = (g.transpose(1, 2) @ a if wanted[path]
+                             else sq_norm_of_product(a, g, call.cache, path, g_grams))
+        # [B, G*H]: the driver squares small per-example gradients all at once
+        if "bias_ih" + sfx in wanted:
+            out["bias_ih" + sfx] = d_a.sum(1)
+        if "bias_hh" + sfx in wanted:
+            out["bias_hh" + sfx] = out["bias_ih" + sfx] if shared is not None and "bias_ih" + sfx in out else d_h.sum(1)
     return out
