@@ -1,29 +1,32 @@
 """nn.LSTM, nn.GRU and nn.RNN (tanh, relu): any num_layers, bidirectional, with or without bias,
-batch_first either way, an initial state, LSTM proj_size. Eval mode (the engine borrows the model
-in eval mode), so no dropout between layers.
+batch_first either way, an initial state, LSTM proj_size. Eval mode, as the engine borrows every
+model (borrow.py), so no dropout between layers.
 
 During the ghost forward the module runs this file's `rnn_forward`, the same math as the fused
 kernel, one layer and direction at a time. For a layer and direction with input X [B, T, d_in],
-hidden size H, gates G (LSTM 4, GRU 3, RNN 1) and h_{-1} the initial state (zeros by default):
+hidden size H, G gates (LSTM 4, GRU 3, RNN 1) and h_{-1} the initial state (zeros by default):
 
-    A = X W_ih^T + b_ih                     [B, T, G*H]  one matmul for all steps, tapped once
-    LSTM  (b_hh folded into A)  i f g o = A_t + h_{t-1} W_hh^T;  c_t = f c_{t-1} + i g;
-          m_t = o tanh(c_t);  h_t = m_t (or W_hr m_t with proj_size: h_t tapped, [T, B, P])
-    RNN   (b_hh folded into A)  h_t = act(A_t + h_{t-1} W_hh^T)
-    GRU   R_t = h_{t-1} W_hh^T + b_hh       [T, B, 3H]  tapped once for all steps
+    A = X W_ih^T + b_ih                 [B, T, G*H]  one matmul for all steps, tapped once
+    LSTM  (b_hh folded into A)  i f g o = A_t + h_{t-1} W_hh^T, through sigmoid (i f o) and tanh (g)
+          c_t = f c_{t-1} + i g;  m_t = o tanh(c_t);  h_t = m_t, or W_hr m_t with proj_size
+    RNN   (b_hh folded into A)  h_t = tanh or relu(A_t + h_{t-1} W_hh^T)
+    GRU   R_t = h_{t-1} W_hh^T + b_hh   [B, 3H]
           r z = sigmoid(A_t + R_t) (first 2H);  n = tanh(A_t + r R_t) (last H);  h_t = n + z (h_{t-1} - n)
 
-A per-step tap is one [T, B, k] tensor (b_hh broadcast, or zeros, plus the tap) unbound over T,
-each row the addmm bias of its step, so its gradient arrives as one tensor. With dA the gradient
-at A (the gate pre-activation gradient), dR at R, dH at the projected h, and P [B, T, H_out]
-the h_{t-1} of every step, per example:
+The time loop does only the recurrent part, one addmm per step. The LSTM's g goes through the same
+sigmoid as i, f, o (tanh(x) = 2 sigmoid(2x) - 1, its columns of A and W_hh doubled after the tap).
+R (GRU) and the projected h (proj_size) are tapped for all steps at once: a [T, B, k] tensor
+(b_hh broadcast, or zeros, plus the tap) unbound over T, each row the addmm bias of its step.
+With dA the gradient at A (the gate pre-activation gradient), dR at R, dH at the projected h,
+P [B, T, H_out] the h_{t-1} of every step and M [B, T, H] the m_t, per example:
 
     W_ih grad_i = dA_i^T X_i,   b_ih grad_i = sum_t dA_i
     W_hh grad_i = dA_i^T P_i,   b_hh grad_i = sum_t dA_i    (GRU: dR in place of dA)
-    W_hr grad_i = dH_i^T M_i    (M [B, T, H] the m_t)
+    W_hr grad_i = dH_i^T M_i
 
-squared norms in the Gram or materialised form (registry.sq_norm_of_product). Only the layers and
-directions owning a selected parameter are tapped, so the backward stops at the earliest of them.
+squared norms in the Gram or materialised form (registry.sq_norm_of_product; W_ih and W_hh share
+dA's Gram). Only the layers and directions owning a selected parameter are tapped, so the
+backward stops at the earliest of them.
 """
 from __future__ import annotations
 
@@ -86,8 +89,13 @@ def _layer(module, x, tdim, sfx, h, c, reverse, tap):
     b_ih = w.get("bias_ih")
     if b_ih is not None and mode != "GRU":  # b_hh folds into the input projection
         b_ih = b_ih + w["bias_hh"]
-    a = tap(F.linear(x, w["weight_ih"], b_ih)).unbind(tdim)  # T x [B, G*H]
+    a = tap(F.linear(x, w["weight_ih"], b_ih))  # [B, T, G*H] (batch_first) or [T, B, G*H]
     w_hh = w["weight_hh"].t()
+    if mode == "LSTM":  # tanh(x) = 2 sigmoid(2x) - 1: g's columns doubled, one sigmoid serves all four gates
+        double = torch.ones(4 * hidden, dtype=a.dtype, device=a.device)
+        double[2 * hidden:3 * hidden] = 2
+        a, w_hh = a * double, w_hh * double
+    a = a.unbind(tdim)  # T x [B, G*H]
     if mode == "GRU":  # the hidden projection of every step, its bias included: r gates part of it
         base = w.get("bias_hh", x.new_zeros(()))
         rows = tap(base.expand(steps, h.shape[0], 3 * hidden)).unbind(0)
@@ -98,9 +106,8 @@ def _layer(module, x, tdim, sfx, h, c, reverse, tap):
     for t in (range(steps - 1, -1, -1) if reverse else range(steps)):
         prev.append(h)
         if mode == "LSTM":
-            gates = torch.addmm(a[t], h, w_hh)
-            i, f, _, o = gates.sigmoid().chunk(4, 1)
-            c = torch.addcmul(f * c, i, gates[:, 2 * hidden:3 * hidden].tanh())
+            i, f, g, o = torch.addmm(a[t], h, w_hh).sigmoid().chunk(4, 1)
+            c = torch.addcmul(f * c - i, i, g, value=2)  # f c + i (2 g - 1)
             h = o * c.tanh()
             if "weight_hr" in w:
                 ms.append(h)
