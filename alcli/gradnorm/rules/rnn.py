@@ -14,7 +14,9 @@ hidden size H, G gates (LSTM 4, GRU 3, RNN 1) and h_{-1} the initial state (zero
           r z = sigmoid(A_t + R_t) (first 2H);  n = tanh(A_t + r R_t) (last H);  h_t = n + z (h_{t-1} - n)
 
 The time loop does only the recurrent part, one addmm per step. The LSTM's g goes through the same
-sigmoid as i, f, o (tanh(x) = 2 sigmoid(2x) - 1, its columns of A and W_hh doubled after the tap).
+sigmoid as i, f, o: tanh(x) = 2 sigmoid(2x) - 1, so g's rows of W_ih, W_hh and the bias are
+doubled before the matmuls; the tap's gradient then has g's columns halved, and the rule doubles
+them back (tanh, on [B, H], costs several times a sigmoid on [B, 4H] on the CPU).
 R (GRU) and the projected h (proj_size) are tapped for all steps at once: a [T, B, k] tensor
 (b_hh broadcast, or zeros, plus the tap) unbound over T, each row the addmm bias of its step.
 With dA the gradient at A (the gate pre-activation gradient), dR at R, dH at the projected h,
@@ -86,16 +88,15 @@ def _layer(module, x, tdim, sfx, h, c, reverse, tap):
     P [B, T, H_out], M [B, T, H] or None)."""
     w = _params(module, sfx)
     mode, hidden, steps = module.mode, module.hidden_size, x.shape[tdim]
-    b_ih = w.get("bias_ih")
+    w_ih, w_hh, b_ih = w["weight_ih"], w["weight_hh"], w.get("bias_ih")
     if b_ih is not None and mode != "GRU":  # b_hh folds into the input projection
         b_ih = b_ih + w["bias_hh"]
-    a = tap(F.linear(x, w["weight_ih"], b_ih))  # [B, T, G*H] (batch_first) or [T, B, G*H]
-    w_hh = w["weight_hh"].t()
-    if mode == "LSTM":  # tanh(x) = 2 sigmoid(2x) - 1: g's columns doubled, one sigmoid serves all four gates
-        double = torch.ones(4 * hidden, dtype=a.dtype, device=a.device)
-        double[2 * hidden:3 * hidden] = 2
-        a, w_hh = a * double, w_hh * double
-    a = a.unbind(tdim)  # T x [B, G*H]
+    scale = _gate_scale(module, x)
+    if scale is not None:  # LSTM: g's rows doubled, so one sigmoid serves all four gates
+        w_ih, w_hh = w_ih * scale[:, None], w_hh * scale[:, None]
+        b_ih = None if b_ih is None else b_ih * scale
+    a = tap(F.linear(x, w_ih, b_ih)).unbind(tdim)  # T x [B, G*H]
+    w_hh = w_hh.t()
     if mode == "GRU":  # the hidden projection of every step, its bias included: r gates part of it
         base = w.get("bias_hh", x.new_zeros(()))
         rows = tap(base.expand(steps, h.shape[0], 3 * hidden)).unbind(0)
@@ -128,6 +129,16 @@ def _layer(module, x, tdim, sfx, h, c, reverse, tap):
     return hs, h, c, p, m
 
 
+def _gate_scale(module, like):
+    """LSTM: 2 on g's rows, 1 on the others (tanh(x) = 2 sigmoid(2x) - 1); None for GRU and RNN."""
+    if module.mode != "LSTM":
+        return None
+    hidden = module.hidden_size
+    scale = torch.ones(4 * hidden, dtype=like.dtype, device=like.device)
+    scale[2 * hidden:3 * hidden] = 2
+    return scale
+
+
 @register(nn.LSTM, nn.GRU, nn.RNN, layout="own", capture=rnn_forward)
 def rnn_rule(module, call, wanted):
     if call.layout.out_dims[0] != (0 if module.batch_first else 1):
@@ -137,6 +148,9 @@ def rnn_rule(module, call, wanted):
     for sfx, x, p, m in call.args:
         d_a = next(grads)
         d_a = d_a if module.batch_first else d_a.transpose(0, 1)            # [B, T, G*H]
+        scale = _gate_scale(module, d_a)
+        if scale is not None:  # the tap saw g's columns doubled, so its gradient has them halved
+            d_a = d_a * scale
         d_h = next(grads).transpose(0, 1) if module.mode == "GRU" else d_a  # at h_{t-1} W_hh^T + b_hh
         shared = {} if d_h is d_a else None  # LSTM/RNN: W_ih and W_hh share G, and its Gram
         products = [("weight_ih", x, d_a, shared), ("weight_hh", p, d_h, shared)]
