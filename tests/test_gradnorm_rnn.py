@@ -11,7 +11,8 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence
 
-from alcli.gradnorm import UnsupportedModel, auto_choice, explain, grad_norms_per_target, per_example_grad_norms
+from alcli.gradnorm import (UnsupportedModel, auto_choice, explain, grad_norms_per_target,
+                            per_example_grad_norms)
 from alcli.gradnorm.ghost import _k_mode
 from alcli.gradnorm.rules import RULES, rule_for
 from alcli.gradnorm.rules.rnn import rnn_forward
@@ -45,10 +46,10 @@ class Net(nn.Module):
         seq = x if self.rnn.batch_first else x.transpose(0, 1)
         hx = None
         if self.init is not None:  # [L*D, B, H]: the batch in dim 1, whatever batch_first says
-            flat = torch.tanh(self.init(x.mean(1))).view(x.shape[0], self.rnn.num_layers * (1 + self.rnn.bidirectional), -1)
-            states = flat.transpose(0, 1).contiguous()
-            hx = states.split([self.h_out, HIDDEN], -1) if self.lstm else states
-            hx = tuple(s.contiguous() for s in hx) if self.lstm else hx
+            layers = self.rnn.num_layers * (1 + self.rnn.bidirectional)
+            states = torch.tanh(self.init(x.mean(1))).view(x.shape[0], layers, -1).transpose(0, 1)
+            hx = tuple(s.contiguous() for s in states.split([self.h_out, HIDDEN], -1)) if self.lstm \
+                else states.contiguous()
         out, state = self.rnn(seq, hx)
         if self.twice:
             out2, state = self.rnn(torch.tanh(seq) * 0.5, state)

@@ -141,6 +141,8 @@ def _gate_scale(module, like):
 
 @register(nn.LSTM, nn.GRU, nn.RNN, layout="own", capture=rnn_forward)
 def rnn_rule(module, call, wanted):
+    """Per tapped layer and direction: the weights' squared norms (per-example gradients where
+    `wanted`) from dA (dR, dH) and X, P, M; the biases' per-example gradients [B, G*H]."""
     if call.layout.out_dims[0] != (0 if module.batch_first else 1):
         raise UnsupportedModel("the model's batch is not the module's batch dim")
     grads = iter(call.grad_out)
@@ -161,9 +163,7 @@ def rnn_rule(module, call, wanted):
             if path in wanted:
                 out[path] = (g.transpose(1, 2) @ a if wanted[path]
                              else sq_norm_of_product(a, g, call.cache, path, g_grams))
-        # [B, G*H]: the driver squares small per-example gradients all at once
-        if "bias_ih" + sfx in wanted:
-            out["bias_ih" + sfx] = d_a.sum(1)
-        if "bias_hh" + sfx in wanted:
-            out["bias_hh" + sfx] = out["bias_ih" + sfx] if shared is not None and "bias_ih" + sfx in out else d_h.sum(1)
+        for name, g in (("bias_ih", d_a), ("bias_hh", d_h)):
+            if name + sfx in wanted:  # [B, G*H]: the driver squares small per-example gradients at once
+                out[name + sfx] = g.sum(1)
     return out
