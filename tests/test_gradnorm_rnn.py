@@ -120,6 +120,9 @@ SELECTIONS = [  # (kind, params given to the engine, the oracle's reading of it)
     ("rnn_tanh", ["rnn.weight_ih_l0", "rnn.bias_ih_l1_reverse"],
      lambda n: n in ("rnn.weight_ih_l0", "rnn.bias_ih_l1_reverse")),
     ("lstm_proj", ["rnn.weight_hr_l0_reverse"], lambda n: n == "rnn.weight_hr_l0_reverse"),
+    # the initial state's Linear, before the RNN: its gradient flows through untapped layers
+    ("gru", ["init", "rnn.weight_ih_l1"], lambda n: n.startswith("init.") or n == "rnn.weight_ih_l1"),
+    ("lstm", ["init"], lambda n: n.startswith("init.")),
     ("lstm", None, lambda n: True),
 ]
 
