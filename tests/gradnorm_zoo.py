@@ -133,6 +133,24 @@ class LSTMClassifier(nn.Module):
         return self.head(out[:, -1])
 
 
+class GRUSeqFirst(nn.Module):
+    """nn.GRU seq-first ([T, B, d]), 2 layers, bidirectional, its initial state computed from the
+    input; logits from the outputs and the final states."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, 6)
+        self.init = nn.Linear(6, 4 * 5)
+        self.gru = nn.GRU(6, 5, num_layers=2, bidirectional=True)
+        self.head = nn.Linear(10, 4)
+
+    def forward(self, tokens):
+        x = self.emb(tokens)  # [B, T, 6]
+        h0 = torch.tanh(self.init(x.mean(1))).view(-1, 4, 5).transpose(0, 1).contiguous()  # [4, B, 5]
+        out, h = self.gru(x.transpose(0, 1), h0)  # [T, B, 10], [4, B, 5]
+        return self.head(out.mean(0) + h[-2:].transpose(0, 1).flatten(1))
+
+
 class PackedLSTM(nn.Module):
     """The usual text classifier: pack_padded_sequence(enforce_sorted=False) into an LSTM."""
 
@@ -698,6 +716,7 @@ _BUILDERS: dict[str, tuple[Callable[[], nn.Module], Callable, int]] = {
     "transformer": (TextTransformer, lambda g, b: _tokens(g, b, 7), 4),
     "transformer_seq_first": (SeqFirstTransformer, lambda g, b: _tokens(g, b, 4), 4),
     "lstm": (LSTMClassifier, lambda g, b: _tokens(g, b, 6), 4),
+    "gru_seq_first": (GRUSeqFirst, lambda g, b: _tokens(g, b, 5), 4),
     "packed_lstm": (PackedLSTM, lambda g, b: _tokens(g, b, 6), 4),
     "packed_gru_sorted": (SortedPackedGRU, lambda g, b: _sorted_tokens(g, b, 6), 4),
     "tied": (TiedLM, lambda g, b: _tokens(g, b, 5), 4),
@@ -736,6 +755,7 @@ _BUILDERS: dict[str, tuple[Callable[[], nn.Module], Callable, int]] = {
 ALL_BUT_LOOP = frozenset({"ghost", "vmap", "replicate"})
 DECLINES: dict[str, frozenset] = {
     "lstm": frozenset({"replicate", "vmap"}),       # no vmap rule for the fused LSTM kernel (vmap: in float64)
+    "gru_seq_first": frozenset({"replicate"}),      # no vmap rule for the fused GRU with per-example weights
     "packed_lstm": ALL_BUT_LOOP,                    # PackedSequence output; sizes vary per example
     "packed_gru_sorted": ALL_BUT_LOOP,              # cannot run its batch in another order
     "bare_param": frozenset({"replicate"}),         # root and child both own selected parameters

@@ -155,7 +155,7 @@ def _backwards(model, plan, uses, calls, taps, logits, cotangents, batch) -> tor
     if _k_mode.get(model) != "per target":
         try:
             # the graph and the captured inputs are kept, for one backward per target set if a
-            # backward op or rule cannot be vmapped (nn.LSTM's per-example pullback)
+            # backward op or rule cannot be vmapped (the generic rule's per-example pullback)
             norms = vmap(lambda g: backward(g, last=False))(cotangents)
             _k_mode[model] = "batched"
             return norms

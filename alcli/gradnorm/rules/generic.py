@@ -5,8 +5,9 @@ under torch.func and pull its output gradient back to the parameters,
 
 This covers parameters a module uses directly in its forward (a cls token, a learned scale),
 including when it is a parent whose children run inside that forward. Modules whose ops have no
-vmap rule (nn.LSTM's fused kernel) are pulled back one example at a time, through that module
-only: slower, still exact, and still one batched pass through the rest of the model.
+vmap rule (a fused RNN kernel, in an nn.LSTM subclass with a forward of its own: rules/rnn.py
+serves nn.LSTM itself) are pulled back one example at a time, through that module only: slower,
+still exact, and still one batched pass through the rest of the model.
 """
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ def generic_rule(module, call, wanted):
     except torch.OutOfMemoryError:
         raise  # the caller splits the batch
     except (RuntimeError, NotImplementedError, TypeError, ValueError):
-        # some ops (e.g. nn.LSTM's fused kernel) have no vmap rule: pull back one example at a
+        # some ops (e.g. a fused RNN kernel) have no vmap rule: pull back one example at a
         # time, through this module only
         grads = _looped_pullback(module, own, (inputs, in_vmap, in_batch), (grad_out, out_vmap, out_batch))
     return {path: g if wanted[path] else g.reshape(g.shape[0], -1).square().sum(1) for path, g in grads.items()}

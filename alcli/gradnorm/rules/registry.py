@@ -53,11 +53,13 @@ def flat_batch(t):
     return t.reshape(t.shape[0], -1, t.shape[-1])
 
 
-def sq_norm_of_product(a, g, cache: dict | None = None, key: str = ""):
+def sq_norm_of_product(a, g, cache: dict | None = None, key: str = "", g_grams: dict | None = None):
     """Per-example ||G_i^T A_i||_F^2 for A [B, T, k], G [B, T, o] -> [B].
 
     T == 1: ||g||^2 ||a||^2 (Goodfellow 2015). Otherwise the Gram form
     <A_i A_i^T, G_i G_i^T> when T^2 <= k*o, else the materialised [B, o, k] product.
+    `g_grams`, a dict given with every product of the same G, computes G G^T once for them all
+    (an LSTM's W_ih and W_hh share their G).
     """
     batch, steps, k = a.shape
     o = g.shape[-1]
@@ -69,5 +71,10 @@ def sq_norm_of_product(a, g, cache: dict | None = None, key: str = ""):
             gram_a = a @ a.transpose(1, 2)  # [B, T, T]
             if cache is not None:
                 cache[key] = gram_a
-        return (gram_a * (g @ g.transpose(1, 2))).sum((1, 2))
+        gram_g = None if g_grams is None else g_grams.get("gram")
+        if gram_g is None:
+            gram_g = g @ g.transpose(1, 2)  # [B, T, T]
+            if g_grams is not None:
+                g_grams["gram"] = gram_g
+        return (gram_a * gram_g).sum((1, 2))
     return (g.transpose(1, 2) @ a).pow(2).sum((1, 2))
