@@ -29,7 +29,7 @@ from torch import nn
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's alcli
 
 from alcli.gradnorm import per_example_grad_norms  # noqa: E402
-from alcli.gradnorm.rules import RULES  # noqa: E402
+from alcli.gradnorm.rules.registry import RULES  # noqa: E402
 
 VOCAB, EMBED, HIDDEN, CLASSES, STEPS = 1000, 64, 128, 10, 32
 

@@ -14,7 +14,8 @@ from torch.nn.utils.rnn import pack_padded_sequence
 from alcli.gradnorm import (UnsupportedModel, auto_choice, explain, grad_norms_per_target,
                             per_example_grad_norms)
 from alcli.gradnorm.ghost import _k_mode
-from alcli.gradnorm.rules import RULES, rule_for
+from alcli.gradnorm.rules import rule_for
+from alcli.gradnorm.rules.registry import RULES
 from alcli.gradnorm.rules.rnn import rnn_forward
 
 from gradnorm_zoo import one_thread  # noqa: F401  (autouse fixture)

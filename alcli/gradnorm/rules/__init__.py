@@ -25,11 +25,7 @@ from __future__ import annotations
 
 from torch import nn
 
-<<<<<<< HEAD
-from . import attention, conv, embedding, linear, norm, swin  # noqa: F401  (they register themselves)
-=======
-from . import attention, conv, embedding, linear, norm, rnn  # noqa: F401  (they register themselves)
->>>>>>> rnn
+from . import attention, conv, embedding, linear, norm, rnn, swin  # noqa: F401  (they register themselves)
 from .generic import generic_rule
 from .registry import Entry, RuleCall, registered
 
