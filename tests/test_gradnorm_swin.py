@@ -1,13 +1,13 @@
-"""torchvision swin's ShiftedWindowAttention under ghost (`alcli/gradnorm/rules/swin.py`): tiny
-SwinTransformers in float64, eval mode, against an independent per-example loop (each example
-alone, autograd.grad over the selected parameters), rtol 1e-6. The input size leaves partial
-windows (padding) and keeps the shift in the first stage; the second stage pads and shifts along
-H only (the window covers its whole width)."""
+"""torchvision swin's ShiftedWindowAttention and ShiftedWindowAttentionV2 under ghost
+(`alcli/gradnorm/rules/swin.py`): tiny SwinTransformers (v1, and v2 built as swin_v2_t builds it)
+in float64, eval mode, against an independent per-example loop (each example alone,
+autograd.grad over the selected parameters), rtol 1e-6. The input size leaves partial windows
+(padding) and keeps the shift in the first stage; the second stage pads and shifts along H only
+(the window covers its whole width)."""
 from __future__ import annotations
 
 import fnmatch
 
-import warnings
 
 import pytest
 import torch
@@ -18,7 +18,7 @@ from torch import nn
 from alcli.gradnorm import auto_choice, grad_norms_per_target, per_example_grad_norms
 from alcli.gradnorm.ghost import _k_mode
 from alcli.gradnorm.params import select_params
-from alcli.gradnorm.plan import describe
+from alcli.gradnorm.plan import describe, rule_names
 
 swin = pytest.importorskip("torchvision.models.swin_transformer")
 
@@ -80,15 +80,18 @@ def attention_calls(model, x):
     return seen
 
 
-def test_the_shapes_pad_and_shift():
-    calls = attention_calls(tiny_swin(), batch()[0])
+@pytest.mark.parametrize("v2", [False, True], ids=["v1", "v2"])
+def test_the_shapes_pad_and_shift(v2):
+    calls = attention_calls(tiny_swin(v2), batch()[0])
     assert calls == [((10, 7), (2, 1), [0, 0]), ((10, 7), (2, 1), [1, 2]),
                      ((5, 4), (1, 0), [0, 0]), ((5, 4), (1, 0), [1, 0])]
 
 
-def test_the_capturing_forward_gives_the_modules_output_exactly():
-    from alcli.gradnorm.rules.swin import swin_forward
-    model, (x, _) = tiny_swin(), batch()
+@pytest.mark.parametrize("v2", [False, True], ids=["v1", "v2"])
+def test_the_capturing_forward_gives_the_modules_output_exactly(v2):
+    from alcli.gradnorm.rules.swin import swin_forward, swin_v2_forward
+    forward, n_taps = (swin_v2_forward, 4) if v2 else (swin_forward, 3)
+    model, (x, _) = tiny_swin(v2), batch()
     outputs = []
     for m in model.modules():
         if isinstance(m, swin.ShiftedWindowAttention):
@@ -97,9 +100,9 @@ def test_the_capturing_forward_gives_the_modules_output_exactly():
         model(x)
         for m, inp, out in outputs:
             taps = []
-            mine, (windows, o) = swin_forward(m, (inp,), {}, lambda t, taps=taps: taps.append(t.shape) or t)
+            mine, (windows, o) = forward(m, (inp,), {}, lambda t, taps=taps: taps.append(t.shape) or t)
             assert torch.equal(mine, out)
-            assert windows.shape[0] == o.shape[0] == BATCH and len(taps) == 3
+            assert windows.shape[0] == o.shape[0] == BATCH and len(taps) == n_taps
 
 
 def test_attention_is_served_by_the_swin_rule_and_auto_picks_ghost():
@@ -137,12 +140,12 @@ def test_several_target_sets_through_one_backward():
 
 
 class TwiceAttention(nn.Module):
-    """One ShiftedWindowAttention called twice: its parameters need per-example gradients."""
+    """One ShiftedWindowAttention (or V2) called twice: its parameters need per-example gradients."""
 
-    def __init__(self):
+    def __init__(self, attention=swin.ShiftedWindowAttention):
         super().__init__()
         self.embed = nn.Conv2d(3, 8, 4, stride=4)
-        self.attn = swin.ShiftedWindowAttention(8, WINDOW, [1, 2], num_heads=2)
+        self.attn = attention(8, WINDOW, [1, 2], num_heads=2)
         self.fc = nn.Linear(8, 3)
 
     def forward(self, x):
@@ -152,46 +155,77 @@ class TwiceAttention(nn.Module):
         return self.fc(h.mean((1, 2)))
 
 
-def test_an_attention_called_twice_adds_its_per_example_gradients():
-    model, (x, y) = _randomize(TwiceAttention().double().eval(), 2), batch()
+@pytest.mark.parametrize("v2", [False, True], ids=["v1", "v2"])
+def test_an_attention_called_twice_adds_its_per_example_gradients(v2):
+    attention = swin.ShiftedWindowAttentionV2 if v2 else swin.ShiftedWindowAttention
+    model, (x, y) = _randomize(TwiceAttention(attention).double().eval(), 2), batch()
     norms, _ = grad_norms_per_target(model, x, [y, (y + 2) % 3], method="ghost", params=["attn"])
     expected = torch.stack([loop_norms(model, x, t, lambda n: n.startswith("attn."))
                             for t in (y, (y + 2) % 3)])
     torch.testing.assert_close(norms, expected, rtol=1e-6, atol=0)
 
 
-V2_OWN = ["*.attn.qkv", "*.attn.proj", "*.attn.logit_scale"]  # V2 attention's parameters but cpb_mlp's
+V2_SELECTIONS = {
+    "all": (None, lambda name: True),
+    "attention": (["*.attn", "*.attn.*"], lambda name: fnmatch.fnmatchcase(name, "*.attn.*")),
+    "cpb_mlp and logit_scale": (["*.cpb_mlp.*", "*.logit_scale"],
+                                lambda name: ".cpb_mlp." in name or name.endswith(".logit_scale")),
+    # the k part of qkv.bias never reaches the logits: its gradient is zero
+    "qkv bias": (["*.attn.qkv.bias"], lambda name: name.endswith(".attn.qkv.bias")),
+    "shifted block": (["features.1.1.attn"], lambda name: name.startswith("features.1.1.attn.")),
+}
 
 
-def test_swin_v2_attention_keeps_the_generic_rule_and_is_exact():
+def test_swin_v2_attention_is_served_by_the_swin_rule_and_auto_picks_ghost():
     model, (x, y) = tiny_swin(v2=True), batch()
-    rules = {rule for _, kind, rule, _ in describe(model, select_params(model, None))
-             if kind == "ShiftedWindowAttentionV2"}
-    assert rules == {"generic"}
-    # qkv and proj, which V2's forward uses without calling them, go to the attention's generic rule
-    norms = per_example_grad_norms(model, x, y, params=V2_OWN)
-    assert auto_choice(model, V2_OWN)[0] == "ghost"
-    torch.testing.assert_close(norms, loop_norms(model, x, y, lambda n: fnmatch.fnmatchcase(n, "*.attn.*")
-                                                 and ".cpb_mlp." not in n), rtol=1e-6, atol=0)
-
-
-def test_swin_v2_is_served_by_ghost_and_exact():
-    """V2's cpb_mlp maps a fixed coordinate table shared by all examples: its parameters go up to
-    the attention's generic rule, whose output is batched; ghost serves the whole model."""
-    model, (x, y) = tiny_swin(v2=True), batch()
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        norms = per_example_grad_norms(model, x, y)
+    rules = {name: rule for name, kind, rule, _ in describe(model, select_params(model, None))
+             if kind.startswith("ShiftedWindowAttention")}
+    assert len(rules) == 4 and set(rules.values()) == {"swin"}
+    names = rule_names(model)
+    assert {names[f"features.1.0.attn.{child}"] for child in ("qkv", "proj", "cpb_mlp", "cpb_mlp.0", "cpb_mlp.2")} \
+        == {"via features.1.0.attn"}
+    norms = per_example_grad_norms(model, x, y)
     assert auto_choice(model)[0] == "ghost"
     torch.testing.assert_close(norms, loop_norms(model, x, y), rtol=1e-6, atol=0)
 
 
+@pytest.mark.parametrize("selection", V2_SELECTIONS)
+def test_ghost_matches_the_loop_on_swin_v2(selection):
+    params, keep = V2_SELECTIONS[selection]
+    model, (x, y) = tiny_swin(v2=True), batch()
+    norms = per_example_grad_norms(model, x, y, params=params, method="ghost")
+    torch.testing.assert_close(norms, loop_norms(model, x, y, keep), rtol=1e-6, atol=0)
+
+
+def test_swin_v2_several_target_sets_through_one_backward():
+    model, (x, y) = tiny_swin(v2=True), batch()
+    sets = [y, (y + 1) % 3, torch.zeros_like(y)]
+    for params, keep in (V2_SELECTIONS["all"], V2_SELECTIONS["cpb_mlp and logit_scale"]):
+        norms, _ = grad_norms_per_target(model, x, sets, method="ghost", params=params)
+        expected = torch.stack([loop_norms(model, x, t, keep) for t in sets])
+        torch.testing.assert_close(norms, expected, rtol=1e-6, atol=0)
+        assert _k_mode[model] == "batched"
+
+
+def test_swin_v2_logit_scale_at_its_clamp():
+    """A head whose logit_scale is past log(100) gets no gradient through the clamp."""
+    model, (x, y) = tiny_swin(v2=True), batch()
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, swin.ShiftedWindowAttentionV2):
+                m.logit_scale[0] = 5.0
+    params, keep = V2_SELECTIONS["cpb_mlp and logit_scale"]
+    norms = per_example_grad_norms(model, x, y, params=params, method="ghost")
+    torch.testing.assert_close(norms, loop_norms(model, x, y, keep), rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("v2", [False, True], ids=["v1", "v2"])
 @pytest.mark.parametrize("targets", ["gradnorm", "egl"])
-def test_the_swin_rule_is_device_correct_and_sync_free(targets):
+def test_the_swin_rule_is_device_correct_and_sync_free(targets, v2):
     """After a first CPU batch, on the stand-in device (tests/standin.py): no op mixing devices,
     no host sync, for one target set and for every class (the K target sets vmapped)."""
     from standin import DeviceWatch, standin, to_standin
-    model, (x, y) = tiny_swin(), batch()
+    model, (x, y) = tiny_swin(v2), batch()
     chosen = (lambda logits: [y]) if targets == "gradnorm" else (lambda logits: list(logits.argsort(1).T))
     first, _ = grad_norms_per_target(model, x, chosen, method="ghost")
     to_standin(model)

@@ -45,7 +45,7 @@ def ghost_plan_for(model, selection: ParamSelection, inputs) -> HookPlan:
 
 def _lift_shared(model, selection, inputs, plan: HookPlan, lifted: dict) -> HookPlan:
     """A module whose calls see no example (xcit's position encoding: a Conv2d on a fixed grid,
-    repeated for the batch by its parent) has no per-example output gradient; its parameters go
+    repeated for the batch by its parent; swin v2's cpb_mlp, where no rule claims it) has no per-example output gradient; its parameters go
     up to the nearest ancestor with the generic rule, until that ancestor's output is batched.
     Returns `plan` as it came when that cannot be done (the ghost pass then refuses the module)."""
     base, lifted = plan, dict(lifted)
@@ -103,8 +103,7 @@ def make_plan(model, selection: ParamSelection, lifted: dict | None = None) -> H
         raise UnsupportedModel("the root module is a TorchScript module, which cannot take the forward "
                                "hooks this method needs")
     modules = dict(model.named_modules())
-    claimed = {id(getattr(m, child)) for m in modules.values() for child in rule_for(m).claims_children
-               if getattr(m, child, None) is not None}
+    claimed = {id(sub) for m in modules.values() for sub in _claimed_modules(m, rule_for(m).claims_children)}
     selected = {id(p) for p in selection.params}
     plan = HookPlan({}, {}, {})
     for name, module in modules.items():
@@ -114,8 +113,8 @@ def make_plan(model, selection: ParamSelection, lifted: dict | None = None) -> H
         covered = [(attr, p) for attr, p in module._parameters.items()]
         for child in entry.claims_children:
             sub = getattr(module, child, None)
-            if sub is not None:
-                covered += [(f"{child}.{attr}", p) for attr, p in sub._parameters.items()]
+            if sub is not None:  # its parameters and those of the modules inside it
+                covered += [(f"{child}.{path}", p) for path, p in sub.named_parameters()]
         paths = {path: p for path, p in covered if p is not None and id(p) in selected and id(p) not in lifted}
         if paths:
             deeper = _registered_below(module, entry.claims_children)
@@ -131,10 +130,17 @@ def make_plan(model, selection: ParamSelection, lifted: dict | None = None) -> H
     return plan
 
 
+def _claimed_modules(module, claims_children) -> list:
+    """The children `module`'s rule claims and every module inside them (swin v2's cpb_mlp, a
+    Sequential of Linears): the rule covers all their parameters, and none of them is hooked."""
+    return [sub for child in claims_children if getattr(module, child, None) is not None
+            for sub in getattr(module, child).modules()]
+
+
 def _registered_below(module, claims_children) -> set[int]:
     """Ids of the parameters registered by modules inside `module`, other than the children its
-    rule claims (their parameters are the rule's own)."""
-    claimed = {id(getattr(module, child, None)) for child in claims_children}
+    rule claims and the modules inside them (their parameters are the rule's own)."""
+    claimed = {id(sub) for sub in _claimed_modules(module, claims_children)}
     return {id(p) for sub in module.modules() if sub is not module and id(sub) not in claimed
             for p in sub._parameters.values() if p is not None}
 
@@ -158,7 +164,10 @@ def rule_names(model, plan: HookPlan | None = None) -> dict[str, str]:
         entry = rule_for(module)
         names[name] = entry.name
         for child in entry.claims_children:
-            names[f"{name}.{child}" if name else child] = f"via {name or '(root)'}"
+            if getattr(module, child, None) is None:
+                continue
+            for sub_name, _ in getattr(module, child).named_modules(prefix=child):
+                names[f"{name}.{sub_name}" if name else sub_name] = f"via {name or '(root)'}"
     for name, paths in (plan.paths.items() if plan is not None else ()):
         names[name] = plan.rules[name].name
         for path in paths:
