@@ -63,6 +63,18 @@ def _opacus_mode(m: nn.Module) -> nn.Module:
     return m
 
 
+def _opacus_rnns(m: nn.Module, inputs) -> nn.Module:
+    """Opacus serves nn.LSTM/GRU/RNN through its drop-in DPLSTM/DPGRU/DPRNN, which its documented
+    `ModuleValidator.fix` swaps in with the same weights; used only when the outputs stay the same."""
+    if not any(isinstance(mod, nn.RNNBase) for mod in m.modules()):
+        return m
+    from opacus.validators import ModuleValidator
+    fixed = ModuleValidator.fix(m)
+    with torch.no_grad():
+        same = torch.allclose(forward_logits(fixed.eval(), inputs), forward_logits(m.eval(), inputs), atol=1e-5)
+    return fixed if same else m
+
+
 def _trainable(m: nn.Module) -> list[nn.Parameter]:
     return [p for p in m.parameters() if p.requires_grad]
 
@@ -73,7 +85,7 @@ def opacus_hooks(model, inputs, targets, names):
         from opacus import GradSampleModule
     except ImportError as err:
         raise PeerMissing(str(err)) from err
-    m = _opacus_mode(_copy(model, names))
+    m = _opacus_mode(_opacus_rnns(_copy(model, names), inputs))
     gsm = GradSampleModule(m, loss_reduction="sum")  # batch_first=True, strict=True (defaults)
     params = [(n, p) for n, p in m.named_parameters() if p.requires_grad]
 
@@ -102,7 +114,7 @@ def opacus_ghost(model, inputs, targets, names):
         from opacus.grad_sample import GradSampleModuleFastGradientClipping
     except ImportError as err:
         raise PeerMissing(str(err)) from err
-    m = _opacus_mode(_copy(model, names))
+    m = _opacus_mode(_opacus_rnns(_copy(model, names), inputs))
     gsm = GradSampleModuleFastGradientClipping(m, loss_reduction="sum", max_grad_norm=1.0,
                                                use_ghost_clipping=True)
     params = _trainable(m)
