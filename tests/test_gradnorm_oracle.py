@@ -7,8 +7,8 @@ and the batched methods disagree. The FD helpers live in benchmarks/oracle_check
     at batch size 1 when its batch stride is not the canonical one; in a LeViT-like patch-embedding
     model the batch-1 loop is then wrong and FD sides with the engine;
 (c) the three timm models of the issue (random init, tiny batch): the engine equals FD on a
-    parameter where the batch-1 loop is wrong; and timm's eval-mode attention-bias cache, where the
-    engine is wrong (xfail, strict: it flips when the engine is fixed).
+    parameter where the batch-1 loop is wrong; and timm's eval-mode attention-bias cache, which the
+    engine keeps from holding a constant.
 """
 from __future__ import annotations
 
@@ -221,10 +221,10 @@ def test_timm_engine_equals_fd(name):
         torch.testing.assert_close(norms.detach(), pair.flatten(1).norm(dim=1), rtol=1e-10, atol=0)
 
 
-@pytest.mark.xfail(strict=True, reason="engine bug: timm's eval-mode attention-bias cache "
-                   "(LeViT, EfficientFormer) is filled by the engine's no_grad forward, so every "
-                   "method returns 0 for attention_biases; FD and the loop say otherwise")
 def test_timm_attention_biases_engine_equals_fd():
+    """timm's eval-mode attention-bias cache (LeViT, EfficientFormer) would be a constant to
+    autograd; while the engine runs it recomputes every lookup (borrow.py), so the engine equals
+    FD on attention_biases (it returned 0 for them before)."""
     model, x, y, _ = timm_case("levit_128s", batch=2)
     pname = "stages.1.downsample.attn_downsample.attention_biases"
     param = model.get_parameter(pname)
