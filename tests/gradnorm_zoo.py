@@ -538,6 +538,87 @@ class SharedPositions(nn.Module):
         return self.fc(torch.tanh(self.tok(tokens) + positions).mean(1))
 
 
+class SharedPositionsFirstRow(SharedPositions):
+    """The shared positions read by row ([0]): expanded to the batch, row 0 would carry every
+    example's gradient, so ghost must leave them shared and decline."""
+
+    def forward(self, tokens):
+        positions = self.pos(self.position_ids[:, :tokens.shape[1]])[0]  # [T, d]
+        return self.fc(torch.tanh(self.tok(tokens) + positions).mean(1))
+
+
+class SharedPositionsTwoViews(SharedPositions):
+    """Two views of each example, [B, 2, T, d], plus the shared positions [1, T, d]: expanded
+    to a batch of 2 they would line up with the views, not the examples."""
+
+    def forward(self, tokens):
+        views = torch.stack([self.tok(tokens), -0.5 * self.tok(tokens.flip(1))], 1)  # [B, 2, T, d]
+        positions = self.pos(self.position_ids[:, :tokens.shape[1]])                 # [1, T, d]
+        return self.fc(torch.tanh(views + positions).mean((1, 2)))
+
+
+class PositionsByKeyword(SharedPositions):
+    """The shared position embedding called with a keyword argument, `pos(input=ids)`."""
+
+    def forward(self, tokens):
+        positions = self.pos(input=self.position_ids[:, :tokens.shape[1]])
+        return self.fc(torch.tanh(self.tok(tokens) + positions).mean(1))
+
+
+class AttentionInWindows(nn.Module):
+    """nn.MultiheadAttention on windows, [B*2, 3, d]: its rule reads the batch from dim 0, where
+    the windows are, so ghost declines."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, 6)
+        self.mha = nn.MultiheadAttention(6, 2, batch_first=True)
+        self.fc = nn.Linear(6, 3)
+
+    def forward(self, tokens):  # [B, 6]
+        h = self.emb(tokens).reshape(-1, 3, 6)
+        out, _ = self.mha(h, h, h, need_weights=False)
+        return self.fc(out.reshape(tokens.shape[0], 6, 6).mean(1))
+
+
+class FlippedRows(nn.Module):
+    """A Linear on [B*T, d] rows taken in reverse order and put back: example 0's rows hold
+    example B-1's tokens there, so ghost declines."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, 6)
+        self.lin = nn.Linear(6, 6)
+        self.fc = nn.Linear(6, 3)
+
+    def forward(self, tokens):
+        h = self.emb(tokens)
+        rows = self.lin(h.reshape(-1, 6).flip(0)).flip(0).reshape(h.shape)
+        return self.fc(torch.tanh(rows).mean(1))
+
+
+class SharedSecondOutput(nn.Module):
+    """A module (the generic rule) returning a per-example output and one shared by all examples."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.linspace(-1, 1, 6))
+
+    def forward(self, x):
+        return x * self.w, torch.tanh(self.w).unsqueeze(0)  # [B, 6], [1, 6]
+
+
+class SharedOutputLeaf(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.two = SharedSecondOutput()
+        self.fc = nn.Linear(6, 3)
+
+    def forward(self, x):
+        per_example, shared = self.two(x)
+        return self.fc(torch.tanh(per_example) + shared)
+
+
 class GridEncoding(nn.Module):
     """xcit's position encoding: a Linear on a fixed grid, repeated for the batch; its input is
     the batch size, an int."""
@@ -744,6 +825,12 @@ _BUILDERS: dict[str, tuple[Callable[[], nn.Module], Callable, int]] = {
     "ancestor_uses_leaked": (AncestorUsesLeaked, lambda g, b: _tokens(g, b, 5), 4),
     "windowed": (Windowed, lambda g, b: _tokens(g, b, 6), 4),
     "windowed_batch_inside": (WindowedBatchInside, lambda g, b: _tokens(g, b, 6), 4),
+    "shared_positions_first_row": (SharedPositionsFirstRow, lambda g, b: _tokens(g, b, 6), 4),
+    "shared_positions_two_views": (SharedPositionsTwoViews, lambda g, b: _tokens(g, b, 6), 4),
+    "positions_by_keyword": (PositionsByKeyword, lambda g, b: _tokens(g, b, 6), 4),
+    "attention_in_windows": (AttentionInWindows, lambda g, b: _tokens(g, b, 6), 4),
+    "flipped_rows": (FlippedRows, lambda g, b: _tokens(g, b, 5), 4),
+    "shared_output_leaf": (SharedOutputLeaf, lambda g, b: torch.randn(b, 6, generator=g), 4),
     "repeated_positions": (RepeatedPositions, lambda g, b: _tokens(g, b, 6), 4),
     "shared_positions": (SharedPositions, lambda g, b: _tokens(g, b, 6), 4),
     "shared_positions_summed": (SharedPositionsSummed, lambda g, b: _tokens(g, b, 6), 4),
@@ -770,6 +857,13 @@ DECLINES: dict[str, frozenset] = {
     "windowed": frozenset({"replicate"}),           # nested owners
     "windowed_batch_inside": frozenset({"ghost", "replicate"}),  # no example owns a block of rows
     "repeated_positions": frozenset({"replicate"}),  # an output shared by all examples
+    # expanded to the batch, their rows would not each reach one example: left shared
+    "shared_positions_first_row": frozenset({"ghost", "replicate"}),
+    "shared_positions_two_views": frozenset({"ghost", "replicate"}),
+    "flipped_rows": frozenset({"ghost", "replicate"}),     # example 0's rows hold another example
+    "positions_by_keyword": frozenset({"ghost", "replicate"}),  # the rule needs a positional input
+    "attention_in_windows": frozenset({"ghost", "replicate"}),  # its rule reads the batch from dim 0
+    "shared_output_leaf": frozenset({"ghost", "replicate"}),  # that output's gradient is the batch's
     "shared_positions": frozenset({"replicate"}),   # an output shared by all examples
     "shared_positions_summed": frozenset({"ghost", "replicate"}),  # and ghost cannot broadcast it
 }
@@ -778,6 +872,8 @@ AUTO_CHOICE: dict[str, str] = {
     "packed_lstm": "loop", "packed_gru_sorted": "loop", "packed_tokens": "loop",
     "weight_norm": "vmap", "alias_attr_used": "vmap", "parametrized_alias": "vmap",
     "shared_positions_summed": "vmap", "ancestor_uses_leaked": "vmap", "windowed_batch_inside": "vmap",
+    "shared_positions_first_row": "vmap", "shared_positions_two_views": "vmap", "flipped_rows": "vmap",
+    "shared_output_leaf": "vmap", "positions_by_keyword": "vmap", "attention_in_windows": "vmap",
 }
 
 

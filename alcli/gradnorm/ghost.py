@@ -44,6 +44,7 @@ class _Call:
     layout: object = None                            # layout.Layout: batch dim of every leaf
     out_move: int = 0                                # batch dim of the output, moved to 0 for the rule
     out_blocks: int = 0                              # k when that dim is [B*k] with the batch outer
+    expanded: bool = False                           # a shared [1, ...] call tapped as [B, ...]
     cache: dict = field(default_factory=dict)        # the rule's, across target sets
 
 
@@ -72,10 +73,11 @@ def ghost_norms(model, inputs, targets_for, selection: ParamSelection, loss_fn):
                 return None  # its capturing forward recorded the call
             call = _new_call(args, kwargs)
             if isinstance(output, torch.Tensor) and output.is_floating_point():  # the common case
-                if _broadcast(plan, layouts, name, len(calls[name])):
+                if args and isinstance(args[0], torch.Tensor) and _broadcast(plan, layouts, name, len(calls[name])):
                     # a shared [1, ...] call: tapped as the batch sees it, [B, ...]
                     call.args = (args[0].expand(batch, *args[0].shape[1:]), *args[1:])
                     output = output.expand(batch, *output.shape[1:])
+                    call.expanded = True
                 calls[name].append(call)
                 return _tap(call, output)
             leaves, call.out_spec = tree_flatten(output)
@@ -365,11 +367,11 @@ def _apply_layouts(plan: HookPlan, calls, layouts, batch: int):
             if not call.args or not isinstance(call.args[0], torch.Tensor) or not call.taps:
                 raise UnsupportedModel(f"{where}: its rule needs a tensor as the first positional "
                                        "input and a floating-point output")
-            d_in, d_out = (0, 0) if layout.broadcast else (layout.in_dims[0], layout.out_dims[0])
+            d_in, d_out = (0, 0) if call.expanded else (layout.in_dims[0], layout.out_dims[0])
             x, out = call.args[0], call.taps[0]  # the tap has the output's shape
             if d_in is None or d_out is None:
                 raise UnsupportedModel(f"{where}: its input or output is shared by all examples")
-            if kind == "anywhere" and _in_blocks(layout, x, out, batch):
+            if kind == "anywhere" and not call.expanded and _in_blocks(layout, x, out, batch):
                 # [B*k, ...] with the batch outer (windows): per-row layers see [B, k, ...]
                 (d_in, k_in), (d_out, call.out_blocks) = layout.in_blocks[0], layout.out_blocks[0]
                 call.args = (x.movedim(d_in, 0).unflatten(0, (batch, k_in)), *call.args[1:])
@@ -386,7 +388,7 @@ def _apply_layouts(plan: HookPlan, calls, layouts, batch: int):
 
 def _in_blocks(layout, x, out, batch: int) -> bool:
     """Are the call's input and output both [B*k, ...] with the batch as the outer factor?"""
-    if layout.broadcast or not layout.in_blocks or not layout.out_blocks:
+    if not layout.in_blocks or not layout.out_blocks:
         return False
     blocks = layout.in_blocks[0], layout.out_blocks[0]
     return (layout.in_dims[0] == MERGED and layout.out_dims[0] == MERGED and None not in blocks

@@ -7,8 +7,9 @@ dim whose size goes 1 -> 2 in an input or output is that tensor's batch dim; a t
 changing dim is shared by all examples. A dim that changes any other way (the batch merged with
 another dim, [B*T, d] or packed tokens) is recorded as MERGED, and rules that need the batch
 refuse it; at the full batch every batch dim must have size B. Sizes can still coincide (packed
-tokens with one token in each of the first two examples), so the full batch is also run in
-reverse order: a true batch dim holds the same values, reversed. Because the result is cached
+tokens with one token in each of the first two examples), so the full batch is also run
+reversed, rotated by one and with its first two examples swapped: a true batch dim holds the
+same values, moved the same way. Because the result is cached
 per model, hooked modules and example shape, a forward whose shapes depend on the data (an op
 such as nonzero or boolean masking) is refused: a later batch could lay out differently.
 
@@ -16,7 +17,9 @@ A call whose first input and output are shared by all examples with a leading di
 position embedding looked up with position ids [1, T]) is marked `broadcast` when expanding its
 output to the batch ([1, T, d] -> [B, T, d], as the model's own broadcasting would) leaves the
 model's output unchanged: ghost then taps the expanded output, so each example's own gradient
-comes back and the layer's rule applies as to any batched call.
+comes back and the layer's rule applies as to any batched call. That each expanded row reaches
+its own example alone is checked too, on three examples: changing one row of the expansion must
+change that example's output and leave the others' exactly as they were.
 """
 from __future__ import annotations
 
@@ -30,12 +33,13 @@ from torch.utils._pytree import tree_flatten
 from ..errors import first_line
 from .errors import UnsupportedModel
 from .model_io import (
-    batch_flip,
     batch_size,
     batch_slice,
     call_model,
     example_key,
+    first_n,
     logits_of,
+    map_batch,
     repeat_first,
 )
 from .uses import ModuleStack
@@ -60,7 +64,8 @@ _cache: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 def call_layouts(model, inputs: torch.Tensor, modules: dict) -> dict[str, list[Layout]]:
     """module name -> the Layout of each of its calls, in call order."""
-    key = (tuple(modules), example_key(inputs))
+    # batches of 2 (or one example as two copies) cannot show every reordering: not reused for more
+    key = (tuple(modules), example_key(inputs), min(batch_size(inputs), 3))
     per_model = _cache.setdefault(model, {})
     if key not in per_model:
         with ModuleStack(model) as stack, _DataDependentShapes(stack) as watch:
@@ -80,7 +85,7 @@ def call_layouts(model, inputs: torch.Tensor, modules: dict) -> dict[str, list[L
                              for (a_in, a_out), (b_in, b_out) in zip(one[name], two[name])]
         if batch_size(inputs) > 1:
             _mark_unreversed(model, inputs, modules, layouts)
-        _mark_broadcast(model, pair, modules, layouts, two)
+        _mark_broadcast(model, inputs, modules, layouts, two)
         per_model[key] = layouts
     return per_model[key]
 
@@ -111,68 +116,102 @@ def _integer_indexing(func, args) -> bool:
 
 
 def _mark_unreversed(model, inputs, modules, layouts):
-    """A batch dim whose values do not simply reverse when the batch does becomes MERGED.
+    """A batch dim whose rows are not the examples' own becomes MERGED (blocks: None): when the
+    batch is reversed, rotated by one, or has its first two examples swapped, its rows (blocks of
+    k rows) must move the same way, each unchanged. A rotation and a swap generate every
+    reordering, so a model that reorders the examples inside cannot pass (for B >= 3).
 
     Values are compared through a fingerprint per batch row (a fixed random projection of the
     row), so the check holds [B] numbers per tensor, not the activations."""
     batch = batch_size(inputs)
     forward = _record(model, inputs, modules, lambda tree: _fingerprints(tree, batch))
-    backward = _record(model, batch_flip(inputs), modules, lambda tree: _fingerprints(tree, batch))
-    for name in modules:
-        if len(forward[name]) != len(backward[name]):
-            raise UnsupportedModel(f"module '{name}' is called a different number of times for "
-                                   "the same examples in another order")
-        for layout, (f_in, f_out), (b_in, b_out) in zip(layouts[name], forward[name], backward[name]):
-            for dims, blocks, f_leaves, b_leaves in ((layout.in_dims, layout.in_blocks, f_in, b_in),
-                                                     (layout.out_dims, layout.out_blocks, f_out, b_out)):
-                for i, (d, f, b) in enumerate(zip(dims, f_leaves, b_leaves)):
-                    if d is not None and d != MERGED and (d not in f or d not in b or not _same(f[d].flip(0), b[d])):
-                        dims[i] = MERGED
-                    if blocks[i] is not None and not _blocks_reverse(blocks[i], f, b, batch):
-                        blocks[i] = None
+    orders = {tuple(range(batch - 1, -1, -1)), tuple(torch.arange(batch).roll(1).tolist()),
+              (1, 0, *range(2, batch))}  # one order for B = 2
+    for order in map(torch.tensor, sorted(orders)):
+        moved = _record(model, map_batch(inputs, lambda t: t[order.to(t.device)]), modules,
+                        lambda tree: _fingerprints(tree, batch))
+        for name in modules:
+            if len(forward[name]) != len(moved[name]):
+                raise UnsupportedModel(f"module '{name}' is called a different number of times for "
+                                       "the same examples in another order")
+            for layout, (f_in, f_out), (m_in, m_out) in zip(layouts[name], forward[name], moved[name]):
+                for dims, blocks, f_leaves, m_leaves in ((layout.in_dims, layout.in_blocks, f_in, m_in),
+                                                         (layout.out_dims, layout.out_blocks, f_out, m_out)):
+                    for i, (d, f, m) in enumerate(zip(dims, f_leaves, m_leaves)):
+                        if d is not None and d != MERGED and not _rows_follow((d, 1), f, m, order):
+                            dims[i] = MERGED
+                        if blocks[i] is not None and not _rows_follow(blocks[i], f, m, order):
+                            blocks[i] = None
 
 
-def _blocks_reverse(block, f, b, batch: int) -> bool:
-    """Does dim `d` of size B*k hold the batch as its outer factor: reversing the batch reverses
-    its blocks of k rows, each block unchanged?"""
+def _rows_follow(block, f, m, order) -> bool:
+    """Does dim d, of size B*k with the batch as its outer factor (k = 1: a plain batch dim), hold
+    in the reordered run (`m`) the blocks of k rows of the first run (`f`) in the new order?"""
     d, k = block
-    if f is None or b is None or d not in f or d not in b or f[d].shape[0] != batch * k:
+    batch = order.shape[0]
+    if f is None or m is None or d not in f or d not in m or f[d].shape[0] != batch * k:
         return False
-    return _same(f[d].view(batch, k).flip(0).reshape(-1), b[d])
+    return _same(f[d].view(batch, k)[order.to(f[d].device)].reshape(-1), m[d])
 
 
-def _mark_broadcast(model, pair, modules, layouts, shapes):
-    """Mark the shared [1, ...] calls (see the module docstring) when expanding all their outputs
-    to the pair's batch of 2 changes neither the shape nor the values of the model's output."""
+def _mark_broadcast(model, inputs, modules, layouts, shapes):
+    """Mark the shared [1, ...] calls (see the module docstring) when expanding their outputs to
+    a batch of three examples keeps the model's output, and each expanded row reaches its own
+    example alone: changing row 0 (or row 2) changes that example's output and no other's."""
     candidates = {(name, i) for name in modules for i, (layout, (ins, out)) in
                   enumerate(zip(layouts[name], shapes[name]))
                   if layout.in_dims[:1] == [None] and layout.out_dims == [None]
                   and ins and ins[0] and ins[0][0] == 1 and out[0] and out[0][0] == 1}
     if not candidates:
         return
+    trio = first_n(inputs, 3)
+    plain = logits_of(call_model(model, trio)).detach()
+    if plain.dim() == 0 or plain.shape[0] != 3:
+        return
+    expanded = _expanded_logits(model, trio, modules, candidates, None)
+    if (expanded is not None and expanded.shape == plain.shape and _same(plain, expanded)
+            and all(_changes_only(expanded, _expanded_logits(model, trio, modules, candidates, row), row)
+                    for row in (0, 2))):
+        for name, i in candidates:
+            layouts[name][i].broadcast = True
+
+
+def _expanded_logits(model, trio, modules, candidates, row):
+    """The logits with every candidate call's output expanded to the 3 examples (and, given
+    `row`, that row of each changed), or None when the model cannot take it."""
     seen: dict[str, int] = {}
     handles = []
 
     def hook(name):
         def expand(module, args, output):
             i = seen[name] = seen.get(name, -1) + 1
-            return output.expand(2, *output.shape[1:]) if (name, i) in candidates else None
+            if (name, i) not in candidates:
+                return None
+            out = output.expand(3, *output.shape[1:])
+            if row is None:
+                return out
+            bump = torch.zeros_like(out)
+            bump[row] = 1 + output[0].abs()
+            return out + bump
         return expand
 
-    with torch.no_grad():
-        plain = logits_of(call_model(model, pair))
-        try:
-            for name in {name for name, _ in candidates}:
-                handles.append(modules[name].register_forward_hook(hook(name)))
-            expanded = logits_of(call_model(model, pair))
-        except Exception:  # the model's code needs the leading 1: leave the calls shared
-            return
-        finally:
-            for handle in handles:
-                handle.remove()
-    if _same(plain, expanded):
-        for name, i in candidates:
-            layouts[name][i].broadcast = True
+    try:
+        for name in {name for name, _ in candidates}:
+            handles.append(modules[name].register_forward_hook(hook(name)))
+        return logits_of(call_model(model, trio)).detach()
+    except Exception:  # the model's own code, given a [3, ...] where it had [1, ...]
+        return None
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _changes_only(plain, changed, row: int) -> bool:
+    """Did `row` of the logits change, and every other row stay exactly as it was?"""
+    if changed is None or changed.shape != plain.shape:
+        return False
+    others = [r for r in range(plain.shape[0]) if r != row]
+    return not torch.equal(plain[row], changed[row]) and torch.equal(plain[others], changed[others])
 
 
 def _fingerprints(tree, batch: int) -> list:

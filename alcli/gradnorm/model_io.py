@@ -80,13 +80,16 @@ def batch_slice(inputs: Inputs, start: int, stop: int) -> Inputs:
     return map_batch(inputs, lambda t: t[start:stop])
 
 
-def batch_flip(inputs: Inputs) -> Inputs:
-    return map_batch(inputs, lambda t: t.flip(0))
-
-
 def repeat_first(inputs: Inputs, n: int) -> Inputs:
     """The first example, n times."""
     return map_batch(inputs, lambda t: t[:1].repeat(n, *[1] * (t.dim() - 1)))
+
+
+def first_n(inputs: Inputs, n: int) -> Inputs:
+    """The first n examples, the first one repeated where there are fewer."""
+    def take(t):
+        return t[:n] if t.shape[0] >= n else torch.cat([t, t[:1].expand(n - t.shape[0], *t.shape[1:])])
+    return map_batch(inputs, take)
 
 
 def zeros_like_one(inputs: Inputs) -> Inputs:

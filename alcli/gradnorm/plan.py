@@ -45,14 +45,17 @@ def ghost_plan_for(model, selection: ParamSelection, inputs) -> HookPlan:
 
 def _lift_shared(model, selection, inputs, plan: HookPlan, lifted: dict) -> HookPlan:
     """A module whose calls see no example (xcit's position encoding: a Conv2d on a fixed grid,
-    repeated for the batch by its parent; swin v2's cpb_mlp, where no rule claims it) has no per-example output gradient; its parameters go
-    up to the nearest ancestor with the generic rule, until that ancestor's output is batched.
-    Returns `plan` as it came when that cannot be done (the ghost pass then refuses the module)."""
+    repeated for the batch by its parent; swin v2's cpb_mlp where no rule claims it) has no
+    per-example output gradient; its parameters go up to the nearest ancestor with the generic
+    rule, until that ancestor's output is batched. Returns `plan` as it came when that cannot be
+    done (the ghost pass then refuses the module)."""
     base, lifted = plan, dict(lifted)
-    for _ in range(len(max(plan.modules, key=len, default="").split("."))):
+    depth = max((name.count(".") + 1 for name in plan.modules), default=0)
+    for _ in range(depth + 1):  # each round moves parameters at least one level up
         layouts = call_layouts(model, inputs, plan.modules)
-        shared = [name for name, calls in layouts.items() if calls and name and
-                  all(not c.broadcast and all(d is None for d in c.out_dims) for c in calls)]
+        shared = [name for name, calls in layouts.items() if calls and name and all(
+            (not c.broadcast or plan.rules[name].layout == "own")  # ghost broadcasts no "own" call
+            and all(d is None for d in c.out_dims) for c in calls)]
         if not shared:
             return plan
         for name in shared:
@@ -121,7 +124,7 @@ def make_plan(model, selection: ParamSelection, lifted: dict | None = None) -> H
             paths = {path: p for path, p in paths.items() if id(p) not in deeper}
         if name in lifted.values():
             entry = GENERIC
-            paths.update((path, p) for path, p in module.named_parameters(remove_duplicate=False)
+            paths.update((path, p) for path, p in module.named_parameters()  # a tied one once
                          if lifted.get(id(p)) == name)
         if paths:
             plan.modules[name] = module

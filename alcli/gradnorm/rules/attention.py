@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import UnsupportedModel
-from .registry import register, sq_norm_of_product
+from .registry import register, require_batch_dim, sq_norm_of_product
 
 _SIGNATURE = inspect.signature(nn.MultiheadAttention.forward)
 
@@ -72,6 +72,7 @@ def attention_forward(module, args, kwargs, tap):
 @register(nn.MultiheadAttention, layout="own", claims_children=("out_proj",), capture=attention_forward,
           accepts=_accepts)
 def attention_rule(module, call, wanted):
+    require_batch_dim(call, 0 if module.batch_first else 1)
     query, key, value, o = call.args
     *in_grads, grad_out = call.grad_out  # [dqkv] or [dq, dk, dv], then dL/dout; all [B, T, *]
 

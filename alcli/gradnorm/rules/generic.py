@@ -29,8 +29,11 @@ def generic_rule(module, call, wanted):
     inputs, in_vmap, in_batch = unmerge_blocks(tree_map(_detach, (call.args, call.kwargs)),
                                                layout.in_dims, layout.in_blocks)
     grad_out, out_vmap, out_batch = unmerge_blocks(call.grad_out, layout.out_dims, layout.out_blocks)
+    if any(d is None and isinstance(g, torch.Tensor) for g, d in zip(tree_flatten(grad_out)[0], out_vmap)):
+        raise UnsupportedModel("one of its outputs is shared by all examples, so that output's "
+                               "gradient is the whole batch's, not each example's")
     if all(d is None for d in in_vmap):  # every input shared: the batch arises inside
-        grads = _shared_input_pullback(module, own, inputs, grad_out, out_vmap)
+        grads = _shared_input_pullback(module, own, inputs, grad_out, out_vmap, layout)
         return {path: g if wanted[path] else g.reshape(g.shape[0], -1).square().sum(1) for path, g in grads.items()}
     in_dims = dims_like(inputs, in_vmap)
     out_dims = dims_like(grad_out, out_vmap)
@@ -82,18 +85,18 @@ def _looped_pullback(module, own, inputs, grad_out):
     return {path: torch.stack(gs) for path, gs in per_path.items()}
 
 
-def _shared_input_pullback(module, own, inputs, grad_out, out_dims):
+def _shared_input_pullback(module, own, inputs, grad_out, out_dims, layout):
     """A module whose inputs no example owns but whose output is batched (xcit's position
     encoding, repeated for the batch): example i's gradient is the pullback of the output
-    gradient with every other example's rows zeroed, vmapped over the one-hot rows -> {path: [B, *]}."""
+    gradient with every other example's rows zeroed, vmapped over the one-hot rows -> {path: [B, *]}.
+    `grad_out` has its blocks unflattened (pytree.unmerge_blocks); the output is unflattened alike."""
     gs = tree_flatten(grad_out)[0]
-    if any(d is None and isinstance(g, torch.Tensor) for g, d in zip(gs, out_dims)):
-        raise UnsupportedModel("its inputs and one of its outputs are shared by all examples")
     batch = next(g.shape[d] for g, d in zip(gs, out_dims) if isinstance(g, torch.Tensor))
     args, kwargs = inputs
 
     def pullback(params, onehot):  # onehot [B]
-        outs = tree_flatten(functional_call(module, params, args, kwargs, strict=False))[0]
+        out = functional_call(module, params, args, kwargs, strict=False)
+        outs = tree_flatten(unmerge_blocks(out, layout.out_dims, layout.out_blocks)[0])[0]
         return _total([(o * g * onehot.view([-1 if i == d else 1 for i in range(g.dim())])).sum()
                        for o, g, d in zip(outs, gs, out_dims) if isinstance(g, torch.Tensor)])
 

@@ -5,6 +5,8 @@ from typing import Any, Callable, NamedTuple
 
 import torch
 
+from ..errors import UnsupportedModel
+
 
 class RuleCall(NamedTuple):
     """What a rule sees of one call of its module."""
@@ -46,6 +48,14 @@ def register(*types, layout: str, claims_children: tuple = (), capture=None, acc
 
 def registered(module_type: type) -> Entry | None:
     return RULES.get(module_type) or RULES.get(f"{module_type.__module__}.{module_type.__qualname__}")
+
+
+def require_batch_dim(call, dim: int):
+    """For "own" rules that read the batch from a fixed dim: the call's first input and first
+    output must hold the examples there, one row each (not shared, merged or permuted)."""
+    if call.layout.in_dims[:1] != [dim] or call.layout.out_dims[:1] != [dim]:
+        raise UnsupportedModel(f"its input and output do not hold the batch in dim {dim}, one "
+                               "example per row")
 
 
 def flat_batch(t):

@@ -38,7 +38,7 @@ from torch import nn
 from torch.nn.utils.rnn import PackedSequence
 
 from ..errors import UnsupportedModel
-from .registry import register, sq_norm_of_product
+from .registry import register, require_batch_dim, sq_norm_of_product
 
 
 def rnn_forward(module, args, kwargs, tap):
@@ -143,8 +143,7 @@ def _gate_scale(module, like):
 def rnn_rule(module, call, wanted):
     """Per tapped layer and direction: the weights' squared norms (per-example gradients where
     `wanted`) from dA (dR, dH) and X, P, M; the biases' per-example gradients [B, G*H]."""
-    if call.layout.out_dims[0] != (0 if module.batch_first else 1):
-        raise UnsupportedModel("the model's batch is not the module's batch dim")
+    require_batch_dim(call, 0 if module.batch_first else 1)
     grads = iter(call.grad_out)
     out = {}
     for sfx, x, p, m in call.args:

@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from torch.func import functional_call, vjp, vmap
 
 from ..errors import UnsupportedModel
-from .registry import register, sq_norm_of_product
+from .registry import register, require_batch_dim, sq_norm_of_product
 
 NAME = "torchvision.models.swin_transformer.ShiftedWindowAttention"
 V2_NAME = "torchvision.models.swin_transformer.ShiftedWindowAttentionV2"
@@ -99,6 +99,7 @@ def swin_v2_forward(module, args, kwargs, tap):
 
 @register(NAME, layout="own", claims_children=("qkv", "proj"), capture=swin_forward, accepts=_accepts(NAME))
 def swin_rule(module, call, wanted):
+    require_batch_dim(call, 0)
     x, o = call.args                     # [B, T, C]
     g_qkv, g_bias, g_out = call.grad_out  # [B*nW, N, 3C], [B, 1, h, N, N], [B*nW, N, C]
     result = _linear_grads(call, wanted, x, g_qkv, o, g_out)
@@ -113,6 +114,7 @@ def swin_rule(module, call, wanted):
 @register(V2_NAME, layout="own", claims_children=("qkv", "proj", "cpb_mlp"), capture=swin_v2_forward,
           accepts=_accepts(V2_NAME))
 def swin_v2_rule(module, call, wanted):
+    require_batch_dim(call, 0)
     x, o = call.args                                 # [B, T, C]
     g_qkv, g_scale, g_bias, g_out = call.grad_out    # [B*nW, N, 3C], [B, 1, h, 1, 1], [B, 1, h, N, N], [B*nW, N, C]
     result = _linear_grads(call, wanted, x, g_qkv, o, g_out)
