@@ -92,6 +92,7 @@ ARCHITECTURES = {
     # windows with the batch as their outer factor, [B*nW, N, C]
     "timm_swin": _timm("swin_tiny_patch4_window7_224", 56, embed_dim=16, depths=(1, 1), num_heads=(1, 2)),
     "timm_maxvit": _timm("test_maxvit", 64),
+    "timm_coatnet": _timm("test_coatnet", 64),
     # a position encoding computed from the image size alone, repeated for the batch
     "timm_xcit": _timm("xcit_nano_12_p16_224", 32, depth=2),
     "lstm": lambda g: (LSTMClassifier(), _tokens(g)[0]),
