@@ -581,6 +581,37 @@ class AttentionInWindows(nn.Module):
         return self.fc(out.reshape(tokens.shape[0], 6, 6).mean(1))
 
 
+class CoordinateMLP(nn.Module):
+    """A position encoding computed by an MLP (with GELU) from a fixed [1, T, 2] grid, added to
+    the tokens: broadcast, though GELU's last bits differ between an expanded and a contiguous input."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, 6)
+        self.register_buffer("grid", torch.stack([torch.linspace(-1, 1, 6), torch.linspace(1, 0, 6)], -1)[None])
+        self.pos_mlp = nn.Sequential(nn.Linear(2, 6), nn.GELU(), nn.Linear(6, 6))
+        self.fc = nn.Linear(6, 3)
+
+    def forward(self, tokens):  # [B, 6]
+        return self.fc(torch.tanh(self.emb(tokens) + self.pos_mlp(self.grid)).mean(1))
+
+
+class SortedByLength(nn.Module):
+    """Sort the examples by length, run a Linear, put them back: which row holds which example
+    depends on the data, so ghost declines (found on the first batch, whatever its lengths)."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, 6, padding_idx=PAD)
+        self.lin = nn.Linear(6, 6)
+        self.fc = nn.Linear(6, 3)
+
+    def forward(self, tokens):
+        order = torch.argsort((tokens != PAD).sum(1), descending=True, stable=True)
+        h = torch.tanh(self.lin(self.emb(tokens)[order]))[torch.argsort(order)]
+        return self.fc(h.mean(1))
+
+
 class FlippedRows(nn.Module):
     """A Linear on [B*T, d] rows taken in reverse order and put back: example 0's rows hold
     example B-1's tokens there, so ghost declines."""
@@ -829,6 +860,8 @@ _BUILDERS: dict[str, tuple[Callable[[], nn.Module], Callable, int]] = {
     "shared_positions_two_views": (SharedPositionsTwoViews, lambda g, b: _tokens(g, b, 6), 4),
     "positions_by_keyword": (PositionsByKeyword, lambda g, b: _tokens(g, b, 6), 4),
     "attention_in_windows": (AttentionInWindows, lambda g, b: _tokens(g, b, 6), 4),
+    "coordinate_mlp": (CoordinateMLP, lambda g, b: _tokens(g, b, 6), 4),
+    "sorted_by_length": (SortedByLength, lambda g, b: _tokens(g, b, 6), 4),
     "flipped_rows": (FlippedRows, lambda g, b: _tokens(g, b, 5), 4),
     "shared_output_leaf": (SharedOutputLeaf, lambda g, b: torch.randn(b, 6, generator=g), 4),
     "repeated_positions": (RepeatedPositions, lambda g, b: _tokens(g, b, 6), 4),
@@ -862,6 +895,8 @@ DECLINES: dict[str, frozenset] = {
     "shared_positions_two_views": frozenset({"ghost", "replicate"}),
     "flipped_rows": frozenset({"ghost", "replicate"}),     # example 0's rows hold another example
     "positions_by_keyword": frozenset({"ghost", "replicate"}),  # the rule needs a positional input
+    "coordinate_mlp": frozenset({"replicate"}),      # an output shared by all examples
+    "sorted_by_length": frozenset({"ghost", "replicate"}),  # the examples' order depends on the data
     "attention_in_windows": frozenset({"ghost", "replicate"}),  # its rule reads the batch from dim 0
     "shared_output_leaf": frozenset({"ghost", "replicate"}),  # that output's gradient is the batch's
     "shared_positions": frozenset({"replicate"}),   # an output shared by all examples
@@ -873,7 +908,8 @@ AUTO_CHOICE: dict[str, str] = {
     "weight_norm": "vmap", "alias_attr_used": "vmap", "parametrized_alias": "vmap",
     "shared_positions_summed": "vmap", "ancestor_uses_leaked": "vmap", "windowed_batch_inside": "vmap",
     "shared_positions_first_row": "vmap", "shared_positions_two_views": "vmap", "flipped_rows": "vmap",
-    "shared_output_leaf": "vmap", "positions_by_keyword": "vmap", "attention_in_windows": "vmap",
+    "shared_output_leaf": "vmap", "attention_in_windows": "vmap", "sorted_by_length": "vmap",
+    "positions_by_keyword": "vmap",
 }
 
 

@@ -326,3 +326,42 @@ def test_examples_without_tokens(method, params):
         assert_matches(norms, expected, 1e-6, f"{method} params={params}")
     if params == ["emb"]:
         assert norms is None or torch.equal(norms, torch.zeros(3, dtype=torch.float64))
+
+
+class FlipInside(nn.Module):
+    """A Linear that sees the batch reversed (and puts it back): its rows are other examples'."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+        self.head = nn.Linear(3, 2)
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.lin(x.flip(0))).flip(0))
+
+
+@pytest.mark.parametrize("batch", [2, 5])
+def test_a_model_reordering_its_examples_inside_is_refused_by_ghost_even_in_pairs(batch):
+    """At batch 2 the only reordering is the swap, which commutes with itself: the layout probe
+    runs three rows there, and a layout from a pair is not reused for larger batches."""
+    torch.manual_seed(0)
+    model = FlipInside().double().eval()
+    x, y = torch.randn(batch, 3, dtype=torch.float64), torch.tensor([0, 1, 1, 0, 1][:batch])
+    with pytest.raises(UnsupportedModel, match="merges the batch"):
+        per_example_grad_norms(model, x, y, method="ghost")
+    expected = per_example_grad_norms(model, x, y, method="loop")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.testing.assert_close(per_example_grad_norms(model, x, y), expected, rtol=1e-10, atol=0)
+
+
+def test_a_model_sorting_its_examples_is_refused_even_when_the_first_batch_is_already_sorted():
+    """The zoo's SortedByLength: on a first batch of equal lengths the sort changes nothing and
+    every reordering check passes, so the sort itself must refuse it (a later batch of mixed
+    lengths would reuse the layout, with other examples' rows)."""
+    from gradnorm_zoo import SortedByLength
+    torch.manual_seed(0)
+    model = SortedByLength().double().eval()
+    full = torch.randint(1, VOCAB, (4, 6))
+    with pytest.raises(UnsupportedModel, match="orders the examples by their values"):
+        per_example_grad_norms(model, full, torch.tensor([0, 1, 2, 1]), method="ghost")

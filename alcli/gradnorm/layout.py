@@ -71,8 +71,8 @@ def call_layouts(model, inputs: torch.Tensor, modules: dict) -> dict[str, list[L
         with ModuleStack(model) as stack, _DataDependentShapes(stack) as watch:
             one = _record_shapes(model, batch_slice(inputs, 0, 1), modules)
         if watch.op is not None:
-            raise UnsupportedModel(f"{watch.where} has data-dependent shapes ({watch.op}), so where the "
-                                   "batch lies can change from batch to batch")
+            raise UnsupportedModel(f"{watch.where} {watch.what} ({watch.op}), so where the batch lies "
+                                   "can change from batch to batch")
         pair = batch_slice(inputs, 0, 2) if batch_size(inputs) > 1 else repeat_first(inputs, 2)
         two = _record_shapes(model, pair, modules)
         layouts = {}
@@ -83,26 +83,41 @@ def call_layouts(model, inputs: torch.Tensor, modules: dict) -> dict[str, list[L
             layouts[name] = [Layout(_dims(a_in, b_in), _dims(a_out, b_out),
                                     in_blocks=_blocks(a_in, b_in), out_blocks=_blocks(a_out, b_out))
                              for (a_in, a_out), (b_in, b_out) in zip(one[name], two[name])]
-        if batch_size(inputs) > 1:
-            _mark_unreversed(model, inputs, modules, layouts)
+        _mark_unreversed(model, inputs, modules, layouts)
         _mark_broadcast(model, inputs, modules, layouts, two)
         per_model[key] = layouts
     return per_model[key]
 
 
 class _DataDependentShapes(TorchDispatchMode):
-    """Notes the first op whose output shape depends on tensor values."""
+    """Notes the first op whose output shape depends on tensor values, or that sorts the examples."""
 
     def __init__(self, stack):
         super().__init__()
         self.stack = stack
-        self.op = self.where = None
+        self.op = self.where = self.what = None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if (self.op is None and torch.Tag.dynamic_output_shape in func.tags
-                and not _integer_indexing(func, args)):
-            self.op, self.where = str(func.overloadpacket.__name__), self.stack.where()
+        if self.op is None:
+            if torch.Tag.dynamic_output_shape in func.tags and not _integer_indexing(func, args):
+                self.what = "has data-dependent shapes"
+            elif _sorts_the_batch(func, args, kwargs or {}):
+                self.what = "orders the examples by their values"
+            if self.what is not None:
+                self.op, self.where = str(func.overloadpacket.__name__), self.stack.where()
         return func(*args, **(kwargs or {}))
+
+
+def _sorts_the_batch(func, args, kwargs) -> bool:
+    """A sort over a dim of size 1 in this one-example run: nothing to sort, unless that dim is
+    the batch (sorting examples by length), whose order then depends on the data."""
+    packet = func.overloadpacket
+    if packet not in (torch.ops.aten.sort, torch.ops.aten.topk, torch.ops.aten.kthvalue) or not args:
+        return False
+    x = args[0]
+    dim = kwargs.get("dim", args[1] if packet is torch.ops.aten.sort and len(args) > 1 and isinstance(args[1], int)
+                     else args[2] if packet is not torch.ops.aten.sort and len(args) > 2 else -1)
+    return isinstance(x, torch.Tensor) and x.dim() > 0 and x.shape[dim] == 1
 
 
 def _integer_indexing(func, args) -> bool:
@@ -123,6 +138,8 @@ def _mark_unreversed(model, inputs, modules, layouts):
 
     Values are compared through a fingerprint per batch row (a fixed random projection of the
     row), so the check holds [B] numbers per tensor, not the activations."""
+    if batch_size(inputs) < 3:  # a pair has one reordering, which commutes with itself
+        inputs = first_n(inputs, 3)
     batch = batch_size(inputs)
     forward = _record(model, inputs, modules, lambda tree: _fingerprints(tree, batch))
     orders = {tuple(range(batch - 1, -1, -1)), tuple(torch.arange(batch).roll(1).tolist()),
@@ -155,9 +172,10 @@ def _rows_follow(block, f, m, order) -> bool:
 
 
 def _mark_broadcast(model, inputs, modules, layouts, shapes):
-    """Mark the shared [1, ...] calls (see the module docstring) when expanding their outputs to
-    a batch of three examples keeps the model's output, and each expanded row reaches its own
-    example alone: changing row 0 (or row 2) changes that example's output and no other's."""
+    """Mark the shared [1, ...] calls (see the module docstring) called with a tensor as their
+    first positional input, when expanding their outputs to a batch of three examples keeps the
+    model's output, and each expanded row reaches its own example alone: changing one row (by
+    random signs) changes that example's output and no other's."""
     candidates = {(name, i) for name in modules for i, (layout, (ins, out)) in
                   enumerate(zip(layouts[name], shapes[name]))
                   if layout.in_dims[:1] == [None] and layout.out_dims == [None]
@@ -168,39 +186,43 @@ def _mark_broadcast(model, inputs, modules, layouts, shapes):
     plain = logits_of(call_model(model, trio)).detach()
     if plain.dim() == 0 or plain.shape[0] != 3:
         return
-    expanded = _expanded_logits(model, trio, modules, candidates, None)
-    if (expanded is not None and expanded.shape == plain.shape and _same(plain, expanded)
-            and all(_changes_only(expanded, _expanded_logits(model, trio, modules, candidates, row), row)
-                    for row in (0, 2))):
-        for name, i in candidates:
+    expanded, calls = _expanded_logits(model, trio, modules, candidates, None)
+    if (calls and expanded is not None and expanded.shape == plain.shape and _same(plain, expanded)
+            and all(_changes_only(expanded, _expanded_logits(model, trio, modules, calls, row)[0], row)
+                    for row in range(3))):
+        for name, i in calls:
             layouts[name][i].broadcast = True
 
 
 def _expanded_logits(model, trio, modules, candidates, row):
-    """The logits with every candidate call's output expanded to the 3 examples (and, given
-    `row`, that row of each changed), or None when the model cannot take it."""
+    """(the logits with every candidate call's output expanded to the 3 examples, contiguous as
+    ghost's tapped output is, and, given `row`, that row of each changed; or None when the model
+    cannot take it, and the calls expanded: those with a positional tensor input, which ghost
+    can expand)."""
     seen: dict[str, int] = {}
+    expanded: set = set()
     handles = []
+    signs = torch.Generator().manual_seed(0)
 
     def hook(name):
         def expand(module, args, output):
             i = seen[name] = seen.get(name, -1) + 1
-            if (name, i) not in candidates:
+            if (name, i) not in candidates or not args or not isinstance(args[0], torch.Tensor):
                 return None
-            out = output.expand(3, *output.shape[1:])
-            if row is None:
-                return out
-            bump = torch.zeros_like(out)
-            bump[row] = 1 + output[0].abs()
-            return out + bump
+            expanded.add((name, i))
+            out = output.expand(3, *output.shape[1:]).contiguous()
+            if row is not None:
+                sign = torch.randint(0, 2, output.shape[1:], generator=signs).to(out.device, out.dtype) * 2 - 1
+                out[row] = out[row] + sign * (1 + output[0].detach().abs())
+            return out
         return expand
 
     try:
         for name in {name for name, _ in candidates}:
             handles.append(modules[name].register_forward_hook(hook(name)))
-        return logits_of(call_model(model, trio)).detach()
+        return logits_of(call_model(model, trio)).detach(), expanded
     except Exception:  # the model's own code, given a [3, ...] where it had [1, ...]
-        return None
+        return None, expanded
     finally:
         for handle in handles:
             handle.remove()

@@ -17,6 +17,7 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from ...errors import first_line
 from ..errors import UnsupportedModel
+from ..layout import MERGED
 from ..pytree import dims_like, squeeze_leaves, unmerge_blocks, unsqueeze_leaves
 
 
@@ -91,6 +92,8 @@ def _shared_input_pullback(module, own, inputs, grad_out, out_dims, layout):
     gradient with every other example's rows zeroed, vmapped over the one-hot rows -> {path: [B, *]}.
     `grad_out` has its blocks unflattened (pytree.unmerge_blocks); the output is unflattened alike."""
     gs = tree_flatten(grad_out)[0]
+    if any(d == MERGED for g, d in zip(gs, out_dims) if isinstance(g, torch.Tensor)):
+        raise UnsupportedModel("its output merges the batch with another dimension")
     batch = next(g.shape[d] for g, d in zip(gs, out_dims) if isinstance(g, torch.Tensor))
     args, kwargs = inputs
 
