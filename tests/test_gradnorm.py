@@ -340,13 +340,15 @@ class FlipInside(nn.Module):
         return self.head(torch.tanh(self.lin(x.flip(0))).flip(0))
 
 
-@pytest.mark.parametrize("batch", [2, 5])
-def test_a_model_reordering_its_examples_inside_is_refused_by_ghost_even_in_pairs(batch):
-    """At batch 2 the only reordering is the swap, which commutes with itself: the layout probe
-    runs three rows there, and a layout from a pair is not reused for larger batches."""
+def test_a_model_reordering_its_examples_inside_is_refused_by_ghost():
+    """Found at batch 5 even after a pair came first: a pair's one reordering commutes with
+    itself (so a pair cannot show it), and a pair's layout is not reused for larger batches."""
     torch.manual_seed(0)
     model = FlipInside().double().eval()
-    x, y = torch.randn(batch, 3, dtype=torch.float64), torch.tensor([0, 1, 1, 0, 1][:batch])
+    x, y = torch.randn(5, 3, dtype=torch.float64), torch.tensor([0, 1, 1, 0, 1])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        per_example_grad_norms(model, x[:2], y[:2], method="ghost")
     with pytest.raises(UnsupportedModel, match="merges the batch"):
         per_example_grad_norms(model, x, y, method="ghost")
     expected = per_example_grad_norms(model, x, y, method="loop")

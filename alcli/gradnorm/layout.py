@@ -18,8 +18,8 @@ position embedding looked up with position ids [1, T]) is marked `broadcast` whe
 output to the batch ([1, T, d] -> [B, T, d], as the model's own broadcasting would) leaves the
 model's output unchanged: ghost then taps the expanded output, so each example's own gradient
 comes back and the layer's rule applies as to any batched call. That each expanded row reaches
-its own example alone is checked too, on three examples: changing one row of the expansion must
-change that example's output and leave the others' exactly as they were.
+its own example alone is checked too, on three examples (two in a batch of two): changing one
+row of the expansion must change that example's output and leave the others' exactly as they were.
 """
 from __future__ import annotations
 
@@ -83,7 +83,8 @@ def call_layouts(model, inputs: torch.Tensor, modules: dict) -> dict[str, list[L
             layouts[name] = [Layout(_dims(a_in, b_in), _dims(a_out, b_out),
                                     in_blocks=_blocks(a_in, b_in), out_blocks=_blocks(a_out, b_out))
                              for (a_in, a_out), (b_in, b_out) in zip(one[name], two[name])]
-        _mark_unreversed(model, inputs, modules, layouts)
+        if batch_size(inputs) > 1:
+            _mark_unreversed(model, inputs, modules, layouts)
         _mark_broadcast(model, inputs, modules, layouts, two)
         per_model[key] = layouts
     return per_model[key]
@@ -134,12 +135,11 @@ def _mark_unreversed(model, inputs, modules, layouts):
     """A batch dim whose rows are not the examples' own becomes MERGED (blocks: None): when the
     batch is reversed, rotated by one, or has its first two examples swapped, its rows (blocks of
     k rows) must move the same way, each unchanged. A rotation and a swap generate every
-    reordering, so a model that reorders the examples inside cannot pass (for B >= 3).
+    reordering, so a model that reorders the examples inside cannot pass (for B >= 3; a pair's
+    one reordering commutes with itself, and a pair's layout serves only pairs).
 
     Values are compared through a fingerprint per batch row (a fixed random projection of the
     row), so the check holds [B] numbers per tensor, not the activations."""
-    if batch_size(inputs) < 3:  # a pair has one reordering, which commutes with itself
-        inputs = first_n(inputs, 3)
     batch = batch_size(inputs)
     forward = _record(model, inputs, modules, lambda tree: _fingerprints(tree, batch))
     orders = {tuple(range(batch - 1, -1, -1)), tuple(torch.arange(batch).roll(1).tolist()),
@@ -173,7 +173,8 @@ def _rows_follow(block, f, m, order) -> bool:
 
 def _mark_broadcast(model, inputs, modules, layouts, shapes):
     """Mark the shared [1, ...] calls (see the module docstring) called with a tensor as their
-    first positional input, when expanding their outputs to a batch of three examples keeps the
+    first positional input, when expanding their outputs to three examples (two in a batch of
+    two, which may be all that fits in memory) keeps the
     model's output, and each expanded row reaches its own example alone: changing one row (by
     random signs) changes that example's output and no other's."""
     candidates = {(name, i) for name in modules for i, (layout, (ins, out)) in
@@ -182,25 +183,27 @@ def _mark_broadcast(model, inputs, modules, layouts, shapes):
                   and ins and ins[0] and ins[0][0] == 1 and out[0] and out[0][0] == 1}
     if not candidates:
         return
-    trio = first_n(inputs, 3)
-    plain = logits_of(call_model(model, trio)).detach()
-    if plain.dim() == 0 or plain.shape[0] != 3:
+    rows = max(2, min(batch_size(inputs), 3))  # no more than the batch: it may be all that fits
+    probe = first_n(inputs, rows)
+    plain = logits_of(call_model(model, probe)).detach()
+    if plain.dim() == 0 or plain.shape[0] != rows:
         return
-    expanded, calls = _expanded_logits(model, trio, modules, candidates, None)
+    expanded, calls = _expanded_logits(model, probe, modules, candidates, None)
     if (calls and expanded is not None and expanded.shape == plain.shape and _same(plain, expanded)
-            and all(_changes_only(expanded, _expanded_logits(model, trio, modules, calls, row)[0], row)
-                    for row in range(3))):
+            and all(_changes_only(expanded, _expanded_logits(model, probe, modules, calls, row)[0], row)
+                    for row in range(rows))):
         for name, i in calls:
             layouts[name][i].broadcast = True
 
 
-def _expanded_logits(model, trio, modules, candidates, row):
-    """(the logits with every candidate call's output expanded to the 3 examples, contiguous as
+def _expanded_logits(model, probe, modules, candidates, row):
+    """(the logits with every candidate call's output expanded to the probe's examples, contiguous as
     ghost's tapped output is, and, given `row`, that row of each changed; or None when the model
     cannot take it, and the calls expanded: those with a positional tensor input, which ghost
     can expand)."""
     seen: dict[str, int] = {}
     expanded: set = set()
+    rows = batch_size(probe)
     handles = []
     signs = torch.Generator().manual_seed(0)
 
@@ -210,7 +213,7 @@ def _expanded_logits(model, trio, modules, candidates, row):
             if (name, i) not in candidates or not args or not isinstance(args[0], torch.Tensor):
                 return None
             expanded.add((name, i))
-            out = output.expand(3, *output.shape[1:]).contiguous()
+            out = output.expand(rows, *output.shape[1:]).contiguous()
             if row is not None:
                 sign = torch.randint(0, 2, output.shape[1:], generator=signs).to(out.device, out.dtype) * 2 - 1
                 out[row] = out[row] + sign * (1 + output[0].detach().abs())
@@ -220,7 +223,7 @@ def _expanded_logits(model, trio, modules, candidates, row):
     try:
         for name in {name for name, _ in candidates}:
             handles.append(modules[name].register_forward_hook(hook(name)))
-        return logits_of(call_model(model, trio)).detach(), expanded
+        return logits_of(call_model(model, probe)).detach(), expanded
     except Exception:  # the model's own code, given a [3, ...] where it had [1, ...]
         return None, expanded
     finally:
