@@ -612,6 +612,34 @@ class SortedByLength(nn.Module):
         return self.fc(h.mean(1))
 
 
+class TokenBatchNorm(nn.Module):
+    """LeViT's LinearNorm: a Linear, then BatchNorm1d (eval) on the tokens flattened with the
+    batch, [B*T, C]: each row alone, so ghost serves it as [B, C, T]."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, 6)
+        self.lin = nn.Linear(6, 6)
+        self.bn = nn.BatchNorm1d(6)
+        self.gn = nn.GroupNorm(2, 6)
+        self.fc = nn.Linear(6, 3)
+
+    def forward(self, tokens):
+        h = self.lin(self.emb(tokens))
+        h = self.bn(h.flatten(0, 1)).reshape_as(h)
+        return self.fc(torch.tanh(h).mean(1))
+
+
+class TokenGroupNorm(TokenBatchNorm):
+    """GroupNorm on [B*T, C]: also each row alone, but as [B, C, T] its rule would normalise the
+    groups over the T tokens together, so ghost declines the merged rows."""
+
+    def forward(self, tokens):
+        h = self.lin(self.emb(tokens))
+        h = self.gn(h.flatten(0, 1)).reshape_as(h)
+        return self.fc(torch.tanh(h).mean(1))
+
+
 class FlippedRows(nn.Module):
     """A Linear on [B*T, d] rows taken in reverse order and put back: example 0's rows hold
     example B-1's tokens there, so ghost declines."""
@@ -862,6 +890,8 @@ _BUILDERS: dict[str, tuple[Callable[[], nn.Module], Callable, int]] = {
     "attention_in_windows": (AttentionInWindows, lambda g, b: _tokens(g, b, 6), 4),
     "coordinate_mlp": (CoordinateMLP, lambda g, b: _tokens(g, b, 6), 4),
     "sorted_by_length": (SortedByLength, lambda g, b: _tokens(g, b, 6), 4),
+    "token_batchnorm": (TokenBatchNorm, lambda g, b: _tokens(g, b, 5), 4),
+    "token_groupnorm": (TokenGroupNorm, lambda g, b: _tokens(g, b, 5), 4),
     "flipped_rows": (FlippedRows, lambda g, b: _tokens(g, b, 5), 4),
     "shared_output_leaf": (SharedOutputLeaf, lambda g, b: torch.randn(b, 6, generator=g), 4),
     "repeated_positions": (RepeatedPositions, lambda g, b: _tokens(g, b, 6), 4),
@@ -894,6 +924,8 @@ DECLINES: dict[str, frozenset] = {
     "shared_positions_first_row": frozenset({"ghost", "replicate"}),
     "shared_positions_two_views": frozenset({"ghost", "replicate"}),
     "flipped_rows": frozenset({"ghost", "replicate"}),     # example 0's rows hold another example
+    "token_batchnorm": frozenset({"replicate"}),            # the batch merged with the tokens
+    "token_groupnorm": frozenset({"ghost", "replicate"}),
     "positions_by_keyword": frozenset({"ghost", "replicate"}),  # the rule needs a positional input
     "coordinate_mlp": frozenset({"replicate"}),      # an output shared by all examples
     "sorted_by_length": frozenset({"ghost", "replicate"}),  # the examples' order depends on the data
@@ -909,7 +941,7 @@ AUTO_CHOICE: dict[str, str] = {
     "shared_positions_summed": "vmap", "ancestor_uses_leaked": "vmap", "windowed_batch_inside": "vmap",
     "shared_positions_first_row": "vmap", "shared_positions_two_views": "vmap", "flipped_rows": "vmap",
     "shared_output_leaf": "vmap", "attention_in_windows": "vmap", "sorted_by_length": "vmap",
-    "positions_by_keyword": "vmap",
+    "positions_by_keyword": "vmap", "token_groupnorm": "vmap",
 }
 
 

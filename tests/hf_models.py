@@ -67,6 +67,7 @@ def loop_norms(model, inputs, targets) -> torch.Tensor:
     n = len(targets)
     out = torch.empty(n, dtype=torch.float64)
     for i in range(n):
+        m.train().eval()  # empties timm's eval-mode attention-bias caches (LeViT), filled by the last example's graph
         if isinstance(inputs, dict):
             output = m(**{k: v[[i, i]] for k, v in inputs.items()})
         else:

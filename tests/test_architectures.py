@@ -93,6 +93,8 @@ ARCHITECTURES = {
     "timm_swin": _timm("swin_tiny_patch4_window7_224", 56, embed_dim=16, depths=(1, 1), num_heads=(1, 2)),
     "timm_maxvit": _timm("test_maxvit", 64),
     "timm_coatnet": _timm("test_coatnet", 64),
+    # BatchNorm1d on the tokens flattened with the batch, [B*N, C]; attention biases cached in eval
+    "timm_levit": _timm("levit_128s", 64),
     # a position encoding computed from the image size alone, repeated for the batch
     "timm_xcit": _timm("xcit_nano_12_p16_224", 32, depth=2),
     "lstm": lambda g: (LSTMClassifier(), _tokens(g)[0]),

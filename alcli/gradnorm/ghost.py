@@ -45,6 +45,7 @@ class _Call:
     out_move: int = 0                                # batch dim of the output, moved to 0 for the rule
     out_blocks: int = 0                              # k when that dim is [B*k] with the batch outer
     expanded: bool = False                           # a shared [1, ...] call tapped as [B, ...]
+    out_rows: bool = False                           # rows [B*k, C] handed to the rule as [B, C, k]
     cache: dict = field(default_factory=dict)        # the rule's, across target sets
 
 
@@ -302,6 +303,8 @@ class _Pass:
             grad_out = grad_out.movedim(call.out_move, 0)
         if call.out_blocks:  # [B*k, ...] -> [B, k, ...]
             grad_out = grad_out.unflatten(0, (-1, call.out_blocks))
+        if call.out_rows:  # [B, k, C] -> [B, C, k]
+            grad_out = grad_out.transpose(1, 2)
         module, paths = self.plan.modules[name], self.plan.paths[name]
         wanted = {path: self.uses[id(p)] > 1 for path, p in paths.items()}
         # bf16/fp16 (autocast) inputs and gradients: the rules square and sum in float32
@@ -371,6 +374,12 @@ def _apply_layouts(plan: HookPlan, calls, layouts, batch: int):
             x, out = call.args[0], call.taps[0]  # the tap has the output's shape
             if d_in is None or d_out is None:
                 raise UnsupportedModel(f"{where}: its input or output is shared by all examples")
+            if (plan.rules[name].rows and x.dim() == 2 and not call.expanded and _in_blocks(layout, x, out, batch)
+                    and layout.in_blocks[0][0] == layout.out_blocks[0][0] == 0):
+                # [B*k, C] rows of a per-row layer (LeViT's BatchNorm1d on flattened tokens): [B, C, k]
+                call.args = (x.unflatten(0, (batch, layout.in_blocks[0][1])).transpose(1, 2), *call.args[1:])
+                call.out_blocks, call.out_rows = layout.out_blocks[0][1], True
+                continue
             if kind == "anywhere" and not call.expanded and _in_blocks(layout, x, out, batch):
                 # [B*k, ...] with the batch outer (windows): per-row layers see [B, k, ...]
                 (d_in, k_in), (d_out, call.out_blocks) = layout.in_blocks[0], layout.out_blocks[0]

@@ -46,7 +46,7 @@ def _invstd(module) -> torch.Tensor:
     return known[3]
 
 
-@register(nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm, layout="batch_first")
+@register(nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm, layout="batch_first", rows=True)
 def batchnorm_rule(module, call, wanted):
     if module.running_mean is None or module.running_var is None:
         raise UnsupportedModel("BatchNorm without running statistics normalises with batch "

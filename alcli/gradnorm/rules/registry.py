@@ -26,6 +26,9 @@ class Entry(NamedTuple):
     claims_children: tuple = ()       # children whose parameters the rule also covers
     capture: Callable | None = None   # a forward that taps tensors inside the module (attention)
     accepts: Callable | None = None   # module -> bool; other configurations get the generic rule
+    rows: bool = False                # "batch_first" rules computing each row of a 2-D input [N, C]
+                                      # alone (eval BatchNorm): rows merged with the batch, [B*k, C],
+                                      # are handed over as [B, C, k]
 
     @property
     def name(self) -> str:
@@ -36,12 +39,12 @@ class Entry(NamedTuple):
 RULES: dict = {}  # a module type, or "package.module.Class" for optional packages' types
 
 
-def register(*types, layout: str, claims_children: tuple = (), capture=None, accepts=None):
+def register(*types, layout: str, claims_children: tuple = (), capture=None, accepts=None, rows=False):
     """Register a rule for module types, or for classes named "package.module.Class" (types of
     optional packages such as transformers, matched without importing them)."""
     def wrap(rule: Rule) -> Rule:
         for module_type in types:
-            RULES[module_type] = Entry(rule, layout, claims_children, capture, accepts)
+            RULES[module_type] = Entry(rule, layout, claims_children, capture, accepts, rows)
         return rule
     return wrap
 
