@@ -164,3 +164,18 @@ def test_subprocess_offline_and_without_transformers(hf_ws):
     assert proc.returncode == 1
     assert proc.stderr.strip() == ("alcli: error: Hugging Face model directories need the "
                                    "transformers package; pip install 'alcli[hf]'")
+
+
+def test_text_batches_are_padded_to_a_multiple_of_8_within_max_length(tmp_path):
+    """Fewer different lengths for the engine (each new one costs its layout probe); never past
+    max_length; the extra columns are padding with a zero attention mask."""
+    from alcli.files.hf import Tokenize
+    tok = hf_models.tokenizer(tmp_path / "tok")
+    texts = ["the cat sat", "a dog ran fast and then stopped"]  # 5 and 9 tokens with [CLS] [SEP]
+    enc = Tokenize(tok, 64, None)(texts)
+    plain = tok(texts, padding="longest", return_tensors="pt")
+    assert plain["input_ids"].shape[1] == 9 and enc["input_ids"].shape[1] == 16
+    assert torch.equal(enc["input_ids"][:, :9], plain["input_ids"])
+    assert (enc["input_ids"][:, 9:] == tok.pad_token_id).all() and (enc["attention_mask"][:, 9:] == 0).all()
+    assert Tokenize(tok, 10, None)(texts)["input_ids"].shape[1] == 10  # capped at max_length
+    assert Tokenize(tok, 64, None)(["one two three four five six"])["input_ids"].shape[1] == 8

@@ -79,9 +79,12 @@ def model_dir(model: nn.Module, path: str | None) -> Path | None:
 
 
 class Tokenize:
-    """texts -> {input_ids, attention_mask, ...} [B, T]: padded to the batch's longest, truncated
-    at `max_length`, holding only what the model's forward takes (DistilBERT takes no
-    token_type_ids)."""
+    """texts -> {input_ids, attention_mask, ...} [B, T]: padded to the batch's longest rounded up
+    to a multiple of 8 (within `max_length`), truncated at `max_length`, holding only what the
+    model's forward takes (DistilBERT takes no token_type_ids). The rounding bounds how many
+    different T the engine meets: each new one costs its layout probe, several forwards."""
+
+    PAD_MULTIPLE = 8
 
     def __init__(self, tokenizer, max_length: int | None, accepted: set[str] | None):
         self.tokenizer, self.max_length, self.accepted = tokenizer, max_length, accepted
@@ -89,7 +92,22 @@ class Tokenize:
     def __call__(self, texts: list[str]) -> dict:
         enc = self.tokenizer(texts, padding="longest", truncation=self.max_length is not None,
                              max_length=self.max_length, return_tensors="pt")
-        return {k: v for k, v in enc.items() if self.accepted is None or k in self.accepted}
+        enc = {k: v for k, v in enc.items() if self.accepted is None or k in self.accepted}
+        return self._round_up(enc)
+
+    def _round_up(self, enc: dict) -> dict:
+        """More padding (pad id, attention mask 0) up to the next multiple of PAD_MULTIPLE."""
+        if "input_ids" not in enc:
+            return enc
+        steps = enc["input_ids"].shape[1]
+        target = -(-steps // self.PAD_MULTIPLE) * self.PAD_MULTIPLE
+        if self.max_length is not None:
+            target = min(target, self.max_length)
+        if target == steps or self.tokenizer.padding_side != "right":
+            return enc
+        fill = {"input_ids": self.tokenizer.pad_token_id, "attention_mask": 0}
+        return {k: nn.functional.pad(v, (0, target - steps), value=fill.get(k, 0))
+                if v.dim() == 2 and v.shape[1] == steps else v for k, v in enc.items()}
 
 
 def tokenizer_for(directory: Path, model: nn.Module, max_length: int | None) -> Tokenize:
