@@ -40,7 +40,6 @@ from .model_io import (
     first_n,
     logits_of,
     map_batch,
-    repeat_first,
 )
 from .uses import ModuleStack
 
@@ -73,7 +72,7 @@ def call_layouts(model, inputs: torch.Tensor, modules: dict) -> dict[str, list[L
         if watch.op is not None:
             raise UnsupportedModel(f"{watch.where} {watch.what} ({watch.op}), so where the batch lies "
                                    "can change from batch to batch")
-        pair = batch_slice(inputs, 0, 2) if batch_size(inputs) > 1 else repeat_first(inputs, 2)
+        pair = first_n(inputs, 2)
         two = _record_shapes(model, pair, modules)
         layouts = {}
         for name in modules:
@@ -112,13 +111,14 @@ class _DataDependentShapes(TorchDispatchMode):
 def _sorts_the_batch(func, args, kwargs) -> bool:
     """A sort over a dim of size 1 in this one-example run: nothing to sort, unless that dim is
     the batch (sorting examples by length), whose order then depends on the data."""
-    packet = func.overloadpacket
-    if packet not in (torch.ops.aten.sort, torch.ops.aten.topk, torch.ops.aten.kthvalue) or not args:
+    where = _SORT_DIM_ARG.get(func.overloadpacket)  # the position of `dim` among the arguments
+    if where is None or not args or not isinstance(args[0], torch.Tensor) or args[0].dim() == 0:
         return False
-    x = args[0]
-    dim = kwargs.get("dim", args[1] if packet is torch.ops.aten.sort and len(args) > 1 and isinstance(args[1], int)
-                     else args[2] if packet is not torch.ops.aten.sort and len(args) > 2 else -1)
-    return isinstance(x, torch.Tensor) and x.dim() > 0 and x.shape[dim] == 1
+    dim = kwargs.get("dim", args[where] if len(args) > where and isinstance(args[where], int) else -1)
+    return args[0].shape[dim] == 1
+
+
+_SORT_DIM_ARG = {torch.ops.aten.sort: 1, torch.ops.aten.topk: 2, torch.ops.aten.kthvalue: 2}
 
 
 def _integer_indexing(func, args) -> bool:

@@ -15,12 +15,15 @@ from .model_io import call_model
 
 
 class UseWatch(TorchFunctionMode):
-    """`covered`: parameter id -> (name, modules allowed to use it); `stack`: running modules."""
+    """`covered`: parameter id -> (name, modules allowed to use it); `stack`: running modules.
+    A use with none of those modules running calls `on_outside(parameter id, entry)`, which by
+    default raises UnsupportedModel."""
 
-    def __init__(self, covered: dict, stack: list):
+    def __init__(self, covered: dict, stack: list, on_outside=None):
         super().__init__()
         self.covered = covered
         self.stack = stack
+        self.on_outside = on_outside or self._refuse
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -28,10 +31,13 @@ class UseWatch(TorchFunctionMode):
             for leaf in _shallow_tensors(args, kwargs):
                 entry = self.covered.get(id(leaf))
                 if entry is not None and not entry[1].intersection(self.stack):
-                    where = self.stack[-1] if self.stack else ""
-                    raise UnsupportedModel(f"parameter '{entry[0]}' is used outside the module that owns "
-                                           f"it (in {repr(where) if where else 'the root module'})")
+                    self.on_outside(id(leaf), entry)
         return func(*args, **kwargs)
+
+    def _refuse(self, pid, entry):
+        where = self.stack[-1] if self.stack else ""
+        raise UnsupportedModel(f"parameter '{entry[0]}' is used outside the module that owns "
+                               f"it (in {repr(where) if where else 'the root module'})")
 
 
 # reading these from a parameter is not a use of its value
@@ -62,22 +68,14 @@ def ancestor_uses(model, covered: dict, inputs) -> dict[int, str]:
     (never the root). Parameters used so in two such modules are left out."""
     found: dict[int, str | None] = {}
 
-    class Record(TorchFunctionMode):
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            kwargs = kwargs or {}
-            if _op_name(func) not in METADATA:
-                for leaf in _shallow_tensors(args, kwargs):
-                    entry = covered.get(id(leaf))
-                    if entry is not None and not entry[1].intersection(stack.names):
-                        owners = [n for n in stack.names
-                                  if n and all(m.startswith(n + ".") for m in entry[1])]
-                        user = owners[-1] if owners else None
-                        found[id(leaf)] = user if found.get(id(leaf), user) == user else None
-            return func(*args, **kwargs)
+    def record(pid, entry):
+        owners = [n for n in stack.names if n and all(m.startswith(n + ".") for m in entry[1])]
+        user = owners[-1] if owners else None
+        found[pid] = user if found.get(pid, user) == user else None
 
     with ModuleStack(model) as stack:
         try:
-            with Record():
+            with UseWatch(covered, stack.names, record):
                 call_model(model, inputs)
         except torch.OutOfMemoryError:
             raise

@@ -35,7 +35,7 @@ def generic_rule(module, call, wanted):
                                "gradient is the whole batch's, not each example's")
     if all(d is None for d in in_vmap):  # every input shared: the batch arises inside
         grads = _shared_input_pullback(module, own, inputs, grad_out, out_vmap, layout)
-        return {path: g if wanted[path] else g.reshape(g.shape[0], -1).square().sum(1) for path, g in grads.items()}
+        return _as_wanted(grads, wanted)
     in_dims = dims_like(inputs, in_vmap)
     out_dims = dims_like(grad_out, out_vmap)
 
@@ -55,6 +55,11 @@ def generic_rule(module, call, wanted):
         # some ops (e.g. a fused RNN kernel) have no vmap rule: pull back one example at a
         # time, through this module only
         grads = _looped_pullback(module, own, (inputs, in_vmap, in_batch), (grad_out, out_vmap, out_batch))
+    return _as_wanted(grads, wanted)
+
+
+def _as_wanted(grads: dict, wanted: dict) -> dict:
+    """Per-example gradients [B, *] where `wanted`, squared norms [B] elsewhere."""
     return {path: g if wanted[path] else g.reshape(g.shape[0], -1).square().sum(1) for path, g in grads.items()}
 
 
