@@ -6,22 +6,12 @@ from __future__ import annotations
 
 from torch import nn
 
-from .registry import flat_batch, register, sq_norm_of_product
+from .registry import flat_batch, linear_grads, register
 
 
 @register(nn.Linear, "transformers.pytorch_utils.Conv1D", layout="anywhere")
 def linear_rule(module, call, wanted):
-    a = flat_batch(call.args[0])   # [B, T, d_in]
-    g = flat_batch(call.grad_out)  # [B, T, d_out]
-    out = {}
-    if "weight" in wanted:
-        if wanted["weight"]:
-            out["weight"] = g.transpose(1, 2) @ a  # [B, d_out, d_in]
-            if not isinstance(module, nn.Linear):  # Conv1D: [B, d_in, d_out]
-                out["weight"] = out["weight"].transpose(1, 2)
-        else:
-            out["weight"] = sq_norm_of_product(a, g, call.cache, "gram")
-    if "bias" in wanted:
-        bias_grad = g.sum(1) if g.shape[1] > 1 else g[:, 0]  # [B, d_out]
-        out["bias"] = bias_grad  # the driver squares small per-example gradients all at once
+    out = linear_grads(flat_batch(call.args[0]), flat_batch(call.grad_out), wanted, call.cache)  # [B, T, d]
+    if wanted.get("weight") and not isinstance(module, nn.Linear):  # Conv1D: [B, d_in, d_out]
+        out["weight"] = out["weight"].transpose(1, 2)
     return out

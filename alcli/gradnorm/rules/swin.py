@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from torch.func import functional_call, vjp, vmap
 
 from ..errors import UnsupportedModel
-from .registry import register, require_batch_dim, sq_norm_of_product
+from .registry import linear_grads, register, require_batch_dim
 
 NAME = "torchvision.models.swin_transformer.ShiftedWindowAttention"
 V2_NAME = "torchvision.models.swin_transformer.ShiftedWindowAttentionV2"
@@ -155,12 +155,7 @@ def _linear_grads(call, wanted, x, g_qkv, o, g_out) -> dict:
     batch, steps = x.shape[:2]
     result = {}
     for child, a, g in (("qkv", x, g_qkv), ("proj", o, g_out)):
-        g = g.reshape(batch, steps, -1)  # [B, T, out]
-        if f"{child}.weight" in wanted:
-            result[f"{child}.weight"] = (g.transpose(1, 2) @ a if wanted[f"{child}.weight"]
-                                         else sq_norm_of_product(a, g, call.cache, child))
-        if f"{child}.bias" in wanted:
-            result[f"{child}.bias"] = g.sum(1)  # [B, out]: the driver squares small gradients at once
+        result.update(linear_grads(a, g.reshape(batch, steps, -1), wanted, call.cache, f"{child}."))
     return result
 
 
