@@ -72,16 +72,16 @@ class _Alcli(TyperGroup):
             sys.stderr.write(f"alcli: error: {_one_line(err.format_message())}\n")
             code = err.exit_code
         except AlcliError as err:
-            sys.stderr.write(f"alcli: error: {err}\n")
+            sys.stderr.write(f"alcli: error: {_printable(str(err))}\n")
             code = 1
         except _Stopped as err:
             if str(err) and _rank0():
-                sys.stderr.write(f"alcli: {err}\n")
+                sys.stderr.write(f"alcli: {_printable(str(err))}\n")
             code = err.exit_code
         except (Abort, KeyboardInterrupt):
             code = 130
         except OSError as err:
-            sys.stderr.write(f"alcli: error: {_os_error(err)}\n")
+            sys.stderr.write(f"alcli: error: {_printable(_os_error(err))}\n")
             code = 1
         except _ClosedPipe:  # the reader of stdout went away (`| head`): quiet, like grep and jq
             _silence_stdout()
@@ -90,7 +90,18 @@ class _Alcli(TyperGroup):
 
 
 def _one_line(text: str) -> str:
-    return " ".join(text.split())
+    return _printable(" ".join(text.split()))
+
+
+MESSAGE_LIMIT = 1000  # characters of one error sentence; user data quoted in it is cut to fit
+
+
+def _printable(text: str) -> str:
+    """One line however the user data quoted in it looks: line breaks, other control characters
+    and lone surrogates (undecodable file-name bytes) escaped as in Python literals, and the
+    sentence cut at MESSAGE_LIMIT characters."""
+    shown = "".join(c if c.isprintable() or c == " " else ascii(c)[1:-1] for c in text)
+    return shown if len(shown) <= MESSAGE_LIMIT else shown[:MESSAGE_LIMIT - 3] + "..."
 
 
 def _os_error(err: OSError) -> str:
