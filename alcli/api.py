@@ -94,9 +94,9 @@ def score_to_table(settings: Settings, dest: str, *, model: nn.Module | None = N
     return result, emb_file
 
 
-def merge(parts: list[str], dest: str, fmt: str = "csv") -> MergeResult:
+def merge(parts: list[str], dest: str, fmt: str = "csv", null: bool = False) -> MergeResult:
     """`alcli merge`: shard tables -> one ranked table at `dest` (see alcli.longrun.merge)."""
-    return merge_tables(parts, dest, fmt)
+    return merge_tables(parts, dest, fmt, null)
 
 
 def score_pool(pool=None, model=None, *, config=None, **options) -> Rows:

@@ -21,7 +21,7 @@ from ..errors import ConfigError, TableError
 from ..files.config import Settings
 from ..files.embeddings import EmbeddingsError, embeddings_path, load_embeddings
 from ..files.pool import PoolOptions, open_pool
-from ..files.table import read_meta, sidecar, write_table
+from ..files.table import LINE_FORMATS, read_meta, sidecar, write_table
 from .choose import choose
 from .exclusions import Exclusions, ExclusionsError, excluded_ids, read_exclusion_files
 from .export import contact_sheet, model_version_from, to_labelstudio, write_json
@@ -85,6 +85,10 @@ def prepare(settings: Settings, source: str | None, score_first: bool,
                               f"does not exist; write it with `alcli score --embeddings -o TABLE`")
         else:
             plan.embeddings_file = path
+    if settings.null and settings.format not in LINE_FORMATS and \
+            not (score_first and settings.pool == "-"):
+        raise ConfigError(f"{settings.where('null')} ends -f paths and -f ids records with NUL; "
+                          f"-f {settings.format} has no such records")
     if settings.contact_sheet == "-":
         raise ConfigError(f"{settings.where('contact_sheet')} needs a PNG file name, not stdout")
     for key in ("contact_sheet", "output"):
@@ -171,7 +175,7 @@ def write_batch(rows: list[dict], dest: str | None, settings: Settings,
     """The batch to `dest` ('-' or None = stdout) as csv, jsonl, paths, ids or Label Studio tasks.
     Label Studio's model_version is the checkpoint the table's `meta` names, else --model's."""
     if settings.format != "labelstudio":
-        write_table(rows, dest, settings.format)
+        write_table(rows, dest, settings.format, settings.null)
         return
     model = (meta or {}).get("model_file") or settings.model
     version = model_version_from(model) if model else "unknown"
