@@ -17,6 +17,7 @@ from typing import Annotated, List, Optional
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 from typer.core import TyperCommand, TyperGroup
 
 from .version import __version__
@@ -604,13 +605,13 @@ def inspect(
     flags = dict(locals())
     settings = _settings(flags.pop("config"), flags)
     info = _api().inspect_model(settings)
-    table = Table(title=f"{info.model}: {info.total_params:,} parameters, "
-                        f"{info.selected_params:,} selected", title_justify="left")
+    table = Table(title=Text(f"{info.model}: {info.total_params:,} parameters, "
+                             f"{info.selected_params:,} selected"), title_justify="left")
     for c in ("module", "type", "params", "selected", "rule"):
         table.add_column(c, justify="right" if c == "params" else "left")
     for m in info.modules:
-        table.add_row(m.name, m.kind, f"{m.params:,}", "yes" if m.selected else "no",
-                      m.rule if m.selected else "")
+        table.add_row(*map(Text, (m.name, m.kind, f"{m.params:,}", "yes" if m.selected else "no",
+                                  m.rule if m.selected else "")))
     console = Console(highlight=False, soft_wrap=True)
     console.print(table)
     console.print(f"input channels: {info.channels if info.channels else 'unknown (no convolution)'}",
