@@ -24,7 +24,8 @@ from ..files.pool import PoolOptions, open_pool
 from ..files.table import LINE_FORMATS, read_meta, sidecar, write_table
 from .choose import choose
 from .exclusions import Exclusions, ExclusionsError, excluded_ids, read_exclusion_files
-from .export import contact_sheet, model_version_from, to_labelstudio, write_json
+from .export import (ImageRootError, contact_sheet, model_version_from, to_labelstudio,
+                     write_json)
 from .rank import is_scored, rank
 
 
@@ -181,6 +182,9 @@ def write_batch(rows: list[dict], dest: str | None, settings: Settings,
     version = model_version_from(model) if model else "unknown"
     try:
         write_json(to_labelstudio(rows, settings.image_root, version), dest or "-")
+    except ImageRootError as err:
+        raise ConfigError(f"{settings.where('image_root')} {settings.image_root}: "
+                          f"{_sentence(err)}") from None
     except ValueError as err:  # a score that JSON cannot hold
         raise TableError(f"cannot write Label Studio tasks: {_sentence(err)}") from None
     except OSError as err:
