@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable
 
 from torch import nn
 
@@ -29,7 +29,7 @@ from .longrun.job import JobResult, score
 from .longrun.merge import MergeResult, merge_tables
 from .score.embeddings import EmbeddingRecorder, Embeddings
 from .score.runner import RunStats
-from .selection.pick import Picked, pick, prepare, write_batch  # noqa: F401 - write_batch: `select`
+from .selection.pick import Picked, check_rows, pick, prepare, write_batch  # noqa: F401 - write_batch: `select`
 
 
 class Rows(list):
@@ -177,6 +177,9 @@ def _split_exclude(exclude) -> tuple[list | None, list | None]:
         return None, list(exclude)
     if isinstance(exclude, (str, os.PathLike)):
         return [exclude], None
+    if isinstance(exclude, (bytes, bytearray)) or not isinstance(exclude, Iterable):
+        raise ConfigError(f"exclude= takes a set of ids, an exclusion file (a str or Path) or a "
+                          f"list of them (got {type(exclude).__name__} {exclude!r:.40})")
     items = list(exclude)
     files = [x for x in items if isinstance(x, (str, os.PathLike))]
     ids = [x for x in items if not isinstance(x, (str, os.PathLike))]
@@ -189,6 +192,8 @@ def run_select(settings: Settings, *, scores=None, model: nn.Module | None = Non
     """The batch from `scores` (ranked rows, a table file, or '-' for stdin), or, when None, from
     scoring the pool first in this process (embeddings kept in memory for --diverse)."""
     source = None if scores is None or isinstance(scores, list) else str(scores)
+    if isinstance(scores, list):
+        check_rows(scores)
     carried = getattr(scores, "embeddings", None)  # Rows from score_pool(..., embeddings=True)
     plan = prepare(settings, source, score_first=scores is None or carried is not None,
                    exclude_ids=exclude_ids)

@@ -11,7 +11,9 @@ their errors into one sentence naming the option or file.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from numbers import Real
 from pathlib import Path
 from typing import Iterable
 
@@ -151,11 +153,38 @@ def pick(settings: Settings, rows: list[dict], plan: SelectPlan, *, embeddings=N
     return picked
 
 
+def check_rows(rows: list) -> None:
+    """Rows given in memory (the Python API): dicts, each with an id and a numeric score (None or
+    NaN: unscored), no id twice (as text, which is what selection compares)."""
+    seen: dict[str, int] = {}
+    for n, row in enumerate(rows):
+        if not isinstance(row, Mapping):
+            raise TableError(f"rows[{n}] is not a dict with 'id' and 'score' (type "
+                             f"{type(row).__name__})")
+        for key in ("id", "score"):
+            if key not in row:
+                raise TableError(f"rows[{n}] has no '{key}' (keys: {', '.join(map(str, row))})")
+        score = row["score"]
+        if score is not None and (isinstance(score, bool) or not isinstance(score, Real)):
+            raise TableError(f"rows[{n}] (id '{row['id']}'): score {score!r} is not a number")
+        id_ = str(row["id"])
+        if id_ in seen:
+            raise TableError(f"rows[{seen[id_]}] and rows[{n}] have the same id '{id_}'; each "
+                             f"example must appear once")
+        seen[id_] = n
+
+
 def _factors(settings: Settings, rows: list[dict], plan: SelectPlan, embeddings):
     """(a, b) aligned with `rows`: from this process's capture, or from the embeddings file."""
     ids = [str(r["id"]) for r in rows]
     if embeddings is not None:
         index = {i: n for n, i in enumerate(embeddings.ids)}
+        missing = next((i for i in ids if i not in index), None)
+        if missing is not None:
+            raise ConfigError(f"the row '{missing}' has no embedding among those recorded when "
+                              f"the rows were scored (was it renamed or added since?); select "
+                              f"with {settings.option('diverse', 'False')}, or from the rows "
+                              f"as scored")
         take = torch.tensor([index[i] for i in ids], dtype=torch.long)
         return embeddings.a[take], embeddings.b[take]
     try:
