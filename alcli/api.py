@@ -29,7 +29,8 @@ from .longrun.job import JobResult, score
 from .longrun.merge import MergeResult, merge_tables
 from .score.embeddings import EmbeddingRecorder, Embeddings
 from .score.runner import RunStats
-from .selection.pick import Picked, check_rows, pick, prepare, write_batch  # noqa: F401 - write_batch: `select`
+from .selection.pick import Picked, check_rows, pick, prepare
+from .selection.pick import write_batch  # noqa: F401 - the CLI's `select`
 
 
 class Rows(list):

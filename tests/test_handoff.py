@@ -38,7 +38,7 @@ def ok(result):
     return result
 
 
-# --- BAD-13: -f paths / -f ids and names holding a newline ---------------------------------------------
+# --- BAD-13: -f paths / -f ids and names holding a newline ----------------------------------------
 
 @pytest.fixture
 def nl_pool(in_ws, tmp_path):
@@ -49,7 +49,8 @@ def nl_pool(in_ws, tmp_path):
     for src, name in zip(images, ("ok0.png", "ok1.png", EVIL)):
         shutil.copy(src, pool / name)
     table = tmp_path / "nl.csv"
-    ok(cli("score", pool, "-m", "model.pt", "-c", "config.yaml", "-s", "entropy", "-q", "-o", table))
+    ok(cli("score", pool, "-m", "model.pt", "-c", "config.yaml", "-s", "entropy", "-q", "-o",
+           table))
     return pool, table
 
 
@@ -61,7 +62,8 @@ def test_score_refuses_a_name_with_a_newline_before_scoring_and_writes_nul_recor
         assert_one_error(result, "pass -0/--null", f"-f {fmt} without -0")
         assert shown in result.stderr and "a newline" in result.stderr
         out = tmp_path / f"refused.{fmt}"
-        result = cli("score", pool, "-m", "model.pt", "-c", "config.yaml", "-q", "-f", fmt, "-o", out)
+        result = cli("score", pool, "-m", "model.pt", "-c", "config.yaml", "-q", "-f", fmt,
+                     "-o", out)
         assert_one_error(result, "pass -0/--null", f"-f {fmt} -o without -0")
         assert not out.exists() and not Path(f"{out}.partial").exists()  # refused before scoring
     records = ok(cli("score", pool, "-m", "model.pt", "-c", "config.yaml", "-q", "-f", "ids",
@@ -107,7 +109,7 @@ def test_xargs_0_gets_each_selected_file_whole(in_ws, nl_pool):
     assert found.stdout.decode().split() == ["found"] * 3, found
 
 
-# --- BAD-14: the contact sheet and very long ids --------------------------------------------------------
+# --- BAD-14: the contact sheet and very long ids --------------------------------------------------
 
 def test_contact_sheet_of_two_30000_character_ids(in_ws, tmp_path):
     image = next(p for p, _ in in_ws.images.values() if p.suffix == ".png")
@@ -129,7 +131,7 @@ def test_contact_sheet_of_two_30000_character_ids(in_ws, tmp_path):
     assert _fit(draw, "short.png", font, 160) == "short.png"
 
 
-# --- BAD-17 / BAD-20: --exclude --------------------------------------------------------------------------
+# --- BAD-17 / BAD-20: --exclude -------------------------------------------------------------------
 
 def test_one_exclusion_entry_removes_one_row_the_one_with_that_id(in_ws, tmp_path, monkeypatch):
     coll = tmp_path / "coll"
@@ -164,7 +166,7 @@ def test_exclusions_nested_100000_deep_are_one_sentence(in_ws, tmp_path):
     assert_one_error(result, "ex.jsonl, line 2: JSON arrays or objects nested too deeply", "jsonl")
 
 
-# --- BAD-18: rich markup in ids ----------------------------------------------------------------------------
+# --- BAD-18: rich markup in ids -------------------------------------------------------------------
 
 def test_terminal_summary_prints_markup_in_ids_as_text(capsys, monkeypatch):
     monkeypatch.setenv("FORCE_COLOR", "1")  # rich's Console(force_terminal=True), from the env
@@ -188,7 +190,7 @@ def test_inspect_prints_a_model_path_with_markup_as_text(in_ws, tmp_path):
     assert f"{model}: " in result.stdout
 
 
-# --- BAD-25: --image-root ----------------------------------------------------------------------------------
+# --- BAD-25: --image-root -------------------------------------------------------------------------
 
 def test_image_root_normalises_ids_and_refuses_those_leaving_it():
     assert image_ref("a/./b//c.png", "/srv/pool") == "/srv/pool/a/b/c.png"
@@ -221,7 +223,7 @@ def test_labelstudio_tasks_refuse_an_id_outside_the_image_root(tmp_path):
     assert result.stdout.split() == ["../hp/ok00.png"]
 
 
-# --- BAD-28: the Python API ----------------------------------------------------------------------------------
+# --- BAD-28: the Python API -----------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
 def scored():

@@ -106,8 +106,8 @@ def check_records(values: Iterable[str], fmt: str, null: bool = False) -> None:
         if not found:
             continue
         name = _BREAK_NAMES.get(found.group(), f"the control character U+{ord(found.group()):04X}")
-        instead = ("use -f csv" if null else
-                   "pass -0/--null to end each record with NUL instead (for xargs -0), or use -f csv")
+        instead = ("use -f csv" if null else "pass -0/--null to end each record with NUL "
+                   "instead (for xargs -0), or use -f csv")
         raise TableError(f"-f {fmt} cannot write the {what} {value!r}: it holds "
                          f"{name}, which would split it into two records; {instead}")
 

@@ -106,7 +106,7 @@ def _row_keys(rows: list[dict], image_root: str | None) -> tuple[set[str], dict[
 
 
 def _by_id(entry: str, ids: set[str], image_root: str | None) -> str | None:
-    """The id `entry` is: as written, normalised, or a URL under --image-root with the id after it."""
+    """The id `entry` is: as written, normalised, or a URL under --image-root followed by it."""
     keys = [entry, os.path.normpath(entry)]
     if image_root and entry.startswith(image_root):
         keys.append(unquote(entry[len(image_root):].lstrip("/")))
