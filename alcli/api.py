@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable
 
 from torch import nn
 
@@ -29,7 +29,8 @@ from .longrun.job import JobResult, score
 from .longrun.merge import MergeResult, merge_tables
 from .score.embeddings import EmbeddingRecorder, Embeddings
 from .score.runner import RunStats
-from .selection.pick import Picked, pick, prepare, write_batch  # noqa: F401 - write_batch: `select`
+from .selection.pick import Picked, check_rows, pick, prepare
+from .selection.pick import write_batch  # noqa: F401 - the CLI's `select`
 
 
 class Rows(list):
@@ -94,9 +95,9 @@ def score_to_table(settings: Settings, dest: str, *, model: nn.Module | None = N
     return result, emb_file
 
 
-def merge(parts: list[str], dest: str, fmt: str = "csv") -> MergeResult:
+def merge(parts: list[str], dest: str, fmt: str = "csv", null: bool = False) -> MergeResult:
     """`alcli merge`: shard tables -> one ranked table at `dest` (see alcli.longrun.merge)."""
-    return merge_tables(parts, dest, fmt)
+    return merge_tables(parts, dest, fmt, null)
 
 
 def score_pool(pool=None, model=None, *, config=None, **options) -> Rows:
@@ -177,6 +178,9 @@ def _split_exclude(exclude) -> tuple[list | None, list | None]:
         return None, list(exclude)
     if isinstance(exclude, (str, os.PathLike)):
         return [exclude], None
+    if isinstance(exclude, (bytes, bytearray)) or not isinstance(exclude, Iterable):
+        raise ConfigError(f"exclude= takes a set of ids, an exclusion file (a str or Path) or a "
+                          f"list of them (got {type(exclude).__name__} {exclude!r:.40})")
     items = list(exclude)
     files = [x for x in items if isinstance(x, (str, os.PathLike))]
     ids = [x for x in items if not isinstance(x, (str, os.PathLike))]
@@ -189,6 +193,8 @@ def run_select(settings: Settings, *, scores=None, model: nn.Module | None = Non
     """The batch from `scores` (ranked rows, a table file, or '-' for stdin), or, when None, from
     scoring the pool first in this process (embeddings kept in memory for --diverse)."""
     source = None if scores is None or isinstance(scores, list) else str(scores)
+    if isinstance(scores, list):
+        check_rows(scores)
     carried = getattr(scores, "embeddings", None)  # Rows from score_pool(..., embeddings=True)
     plan = prepare(settings, source, score_first=scores is None or carried is not None,
                    exclude_ids=exclude_ids)

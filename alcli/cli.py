@@ -17,6 +17,7 @@ from typing import Annotated, List, Optional
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 from typer.core import TyperCommand, TyperGroup
 
 from .version import __version__
@@ -242,10 +243,11 @@ SelectOutput = Annotated[Optional[str], typer.Option(
     "--output", "-o", metavar="FILE", help="Output file, or - for stdout. [default: stdout]")]
 TableFormat = Annotated[Optional[str], typer.Option(
     "--format", "-f", metavar="FORMAT", help="csv (the default), jsonl, paths (one image file per "
-    "line) or ids (one id per line).")]
+    "line) or ids (one id per line); with -0, paths and ids end in NUL.")]
 SelectFormat = Annotated[Optional[str], typer.Option(
     "--format", "-f", metavar="FORMAT", help="csv (the default), jsonl, paths (one image file per "
-    "line), ids (one id per line), or labelstudio (Label Studio tasks JSON).")]
+    "line), ids (one id per line), or labelstudio (Label Studio tasks JSON); with -0, paths and "
+    "ids end in NUL.")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress and no summary on "
                                      "stderr; warnings and errors still.")]
 Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Also say where each setting "
@@ -305,7 +307,11 @@ Shard = Annotated[Optional[str], typer.Option(
     "--shard", metavar="K/N", help="Score shard K of N (K = 0..N-1; chosen by a hash of the id); "
                                    "combine the parts with 'alcli merge'.")]
 Null = Annotated[bool, typer.Option(
-    "--null", "-0", help="Paths on stdin (POOL -) are separated by NUL, as find -print0 writes.")]
+    "--null", "-0", help="NUL-separated records, as find -print0 writes and xargs -0 reads: image "
+    "paths read from stdin (POOL -), and the output of -f paths and -f ids.")]
+NullOutput = Annotated[bool, typer.Option(
+    "--null", "-0", help="-f paths and -f ids: end each record with NUL instead of a newline, "
+    "for xargs -0.")]
 
 # Examples: one command per line, each under 78 columns, so that no terminal wraps them; \b keeps
 # click from re-flowing a block.
@@ -493,21 +499,21 @@ def merge(
     parts: Annotated[List[str], typer.Argument(
         help="Shard tables written by 'alcli score --shard K/N -o PART' (each with its "
              "PART.meta.json beside it).", show_default=False, metavar="PART")],
-    output: Output = None, format: TableFormat = None, quiet: Quiet = False,
-    log_format: LogFormat = None,
+    output: Output = None, format: TableFormat = None, null: NullOutput = False,
+    quiet: Quiet = False, log_format: LogFormat = None,
 ):
     """Combine the shard tables of one pool into its ranked table, as one process would have
     written it. Refuses parts that overlap, miss a shard, or were scored differently.
 
     The table goes to --output, or to stdout when that is not a terminal (else to scores.csv).
     """
-    settings = _settings(None, {"output": output, "format": format, "quiet": quiet,
+    settings = _settings(None, {"output": output, "format": format, "null": null, "quiet": quiet,
                                 "log_format": log_format, "model": "(merge reads no config)"})
     r = _reporter(settings)
     if settings.format not in ("csv", "jsonl", "paths", "ids"):
         raise AlcliError(f"--format {settings.format}: merge writes csv, jsonl, paths or ids")
     dest = settings.output or ("scores.csv" if sys.stdout.isatty() else "-")
-    result = _api().merge(parts, dest, settings.format)
+    result = _api().merge(parts, dest, settings.format, settings.null)
     errors_file = next((f for f in result.files if f.endswith(".errors.csv")), None)
     _warn_skipped(r, len(result.finished.errors), result.finished.nans, errors_file,
                   result.finished.errors)
@@ -534,7 +540,7 @@ def select(
     precision: Precision = None, decode: Decode = None, batch_size: BatchSize = None,
     device: Device = None,
     workers: Workers = None, seed: Seed = None, output: SelectOutput = None,
-    format: SelectFormat = None, diverse: Diverse = None,
+    format: SelectFormat = None, null: Null = False, diverse: Diverse = None,
     diverse_candidates: DiverseCandidates = None,
     embeddings_file: ReadEmbeddings = None, per_class: PerClass = None, exclude: Exclude = None,
     image_root: ImageRoot = None, contact_sheet: ContactSheet = None, image_dir: ImageDir = None,
@@ -610,13 +616,13 @@ def inspect(
     flags = dict(locals())
     settings = _settings(flags.pop("config"), flags)
     info = _api().inspect_model(settings)
-    table = Table(title=f"{info.model}: {info.total_params:,} parameters, "
-                        f"{info.selected_params:,} selected", title_justify="left")
+    table = Table(title=Text(f"{info.model}: {info.total_params:,} parameters, "
+                             f"{info.selected_params:,} selected"), title_justify="left")
     for c in ("module", "type", "params", "selected", "rule"):
         table.add_column(c, justify="right" if c == "params" else "left")
     for m in info.modules:
-        table.add_row(m.name, m.kind, f"{m.params:,}", "yes" if m.selected else "no",
-                      m.rule if m.selected else "")
+        table.add_row(*map(Text, (m.name, m.kind, f"{m.params:,}", "yes" if m.selected else "no",
+                                  m.rule if m.selected else "")))
     console = Console(highlight=False, soft_wrap=True)
     console.print(table)
     console.print(f"input channels: {info.channels if info.channels else 'unknown (no convolution)'}",

@@ -98,15 +98,15 @@ class Reporter:
         if self.terminal:
             console = Console(stderr=True, highlight=False, soft_wrap=True)
             grid = Table.grid(padding=(0, 2))
-            for key, value in shown.items():
-                grid.add_row(key, value)
+            for key, value in shown.items():  # Text: ids and paths are not rich markup
+                grid.add_row(key, Text(value))
             console.print(grid)
             if cells:
                 table = Table(title="top 5", title_justify="left")
                 for c in columns:
                     table.add_column(c, overflow="fold")
                 for row in cells:
-                    table.add_row(*row)
+                    table.add_row(*map(Text, row))
                 console.print(table)
         else:
             width = max(map(len, shown)) if shown else 0

@@ -56,7 +56,9 @@ def test_labelstudio_tasks_shape_and_values(tmp_path):
 def test_image_ref_roots():
     assert image_ref("a/b.png", None) == "a/b.png"
     assert image_ref("a/b.png", "/mnt/pool") == "/mnt/pool/a/b.png"
-    assert image_ref("/abs/b.png", "http://h/files/") == "http://h/files/abs/b.png"
+    assert image_ref("sub/b.png", "http://h/files/") == "http://h/files/sub/b.png"
+    with pytest.raises(ValueError, match="absolute path"):  # it cannot be under the root
+        image_ref("/abs/b.png", "http://h/files/")
     assert image_ref("a b.png", "http://localhost:8080/data/local-files/?d=") == \
         "http://localhost:8080/data/local-files/?d=a%20b.png"
     assert image_ref("x.png", "s3://bucket/pool") == "s3://bucket/pool/x.png"

@@ -547,6 +547,9 @@ def tensor_pool(x, y=None, ids=None, name: str = "tensor pool") -> TensorPool:
     if y is not None and (y.shape != (x.shape[0],) or y.is_floating_point() or y.is_complex()):
         raise PoolError(f"{name}: labels y must be {x.shape[0]} integer class indices (-1 = "
                         f"unknown), one per example; got a {y.dtype} tensor of shape {list(y.shape)}")
+    if isinstance(ids, (str, bytes)):
+        raise PoolError(f"{name}: ids must be a list of {x.shape[0]} ids, one per example, not a "
+                        f"{type(ids).__name__} (whose characters would become the ids)")
     given = list(range(x.shape[0])) if ids is None else list(ids)
     texts = [str(i) for i in given]
     check_unique_ids(name, texts)

@@ -13,6 +13,7 @@ import csv
 import io
 import json
 import math
+import re
 import sys
 from pathlib import Path
 from typing import IO, Iterable, Iterator
@@ -51,20 +52,13 @@ def _json_value(value):
 
 
 def render(rows: Iterable[dict], columns: list[str], fmt: str = "csv",
-           header: bool = True) -> Iterator[str]:
-    """Lines of text (each ending in a newline) for `rows` in `fmt`."""
+           header: bool = True, null: bool = False) -> Iterator[str]:
+    """Lines of text (each ending in a newline) for `rows` in `fmt`; with `null`, paths and ids
+    end in NUL instead (see `_records`)."""
     if fmt not in FORMATS:
         raise TableError(f"unknown table format '{fmt}' (choose {', '.join(FORMATS)})")
-    if fmt == "paths":
-        if "path" not in columns:
-            raise TableError("-f paths writes each example's file, but these rows have no 'path' "
-                             "(a tensor pool, or a table from an older alcli); use -f ids")
-        for row in rows:
-            yield f"{row['path']}\n"
-        return
-    if fmt == "ids":
-        for row in rows:
-            yield f"{row['id']}\n"
+    if fmt in LINE_FORMATS:
+        yield from _records(rows, columns, fmt, null)
         return
     if fmt == "jsonl":
         for row in rows:
@@ -83,23 +77,59 @@ def render(rows: Iterable[dict], columns: list[str], fmt: str = "csv",
         yield buf.getvalue()
 
 
-def write_table(rows: list[dict], dest: str | Path | IO[str] | None, fmt: str = "csv") -> None:
+def _records(rows: Iterable[dict], columns: list[str], fmt: str, null: bool) -> Iterator[str]:
+    """-f paths / -f ids: one value per record, ended by a newline, or by NUL with `null`
+    (`find -print0`, for `xargs -0`). Every value is checked before the first is written."""
+    key = "path" if fmt == "paths" else "id"
+    if fmt == "paths" and "path" not in columns:
+        raise TableError("-f paths writes each example's file, but these rows have no 'path' "
+                         "(a tensor pool, or a table from an older alcli); use -f ids")
+    values = [str(row[key]) for row in rows]
+    check_records(values, fmt, null)
+    end = "\0" if null else "\n"
+    for value in values:
+        yield value + end
+
+
+# what would cut a record in two for `xargs`, `while read` or Python's splitlines
+_BREAKS = re.compile(r"[\x00-\x1f\x7f\x85\u2028\u2029]")
+_NUL = re.compile("\x00")
+_BREAK_NAMES = {"\n": "a newline", "\r": "a carriage return", "\t": "a tab", "\0": "a NUL"}
+
+
+def check_records(values: Iterable[str], fmt: str, null: bool = False) -> None:
+    """Refuse a path or id that would not come out as one record: with newline endings, one
+    holding a line break or other control character; with NUL endings, one holding a NUL."""
+    what = "file" if fmt == "paths" else "id"
+    for value in values:
+        found = (_NUL if null else _BREAKS).search(value)
+        if not found:
+            continue
+        name = _BREAK_NAMES.get(found.group(), f"the control character U+{ord(found.group()):04X}")
+        instead = ("use -f csv" if null else "pass -0/--null to end each record with NUL "
+                   "instead (for xargs -0), or use -f csv")
+        raise TableError(f"-f {fmt} cannot write the {what} {value!r}: it holds "
+                         f"{name}, which would split it into two records; {instead}")
+
+
+def write_table(rows: list[dict], dest: str | Path | IO[str] | None, fmt: str = "csv",
+                null: bool = False) -> None:
     """Write `rows` to a file (atomically: a temporary file renamed into place), or to stdout
     when `dest` is None or '-', or to an open text stream."""
-    write_rows(rows, columns_of(rows), dest, fmt)
+    write_rows(rows, columns_of(rows), dest, fmt, null)
 
 
 def write_rows(rows: Iterable[dict], columns: list[str], dest: str | Path | IO[str] | None,
-               fmt: str = "csv") -> None:
+               fmt: str = "csv", null: bool = False) -> None:
     """`write_table` for rows that arrive one by one (a generator) with their columns known."""
     if dest is None or str(dest) == "-":
         dest = sys.stdout
     if not isinstance(dest, (str, Path)):
-        dest.writelines(render(rows, columns, fmt))
+        dest.writelines(render(rows, columns, fmt, null=null))
         dest.flush()
         return
     with atomic_file(dest, "output") as f:
-        f.writelines(render(rows, columns, fmt))
+        f.writelines(render(rows, columns, fmt, null=null))
 
 
 @contextlib.contextmanager

@@ -30,9 +30,10 @@ class Finished:
     rows: list[dict] | None = None      # every row, ranked, when the table is kept in memory
 
 
-def finish(sources: list[Path], dest, fmt: str, *, top: int = 5) -> Finished:
+def finish(sources: list[Path], dest, fmt: str, *, top: int = 5, null: bool = False) -> Finished:
     """Rank the rows of the partial files `sources` into the table `dest` (a path, '-' or None
-    for stdout), streaming: rows are read back one by one in rank order."""
+    for stdout), streaming: rows are read back one by one in rank order. `null`: -f paths / ids
+    records end in NUL."""
     keys = []          # (order key, source index, offset)
     errors: dict[str, str] = {}
     seen: set[str] = set()
@@ -79,7 +80,7 @@ def finish(sources: list[Path], dest, fmt: str, *, top: int = 5) -> Finished:
                 f.close()
 
     if keys:
-        write_rows(ranked(), cols, dest, fmt)
+        write_rows(ranked(), cols, dest, fmt, null)
     elif dest not in (None, "-"):
         with atomic_file(dest):  # no rows: an empty file (its meta says 0 rows)
             pass

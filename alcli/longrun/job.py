@@ -30,7 +30,7 @@ from ..errors import AlcliError, ConfigError, PoolError
 from ..files.atomic import check_writable
 from ..files.config import Settings
 from ..files.pool import Pool
-from ..files.table import FORMATS as TABLE_FORMATS, sidecar
+from ..files.table import FORMATS as TABLE_FORMATS, check_records, sidecar
 from ..score.embeddings import EmbeddingRecorder
 from ..score.runner import RunStats, run
 from ..selection.rank import rank
@@ -76,6 +76,8 @@ def score(settings: Settings, dest: str | None, *, model: nn.Module | None = Non
     with distributed.session(ctx, device_spec), \
             opened(settings, model, pool, stdin, device_spec) as session:
         full = session.pool
+        if dest is not None:
+            _check_records(settings, full)
         shard = (ctx.rank, ctx.world) if ctx else parse_shard(settings.shard)
         todo = SubPool(full, shard_indices(full.ids, *shard)) if shard else full
         if dest is None:
@@ -87,6 +89,15 @@ def score(settings: Settings, dest: str | None, *, model: nn.Module | None = Non
         result.pool = full
         _check_something_scored(result, full)
     return result
+
+
+def _check_records(settings: Settings, pool: Pool) -> None:
+    """-f ids / -f paths: a name that cannot be written as one record fails now, not after the
+    scoring (the table's writer checks the same)."""
+    if settings.format == "ids":
+        check_records(pool.ids, "ids", settings.null)
+    elif settings.format == "paths" and getattr(pool, "paths", None) is not None:
+        check_records((str(p) for p in pool.paths), "paths", settings.null)
 
 
 def _score_in_memory(session: Session, todo: Pool, settings: Settings, on_start, on_batch, say,
@@ -317,7 +328,7 @@ def _write(ctx, settings: Settings, dest: str, partial_path: Path, full: Pool, t
                     raise AlcliError("rank 0 could not write the table")
                 return None
         try:
-            finished = finish(sources, dest, settings.format)
+            finished = finish(sources, dest, settings.format, null=settings.null)
             files = [] if dest == "-" else write_sidecars(dest, finished, {
                 "format": "alcli-table", "version": META_VERSION, "alcli_version": __version__, "table_format": settings.format,
                 "shard": shard, "pool": full.name, "pool_size": len(full),

@@ -27,8 +27,9 @@ class MergeResult:
     files: list[str]
 
 
-def merge_tables(parts: list[str], dest: str, fmt: str = "csv") -> MergeResult:
-    """Check that `parts` are the complete, non-overlapping shards of one run, and write `dest`."""
+def merge_tables(parts: list[str], dest: str, fmt: str = "csv", null: bool = False) -> MergeResult:
+    """Check that `parts` are the complete, non-overlapping shards of one run, and write `dest`
+    (`null`: -f paths / ids records end in NUL)."""
     if not parts:
         raise ConfigError("no parts given; pass the shard tables to merge")
     metas = [_meta(part) for part in parts]
@@ -62,7 +63,7 @@ def merge_tables(parts: list[str], dest: str, fmt: str = "csv") -> MergeResult:
         if len(owner) != first["pool_size"]:
             raise TableError(f"the parts hold {len(owner)} examples but the pool "
                              f"{first['pool']} has {first['pool_size']}; a part is incomplete")
-        finished = finish([combined], dest, fmt)
+        finished = finish([combined], dest, fmt, null=null)
     files = [] if dest == "-" else write_sidecars(dest, finished, {
         **first, "alcli_version": __version__, "table_format": fmt, "shard": None, "shard_size": first["pool_size"],
         "merged_from": [str(p) for p in parts]})

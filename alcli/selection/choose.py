@@ -1,6 +1,8 @@
 """Choosing the labeling batch from ranked rows: top-k, per-class quotas, diverse (BADGE), or both."""
 from __future__ import annotations
 
+from collections.abc import Hashable
+
 import torch
 
 from .balance import per_class_quota
@@ -34,6 +36,9 @@ def choose(rows: list[dict], budget: int, *, per_class: str | None = None, facto
             if row.get("pred") is None:
                 raise ValueError(f"--per-class needs each row's predicted class, but row "
                                  f"'{row['id']}' has no 'pred'")
+            if not isinstance(row["pred"], Hashable):
+                raise ValueError(f"--per-class groups rows by predicted class, but row "
+                                 f"'{row['id']}' has the pred {row['pred']!r}, not a class")
             groups.setdefault(row["pred"], []).append(i)
         quota = per_class_quota({c: len(members) for c, members in groups.items()}, budget,
                                 per_class)

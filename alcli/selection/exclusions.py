@@ -2,11 +2,14 @@
 
 An entry may name a row by its id, or by its file: a path (absolute, or relative to the working
 directory) that is the row's `path`, or a Label Studio image URL that `--image-root` maps back to
-the id. Entries that match no row cannot pass silently: a source none of whose entries match is
-an error, a partial match a warning.
+the id. Each entry excludes at most one row: the row whose id it is, if there is one, else the
+row whose file it names (so `imgs/a.png` never excludes both the row with that id and the row of
+the file ./imgs/a.png; a warning says when an entry could name both). Entries that match no row
+cannot pass silently: a source none of whose entries match is an error, a partial match a warning.
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
@@ -53,16 +56,23 @@ def excluded_ids(sources: list[Exclusions], rows: list[dict],
                  image_root: str | None = None) -> tuple[set[str], list[str]]:
     """(ids of `rows` that some entry names, warnings). A source that names none of the rows is
     an ExclusionsError; one that names only some of them gives a warning with the count."""
-    index = _row_keys(rows, image_root)
+    ids, files = _row_keys(rows, image_root)
     excluded: set[str] = set()
     notes = []
     for source in sources:
-        unmatched = []
+        unmatched, both = [], []
         for entry in source.entries:
-            hits = {index[k] for k in _entry_keys(entry, image_root) if k in index}
-            excluded |= hits
-            if not hits:
+            hit = _by_id(entry, ids, image_root)
+            by_file = _by_file(entry, files)
+            if hit is not None and by_file not in (None, hit):
+                both.append((entry, by_file))
+            hit = by_file if hit is None else hit
+            if hit is None:
                 unmatched.append(entry)
+            else:
+                excluded.add(hit)
+        if both:
+            notes.append(_both_note(source.name, both))
         if not source.entries or not unmatched:
             continue
         if len(unmatched) == len(source.entries):
@@ -73,25 +83,39 @@ def excluded_ids(sources: list[Exclusions], rows: list[dict],
     return excluded, notes
 
 
-def _row_keys(rows: list[dict], image_root: str | None) -> dict[str, str]:
-    """Every way an entry may name a row -> the row's id: the id, its file (absolute), and its
-    Label Studio image reference."""
-    index: dict[str, str] = {}
+def _both_note(name: str, both: list[tuple[str, str]]) -> str:
+    (entry, other), n = both[0], len(both)
+    if n == 1:
+        return (f"the entry '{entry}' of {name} is the id of one row and the file of another "
+                f"(id '{other}'); only the row with that id is excluded")
+    return (f"{n} entries of {name} are the id of one row and the file of another (the first is "
+            f"'{entry}', also the file of id '{other}'); only the rows with those ids are excluded")
+
+
+def _row_keys(rows: list[dict], image_root: str | None) -> tuple[set[str], dict[str, str]]:
+    """(the rows' ids, their files -> id): a row's file is its path (absolute) and its Label
+    Studio image reference."""
+    files: dict[str, str] = {}
     for row in rows:
         id_ = str(row["id"])
-        index.setdefault(_absolute(row.get("path") or id_), id_)
+        files.setdefault(_absolute(row.get("path") or id_), id_)
         if image_root:
-            index.setdefault(image_ref(id_, image_root), id_)
-    for row in rows:  # ids first: an id always names its own row
-        index[str(row["id"])] = str(row["id"])
-    return index
+            with contextlib.suppress(ValueError):  # an id that cannot be under the root
+                files.setdefault(image_ref(id_, image_root), id_)
+    return {str(row["id"]) for row in rows}, files
 
 
-def _entry_keys(entry: str, image_root: str | None) -> list[str]:
-    keys = [entry, os.path.normpath(entry), _absolute(entry)]
-    if image_root and entry.startswith(image_root):  # a URL under --image-root: the id after it
+def _by_id(entry: str, ids: set[str], image_root: str | None) -> str | None:
+    """The id `entry` is: as written, normalised, or a URL under --image-root followed by it."""
+    keys = [entry, os.path.normpath(entry)]
+    if image_root and entry.startswith(image_root):
         keys.append(unquote(entry[len(image_root):].lstrip("/")))
-    return keys
+    return next((k for k in keys if k in ids), None)
+
+
+def _by_file(entry: str, files: dict[str, str]) -> str | None:
+    """The id of the row whose file (or Label Studio image) `entry` names."""
+    return next((files[k] for k in (entry, _absolute(entry)) if k in files), None)
 
 
 def _absolute(path: str) -> str:
@@ -153,6 +177,9 @@ def _id_of(path: str, where: str, item) -> str:
                           f"(text or number) or a Label Studio task with data.image.")
 
 
+_TOO_DEEP = "JSON arrays or objects nested too deeply to read (ids need at most a task object)"
+
+
 def _from_jsonl(path: str, text: str) -> list[str]:
     out = []
     for n, line in enumerate(text.splitlines(), 1):
@@ -163,6 +190,8 @@ def _from_jsonl(path: str, text: str) -> list[str]:
         except json.JSONDecodeError as err:
             raise ExclusionsError(f"exclusions file {path}, line {n}: not valid JSON "
                                   f"({err.msg}).") from err
+        except RecursionError:
+            raise ExclusionsError(f"exclusions file {path}, line {n}: {_TOO_DEEP}.") from None
         out.append(_id_of(path, f"line {n}", item))
     return out
 
@@ -173,6 +202,8 @@ def _from_json(path: str, text: str) -> list[str]:
     except json.JSONDecodeError as err:
         raise ExclusionsError(f"exclusions file {path} is not valid JSON ({err.msg}, "
                               f"line {err.lineno}).") from err
+    except RecursionError:
+        raise ExclusionsError(f"exclusions file {path}: {_TOO_DEEP}.") from None
     if not isinstance(items, list):
         raise ExclusionsError(f"exclusions file {path} must hold a JSON array of ids or objects.")
     return [str(x).strip() if isinstance(x, (str, int)) and not isinstance(x, bool)

@@ -11,7 +11,9 @@ their errors into one sentence naming the option or file.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from numbers import Real
 from pathlib import Path
 from typing import Iterable
 
@@ -21,10 +23,11 @@ from ..errors import ConfigError, TableError
 from ..files.config import Settings
 from ..files.embeddings import EmbeddingsError, embeddings_path, load_embeddings
 from ..files.pool import PoolOptions, open_pool
-from ..files.table import read_meta, sidecar, write_table
+from ..files.table import LINE_FORMATS, read_meta, sidecar, write_table
 from .choose import choose
 from .exclusions import Exclusions, ExclusionsError, excluded_ids, read_exclusion_files
-from .export import contact_sheet, model_version_from, to_labelstudio, write_json
+from .export import (ImageRootError, contact_sheet, model_version_from, to_labelstudio,
+                     write_json)
 from .rank import is_scored, rank
 
 
@@ -85,6 +88,10 @@ def prepare(settings: Settings, source: str | None, score_first: bool,
                               f"does not exist; write it with `alcli score --embeddings -o TABLE`")
         else:
             plan.embeddings_file = path
+    if settings.null and settings.format not in LINE_FORMATS and \
+            not (score_first and settings.pool == "-"):
+        raise ConfigError(f"{settings.where('null')} ends -f paths and -f ids records with NUL; "
+                          f"-f {settings.format} has no such records")
     if settings.contact_sheet == "-":
         raise ConfigError(f"{settings.where('contact_sheet')} needs a PNG file name, not stdout")
     for key in ("contact_sheet", "output"):
@@ -146,11 +153,38 @@ def pick(settings: Settings, rows: list[dict], plan: SelectPlan, *, embeddings=N
     return picked
 
 
+def check_rows(rows: list) -> None:
+    """Rows given in memory (the Python API): dicts, each with an id and a numeric score (None or
+    NaN: unscored), no id twice (as text, which is what selection compares)."""
+    seen: dict[str, int] = {}
+    for n, row in enumerate(rows):
+        if not isinstance(row, Mapping):
+            raise TableError(f"rows[{n}] is not a dict with 'id' and 'score' (type "
+                             f"{type(row).__name__})")
+        for key in ("id", "score"):
+            if key not in row:
+                raise TableError(f"rows[{n}] has no '{key}' (keys: {', '.join(map(str, row))})")
+        score = row["score"]
+        if score is not None and (isinstance(score, bool) or not isinstance(score, Real)):
+            raise TableError(f"rows[{n}] (id '{row['id']}'): score {score!r} is not a number")
+        id_ = str(row["id"])
+        if id_ in seen:
+            raise TableError(f"rows[{seen[id_]}] and rows[{n}] have the same id '{id_}'; each "
+                             f"example must appear once")
+        seen[id_] = n
+
+
 def _factors(settings: Settings, rows: list[dict], plan: SelectPlan, embeddings):
     """(a, b) aligned with `rows`: from this process's capture, or from the embeddings file."""
     ids = [str(r["id"]) for r in rows]
     if embeddings is not None:
         index = {i: n for n, i in enumerate(embeddings.ids)}
+        missing = next((i for i in ids if i not in index), None)
+        if missing is not None:
+            raise ConfigError(f"the row '{missing}' has no embedding among those recorded when "
+                              f"the rows were scored (was it renamed or added since?); select "
+                              f"with {settings.option('diverse', 'False')}, or from the rows "
+                              f"as scored")
         take = torch.tensor([index[i] for i in ids], dtype=torch.long)
         return embeddings.a[take], embeddings.b[take]
     try:
@@ -171,12 +205,15 @@ def write_batch(rows: list[dict], dest: str | None, settings: Settings,
     """The batch to `dest` ('-' or None = stdout) as csv, jsonl, paths, ids or Label Studio tasks.
     Label Studio's model_version is the checkpoint the table's `meta` names, else --model's."""
     if settings.format != "labelstudio":
-        write_table(rows, dest, settings.format)
+        write_table(rows, dest, settings.format, settings.null)
         return
     model = (meta or {}).get("model_file") or settings.model
     version = model_version_from(model) if model else "unknown"
     try:
         write_json(to_labelstudio(rows, settings.image_root, version), dest or "-")
+    except ImageRootError as err:
+        raise ConfigError(f"{settings.where('image_root')} {settings.image_root}: "
+                          f"{_sentence(err)}") from None
     except ValueError as err:  # a score that JSON cannot hold
         raise TableError(f"cannot write Label Studio tasks: {_sentence(err)}") from None
     except OSError as err:
