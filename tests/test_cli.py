@@ -348,8 +348,9 @@ def test_two_stage_pipe_prints_the_top_ids(in_ws, tmp_path):
 def test_on_a_terminal_progress_shows_and_the_table_goes_to_scores_csv(in_ws):
     import pty
     master, slave = pty.openpty()
-    proc = subprocess.run([sys.executable, "-m", "alcli", "score", "pool", "-m", "model.pt", "-c",
-                           "config.yaml", "-s", "entropy"], stdout=slave, stderr=slave, env=_env())
+    # read the terminal while alcli runs: a full pty buffer would block its progress bar
+    proc = subprocess.Popen([sys.executable, "-m", "alcli", "score", "pool", "-m", "model.pt", "-c",
+                             "config.yaml", "-s", "entropy"], stdout=slave, stderr=slave, env=_env())
     os.close(slave)
     seen = b""
     while True:
@@ -361,6 +362,7 @@ def test_on_a_terminal_progress_shows_and_the_table_goes_to_scores_csv(in_ws):
             break
         seen += chunk
     os.close(master)
+    proc.wait(timeout=120)
     text = seen.decode(errors="replace")
     assert proc.returncode == 0, text
     assert "scoring" in text and "wrote 14 rows to scores.csv" in text
