@@ -467,7 +467,8 @@ def from_manifest(spec: str, opts: PoolOptions) -> Pool:
 
 
 def _csv_error(path: Path, reader: csv.DictReader, err: csv.Error) -> PoolError:
-    return PoolError(f"manifest {path} line {reader.line_num} cannot be read as CSV "
+    line = reader.reader.line_num  # DictReader's own line_num is the last good row's
+    return PoolError(f"manifest {path} line {line} cannot be read as CSV "
                      f"({first_line(err)})")
 
 
