@@ -637,7 +637,7 @@ def from_text_file(spec: str, opts: PoolOptions) -> Pool:
 
 
 def _line_text(line: str) -> str:
-    """A line without its end: \n, or the \r\n of a CRLF file."""
+    """A line without its end: the newline, or the CR LF of a Windows file."""
     return line.removesuffix("\n").removesuffix("\r")
 
 
