@@ -155,8 +155,9 @@ def test_config_transform_sizes_are_bounded(tmp_path, key):
 # --- BAD-11: --workers bounded by the CPUs ---------------------------------------------------------
 
 def test_workers_above_the_cpu_count_are_refused(in_ws):
-    result = score_in(in_ws.root, "pool", "-m", "model.pt", "-c", "config.yaml", "--workers",
-                      "100000", ok=False)
+    # a pool that does not exist: were the bound gone, this would fail there instead of forking
+    result = score_in(in_ws.root, "no-such-pool", "-m", "model.pt", "-c", "config.yaml",
+                      "--workers", "100000", ok=False)
     assert_one_error(result, f"option --workers must be at most the {usable_cpus()} CPUs", "workers")
     assert load_settings(overrides={"workers": usable_cpus()}).workers == usable_cpus()
 
