@@ -9,7 +9,7 @@ from torch import nn
 
 from .errors import PoolError, RunError
 from .files.config import Settings
-from .files.pool import Batch, collate
+from .files.pool import Batch, collate, decoded
 from .gradnorm import (EngineFallback, UnsupportedModel, auto_choice, grad_norms_per_target,
                        rule_names, select_params)
 from .gradnorm.plan import ghost_plan_for
@@ -63,6 +63,7 @@ def inspect_model(settings: Settings, *, model: nn.Module | None = None, pool=No
         return info
     the_pool = pool_for(settings, net, pool, stdin)
     batch: Batch = collate([the_pool[i] for i in range(min(2, len(the_pool)))])
+    batch = decoded(batch, the_pool, torch.device("cpu"))
     if batch.errors:
         raise PoolError(batch.errors[0][1])
     inputs = to_model(batch.inputs, net, torch.device("cpu"), the_pool.to_float)

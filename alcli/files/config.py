@@ -34,6 +34,8 @@ METHOD_NAMES = ("auto", "ghost", "replicate", "vmap", "loop")
 PRECISIONS = ("fp32", "bf16", "fp16")
 DECODERS = ("cpu", "gpu")  # where image files are decoded: the loader's workers, or the device
 DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
+MAX_SIDE = 4096  # pixels per side an image may be resized or cropped to (a model directory's
+                 # image settings too): 100000 x 100000 would take tens of GB per image
 
 
 @dataclass
@@ -156,6 +158,22 @@ def _int(minimum: int, maximum: int = sys.maxsize) -> Callable[[Any], int]:
     return check
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity), else the machine's count."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def _workers(v):
+    """Data-loading processes: more than the CPUs cannot load faster, and 100000 forks until the
+    system refuses."""
+    v = _int(0)(v)
+    if v > usable_cpus():
+        raise ValueError(f"must be at most the {usable_cpus()} CPUs this process may use")
+    return v
+
+
 def _seconds(v):
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < float("inf"):
         raise ValueError("must be a number of seconds >= 0")
@@ -232,12 +250,12 @@ def _shard(v):
 def _size(v):
     if v is None:
         return None
-    if isinstance(v, int) and not isinstance(v, bool) and v > 0:
-        return v
-    if (isinstance(v, (list, tuple)) and len(v) == 2
-            and all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in v)):
-        return list(v)
-    raise ValueError("must be a positive integer or [height, width]")
+    sides = v if isinstance(v, (list, tuple)) and len(v) == 2 else [v]
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in sides):
+        raise ValueError("must be a positive integer or [height, width]")
+    if max(sides) > MAX_SIDE:
+        raise ValueError(f"must be at most {MAX_SIDE} pixels per side")
+    return list(v) if isinstance(v, (list, tuple)) else v
 
 
 def _numbers(v):
@@ -292,7 +310,7 @@ CHECKS: dict[str, Callable[[Any], Any]] = {
     "pool": _pool, "null": _bool, "labels_from_folders": _bool, "transform": _transform,
     "strategy": _choice(STRATEGY_NAMES), "top_classes": _opt(_int(0)), "layers": _layers,
     "method": _choice(METHOD_NAMES), "precision": _choice(PRECISIONS), "decode": _choice(DECODERS), "batch_size": _int(1),
-    "device": _device, "workers": _opt(_int(0)),
+    "device": _device, "workers": _opt(_workers),
     "seed": _int(0), "output": _opt_str, "format": _choice(FORMATS), "scores": _opt_str,
     "budget": _opt(_int(1)), "quiet": _bool,
     "embeddings": _opt(_bool), "embeddings_file": _opt_str, "diverse": _opt(_bool), "diverse_candidates": _candidates,

@@ -16,7 +16,7 @@ from pathlib import Path
 from torch import nn
 
 from ..errors import CheckpointError, PoolError, first_line
-from .config import Transform
+from .config import MAX_SIDE, Transform
 
 INSTALL = "pip install 'alcli[hf]'"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json",
@@ -151,7 +151,8 @@ def _forward_args(model: nn.Module) -> set[str] | None:
 
 def image_transform(directory: Path) -> Transform | None:
     """The directory's image processor settings as a transform (None without one): resize to
-    `size` (height x width, or the shortest edge), center crop to `crop_size`, mean/std."""
+    `size` (height x width, or the shortest edge), center crop to `crop_size`, mean/std. A value
+    of the wrong type, or a size over MAX_SIDE pixels, is an error naming the file and key."""
     path = directory / "preprocessor_config.json"
     if not path.is_file():
         return None
@@ -159,27 +160,65 @@ def image_transform(directory: Path) -> Transform | None:
         cfg = json.loads(path.read_text())
     except (OSError, ValueError) as err:
         raise CheckpointError(f"{path} is not valid JSON ({first_line(err)})") from None
+    if not isinstance(cfg, dict):
+        raise CheckpointError(f"{path} must hold a JSON object of image settings, not "
+                              f"{_shown(cfg)}")
     t = Transform()
     size = cfg.get("size")
     if cfg.get("do_resize", True) and size is not None:
-        t.resize = _size(size)
+        t.resize = _size(path, "size", size)
     if cfg.get("do_center_crop") and cfg.get("crop_size") is not None:
-        t.center_crop = _size(cfg["crop_size"])
-    if cfg.get("do_rescale", True) and not math.isclose(cfg.get("rescale_factor", 1 / 255), 1 / 255):
-        raise CheckpointError(f"{path}: rescale_factor {cfg['rescale_factor']} is not 1/255, which "
+        t.center_crop = _size(path, "crop_size", cfg["crop_size"])
+    factor = cfg.get("rescale_factor", 1 / 255)
+    if cfg.get("do_rescale", True) and not math.isclose(_number(path, "rescale_factor", factor), 1 / 255):
+        raise CheckpointError(f"{path}: rescale_factor {factor} is not 1/255, which "
                               f"alcli's image pools assume; set transform in the config instead")
     mean, std = cfg.get("image_mean"), cfg.get("image_std")
     if cfg.get("do_normalize", True) and mean is not None and std is not None:
-        as_list = lambda v: [float(x) for x in (v if isinstance(v, (list, tuple)) else [v])]  # noqa: E731
-        t.normalize = {"mean": as_list(mean), "std": as_list(std)}
+        mean, std = _numbers(path, "image_mean", mean), _numbers(path, "image_std", std)
+        if len(mean) != len(std) or min(std) <= 0:
+            raise CheckpointError(f"{path}: image_mean and image_std must have as many values, "
+                                  f"and image_std positive ones")
+        t.normalize = {"mean": mean, "std": std}
     return t
 
 
-def _size(size) -> int | list[int]:
-    if isinstance(size, int):
-        return size
-    if "height" in size and "width" in size:
-        return [int(size["height"]), int(size["width"])]
-    if "shortest_edge" in size:
-        return int(size["shortest_edge"])
-    raise CheckpointError(f"image processor size {size} is neither height/width nor shortest_edge")
+def _shown(value) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 100 else text[:100] + "..."
+
+
+def _size(path: Path, key: str, size) -> int | list[int]:
+    """An int, {height, width} or {shortest_edge}: positive integers up to MAX_SIDE pixels."""
+    if isinstance(size, dict) and "height" in size and "width" in size:
+        sides = [size["height"], size["width"]]
+    elif isinstance(size, dict) and "shortest_edge" in size:
+        sides = [size["shortest_edge"]]
+    elif isinstance(size, dict):
+        raise CheckpointError(f"{path}: {key} {_shown(size)} is neither height/width nor "
+                              f"shortest_edge")
+    else:
+        sides = [size]
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in sides):
+        raise CheckpointError(f"{path}: {key} must be a positive integer or hold positive integers "
+                              f"(pixels), got {_shown(size)}")
+    if max(sides) > MAX_SIDE:
+        raise CheckpointError(f"{path}: {key} {_shown(size)} is over alcli's maximum of {MAX_SIDE} "
+                              f"pixels per side")
+    return sides if len(sides) == 2 else sides[0]
+
+
+def _number(path: Path, key: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise CheckpointError(f"{path}: {key} must be a number, got {_shown(value)}")
+    return float(value)
+
+
+def _numbers(path: Path, key: str, value) -> list[float]:
+    """A number or a non-empty list of numbers (one per channel)."""
+    values = value if isinstance(value, list) and value else [value]
+    try:
+        return [_number(path, key, v) for v in values]
+    except CheckpointError:
+        raise CheckpointError(f"{path}: {key} must be a number or a list of numbers, got "
+                              f"{_shown(value)}") from None

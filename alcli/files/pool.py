@@ -9,6 +9,8 @@ item carries the error instead, so a DataLoader worker can hand it back and the 
 from __future__ import annotations
 
 import csv
+import json
+import os
 import sys
 import warnings
 from dataclasses import dataclass, field
@@ -23,11 +25,14 @@ from torch.utils.data import Dataset
 from .config import Transform
 from ..errors import ConfigError, PoolError, first_line
 from .jsonl import json_objects
+from .regular import check_regular
 
 IMAGE_EXTS = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".tiff")
 TENSOR_EXTS = (".pt", ".pth", ".npy", ".npz")
 MANIFEST_EXTS = (".csv", ".jsonl")
 TEXT_EXTS = (".txt",)
+CSV_FIELD_LIMIT = 64 * 2**20  # characters in one CSV field (the csv module's default: 128 K),
+csv.field_size_limit(CSV_FIELD_LIMIT)  # so long texts, ids and headers read
 
 
 @dataclass
@@ -76,6 +81,8 @@ class Pool(Dataset):
     given_ids: list | None = None  # the caller's ids (any type) where `ids` holds their text
     to_float: Callable | None = None  # batch of stored inputs on the device -> model input
                                       # (images: uint8 -> normalized float); None: as they are
+    decode_jpegs: Callable | None = None  # --decode gpu: (JPEG bytes, device) -> (uint8 images
+                                          # [B', C, H, W], {position: reason} of those that fail)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -96,11 +103,13 @@ class ImagePool(Pool):
         self.transform = transform
         self.to_float = transform.to_float
         self.decode = decode
+        self.decode_jpegs = transform.decode_jpegs if decode == "gpu" else None
 
     def __getitem__(self, i: int) -> Item:
         if self.decode == "gpu":
             return self._jpeg_bytes(i)
         try:
+            check_regular(self.paths[i])  # a FIFO would block Image.open forever
             with Image.open(self.paths[i]) as img:
                 x = self.transform(img)
         except Exception as err:  # noqa: BLE001 - any unreadable file becomes an error row
@@ -110,6 +119,7 @@ class ImagePool(Pool):
 
     def _jpeg_bytes(self, i: int) -> Item:
         try:
+            check_regular(self.paths[i])
             data = Path(self.paths[i]).read_bytes()
         except OSError as err:
             return Item(self.ids[i], None, self.labels[i],
@@ -198,15 +208,20 @@ class ImageTransform:
         """uint8 [..., C, H, W] on any device -> float32 in [0, 1], normalized, on that device.
         A list of JPEG files' bytes (--decode gpu) is decoded on `device` first."""
         if isinstance(x, list):
-            x = self.decode_jpegs(x, device or torch.device("cpu"))
+            x, failed = self.decode_jpegs(x, device or torch.device("cpu"))
+            if failed:  # the runner decodes first (`decoded`), making these error rows
+                raise PoolError(f"image {min(failed) + 1} of the batch cannot be decoded "
+                                f"({failed[min(failed)]})")
         x = x.to(torch.float32) / 255.0
         if self.mean is not None:
             x = (x - self.mean.to(x.device, non_blocking=True)) / self.std.to(x.device, non_blocking=True)
         return x
 
-    def decode_jpegs(self, datas: list[torch.Tensor], device: torch.device) -> torch.Tensor:
-        """JPEG bytes -> uint8 [B, C, H, W] on `device` (nvJPEG on CUDA), in the channel mode,
-        resized and cropped there as the PIL path would (bilinear, antialiased)."""
+    def decode_jpegs(self, datas: list[torch.Tensor], device: torch.device
+                     ) -> tuple[torch.Tensor | None, dict[int, str]]:
+        """JPEG bytes -> uint8 [B', C, H, W] on `device` (nvJPEG on CUDA), in the channel mode,
+        resized and cropped there as the PIL path would (bilinear, antialiased). Files the decoder
+        refuses (truncated, corrupt) are left out: {position: reason} beside the images."""
         with warnings.catch_warnings():  # torchvision 0.29 calls its decoders deprecated
             warnings.simplefilter("ignore", DeprecationWarning)
             from torchvision.io import ImageReadMode, decode_jpeg  # only for --decode gpu (2 s)
@@ -215,7 +230,10 @@ class ImageTransform:
         mode = ImageReadMode.GRAY if gray else ImageReadMode.RGB
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
-            images = decode_jpeg(datas, mode=mode, device=device if device.type == "cuda" else "cpu")
+            images, failed = _decode_each(decode_jpeg, datas, mode,
+                                          device if device.type == "cuda" else "cpu")
+        if not images:
+            return None, failed
         out = []
         for img in images:  # [C, H, W] uint8
             img = img.to(device)
@@ -230,7 +248,36 @@ class ImageTransform:
         if any(o.shape != out[0].shape for o in out):
             raise PoolError("images of different sizes in one batch; set transform.resize and "
                             "transform.center_crop in the config")
-        return torch.stack(out)
+        return torch.stack(out), failed
+
+
+def _decode_each(decode_jpeg, datas: list[torch.Tensor], mode, device
+                 ) -> tuple[list[torch.Tensor], dict[int, str]]:
+    """The batch decoded in one call; if a file fails it, one by one, so only that file is lost."""
+    try:
+        return list(decode_jpeg(datas, mode=mode, device=device)), {}
+    except (RuntimeError, ValueError):
+        pass
+    images, failed = [], {}
+    for i, data in enumerate(datas):
+        try:
+            images.append(decode_jpeg(data, mode=mode, device=device))
+        except (RuntimeError, ValueError) as err:
+            failed[i] = first_line(err)
+    return images, failed
+
+
+def decoded(batch: Batch, pool: Pool, device: torch.device) -> Batch:
+    """--decode gpu: the batch's JPEG bytes -> uint8 images [B, C, H, W] on `device`; a file the
+    decoder refuses becomes one of the batch's errors, as an unreadable file does in the loader."""
+    if not isinstance(batch.inputs, list):
+        return batch
+    images, failed = pool.decode_jpegs(batch.inputs, device)
+    keep = [i for i in range(len(batch.ids)) if i not in failed]
+    errors = batch.errors + [(batch.ids[i], f"cannot read image {batch.paths[i]} ({failed[i]})")
+                             for i in sorted(failed)]
+    return Batch([batch.ids[i] for i in keep], images, batch.labels[keep], errors, batch.mismatch,
+                 [batch.paths[i] for i in keep])
 
 
 def _resized(size: tuple[int, int], resize) -> tuple[int, int]:
@@ -288,13 +335,15 @@ def from_directory(spec: str, opts: PoolOptions) -> Pool:
     """Every image under the folder (recursive, sorted); ids are paths relative to it.
 
     Every entry named like an image is listed, so one that is not a readable image file (a
-    directory, a dangling link, a corrupt file) becomes an error row rather than vanishing."""
+    directory, a dangling link, a FIFO, a corrupt file) becomes an error row rather than vanishing.
+    Links to folders are followed (as `find -L` does), except into a folder already open above."""
     root = Path(spec)
-    files = sorted((p for p in root.rglob("*") if p.suffix.lower() in IMAGE_EXTS),
-                   key=lambda p: p.relative_to(root).as_posix())
+    files = sorted(_image_entries(root), key=lambda p: p.relative_to(root).as_posix())
     classes: dict[str, int] = {}
     if opts.labels_from_folders:  # ImageFolder's convention: sorted class subfolders
-        classes = {d.name: i for i, d in enumerate(sorted(d for d in root.iterdir() if d.is_dir()))}
+        top = _folder_key(root)
+        names = sorted(e.name for e in os.scandir(root) if _folder_key(e) not in (None, top))
+        classes = {name: i for i, name in enumerate(names)}
     rows = []
     for p in files:
         rel = p.relative_to(root).as_posix()
@@ -311,18 +360,59 @@ def from_directory(spec: str, opts: PoolOptions) -> Pool:
     return pool
 
 
+def _image_entries(root: Path) -> list[Path]:
+    """The entries named like images under `root`, walked with a stack (no depth limit), following
+    links to folders but not into one open above (a link loop such as `loop -> .`)."""
+    found = []
+    stack = [(root, frozenset({_folder_key(root)}))]  # (folder, the folders open above and at it)
+    while stack:
+        folder, above = stack.pop()
+        try:
+            entries = list(os.scandir(folder))
+        except OSError as err:
+            raise PoolError(f"folder {folder} in pool {root} cannot be read ({first_line(err)})") from None
+        for entry in entries:
+            path = folder / entry.name
+            if path.suffix.lower() in IMAGE_EXTS:
+                found.append(path)
+            key = _folder_key(entry)
+            if key is not None and key not in above:
+                stack.append((path, above | {key}))
+    return found
+
+
+def _folder_key(entry: os.DirEntry | Path) -> tuple[int, int] | None:
+    """(device, inode) of a folder, links followed; None for anything else."""
+    try:
+        if not entry.is_dir():
+            return None
+        st = entry.stat()
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 def from_stdin(spec: str, opts: PoolOptions, stream=None) -> Pool:
-    """Image paths, one per line (or NUL-separated with opts.null); each path as given is its id."""
+    """Image paths, one per line (or NUL-separated with opts.null); each path as given is its id:
+    only the line's end (newline, or CR LF) is removed, so names may hold spaces or a bare CR."""
     stream = stream if stream is not None else sys.stdin
-    text = stream.read()
+    text = _read_untranslated(stream)
     if opts.null:
         entries = text.split("\0")
     elif "\0" in text:
         raise PoolError("the paths on stdin are separated by NUL characters (find -print0?); "
                         "pass -0/--null to read them so")
     else:
-        entries = [line.strip() for line in text.splitlines()]
+        entries = [line.removesuffix("\r") for line in text.split("\n")]
     return from_files([e for e in entries if e], opts, "from stdin")
+
+
+def _read_untranslated(stream) -> str:
+    """A text stream's content with its line ends as sent (sys.stdin turns a bare CR into a newline)."""
+    buffer = getattr(stream, "buffer", None)
+    if buffer is None:
+        return stream.read()
+    return buffer.read().decode(stream.encoding or "utf-8", stream.errors or "strict")
 
 
 def from_files(paths: list[str], opts: PoolOptions, name: str | None = None) -> Pool:
@@ -334,6 +424,8 @@ def from_files(paths: list[str], opts: PoolOptions, name: str | None = None) -> 
 def _label(value, where: str) -> int:
     if value is None or value == "":
         return -1
+    if isinstance(value, (bool, float)):  # JSON true or 2.7: not silently 1 or 2
+        raise PoolError(f"{where}: label {json.dumps(value)} is not a class index (an integer)")
     try:
         label = int(value)
     except (TypeError, ValueError):
@@ -353,12 +445,14 @@ def from_manifest(spec: str, opts: PoolOptions) -> Pool:
                 reader = csv.DictReader(f)
                 if not reader.fieldnames or "path" not in reader.fieldnames:
                     raise PoolError(f"manifest {path} has no 'path' column "
-                                    f"(columns: {', '.join(reader.fieldnames or [])})")
+                                    f"(columns: {_shortened(', '.join(reader.fieldnames or []))})")
                 records = [(reader.line_num, row) for row in reader]
             else:
                 records = list(json_objects(f, lambda n: f"manifest {path} line {n}", PoolError))
-    except (OSError, UnicodeDecodeError, csv.Error) as err:
+    except (OSError, UnicodeDecodeError) as err:
         raise PoolError(f"manifest {path} cannot be read as UTF-8 text ({first_line(err)})") from None
+    except csv.Error as err:  # a field over CSV_FIELD_LIMIT, ...
+        raise _csv_error(path, reader, err) from None
     rows = []
     for n, row in records:
         where = f"manifest {path} line {n}"
@@ -370,6 +464,16 @@ def from_manifest(spec: str, opts: PoolOptions) -> Pool:
         rows.append((str(id_) if id_ not in (None, "") else str(row["path"]), full,
                      _label(row.get("label"), where)))
     return _image_pool(str(path), rows, opts)
+
+
+def _csv_error(path: Path, reader: csv.DictReader, err: csv.Error) -> PoolError:
+    line = reader.reader.line_num  # DictReader's own line_num is the last good row's
+    return PoolError(f"manifest {path} line {line} cannot be read as CSV "
+                     f"({first_line(err)})")
+
+
+def _shortened(text: str, most: int = 200) -> str:
+    return text if len(text) <= most else text[:most] + "..."
 
 
 def from_tensor_file(spec: str, opts: PoolOptions) -> Pool:
@@ -432,6 +536,10 @@ def open_pool(spec: str | list[str], opts: PoolOptions, stdin=None) -> Pool:
     suffix = path.suffix.lower()
     if path.is_dir():
         return from_directory(spec, opts)
+    try:
+        check_regular(path)  # a FIFO would block, a device could be endless
+    except OSError as err:
+        raise PoolError(f"pool {spec} cannot be read ({first_line(err)})") from None
     if suffix in TEXT_EXTS or (suffix in MANIFEST_EXTS and is_text_manifest(path, opts.text_column)):
         return from_text_file(spec, opts)
     if suffix in MANIFEST_EXTS:
@@ -486,11 +594,14 @@ def is_text_manifest(path: Path, column: str) -> bool:
     try:
         with open(path, newline="") as f:
             if path.suffix.lower() == ".csv":
-                return column in (csv.DictReader(f).fieldnames or [])
+                reader = csv.DictReader(f)
+                return column in (reader.fieldnames or [])
             for _, obj in json_objects(f, lambda n: f"manifest {path} line {n}", PoolError):
                 return column in obj
     except (OSError, UnicodeDecodeError) as err:
         raise PoolError(f"manifest {path} cannot be read ({first_line(err)})") from None
+    except csv.Error as err:
+        raise _csv_error(path, reader, err) from None
     return False
 
 
@@ -499,11 +610,13 @@ def from_text_file(spec: str, opts: PoolOptions) -> Pool:
     the `text_column` column and optional `id` (default: the line number) and `label`."""
     path = Path(spec)
     rows: list[tuple[str, str, int]] = []  # (id, text, label)
+    suffix = path.suffix.lower()
     try:
-        with open(path, newline="", encoding="utf-8") as f:
-            if path.suffix.lower() == ".txt":
-                rows = [(str(n), line.rstrip("\r\n"), -1) for n, line in enumerate(f, 1) if line.strip()]
-            elif path.suffix.lower() == ".csv":
+        # .txt: lines end at \n only (as for wc -l and sed), a bare CR stays in its text
+        with open(path, newline="\n" if suffix == ".txt" else "", encoding="utf-8") as f:
+            if suffix == ".txt":
+                rows = [(str(n), _line_text(line), -1) for n, line in enumerate(f, 1) if line.strip()]
+            elif suffix == ".csv":
                 reader = csv.DictReader(f)
                 rows = [_text_row(path, reader.line_num, row, opts.text_column) for row in reader]
             else:
@@ -511,6 +624,8 @@ def from_text_file(spec: str, opts: PoolOptions) -> Pool:
                         for n, row in json_objects(f, lambda n: f"manifest {path} line {n}", PoolError)]
     except (OSError, UnicodeDecodeError) as err:
         raise PoolError(f"text pool {path} cannot be read ({first_line(err)})") from None
+    except csv.Error as err:
+        raise _csv_error(path, reader, err) from None
     if not rows:
         raise PoolError(f"text pool {path} holds no texts")
     if opts.tokenizer is None:
@@ -519,6 +634,11 @@ def from_text_file(spec: str, opts: PoolOptions) -> Pool:
     check_unique_ids(str(path), [r[0] for r in rows])
     ids, texts, labels = (list(col) for col in zip(*rows))
     return TextPool(str(path), ids, texts, labels, opts.tokenizer())
+
+
+def _line_text(line: str) -> str:
+    """A line without its end: the newline, or the CR LF of a Windows file."""
+    return line.removesuffix("\n").removesuffix("\r")
 
 
 def _text_row(path: Path, n: int, row: dict, column: str) -> tuple[str, str, int]:

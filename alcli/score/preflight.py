@@ -12,7 +12,7 @@ from torch import nn
 
 from ..files.config import Settings
 from ..errors import ConfigError, PoolError, RunError
-from ..files.pool import Pool, check_unique_ids, collate
+from ..files.pool import Pool, check_unique_ids, collate, decoded
 from .runner import forward, to_model
 
 PROBE_TRIES = 64  # readable examples looked for before the model's output size is left unknown
@@ -36,9 +36,8 @@ def check_pool(pool: Pool) -> None:
 def model_classes(model: nn.Module, pool: Pool, device: torch.device) -> int | None:
     """The model's output size, from a forward pass on the first readable example."""
     for i in range(min(len(pool), PROBE_TRIES)):
-        item = pool[i]
-        if item.error is None:
-            batch = collate([item])
+        batch = decoded(collate([pool[i]]), pool, device)  # --decode gpu: decoded there
+        if not batch.errors:
             try:
                 logits = forward(model, to_model(batch.inputs, model, device, pool.to_float),
                                  pool.name)

@@ -20,7 +20,7 @@ from ..files.config import Settings
 from .embeddings import EmbeddingRecorder, record
 from ..errors import PoolError, RunError, first_line
 from ..gradnorm import UnsupportedModel, auto_choice, batch_slice, call_model, logits_of, map_batch, model_dtype
-from ..files.pool import Batch, Pool, collate
+from ..files.pool import Batch, Pool, collate, decoded
 from .strategies import DEFAULT_TOP_CLASSES, STRATEGIES, StrategyInputs, loss_at_targets
 
 
@@ -265,6 +265,7 @@ def iter_rows(model: nn.Module, pool: Pool, settings: Settings, device: torch.de
     loader = make_loader(pool, settings.batch_size, settings.workers, device, batches)
     micro = micro or MicroBatches()
     for batch in loader:
+        batch = decoded(batch, pool, device)  # --decode gpu: a file it cannot decode is an error
         if batch.mismatch:
             raise PoolError(batch.mismatch)
         if batch.errors:

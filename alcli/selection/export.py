@@ -17,6 +17,7 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFont, ImageOps
 
 from ..files.atomic import atomic_open
+from ..files.regular import check_regular
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
@@ -183,6 +184,7 @@ def _to_rgb(im: Image.Image) -> Image.Image:
 
 
 def _load_picture(path: str, tile: int) -> Image.Image:
+    check_regular(path)  # a FIFO would block Image.open forever
     with Image.open(path) as im:
         im.draft("RGB", (tile, tile))  # JPEG: decode at a reduced scale when much larger
         im = _to_rgb(ImageOps.exif_transpose(im))
