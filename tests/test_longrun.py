@@ -316,7 +316,7 @@ CAPPED = textwrap.dedent('''
 
 
 def test_out_of_memory_splits_batches_and_keeps_the_scores(in_ws, tmp_path):
-    (in_ws.root / "capped.py").write_text(CAPPED)
+    (in_ws.lib / "capped.py").write_text(CAPPED)  # an installed module: no trust needed
     args = ["score", "manifest.csv", "-m", "model.pt", "-s", "gradnorm", "-q"]
     split = cli(in_ws, *args, "--arch", "capped:Capped", "-b", "8")
     assert split.stderr.count("out of memory") == 1, split.stderr
@@ -331,7 +331,7 @@ def test_out_of_memory_splits_batches_and_keeps_the_scores(in_ws, tmp_path):
 
 @pytest.mark.parametrize("method", ["ghost", "auto"])
 def test_out_of_memory_inside_the_engine_splits_batches(in_ws, method):
-    (in_ws.root / "capped.py").write_text(CAPPED)
+    (in_ws.lib / "capped.py").write_text(CAPPED)  # an installed module: no trust needed
     args = ["score", "manifest.csv", "-m", "model.pt", "-s", "gradnorm", "-q", "--method", method]
     split = cli(in_ws, *args, "--arch", "capped:GradCapped", "-b", "8")
     assert "CUDA out of memory at batch size 8; scoring in micro-batches of at most 4" in split.stderr
