@@ -321,13 +321,15 @@ def test_a_corrupted_checkpoint_is_refused(in_ws, tmp_path):
 
 
 def test_random_bytes_are_no_checkpoint_and_not_an_invitation_to_trust(in_ws, tmp_path):
-    rng = np.random.default_rng(0)
-    (tmp_path / "random.pt").write_bytes(rng.integers(0, 256, 1024, dtype=np.uint8).tobytes())
-    for trust in (False, True):
-        with pytest.raises(CheckpointError) as err:
-            load_model(tmp_path / "random.pt", trust=trust)
-        assert "is not a PyTorch checkpoint (it is neither a zip archive nor a pickle" in str(err.value)
-        assert "trust" not in str(err.value)
+    noise = np.random.default_rng(0).integers(0, 256, 1024, dtype=np.uint8).tobytes()
+    (tmp_path / "random.pt").write_bytes(noise)
+    (tmp_path / "random80.pt").write_bytes(b"\x80\x00" + noise)  # a pickle's first byte, no protocol
+    for name in ("random.pt", "random80.pt"):
+        for trust in (False, True):
+            with pytest.raises(CheckpointError) as err:
+                load_model(tmp_path / name, trust=trust)
+            assert "is not a PyTorch checkpoint (it is neither a zip archive nor a pickle" in str(err.value)
+            assert "trust" not in str(err.value)
     marker = tmp_path / "RAN_pickle"
 
     class Evil:
@@ -337,7 +339,7 @@ def test_random_bytes_are_no_checkpoint_and_not_an_invitation_to_trust(in_ws, tm
     with open(tmp_path / "plain.pt", "wb") as f:
         pickle.dump({"a": Evil()}, f)  # a real pickle still says what it is
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # torch: "Detected pickle protocol 4"
+        warnings.simplefilter("error")  # nor does torch warn ("Detected pickle protocol 4")
         with pytest.raises(CheckpointError, match="holds a pickled Python object"):
             load_model(tmp_path / "plain.pt")
     assert not marker.exists()

@@ -153,19 +153,23 @@ def _archive_kind(names: list[str] | None) -> str | None:
 
 
 def _torch_load(path: Path, trust: bool):
+    why = _not_torch_save(path)  # first: torch's weights-only unpickler calls any bytes a pickle
+    if why is not None:
+        raise CheckpointError(f"model file {path} is not a PyTorch checkpoint ({why})")
     try:
         # timm's training checkpoints hold their argparse Namespace: plain data, safe to rebuild
-        with torch.serialization.safe_globals([argparse.Namespace]):
+        with torch.serialization.safe_globals([argparse.Namespace]), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")  # pickle.dump files
             return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001 - torch raises many types for a bad file
-        refused = "Weights only load failed" in str(err) and _not_torch_save(path) is None
+        refused = "Weights only load failed" in str(err)
         if refused and not trust:
             raise CheckpointError(
                 f"model file {path} holds a pickled Python object, and unpickling it runs code from "
                 f"the file; pass --trust-checkpoint if you trust where it came from") from None
         if not refused:
             raise CheckpointError(f"model file {path} is not a PyTorch checkpoint "
-                                  f"({_not_torch_save(path) or _described(err)})") from None
+                                  f"({_described(err)})") from None
     _cwd_importable()  # the pickled model's classes, like --arch, import from the working directory
     try:
         return torch.load(path, map_location="cpu", weights_only=False)
