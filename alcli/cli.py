@@ -81,7 +81,7 @@ class _Alcli(TyperGroup):
         except (Abort, KeyboardInterrupt):
             code = 130
         except OSError as err:
-            sys.stderr.write(f"alcli: error: {_os_error(err)}\n")
+            sys.stderr.write(f"alcli: error: {_capped(_os_error(err))}\n")
             code = 1
         except _ClosedPipe:  # the reader of stdout went away (`| head`): quiet, like grep and jq
             _silence_stdout()
@@ -94,7 +94,8 @@ def _one_line(text: str) -> str:
 
 
 def _capped(message: str, limit: int = 2000) -> str:
-    """An error message at most `limit` characters long, whatever value it quotes."""
+    """An error message at most `limit` characters long, whatever value (a path from a config)
+    it quotes."""
     return message if len(message) <= limit else message[:limit] + " ..."
 
 

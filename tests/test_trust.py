@@ -373,3 +373,10 @@ def test_a_yaml_alias_bomb_is_refused_in_one_short_sentence(in_ws, tmp_path):
     with pytest.raises(ConfigError) as err:
         load_settings(tmp_path / "bs.yaml")
     assert "key 'batch_size'" in str(err.value) and len(str(err.value)) < 400
+
+
+def test_an_error_quoting_a_huge_config_value_stays_short(in_ws, tmp_path):
+    (tmp_path / "long.yaml").write_text("model: " + "/".join(["x" * 200] * 500) + "\n")
+    result = runner.invoke(app, ["score", "pool", "-c", str(tmp_path / "long.yaml"), "-q", "-o", "-"])
+    assert_one_error(result, "xxx", "a 100 KB model path")
+    assert len(result.stderr) < 2100
