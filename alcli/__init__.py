@@ -33,7 +33,10 @@ def score_pool(pool=None, model=None, *, config=None, arch=None, arch_kwargs=Non
     layers: module-name patterns the gradient strategies are restricted to.
     method: the engine's "auto" (default), "ghost", "replicate", "vmap" or "loop".
     batch_size (64), device ("auto"), workers (0), seed (0), labels_from_folders,
-    transform ({resize, center_crop, grayscale, normalize}), trust_checkpoint,
+    transform ({resize, center_crop, grayscale, normalize}),
+    trust_checkpoint / trust_remote_code: run code that comes with the files (pickles,
+        TorchScript, an arch module in the working directory; a Hugging Face directory's own
+        code); never from a config file.
     embeddings / embeddings_file: also write BADGE embeddings.
     Any other config key is accepted as a keyword too; an unknown one is an AlcliError.
     Bad input raises AlcliError with a one-sentence message.

@@ -205,7 +205,12 @@ MaxLength = Annotated[Optional[int], typer.Option(
     "--max-length", metavar="N", help="Text pools: truncate texts at N tokens. [default: the "
     "model's limit]")]
 Trust = Annotated[bool, typer.Option(
-    "--trust-checkpoint", help="Allow a pickled model (unpickling runs code from the file).")]
+    "--trust-checkpoint", help="Run code that comes with the files: a pickled model or TorchScript "
+    "archive, an --arch module in the working directory or the config's folder. A flag only, "
+    "never a config key.")]
+TrustRemoteCode = Annotated[bool, typer.Option(
+    "--trust-remote-code", help="Run a Hugging Face directory's own Python code (auto_map in its "
+    "config.json). A flag only, never a config key.")]
 LabelsFromFolders = Annotated[bool, typer.Option(
     "--labels-from-folders", help="Class subfolders of an image folder are the labels (sorted, "
                                   "like torchvision's ImageFolder).")]
@@ -442,6 +447,7 @@ def score(
              "paths on stdin. [default: the config's pool]", show_default=False,
         metavar="POOL")] = None,
     config: Config = None, model: Model = None, arch: Arch = None, trust_checkpoint: Trust = False,
+    trust_remote_code: TrustRemoteCode = False,
     arch_kwargs: ArchKwargs = None, ema: Ema = False, text_column: TextColumnOpt = None,
     max_length: MaxLength = None,
     labels_from_folders: LabelsFromFolders = False, strategy: Strategy = None,
@@ -533,6 +539,7 @@ def select(
         metavar="POOL", help="Score this pool first instead of reading SCORES (same forms as "
         "'score POOL').")] = None,
     config: Config = None, model: Model = None, arch: Arch = None, trust_checkpoint: Trust = False,
+    trust_remote_code: TrustRemoteCode = False,
     arch_kwargs: ArchKwargs = None, ema: Ema = False, text_column: TextColumnOpt = None,
     max_length: MaxLength = None,
     labels_from_folders: LabelsFromFolders = False, strategy: Strategy = None,
@@ -590,9 +597,9 @@ def select(
 
 
 # `select` options that only matter when it scores the pool itself
-_SCORING_FLAGS = ("arch", "arch_kwargs", "trust_checkpoint", "ema", "text_column", "max_length",
-                  "labels_from_folders", "strategy", "top_classes", "layers", "method", "precision",
-                  "decode", "batch_size", "device", "workers")
+_SCORING_FLAGS = ("arch", "arch_kwargs", "trust_checkpoint", "trust_remote_code", "ema",
+                  "text_column", "max_length", "labels_from_folders", "strategy", "top_classes",
+                  "layers", "method", "precision", "decode", "batch_size", "device", "workers")
 
 
 class _no_progress:
@@ -606,7 +613,7 @@ class _no_progress:
 @app.command(cls=_Command, epilog=INSPECT_EPILOG)
 def inspect(
     config: Config = None, model: Model = None, arch: Arch = None, trust_checkpoint: Trust = False,
-    arch_kwargs: ArchKwargs = None, ema: Ema = False,
+    trust_remote_code: TrustRemoteCode = False, arch_kwargs: ArchKwargs = None, ema: Ema = False,
     pool: Annotated[Optional[str], typer.Option(
         metavar="POOL", help="A pool to try the engine on, to see which method auto picks.")] = None,
     labels_from_folders: LabelsFromFolders = False, layers: Layers = None, method: Method = None,

@@ -57,8 +57,10 @@ def model_for(settings: Settings, model: nn.Module | None = None) -> nn.Module:
     if not Path(settings.model).exists():
         raise CheckpointError(f"model file {settings.model}{from_config(settings, 'model')} does "
                               f"not exist")
+    config_dir = Path(settings.config_file).parent if settings.config_file else None
     return load_model(settings.model, arch=settings.arch, arch_kwargs=settings.arch_kwargs,
-                      trust=settings.trust_checkpoint, ema=settings.ema)
+                      trust=settings.trust_checkpoint, ema=settings.ema,
+                      trust_remote_code=settings.trust_remote_code, config_dir=config_dir)
 
 
 def pool_for(settings: Settings, model: nn.Module, pool=None, stdin=None) -> Pool:
@@ -98,7 +100,8 @@ def hf_options(opts: PoolOptions, settings: Settings, model: nn.Module) -> None:
     directory = hf.model_dir(model, settings.model)
     if directory is None:
         return
-    opts.tokenizer = lambda: hf.tokenizer_for(directory, model, settings.max_length)
+    opts.tokenizer = lambda: hf.tokenizer_for(directory, model, settings.max_length,
+                                              settings.trust_remote_code)
     if "transform" not in settings.sources:
         transform = hf.image_transform(directory)
         if transform is not None:

@@ -48,10 +48,14 @@ CONFIG = textwrap.dedent(f'''
 
 
 class Workspace:
-    """Paths of the files the `workspace` fixture wrote, plus helpers to read them independently."""
+    """Paths of the files the `workspace` fixture wrote, plus helpers to read them independently.
+    TinyNet lives in `lib`, a folder on sys.path and PYTHONPATH, as a model package the user
+    installed: `tinynet:TinyNet` imports without --trust-checkpoint (code in the working
+    directory would need it; tests/test_trust.py)."""
 
     def __init__(self, root: Path):
         self.root = root
+        self.lib = root / "lib"
         self.model = root / "model.pt"
         self.pool = root / "pool"
         self.manifest = root / "manifest.csv"
@@ -60,11 +64,7 @@ class Workspace:
         self.images: dict[str, tuple[Path, int]] = {}  # id (relative path) -> (file, label)
 
     def net(self, dtype=torch.float64):
-        sys.path.insert(0, str(self.root))
-        try:
-            from tinynet import TinyNet
-        finally:
-            sys.path.remove(str(self.root))
+        from tinynet import TinyNet
         model = TinyNet(3)
         model.load_state_dict(torch.load(self.model, weights_only=True))
         return model.to(dtype).eval()
@@ -92,13 +92,12 @@ def parse_csv(text: str) -> list[dict]:
 def workspace(tmp_path_factory) -> Workspace:
     root = tmp_path_factory.mktemp("alcli_ws")
     ws = Workspace(root)
-    (root / "tinynet.py").write_text(TINYNET)
+    ws.lib.mkdir()
+    (ws.lib / "tinynet.py").write_text(TINYNET)
+    sys.path.append(str(ws.lib))  # for this process and, through PYTHONPATH, its subprocesses
+    os.environ["PYTHONPATH"] += os.pathsep + str(ws.lib)
     torch.manual_seed(0)
-    sys.path.insert(0, str(root))
-    try:
-        from tinynet import TinyNet
-    finally:
-        sys.path.remove(str(root))
+    from tinynet import TinyNet
     net = TinyNet(3)
     with torch.no_grad():
         for p in net.parameters():
@@ -132,7 +131,7 @@ def workspace(tmp_path_factory) -> Workspace:
 
 @pytest.fixture
 def in_ws(workspace, monkeypatch) -> Workspace:
-    """Run inside the workspace, so `--arch tinynet:TinyNet` imports from the working directory."""
+    """Run inside the workspace, whose relative paths (model.pt, pool, config.yaml) tests use."""
     monkeypatch.chdir(workspace.root)
     return workspace
 

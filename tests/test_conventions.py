@@ -183,7 +183,7 @@ def _rows_in(path: Path) -> int:
 def test_a_stdout_run_keeps_its_partial_under_dot_alcli_and_resumes(in_ws, big_pool, tmp_path):
     work = tmp_path / "work"
     work.mkdir()
-    for name in ("model.pt", "tinynet.py", "config.yaml"):
+    for name in ("model.pt", "config.yaml"):
         shutil.copy(in_ws.root / name, work / name)
     args = alcli_cmd("score", big_pool, "-m", "model.pt", "-c", "config.yaml", "-b", "8", "-q",
                      "--checkpoint-every", "96")
@@ -500,7 +500,8 @@ def test_a_slower_engine_method_is_one_warning_line_with_its_cost(tmp_path):
         sys.path.remove(str(tmp_path))
     torch.save(tied.Net().state_dict(), tmp_path / "m.pt")
     torch.save({"x": torch.randn(6, 4)}, tmp_path / "p.pt")
-    proc = subprocess.run(alcli_cmd("score", "p.pt", "-m", "m.pt", "--arch", "tied:Net", "-q",
+    proc = subprocess.run(alcli_cmd("score", "p.pt", "-m", "m.pt", "--arch", "tied:Net",
+                                    "--trust-checkpoint", "-q",
                                     "-o", "s.csv"), cwd=tmp_path, capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
     assert proc.returncode == 0, proc.stderr

@@ -263,7 +263,8 @@ def test_each_preflight_error_is_exit_1_and_one_sentence(in_ws, tmp_path):
         (["score", tmp_path / "dups.csv", *m], ["dups.csv", "'k' twice"]),
         (["score", tmp_path / "label.csv", *m], ["img03.png", "label 7", "3 classes"]),
         (["score", tmp_path / "two", *m, "--labels-from-folders"], ["2 class folders", "3 classes"]),
-        (["score", "pool", "-m", tmp_path / "scripted.pt", "-c", tmp_path / "five.yaml"],
+        (["score", "pool", "-m", tmp_path / "scripted.pt", "-c", tmp_path / "five.yaml",
+          "--trust-checkpoint"],
          ["five.yaml", "num_classes 5", "3 classes"]),
         (["select", table, "-n", "0"], ["--budget", ">= 1"]),
         (["score", "pool", *m, "--shard", "3/3"], ["--shard", "0 <= K < N"]),
@@ -315,7 +316,7 @@ CAPPED = textwrap.dedent('''
 
 
 def test_out_of_memory_splits_batches_and_keeps_the_scores(in_ws, tmp_path):
-    (in_ws.root / "capped.py").write_text(CAPPED)
+    (in_ws.lib / "capped.py").write_text(CAPPED)  # an installed module: no trust needed
     args = ["score", "manifest.csv", "-m", "model.pt", "-s", "gradnorm", "-q"]
     split = cli(in_ws, *args, "--arch", "capped:Capped", "-b", "8")
     assert split.stderr.count("out of memory") == 1, split.stderr
@@ -330,7 +331,7 @@ def test_out_of_memory_splits_batches_and_keeps_the_scores(in_ws, tmp_path):
 
 @pytest.mark.parametrize("method", ["ghost", "auto"])
 def test_out_of_memory_inside_the_engine_splits_batches(in_ws, method):
-    (in_ws.root / "capped.py").write_text(CAPPED)
+    (in_ws.lib / "capped.py").write_text(CAPPED)  # an installed module: no trust needed
     args = ["score", "manifest.csv", "-m", "model.pt", "-s", "gradnorm", "-q", "--method", method]
     split = cli(in_ws, *args, "--arch", "capped:GradCapped", "-b", "8")
     assert "CUDA out of memory at batch size 8; scoring in micro-batches of at most 4" in split.stderr

@@ -305,7 +305,7 @@ def test_bad_selection_input_is_one_sentence_and_exit_1(in_ws, planted, table, c
         (["score", str(planted.dir), "-m", "model.pt", "-c", "config.yaml", "--embeddings", "-o", "-"],
          "--output"),
         (["score", str(planted.dir), "-m", str(tmp_path / "headless.pt"), "--arch", "headless:Headless",
-          "--embeddings", "-o", str(tmp_path / "h.csv"), "-s", "entropy"], "nn.Linear with 3 outputs"),
+          "--trust-checkpoint", "--embeddings", "-o", str(tmp_path / "h.csv"), "-s", "entropy"], "nn.Linear with 3 outputs"),
         (["score", str(planted.dir), "-m", "model.pt", "-c", "config.yaml", "-f", "labelstudio"],
          "labelstudio"),
     ]

@@ -1,17 +1,23 @@
 """Load a model from a checkpoint file.
 
 Accepted: a plain state_dict; a dict nesting one under `state_dict`/`model`/... with a common key
-prefix (`model.` from Lightning, `module.` from DDP, `_orig_mod.` from torch.compile); a TorchScript
-archive; and a whole pickled model (`torch.save(model)`), only when trusted, because
-unpickling runs code from the file. Everything else is loaded with `weights_only=True`.
-Also: `.safetensors` weights (read with the safetensors package, never unpickled), timm training
-checkpoints (`state_dict`, or `state_dict_ema` with `ema`), and Hugging Face `save_pretrained`
-directories (files/hf.py).
+prefix (`model.` from Lightning, `module.` from DDP, `_orig_mod.` from torch.compile); and, only
+when trusted (`trust`, the --trust-checkpoint flag), a TorchScript archive, whose own code runs
+with the model, and a whole pickled model (`torch.save(model)`), because unpickling runs code from
+the file. Everything else is loaded with `weights_only=True`, after the zip archive's CRCs are
+checked. Also: `.safetensors` weights (read with the safetensors package, never unpickled), timm
+training checkpoints (`state_dict`, or `state_dict_ema` with `ema`), and Hugging Face
+`save_pretrained` directories (files/hf.py).
+
+An --arch `module:callable` is imported without trust only when the module comes from the
+environment (site-packages, PYTHONPATH) or is alcli's own; a module that is a file or package in
+the working directory or in the config's folder is code that came with the files (_local_code).
 """
 from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import os
 import sys
 import warnings
@@ -22,6 +28,7 @@ import torch
 from torch import nn
 
 from ..errors import CheckpointError, first_line
+from .config import shown
 
 NESTING_KEYS = ("state_dict", "model_state_dict", "model", "module", "net", "weights")
 SHOW = 4  # how many offending keys an error lists
@@ -31,9 +38,12 @@ EMA_KEYS = ("state_dict_ema", "model_ema", "ema_state_dict", "ema")  # timm writ
 
 
 def load_model(path: str | Path, *, arch: str | None = None, arch_kwargs: dict | None = None,
-               trust: bool = False, ema: bool = False) -> nn.Module:
+               trust: bool = False, ema: bool = False, trust_remote_code: bool = False,
+               config_dir: str | Path | None = None) -> nn.Module:
     """The model in `path`, built from `arch` when the file holds weights only; in eval mode.
-    `ema`: the exponential moving average of the weights a training checkpoint also holds."""
+    `ema`: the exponential moving average of the weights a training checkpoint also holds.
+    `trust`: run code that comes with the files (pickles, TorchScript, an --arch module in the
+    working directory or `config_dir`); `trust_remote_code`: a Hugging Face directory's own code."""
     path = Path(path)
     if path.is_dir():
         from . import hf
@@ -43,13 +53,18 @@ def load_model(path: str | Path, *, arch: str | None = None, arch_kwargs: dict |
         if arch is not None or ema:
             raise CheckpointError(f"model directory {path} is a Hugging Face model, which its "
                                   f"config.json describes; leave out {'--arch' if arch else '--ema'}")
-        return hf.load_model(path)
+        return hf.load_model(path, trust_remote_code)
     if not path.is_file():
         raise CheckpointError(f"model file {path} does not exist")
+    build = lambda: build_arch(arch, arch_kwargs or {}, trust=trust, config_dir=config_dir)  # noqa: E731
     if path.suffix.lower() == ".safetensors":
-        return _from_safetensors(path, arch, arch_kwargs or {}, ema)
-    archive = _archive_kind(path)
+        return _from_safetensors(path, arch, build, ema)
+    archive = _archive_kind(_checked_zip_names(path))
     if archive == "torchscript":
+        if not trust:
+            raise CheckpointError(f"model file {path} is a TorchScript archive, whose own code runs "
+                                  f"with the model; pass --trust-checkpoint if you trust where it "
+                                  f"came from")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # "torch.jit is deprecated"
             return torch.jit.load(str(path), map_location="cpu").eval()
@@ -71,12 +86,12 @@ def load_model(path: str | Path, *, arch: str | None = None, arch_kwargs: dict |
     if arch is None:
         raise CheckpointError(f"model file {path} holds weights only; give the architecture with "
                               f"--arch (torchvision:NAME or package.module:callable)")
-    model = build_arch(arch, arch_kwargs or {})
+    model = build()
     model.load_state_dict(fit_state_dict(model, state, path, arch))
     return model.eval()
 
 
-def _from_safetensors(path: Path, arch: str | None, arch_kwargs: dict, ema: bool) -> nn.Module:
+def _from_safetensors(path: Path, arch: str | None, build, ema: bool) -> nn.Module:
     try:
         from safetensors.torch import load_file  # optional: only .safetensors files need it
     except ImportError:
@@ -93,7 +108,7 @@ def _from_safetensors(path: Path, arch: str | None, arch_kwargs: dict, ema: bool
     if arch is None:
         raise CheckpointError(f"model file {path} holds weights only; give the architecture with "
                               f"--arch (torchvision:NAME, timm:NAME or package.module:callable)")
-    model = build_arch(arch, arch_kwargs)
+    model = build()
     model.load_state_dict(fit_state_dict(model, state, path, arch))
     return model.eval()
 
@@ -109,12 +124,27 @@ def _ema_state_dict(obj, path: Path) -> dict:
                           f"found: {keys})")
 
 
-def _archive_kind(path: Path) -> str | None:
-    """'torchscript' or 'export' for those zip archives, else None (a torch.save file)."""
+def _checked_zip_names(path: Path) -> list[str] | None:
+    """The members of a zip archive (torch.save, TorchScript and torch.export all write one), after
+    checking every member against its CRC, which torch.load does not (a flipped byte in the weights
+    would load silently); None for a file that is no zip archive."""
     if not zipfile.is_zipfile(path):
         return None
-    with zipfile.ZipFile(path) as zf:
-        names = zf.namelist()
+    try:
+        with zipfile.ZipFile(path) as zf:
+            bad = zf.testzip()  # reads every member once
+            names = zf.namelist()
+    except Exception as err:  # noqa: BLE001 - a damaged archive raises many types
+        raise CheckpointError(f"model file {path} is a damaged zip archive ({_described(err)})") from None
+    if bad is not None:
+        raise CheckpointError(f"model file {path} is damaged: its member {bad} fails its CRC check")
+    return names
+
+
+def _archive_kind(names: list[str] | None) -> str | None:
+    """'torchscript' or 'export' for those zip archives, else None (a torch.save file)."""
+    if names is None:
+        return None
     if any(n.endswith("/constants.pkl") for n in names) and any("/code/" in n for n in names):
         return "torchscript"
     if any(n.endswith("/models/model.json") for n in names):
@@ -123,9 +153,13 @@ def _archive_kind(path: Path) -> str | None:
 
 
 def _torch_load(path: Path, trust: bool):
+    why = _not_torch_save(path)  # first: torch's weights-only unpickler calls any bytes a pickle
+    if why is not None:
+        raise CheckpointError(f"model file {path} is not a PyTorch checkpoint ({why})")
     try:
         # timm's training checkpoints hold their argparse Namespace: plain data, safe to rebuild
-        with torch.serialization.safe_globals([argparse.Namespace]):
+        with torch.serialization.safe_globals([argparse.Namespace]), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")  # pickle.dump files
             return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001 - torch raises many types for a bad file
         refused = "Weights only load failed" in str(err)
@@ -135,7 +169,7 @@ def _torch_load(path: Path, trust: bool):
                 f"the file; pass --trust-checkpoint if you trust where it came from") from None
         if not refused:
             raise CheckpointError(f"model file {path} is not a PyTorch checkpoint "
-                                  f"({_not_torch_save(path) or _described(err)})") from None
+                                  f"({_described(err)})") from None
     _cwd_importable()  # the pickled model's classes, like --arch, import from the working directory
     try:
         return torch.load(path, map_location="cpu", weights_only=False)
@@ -148,8 +182,8 @@ def _not_torch_save(path: Path) -> str | None:
     None when it starts like one."""
     with open(path, "rb") as f:
         head = f.read(64)
-    if head.startswith(b"PK") or head.startswith(b"\x80"):
-        return None
+    if head.startswith(b"PK") or (head[:1] == b"\x80" and len(head) > 1 and 2 <= head[1] <= 5):
+        return None  # a zip archive, or a pickle of protocol 2 to 5 (its first opcode, PROTO)
     if not head:
         return "the file is empty"
     try:
@@ -235,9 +269,11 @@ def _some(keys: list[str]) -> str:
     return shown + (f" (and {len(keys) - SHOW} more)" if len(keys) > SHOW else "")
 
 
-def build_arch(spec: str, kwargs: dict) -> nn.Module:
+def build_arch(spec: str, kwargs: dict, *, trust: bool = False,
+               config_dir: str | Path | None = None) -> nn.Module:
     """`torchvision:NAME` (built with weights=None, no download), `timm:NAME` (pretrained=False)
-    or `package.module:callable`."""
+    or `package.module:callable` (a module in the working directory or `config_dir` only with
+    `trust`)."""
     source, sep, name = spec.partition(":")
     if not sep or not source or not name:
         raise CheckpointError(f"arch '{spec}' must be torchvision:NAME, timm:NAME or "
@@ -250,11 +286,11 @@ def build_arch(spec: str, kwargs: dict) -> nn.Module:
     elif source == "timm":
         factory = _timm_factory(spec, name)
     else:
-        factory = _import_callable(spec, source, name)
+        factory = _import_callable(spec, source, name, trust, config_dir)
     try:
         model = factory(**kwargs)
     except Exception as err:  # noqa: BLE001 - user code can raise anything
-        raise CheckpointError(f"arch '{spec}' could not be built with arch_kwargs {kwargs} "
+        raise CheckpointError(f"arch '{spec}' could not be built with arch_kwargs {shown(kwargs)} "
                               f"({_described(err)})") from None
     if not isinstance(model, nn.Module):
         raise CheckpointError(f"arch '{spec}' returned a {type(model).__name__}, not a torch.nn.Module")
@@ -277,8 +313,60 @@ def _cwd_importable() -> None:
         sys.path.insert(0, cwd)
 
 
-def _import_callable(spec: str, module_name: str, attr: str):
-    _cwd_importable()  # "a class or factory importable from the working directory"
+def _local_code(module_name: str, config_dir: str | Path | None) -> Path | None:
+    """The file or package in the working directory or the config's folder that importing
+    `module_name` would run (as it would with the working directory first on sys.path, as trusted
+    imports have it); None when the module comes from elsewhere: site-packages, a PYTHONPATH
+    folder, alcli itself. Found without importing anything: only the top-level module is looked
+    up, and its location's folder compared (a site-packages inside the working directory, such as
+    ./.venv, is not the working directory)."""
+    top = module_name.partition(".")[0]
+    if top == __name__.partition(".")[0]:
+        return None  # alcli's own modules (alcli.demo): the code already running
+    folders = {Path.cwd().resolve()} | ({Path(config_dir).resolve()} if config_dir else set())
+    for place in _locations(_spec_with_cwd(top)):
+        if place.resolve().parent in folders:
+            return place
+    return None
+
+
+def _spec_with_cwd(top: str):
+    """The spec `import top` would use with the working directory first on sys.path; None if none."""
+    if top in sys.modules:
+        return getattr(sys.modules[top], "__spec__", None)
+    cwd = os.getcwd()
+    added = cwd not in sys.path
+    if added:
+        sys.path.insert(0, cwd)
+    try:
+        return importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return None
+    finally:
+        if added:
+            sys.path.remove(cwd)
+
+
+def _locations(spec) -> list[Path]:
+    """A module's file, or a package's folders (several for a namespace package)."""
+    if spec is None:
+        return []
+    if spec.submodule_search_locations:
+        return [Path(p) for p in spec.submodule_search_locations]
+    return [Path(spec.origin)] if spec.has_location and spec.origin else []
+
+
+def _import_callable(spec: str, module_name: str, attr: str, trust: bool,
+                     config_dir: str | Path | None):
+    local = _local_code(module_name, config_dir)
+    if local is not None and not trust:
+        where = "the working directory" if local.resolve().parent == Path.cwd().resolve() else \
+            "the config's folder"
+        raise CheckpointError(f"arch '{spec}' names code in {where} ({local}), not an installed "
+                              f"package, and importing it runs that code; pass --trust-checkpoint "
+                              f"if you trust it")
+    if trust:
+        _cwd_importable()  # "a class or factory importable from the working directory"
     try:
         obj = importlib.import_module(module_name)
     except Exception as err:  # noqa: BLE001

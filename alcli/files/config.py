@@ -11,6 +11,7 @@ import difflib
 import json
 import os
 import re
+import reprlib
 import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -36,6 +37,10 @@ DECODERS = ("cpu", "gpu")  # where image files are decoded: the loader's workers
 DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 MAX_SIDE = 4096  # pixels per side an image may be resized or cropped to (a model directory's
                  # image settings too): 100000 x 100000 would take tens of GB per image
+# trust is given on the command line (or in Python) only: a config file is as untrusted as the
+# checkpoint it names, so it cannot allow that checkpoint's code to run
+TRUST_KEYS = ("trust_checkpoint", "trust_remote_code")
+MAX_VALUES = 100_000  # values in a config with its YAML aliases expanded (an alias bomb has billions)
 
 
 @dataclass
@@ -53,7 +58,9 @@ class Settings:
     model: str | None = None
     arch: str | None = None
     arch_kwargs: dict = field(default_factory=dict)
-    trust_checkpoint: bool = False
+    trust_checkpoint: bool = False        # run code that comes with the files: pickles, TorchScript,
+                                          # an --arch module in the working directory (flag only)
+    trust_remote_code: bool = False       # run a Hugging Face directory's own Python code (flag only)
     ema: bool = False                     # a training checkpoint's EMA weights (timm's state_dict_ema)
     pool: str | list[str] | None = None   # a path, '-' (stdin), or several image files
     null: bool = False                    # paths on stdin are NUL-separated (find -print0)
@@ -103,6 +110,8 @@ class Settings:
     # not a setting: True when the Python API made these settings, whose messages then name
     # keyword arguments (`model=`), not flags (`--model`)
     from_api = False
+    # not a setting: the YAML file these settings were read from, if any
+    config_file = None
 
     def where(self, key: str) -> str:
         """Where the setting came from: "key 'k' in FILE", "option --flag" or "argument k="."""
@@ -307,6 +316,7 @@ def _normalize(v):
 
 CHECKS: dict[str, Callable[[Any], Any]] = {
     "model": _opt_str, "arch": _opt_str, "arch_kwargs": _mapping, "trust_checkpoint": _bool,
+    "trust_remote_code": _bool,
     "pool": _pool, "null": _bool, "labels_from_folders": _bool, "transform": _transform,
     "strategy": _choice(STRATEGY_NAMES), "top_classes": _opt(_int(0)), "layers": _layers,
     "method": _choice(METHOD_NAMES), "precision": _choice(PRECISIONS), "decode": _choice(DECODERS), "batch_size": _int(1),
@@ -342,22 +352,53 @@ def read_yaml(path: str | Path) -> dict:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path} must hold a mapping of keys to values")
+    if _more_values_than(data, MAX_VALUES):
+        raise ConfigError(f"config file {path} holds more than {MAX_VALUES} values once its YAML "
+                          f"aliases are expanded; write the values out instead")
     return data
+
+
+def _more_values_than(data, limit: int) -> bool:
+    """Whether `data` holds more than `limit` values, each alias counted every time it is used
+    (PyYAML shares an aliased object instead of copying it, so memory stays small until something
+    walks or prints the whole); stops counting at the limit, also for a recursive alias."""
+    stack, count = [data], 0
+    while stack and count <= limit:
+        value = stack.pop()
+        count += 1
+        if isinstance(value, dict):
+            stack.extend(value.keys())
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+    return count > limit
+
+
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxdict, _SHORT.maxstring, _SHORT.maxother = 2, 4, 4, 40, 40
+
+
+def shown(value, limit: int = 200) -> str:
+    """A value from a config quoted inside one sentence: its repr, shortened to at most `limit`
+    characters however large the value (a YAML alias bomb expands to millions)."""
+    text = _SHORT.repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _apply(settings: Settings, values: dict, source: Callable[[str], str]) -> None:
     for key, value in values.items():
         if key not in CHECKS:
-            close = difflib.get_close_matches(str(key), KEYS, n=1)
+            name = str(key) if len(str(key)) <= 60 else str(key)[:60] + "..."
+            close = difflib.get_close_matches(name, KEYS, n=1)
             hint = f"did you mean '{close[0]}'?" if close else \
                 "the settings are the long option names with _ for -, see 'alcli score --help'"
-            raise ConfigError(f"{source(key)} is not a known setting; {hint}")
+            raise ConfigError(f"{source(name)} is not a known setting; {hint}")
         try:
             setattr(settings, key, CHECKS[key](value))
         except _SubKeyError as err:
-            raise ConfigError(f"{source(key + '.' + err.key)} {err}, got {err.value!r}") from None
+            raise ConfigError(f"{source(key + '.' + err.key)} {err}, got {shown(err.value)}") from None
         except ValueError as err:
-            raise ConfigError(f"{source(key)} {err}, got {value!r}") from None
+            raise ConfigError(f"{source(key)} {err}, got {shown(value)}") from None
         settings.sources[key] = source(key)
 
 
@@ -376,6 +417,13 @@ def _relative_to(folder: Path, values: dict) -> dict:
     return out
 
 
+def _refuse_trust(values: dict, config) -> None:
+    for key in TRUST_KEYS:
+        if key in values:
+            raise ConfigError(f"key '{key}' in {config}: trust is given on the command line only, "
+                              f"never by a config file; pass {flag(key)} if you trust the files")
+
+
 def load_settings(config: str | Path | None = None, overrides: dict | None = None, *,
                   flag_names: bool = True) -> Settings:
     """Defaults, then the YAML file `config`, then `overrides` (values of None are 'not given').
@@ -386,7 +434,9 @@ def load_settings(config: str | Path | None = None, overrides: dict | None = Non
     settings = Settings()
     if config is not None:
         values = _relative_to(Path(config).parent, read_yaml(config))
+        _refuse_trust(values, config)
         _apply(settings, values, lambda k: f"key '{k}' in {config}")
+        settings.config_file = str(config)
     given = {k: v for k, v in (overrides or {}).items() if v is not None}
     if flag_names:
         _apply(settings, given, lambda k: f"option {flag(k)}")

@@ -4,6 +4,8 @@ A directory with a config.json is loaded with AutoModelForSequenceClassification
 AutoModelForImageClassification, whichever the config names, offline: nothing is downloaded.
 Text pools are tokenized with the directory's tokenizer when a batch is collated; image pools use
 the directory's image processor settings (size, crop, mean/std) unless the config sets a transform.
+A directory's own Python code (`auto_map` in its config) runs only with --trust-remote-code:
+transformers is always told `trust_remote_code`, so it never asks on stdin.
 """
 from __future__ import annotations
 
@@ -41,18 +43,37 @@ def transformers():
     return tf
 
 
-def load_model(path: Path) -> nn.Module:
+def refuse_remote_code(path: Path, trust_remote_code: bool, names=("config.json",)) -> None:
+    """A directory whose config names its own Python code (`auto_map`), which transformers would
+    import, is refused unless trusted; transformers, told trust_remote_code=False, would refuse
+    too, but not in one sentence naming the flag."""
+    if trust_remote_code:
+        return
+    for name in names:
+        try:
+            cfg = json.loads((path / name).read_text())
+        except (OSError, ValueError):
+            continue  # absent or malformed: transformers says what is wrong with it
+        if isinstance(cfg, dict) and "auto_map" in cfg:
+            raise CheckpointError(f"model directory {path} holds its own Python code ({name} has "
+                                  f"auto_map), which loading it would run; pass --trust-remote-code "
+                                  f"if you trust where it came from")
+
+
+def load_model(path: Path, trust_remote_code: bool = False) -> nn.Module:
     """The classification model saved in `path`, in eval mode."""
+    refuse_remote_code(path, trust_remote_code)
     tf = transformers()
     try:
-        config = tf.AutoConfig.from_pretrained(path, local_files_only=True)
+        config = tf.AutoConfig.from_pretrained(path, local_files_only=True,
+                                               trust_remote_code=trust_remote_code)
     except Exception as err:  # noqa: BLE001 - a malformed config.json raises many types
         raise CheckpointError(f"model directory {path} has no readable config.json "
                               f"({first_line(err)})") from None
     auto = (tf.AutoModelForImageClassification if _is_image_model(tf, config)
             else tf.AutoModelForSequenceClassification)
     try:
-        model = auto.from_pretrained(path, local_files_only=True)
+        model = auto.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
     except Exception as err:  # noqa: BLE001
         raise CheckpointError(f"model directory {path} cannot be loaded as a "
                               f"{auto.__name__[len('AutoModelFor'):]} model ({first_line(err)})") from None
@@ -110,14 +131,17 @@ class Tokenize:
                 if v.dim() == 2 and v.shape[1] == steps else v for k, v in enc.items()}
 
 
-def tokenizer_for(directory: Path, model: nn.Module, max_length: int | None) -> Tokenize:
+def tokenizer_for(directory: Path, model: nn.Module, max_length: int | None,
+                  trust_remote_code: bool = False) -> Tokenize:
     """The tokenizer saved in `directory`, for `model`."""
     if not any((directory / name).is_file() for name in TOKENIZER_FILES):
         raise PoolError(f"text pools need a tokenizer, and model directory {directory} holds none "
                         f"(save it there with tokenizer.save_pretrained)")
+    refuse_remote_code(directory, trust_remote_code, ("config.json", "tokenizer_config.json"))
     tf = transformers()
     try:
-        tok = tf.AutoTokenizer.from_pretrained(directory, local_files_only=True)
+        tok = tf.AutoTokenizer.from_pretrained(directory, local_files_only=True,
+                                               trust_remote_code=trust_remote_code)
     except Exception as err:  # noqa: BLE001
         raise PoolError(f"the tokenizer in {directory} cannot be loaded ({first_line(err)})") from None
     config = getattr(model, "config", None)
