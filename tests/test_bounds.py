@@ -283,7 +283,6 @@ def test_jsonl_bool_label_through_the_cli(in_ws, tmp_path):
 
 def test_stdin_paths_keep_their_spaces_and_a_bare_cr(in_ws, tmp_path, monkeypatch):
     source = next(iter(in_ws.images.values()))[0]
-    shutil.copy(in_ws.root / "tinynet.py", tmp_path)
     monkeypatch.chdir(tmp_path)  # the paths are relative, as the report's
     for name in (" space .png", "cr\rname.png", "plain.png"):
         shutil.copy(source, tmp_path / name)
