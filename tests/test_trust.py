@@ -160,6 +160,23 @@ def test_installed_and_environment_modules_need_no_flag(in_ws, tmp_path, monkeyp
     assert isinstance(build_arch("alcli.demo:DigitsCNN", {}), nn.Module)
 
 
+def test_an_installed_function_as_arch_needs_trust(in_ws, tmp_path, monkeypatch):
+    """A config naming any installed function would otherwise run it with arch_kwargs as its
+    arguments: `subprocess:getoutput` with {cmd: ...} is a shell."""
+    monkeypatch.chdir(tmp_path)
+    marker = tmp_path / "RAN_shell"
+    (tmp_path / "cfg.yaml").write_text(f"model: {in_ws.model}\narch: subprocess:getoutput\n"
+                                       f"arch_kwargs: {{cmd: 'touch {marker}'}}\n")
+    result = runner.invoke(app, ["score", str(in_ws.pool), "-c", "cfg.yaml", "-q", "-o", "-"])
+    assert_one_error(result, "arch 'subprocess:getoutput' is a function, not a torch.nn.Module class",
+                     "an installed function")
+    assert "--trust-checkpoint" in result.stderr and not marker.exists()
+    with pytest.raises(CheckpointError, match="not a torch.nn.Module class"):
+        build_arch("torchvision.models:resnet18", {})  # torchvision:resnet18 is the way
+    assert isinstance(build_arch("torchvision.models:resnet18", {"num_classes": 3}, trust=True),
+                      nn.Module)
+
+
 def test_the_shipped_demo_config_needs_no_flag(monkeypatch):
     monkeypatch.chdir(REPO)  # ./configs/default.yaml: arch alcli.demo:DigitsCNN
     result = runner.invoke(app, ["inspect"])

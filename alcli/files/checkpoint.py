@@ -378,4 +378,9 @@ def _import_callable(spec: str, module_name: str, attr: str, trust: bool,
         obj = getattr(obj, part)
     if not callable(obj):
         raise CheckpointError(f"arch '{spec}' is not callable")
+    if not trust and not (isinstance(obj, type) and issubclass(obj, nn.Module)):
+        # any installed function would do otherwise: `subprocess:getoutput` with arch_kwargs {cmd: ...}
+        raise CheckpointError(f"arch '{spec}' is a {type(obj).__name__}, not a torch.nn.Module "
+                              f"class, and calling it runs whatever it does with arch_kwargs; "
+                              f"pass --trust-checkpoint if you trust it")
     return obj
