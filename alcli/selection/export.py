@@ -287,15 +287,16 @@ def _wrap(draw: ImageDraw.ImageDraw, text: str, font, width: int, max_lines: int
     while words and len(lines) < max_lines:
         word = words[0]
         trial = f"{line} {word}" if line else word
-        if draw.textlength(trial, font=font) <= width:
+        if len(trial) <= width and draw.textlength(trial, font=font) <= width:  # >= 1 px a character
             line = trial
             words.pop(0)
         elif line:
             lines.append(line)
             line = ""
         else:  # one word wider than the line: as many characters as fit
-            cut = max(1, max(k for k in range(1, len(word) + 1)
-                             if k == 1 or draw.textlength(word[:k], font=font) <= width))
+            cut = 1
+            while cut < len(word) and draw.textlength(word[:cut + 1], font=font) <= width:
+                cut += 1
             lines.append(word[:cut])
             words[0] = word[cut:]
     if line and len(lines) < max_lines:
