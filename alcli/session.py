@@ -15,7 +15,7 @@ from .files import hf
 from .files.checkpoint import load_model
 from .files.classnames import id2label_names, read_class_names
 from .files.config import Settings
-from .files.pool import Pool, PoolOptions, open_pool, tensor_pool
+from .files.pool import Pool, PoolOptions, names_source, open_pool, tensor_pool
 from .gradnorm import select_params
 from .score import preflight
 
@@ -91,16 +91,15 @@ def class_names_for(settings: Settings, model: nn.Module) -> tuple[list[str] | N
     """(the class names, the file they came from): the --class-names file, else the model's
     id2label (file None); (None, None) when neither names the classes."""
     if settings.class_names:
-        return read_class_names(settings.class_names, settings.where("class_names")), settings.class_names
+        names = read_class_names(settings.class_names, settings.where("class_names"))
+        return names, settings.class_names
     return id2label_names(model), None
 
 
 def named(pool: Pool, names: list[str] | None, names_file: str | None) -> Pool:
     """The pool with the class names, unless its own (class folders) name them already."""
     if names is not None and pool.classes is None:
-        pool.classes = names
-        pool.classes_from = (f"class names file {names_file}" if names_file
-                             else "the model's id2label")
+        pool.classes, pool.classes_from = names, names_source(names_file)
     return pool
 
 

@@ -315,7 +315,7 @@ def from_directory(spec: str, opts: PoolOptions) -> Pool:
     pool = _image_pool(str(root), rows, opts)
     if opts.labels_from_folders:
         pool.classes = opts.class_names if by_name else list(classes)
-        pool.classes_from = _names_from(opts) if by_name else None
+        pool.classes_from = names_source(opts.class_names_file) if by_name else None
     return pool
 
 
@@ -335,9 +335,9 @@ def _folders_by_name(root: Path, folders: list[str], opts: PoolOptions) -> dict[
                     f"in {opts.class_names_file}")
 
 
-def _names_from(opts: PoolOptions) -> str:
-    return (f"class names file {opts.class_names_file}" if opts.class_names_file
-            else "the model's id2label")
+def names_source(names_file: str | None) -> str:
+    """Where class names came from, in words: a --class-names file, else the model's id2label."""
+    return f"class names file {names_file}" if names_file else "the model's id2label"
 
 
 def _named_label(value, where: str, opts: PoolOptions):
@@ -356,7 +356,7 @@ def _named_label(value, where: str, opts: PoolOptions):
                         f"per line, in the model's class order)")
     if value.strip() not in names:
         raise PoolError(f"{where}: label '{value}' is not one of the {len(names)} class names of "
-                        f"{_names_from(opts)}")
+                        f"{names_source(opts.class_names_file)}")
     return names.index(value.strip())
 
 

@@ -4,8 +4,9 @@ An entry may name a row by its id, or by its file: a path (absolute, or relative
 directory) that is the row's `path`, or a Label Studio image URL that `--image-root` maps back to
 the id; or, for text pools, by its text. Label Studio's exports (JSON, JSON-MIN, CSV, TSV) name
 their tasks by the `alcli_id` alcli writes into them, else by the image or text, never by Label
-Studio's own task `id`; tasks exported without an annotation are not labeled and not excluded. Entries that match no row cannot pass silently: a source none of whose entries match is
-an error, a partial match a warning.
+Studio's own task `id`; tasks exported without an annotation are not labeled and not excluded.
+Entries that match no row cannot pass silently: a source none of whose entries match is an error,
+a partial match a warning.
 """
 from __future__ import annotations
 
@@ -100,7 +101,8 @@ def _text_keys(rows: list[dict]) -> tuple[dict[str, str], set[int]]:
     index: dict[str, str | None] = {}
     for row in rows:
         text = row.get("text")
-        if isinstance(text, str) and text:
+        text = text.strip() if isinstance(text, str) and not text.endswith(MORE) else text
+        if isinstance(text, str) and text:  # entries are stripped: so are whole texts
             index[text] = None if text in index else str(row["id"])
     widths = {len(t) - 1 for t in index if t.endswith(MORE)}
     return {t: i for t, i in index.items() if i is not None}, widths

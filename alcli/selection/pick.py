@@ -147,7 +147,8 @@ def pick(settings: Settings, rows: list[dict], plan: SelectPlan, *, embeddings=N
     picked.class_names = class_names(settings, plan.meta)
     if settings.format == "labelstudio":
         picked.notes.extend(_unnamed(chosen, picked.class_names, settings))
-    if is_text(chosen, pool, plan.meta) and (settings.contact_sheet or settings.format == "labelstudio"):
+    handoff = settings.contact_sheet or settings.format == "labelstudio"
+    if handoff and is_text(chosen, pool, plan.meta):
         picked.texts, more = whole_texts(chosen, settings, pool, plan.meta)
         picked.notes.extend(more)
     if settings.contact_sheet and picked.texts is not None:
@@ -300,7 +301,7 @@ def whole_texts(rows: list[dict], settings: Settings, pool, meta: dict) -> tuple
     cut at --text-width characters (said in a warning)."""
     by_id = {}
     if pool is not None:
-        by_id = dict(zip(pool.ids, pool.texts))
+        by_id = dict(zip(pool.ids, getattr(pool, "texts", [])))
     else:
         spec = meta.get("pool_path") or settings.pool
         if isinstance(spec, str) and spec != "-" and Path(spec).is_file():
