@@ -204,6 +204,13 @@ TextColumnOpt = Annotated[Optional[str], typer.Option(
 MaxLength = Annotated[Optional[int], typer.Option(
     "--max-length", metavar="N", help="Text pools: truncate texts at N tokens. [default: the "
     "model's limit]")]
+TextWidth = Annotated[Optional[int], typer.Option(
+    "--text-width", metavar="N", help="Text pools: the table's text column holds the first N "
+    "characters of each text; 0 = the whole text. [default: 200]")]
+ClassNames = Annotated[Optional[str], typer.Option(
+    "--class-names", metavar="FILE", help="The class names, one per line (or a JSON list), in "
+    "the model's class order: pred shows them, manifests may give labels by name. [default: "
+    "a Hugging Face model's id2label, or the class folders]")]
 Trust = Annotated[bool, typer.Option(
     "--trust-checkpoint", help="Run code that comes with the files: a pickled model or TorchScript "
     "archive, an --arch module in the working directory or the config's folder. A flag only, "
@@ -285,7 +292,14 @@ PerClass = Annotated[Optional[str], typer.Option(
     "predicted classes in proportion to their counts, or equally.")]
 Exclude = Annotated[Optional[List[str]], typer.Option(
     "--exclude", metavar="FILE", help="Never select the ids in FILE (.csv id column, .jsonl/"
-                                      ".json ids, else one per line; repeatable).")]
+                                      ".json ids, Label Studio's JSON, JSON-MIN, CSV and TSV "
+                                      "exports, else one per line; repeatable).")]
+FromName = Annotated[Optional[str], typer.Option(
+    "--from-name", metavar="NAME", help="-f labelstudio: the name of the Choices tag the "
+    "predicted class pre-selects. [default: label]")]
+ToName = Annotated[Optional[str], typer.Option(
+    "--to-name", metavar="NAME", help="-f labelstudio: the name of the Image or Text tag it "
+    "labels. [default: image, or text for text pools]")]
 ImageRoot = Annotated[Optional[str], typer.Option(
     "--image-root", metavar="URL", help="-f labelstudio: prefix ids with this URL or path in "
                                         "data.image.")]
@@ -293,8 +307,9 @@ ImageDir = Annotated[Optional[str], typer.Option(
     "--image-dir", metavar="DIR", help="--contact-sheet: the folder the image ids are relative to. "
     "[default: the config's pool]")]
 ContactSheet = Annotated[Optional[str], typer.Option(
-    "--contact-sheet", metavar="PNG", help="Also draw the selected images in one PNG grid with "
-                                           "rank, id, score and predicted class under each.")]
+    "--contact-sheet", metavar="PNG", help="Also draw the selected images (or texts) in one PNG "
+                                           "grid with rank, id, score and predicted class under "
+                                           "each.")]
 
 # long runs (score only)
 CheckpointEvery = Annotated[Optional[int], typer.Option(
@@ -449,7 +464,7 @@ def score(
     config: Config = None, model: Model = None, arch: Arch = None, trust_checkpoint: Trust = False,
     trust_remote_code: TrustRemoteCode = False,
     arch_kwargs: ArchKwargs = None, ema: Ema = False, text_column: TextColumnOpt = None,
-    max_length: MaxLength = None,
+    max_length: MaxLength = None, text_width: TextWidth = None, class_names: ClassNames = None,
     labels_from_folders: LabelsFromFolders = False, strategy: Strategy = None,
     top_classes: TopClasses = None, layers: Layers = None, method: Method = None,
     precision: Precision = None, decode: Decode = None, batch_size: BatchSize = None,
@@ -541,7 +556,7 @@ def select(
     config: Config = None, model: Model = None, arch: Arch = None, trust_checkpoint: Trust = False,
     trust_remote_code: TrustRemoteCode = False,
     arch_kwargs: ArchKwargs = None, ema: Ema = False, text_column: TextColumnOpt = None,
-    max_length: MaxLength = None,
+    max_length: MaxLength = None, text_width: TextWidth = None, class_names: ClassNames = None,
     labels_from_folders: LabelsFromFolders = False, strategy: Strategy = None,
     top_classes: TopClasses = None, layers: Layers = None, method: Method = None,
     precision: Precision = None, decode: Decode = None, batch_size: BatchSize = None,
@@ -551,6 +566,7 @@ def select(
     diverse_candidates: DiverseCandidates = None,
     embeddings_file: ReadEmbeddings = None, per_class: PerClass = None, exclude: Exclude = None,
     image_root: ImageRoot = None, contact_sheet: ContactSheet = None, image_dir: ImageDir = None,
+    from_name: FromName = None, to_name: ToName = None,
     quiet: Quiet = False, verbose: Verbose = False, log_format: LogFormat = None,
     progress_every: ProgressEvery = None,
 ):
@@ -584,7 +600,8 @@ def select(
         api = _api()
         picked = api.run_select(settings, scores=None if score_first else (source or "-"),
                                 on_start=on_start, on_batch=on_batch)
-    api.write_batch(picked.rows, settings.output or "-", settings, picked.meta)
+    api.write_batch(picked.rows, settings.output or "-", settings, picked.meta,
+                    texts=picked.texts, class_names=picked.class_names)
     if len(picked.rows) < settings.budget:
         r.warn(f"the budget is {settings.budget} but only {picked.available} rows are left to "
                f"choose from; selected them all")
@@ -593,13 +610,15 @@ def select(
     if settings.output not in (None, "-"):
         r.info(f"wrote {len(picked.rows)} rows to {settings.output}")
     if settings.contact_sheet:
-        r.info(f"wrote a contact sheet of {len(picked.rows)} images to {settings.contact_sheet}")
+        what = "texts" if picked.texts is not None else "images"
+        r.info(f"wrote a contact sheet of {len(picked.rows)} {what} to {settings.contact_sheet}")
 
 
 # `select` options that only matter when it scores the pool itself
 _SCORING_FLAGS = ("arch", "arch_kwargs", "trust_checkpoint", "trust_remote_code", "ema",
-                  "text_column", "max_length", "labels_from_folders", "strategy", "top_classes",
-                  "layers", "method", "precision", "decode", "batch_size", "device", "workers")
+                  "text_column", "max_length", "text_width", "labels_from_folders", "strategy",
+                  "top_classes", "layers", "method", "precision", "decode", "batch_size", "device",
+                  "workers")
 
 
 class _no_progress:

@@ -13,8 +13,9 @@ from torch import nn
 from .errors import CheckpointError, ConfigError, PoolError
 from .files import hf
 from .files.checkpoint import load_model
+from .files.classnames import id2label_names, read_class_names
 from .files.config import Settings
-from .files.pool import Pool, PoolOptions, open_pool, tensor_pool
+from .files.pool import Pool, PoolOptions, names_source, open_pool, tensor_pool
 from .gradnorm import select_params
 from .score import preflight
 
@@ -66,24 +67,42 @@ def model_for(settings: Settings, model: nn.Module | None = None) -> nn.Module:
 def pool_for(settings: Settings, model: nn.Module, pool=None, stdin=None) -> Pool:
     """The pool object: given as data (a Pool, a tensor or array, or a tuple (x,), (x, y) or
     (x, y, ids)), or opened from `settings.pool`."""
+    names, names_file = class_names_for(settings, model)
     if isinstance(pool, Pool):
-        return pool
+        return named(pool, names, names_file)
     if pool is not None and not isinstance(pool, str):
         parts = pool if isinstance(pool, tuple) else (pool,)
         if not 1 <= len(parts) <= 3:
             raise PoolError(f"pool must be x, (x,), (x, y) or (x, y, ids): a tensor or array of "
                             f"inputs, optional integer labels and ids, not a tuple of {len(parts)}")
-        return tensor_pool(*parts)
+        return named(tensor_pool(*parts), names, names_file)
     if settings.pool is None:
         what = "pool=" if settings.from_api else "POOL:"
         raise ConfigError(f"no pool given; pass {what} a folder of images, a .csv/.jsonl manifest, "
                           f"a .pt/.npy/.npz tensor file, or - for image paths on stdin")
     opts = PoolOptions(settings.labels_from_folders, settings.transform, model_channels(model),
-                       settings.null, decode=settings.decode)
+                       settings.null, decode=settings.decode, class_names=names,
+                       class_names_file=names_file)
     hf_options(opts, settings, model)
     if isinstance(settings.pool, str) and settings.pool != "-" and not Path(settings.pool).exists():
         raise PoolError(f"pool {settings.pool}{from_config(settings, 'pool')} does not exist")
-    return open_pool(settings.pool, opts, stdin)
+    return named(open_pool(settings.pool, opts, stdin), names, names_file)
+
+
+def class_names_for(settings: Settings, model: nn.Module) -> tuple[list[str] | None, str | None]:
+    """(the class names, the file they came from): the --class-names file, else the model's
+    id2label (file None); (None, None) when neither names the classes."""
+    if settings.class_names:
+        names = read_class_names(settings.class_names, settings.where("class_names"))
+        return names, settings.class_names
+    return id2label_names(model), None
+
+
+def named(pool: Pool, names: list[str] | None, names_file: str | None) -> Pool:
+    """The pool with the class names, unless its own (class folders) name them already."""
+    if names is not None and pool.classes is None:
+        pool.classes, pool.classes_from = names, names_source(names_file)
+    return pool
 
 
 def from_config(settings: Settings, key: str) -> str:

@@ -26,7 +26,7 @@ FORMATS = ("csv", "jsonl", "paths", "ids", "labelstudio")  # labelstudio: `selec
 LOG_FORMATS = ("text", "json")
 # keys holding a file or folder: in a config file, relative to the config file's folder
 PATH_KEYS = ("model", "pool", "output", "scores", "embeddings_file", "exclude", "image_dir",
-             "contact_sheet")
+             "contact_sheet", "class_names")
 PER_CLASS_MODES = ("proportional", "equal")
 # the names the strategy registry (alcli.score.strategies) and the engine (alcli.gradnorm.METHODS)
 # define, listed here so that reading a config does not import torch; a test keeps them equal
@@ -67,6 +67,8 @@ class Settings:
     text_column: str = "text"             # text pools (.csv/.jsonl): the column holding the text
     max_length: int | None = None         # text pools: tokens kept per text (default: the model's limit)
     labels_from_folders: bool = False
+    class_names: str | None = None        # a file naming the classes (one a line, or a JSON list)
+    text_width: int = 200                 # text pools: characters of each text in the table; 0 = all
     transform: Transform = field(default_factory=Transform)
     strategy: str = "egl"
     top_classes: int | None = None   # egl: K most probable classes; 0 = all (exact); None = 10 at most
@@ -94,6 +96,8 @@ class Settings:
     exclude: list[str] | None = None      # `select`: files of ids never to select
     image_root: str | None = None         # `select -f labelstudio`: URL/path prefix for data.image
     image_dir: str | None = None          # `select --contact-sheet`: folder the image ids are under
+    from_name: str | None = None          # `select -f labelstudio`: the Choices tag of the prediction
+    to_name: str | None = None            # ... and the object tag it labels (default: image or text)
     contact_sheet: str | None = None      # `select`: PNG grid of the selected images
     # long runs (`score`): OUTPUT.partial flushed every N examples, resume it, shards, bad examples
     checkpoint_every: int = 2048
@@ -329,6 +333,7 @@ CHECKS: dict[str, Callable[[Any], Any]] = {
     "checkpoint_every": _int(1), "resume": _bool, "restart": _bool, "strict": _bool,
     "shard": _shard, "verbose": _bool, "progress_every": _seconds, "log_format": _choice(LOG_FORMATS),
     "ema": _bool, "text_column": _str, "max_length": _opt(_int(1)),
+    "class_names": _opt_str, "text_width": _int(0), "from_name": _opt_str, "to_name": _opt_str,
 }
 assert set(CHECKS) == set(KEYS)
 

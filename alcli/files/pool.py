@@ -45,6 +45,9 @@ class PoolOptions:
     tokenizer: Callable[[], Callable[[list[str]], dict]] | None = None  # makes the model's tokenizer
                                  # (texts -> dict of [B, T] tensors); None: the model has none
     decode: str = "cpu"          # "gpu": image pools hand over JPEG bytes, decoded on the device
+    class_names: list[str] | None = None  # the classes' names, known before the pool (string
+                                 # labels and class folders map to indices through them)
+    class_names_file: str | None = None  # where they came from; None: the model's id2label
 
 
 class Item(NamedTuple):
@@ -68,6 +71,7 @@ class Batch(NamedTuple):
     errors: list[tuple[str, str]]  # (id, message) of items that could not be read
     mismatch: str | None = None  # items of another shape than the first: a config error, not a bad file
     paths: list[str] | None = None  # the files, for image pools (the table's `path` column)
+    texts: list[str] | None = None  # the texts, for text pools (the table's `text` column)
 
 
 class Pool(Dataset):
@@ -78,6 +82,7 @@ class Pool(Dataset):
     has_labels: bool
     kind: str  # "images", "tensors" or "text"
     classes: list[str] | None = None  # class names, where the source names them (class folders)
+    classes_from: str | None = None   # where `classes` came from, when not class folders
     given_ids: list | None = None  # the caller's ids (any type) where `ids` holds their text
     to_float: Callable | None = None  # batch of stored inputs on the device -> model input
                                       # (images: uint8 -> normalized float); None: as they are
@@ -342,8 +347,9 @@ def from_directory(spec: str, opts: PoolOptions) -> Pool:
     classes: dict[str, int] = {}
     if opts.labels_from_folders:  # ImageFolder's convention: sorted class subfolders
         top = _folder_key(root)
-        names = sorted(e.name for e in os.scandir(root) if _folder_key(e) not in (None, top))
-        classes = {name: i for i, name in enumerate(names)}
+        folders = sorted(e.name for e in os.scandir(root) if _folder_key(e) not in (None, top))
+        classes = {name: i for i, name in enumerate(folders)}
+        classes = _folders_by_name(root, folders, opts) or classes
     rows = []
     for p in files:
         rel = p.relative_to(root).as_posix()
@@ -356,7 +362,8 @@ def from_directory(spec: str, opts: PoolOptions) -> Pool:
         rows.append((rel, p, label))
     pool = _image_pool(str(root), rows, opts)
     if opts.labels_from_folders:
-        pool.classes = list(classes)
+        pool.classes = opts.class_names if by_name else list(classes)
+        pool.classes_from = names_source(opts.class_names_file) if by_name else None
     return pool
 
 
@@ -390,6 +397,47 @@ def _folder_key(entry: os.DirEntry | Path) -> tuple[int, int] | None:
     except OSError:
         return None
     return st.st_dev, st.st_ino
+
+
+def _folders_by_name(root: Path, folders: list[str], opts: PoolOptions) -> dict[str, int] | None:
+    """Class folders -> the index of their name among the known class names; None when there
+    are none, or when the model's names (id2label) do not name every folder (then the folders,
+    sorted, are the classes). A folder a --class-names file does not name is an error."""
+    names = opts.class_names
+    if not names:
+        return None
+    missing = [f for f in folders if f not in names]
+    if not missing:
+        return {f: names.index(f) for f in folders}
+    if opts.class_names_file is None:
+        return None
+    raise PoolError(f"class folder {root / missing[0]} is not one of the {len(names)} class names "
+                    f"in {opts.class_names_file}")
+
+
+def names_source(names_file: str | None) -> str:
+    """Where class names came from, in words: a --class-names file, else the model's id2label."""
+    return f"class names file {names_file}" if names_file else "the model's id2label"
+
+
+def _named_label(value, where: str, opts: PoolOptions):
+    """A label given as a class name -> its index; anything else as it is (for _label)."""
+    if not isinstance(value, str) or not value.strip():
+        return value
+    try:
+        int(value)
+        return value
+    except ValueError:
+        pass
+    names = opts.class_names
+    if names is None:
+        raise PoolError(f"{where}: label '{value}' is not a class index (an integer), and no "
+                        f"class names are known to look it up; pass --class-names FILE (one name "
+                        f"per line, in the model's class order)")
+    if value.strip() not in names:
+        raise PoolError(f"{where}: label '{value}' is not one of the {len(names)} class names of "
+                        f"{names_source(opts.class_names_file)}")
+    return names.index(value.strip())
 
 
 def from_stdin(spec: str, opts: PoolOptions, stream=None) -> Pool:
@@ -462,7 +510,7 @@ def from_manifest(spec: str, opts: PoolOptions) -> Pool:
         full = p if p.is_absolute() else path.parent / p
         id_ = row.get("id")
         rows.append((str(id_) if id_ not in (None, "") else str(row["path"]), full,
-                     _label(row.get("label"), where)))
+                     _label(_named_label(row.get("label"), where, opts), where)))
     return _image_pool(str(path), rows, opts)
 
 
@@ -586,7 +634,8 @@ def _collate_texts(good: list[Item], errors: list) -> Batch:
     """Text items tokenized as one batch: padded to its longest, attention masks included."""
     inputs = good[0].input.tokenize([it.input.text for it in good])
     return Batch([it.id for it in good], inputs,
-                 torch.tensor([it.label for it in good], dtype=torch.long), errors)
+                 torch.tensor([it.label for it in good], dtype=torch.long), errors,
+                 texts=[it.input.text for it in good])
 
 
 def is_text_manifest(path: Path, column: str) -> bool:
@@ -618,9 +667,9 @@ def from_text_file(spec: str, opts: PoolOptions) -> Pool:
                 rows = [(str(n), _line_text(line), -1) for n, line in enumerate(f, 1) if line.strip()]
             elif suffix == ".csv":
                 reader = csv.DictReader(f)
-                rows = [_text_row(path, reader.line_num, row, opts.text_column) for row in reader]
+                rows = [_text_row(path, reader.line_num, row, opts) for row in reader]
             else:
-                rows = [_text_row(path, n, row, opts.text_column)
+                rows = [_text_row(path, n, row, opts)
                         for n, row in json_objects(f, lambda n: f"manifest {path} line {n}", PoolError)]
     except (OSError, UnicodeDecodeError) as err:
         raise PoolError(f"text pool {path} cannot be read ({first_line(err)})") from None
@@ -641,14 +690,15 @@ def _line_text(line: str) -> str:
     return line.removesuffix("\n").removesuffix("\r")
 
 
-def _text_row(path: Path, n: int, row: dict, column: str) -> tuple[str, str, int]:
-    where = f"manifest {path} line {n}"
+def _text_row(path: Path, n: int, row: dict, opts: PoolOptions) -> tuple[str, str, int]:
+    where, column = f"manifest {path} line {n}", opts.text_column
     text = row.get(column)
     if not isinstance(text, str):
         raise PoolError(f"{where} has no text in column '{column}'" if text is None else
                         f"{where}: '{column}' must be a string, not {type(text).__name__}")
     id_ = row.get("id")
-    return (str(id_) if id_ not in (None, "") else str(n)), text, _label(row.get("label"), where)
+    return ((str(id_) if id_ not in (None, "") else str(n)), text,
+            _label(_named_label(row.get("label"), where, opts), where))
 
 
 def tensor_pool(x, y=None, ids=None, name: str = "tensor pool") -> TensorPool:

@@ -1,9 +1,10 @@
 """Reading and writing ranked tables: CSV, JSONL, one file path per line ("paths") or one id per
 line ("ids"); files written atomically.
 
-Rows are plain dicts. Columns come in a fixed order: rank,id,score,pred,confidence, then label (when
-known), loss, then whatever else the rows carry, in first-seen order (image pools end with `path`,
-the example's file). Floats are written with `repr`, so reading a table back gives the very same
+Rows are plain dicts. Columns come in a fixed order: rank,id,score,pred, pred_index (when the
+classes are named: `pred` is then the name), confidence, then label (when known), loss, then
+whatever else the rows carry, in first-seen order (image pools end with `path`, the example's file;
+text pools with `text`, cut at --text-width characters). Floats are written with `repr`, so reading a table back gives the very same
 numbers.
 """
 from __future__ import annotations
@@ -22,8 +23,11 @@ from .atomic import atomic_open
 from ..errors import RunError, TableError
 from .jsonl import json_objects
 
-BASE_COLUMNS = ("rank", "id", "score", "pred", "confidence", "label", "loss")
-INT_COLUMNS = ("rank", "pred", "label")
+BASE_COLUMNS = ("rank", "id", "score", "pred", "pred_index", "confidence", "label", "loss")
+INT_COLUMNS = ("rank", "pred", "pred_index", "label")
+NAME_COLUMNS = ("pred", "label")  # a class index, or its name when the classes are named
+TEXT_COLUMNS = ("id", "text")     # read as text whatever they hold ("42", "nan")
+MORE = "\u2026"  # ends a text cut short by clip_text
 FORMATS = ("csv", "jsonl", "paths", "ids")
 LINE_FORMATS = ("paths", "ids")  # one value per line, no header: for shell pipelines
 
@@ -35,6 +39,11 @@ def columns_of(rows: Iterable[dict]) -> list[str]:
         for key in row:
             seen.setdefault(key, None)
     return [c for c in BASE_COLUMNS if c in seen] + [c for c in seen if c not in BASE_COLUMNS]
+
+
+def clip_text(text: str, width: int) -> str:
+    """The table's `text` column: the first `width` characters and "…" (0: the whole text)."""
+    return text if width == 0 or len(text) <= width else text[:width] + MORE
 
 
 def format_value(value) -> str:
@@ -151,13 +160,15 @@ def _parse(column: str, text, where: str):
     if text is None or text == "":
         return None
     if not isinstance(text, str):  # JSONL values come typed
-        return str(text) if column == "id" else text
-    if column == "id":
+        return str(text) if column in TEXT_COLUMNS else text
+    if column in TEXT_COLUMNS:
         return text
     if column in INT_COLUMNS:
         try:
             return int(text)
         except ValueError:
+            if column in NAME_COLUMNS:
+                return text
             raise TableError(f"{where}: {column} '{text}' is not an integer") from None
     try:
         number = float(text)

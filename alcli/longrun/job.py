@@ -212,10 +212,14 @@ def run_key(settings: Settings, full: Pool, net: nn.Module) -> dict:
 
 
 def _text_key(settings: Settings, full: Pool) -> dict:
-    """What else must not change: the EMA weights, and how texts are read and tokenized."""
+    """What else must not change: the EMA weights, how texts are read, tokenized and shown, and
+    the class names."""
     key = {"ema": True} if settings.ema else {}
     if full.kind == "text":
-        key.update(text_column=settings.text_column, max_length=settings.max_length)
+        key.update(text_column=settings.text_column, max_length=settings.max_length,
+                   text_width=settings.text_width)
+    if full.classes is not None:  # the names the pred and label columns show
+        key.update(class_names=full.classes)
     return key
 
 
@@ -333,12 +337,22 @@ def _write(ctx, settings: Settings, dest: str, partial_path: Path, full: Pool, t
                 "format": "alcli-table", "version": META_VERSION, "alcli_version": __version__, "table_format": settings.format,
                 "shard": shard, "pool": full.name, "pool_size": len(full),
                 "pool_path": _absolute(settings.pool), "model_file": _absolute(settings.model),
-                "shard_size": len(todo) if shard else len(full), "run": key})
+                "shard_size": len(todo) if shard else len(full), "run": key,
+                **described(full, settings)})
         except BaseException:
             distributed.rank0_ok(ctx, False)
             raise
         distributed.rank0_ok(ctx, True)
     return JobResult(finished, stats, resumed, shard, files)
+
+
+def described(full: Pool, settings: Settings) -> dict:
+    """What `select` needs to know of the pool: its kind, its class names and, for text, where
+    the whole texts are (the table holds them cut at text_width characters)."""
+    meta = {"pool_kind": full.kind, "class_names": full.classes}
+    if full.kind == "text":
+        meta.update(text_column=settings.text_column, text_width=settings.text_width)
+    return meta
 
 
 def _absolute(path) -> str | None:

@@ -66,6 +66,9 @@ def check_classes(pool: Pool, settings: Settings, classes: int) -> None:
     if isinstance(wanted, int) and wanted != classes:
         raise ConfigError(f"{settings.where('arch_kwargs')} sets num_classes {wanted}, but the "
                           f"model outputs {classes} classes")
+    if pool.classes is not None and len(pool.classes) != classes and pool.classes_from:
+        raise ConfigError(f"{pool.classes_from} names {len(pool.classes)} classes "
+                          f"({_names(pool.classes)}) but the model outputs {classes} classes")
     if pool.classes is not None and len(pool.classes) != classes:
         raise RunError(f"pool {pool.name} has {len(pool.classes)} class folders "
                        f"({_names(pool.classes)}) but the model outputs {classes} classes")

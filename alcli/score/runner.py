@@ -20,7 +20,9 @@ from ..files.config import Settings
 from .embeddings import EmbeddingRecorder, record
 from ..errors import PoolError, RunError, first_line
 from ..gradnorm import UnsupportedModel, auto_choice, batch_slice, call_model, logits_of, map_batch, model_dtype
+from ..files.classnames import class_name
 from ..files.pool import Batch, Pool, collate, decoded
+from ..files.table import clip_text
 from .strategies import DEFAULT_TOP_CLASSES, STRATEGIES, StrategyInputs, loss_at_targets
 
 
@@ -89,8 +91,9 @@ def forward(model: nn.Module, inputs: torch.Tensor | dict, pool_name: str) -> to
 
 def score_batch(model: nn.Module, batch: Batch, settings: Settings, device: torch.device,
                 pool: Pool, *, embeddings: EmbeddingRecorder | None = None) -> list[dict]:
-    """One collated batch of `pool` -> one row per example: id, score, pred, confidence, [label],
-    loss, extras, and the example's file as `path` for image pools. The rows come home in one
+    """One collated batch of `pool` -> one row per example: id, score, pred (its class name and
+    pred_index when the pool's classes are named), confidence, [label], loss, extras, and the
+    example's file as `path` for image pools, its text as `text` for text pools. The rows come home in one
     copy from the device."""
     if batch.errors:  # iter_rows hands the readable part only; called directly, bad items are fatal
         raise PoolError(batch.errors[0][1])
@@ -132,16 +135,22 @@ def score_batch(model: nn.Module, batch: Batch, settings: Settings, device: torc
     values = dict(zip(columns, lists))
     values["pred"] = [int(p) for p in values["pred"]]
     labels_home = batch.labels.tolist() if has_labels else None
+    names = pool.classes
     rows = []
     for i, id_ in enumerate(batch.ids):
-        row = {"id": id_, "score": values["score"][i], "pred": values["pred"][i],
+        pred = values["pred"][i]
+        row = {"id": id_, "score": values["score"][i], "pred": class_name(pred, names),
                "confidence": values["confidence"][i]}
+        if names:
+            row["pred_index"] = pred
         if has_labels:
-            row["label"] = labels_home[i] if labels_home[i] >= 0 else None
+            row["label"] = class_name(labels_home[i], names) if labels_home[i] >= 0 else None
         for key in list(columns)[3:]:
             row[key] = values[key][i]
         if batch.paths is not None:
             row["path"] = batch.paths[i]
+        if batch.texts is not None:
+            row["text"] = clip_text(batch.texts[i], settings.text_width)
         rows.append(row)
     return rows
 
@@ -199,7 +208,8 @@ def _check_labels(logits: torch.Tensor, labels: torch.Tensor, ids: list[str], po
 def _part(batch: Batch, start: int, size: int) -> Batch:
     stop = start + size
     return Batch(batch.ids[start:stop], batch_slice(batch.inputs, start, stop), batch.labels[start:stop], [],
-                 paths=None if batch.paths is None else batch.paths[start:stop])
+                 paths=None if batch.paths is None else batch.paths[start:stop],
+                 texts=None if batch.texts is None else batch.texts[start:stop])
 
 
 class MicroBatches:

@@ -2,10 +2,14 @@
 
 An entry may name a row by its id, or by its file: a path (absolute, or relative to the working
 directory) that is the row's `path`, or a Label Studio image URL that `--image-root` maps back to
-the id. Each entry excludes at most one row: the row whose id it is, if there is one, else the
-row whose file it names (so `imgs/a.png` never excludes both the row with that id and the row of
-the file ./imgs/a.png; a warning says when an entry could name both). Entries that match no row
-cannot pass silently: a source none of whose entries match is an error, a partial match a warning.
+the id; or, for text pools, by its text. Each entry excludes at most one row: the row whose id it
+is, if there is one, else the row whose file it names, else the row whose whole text it is (so
+`imgs/a.png` never excludes both the row with that id and the row of the file ./imgs/a.png; a
+warning says when an entry could name both). Label Studio's exports (JSON, JSON-MIN, CSV, TSV)
+name their tasks by the `alcli_id` alcli writes into them, else by the image or text, never by
+Label Studio's own task `id`; tasks exported without an annotation are not labeled and not
+excluded. Entries that match no row cannot pass silently: a source none of whose entries match is
+an error, a partial match a warning.
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ from typing import Iterable
 from urllib.parse import unquote
 
 from ..errors import ConfigError
+from ..files.table import MORE, clip_text
 from .export import image_ref
 
 
@@ -37,10 +42,12 @@ class Exclusions:
 def read_exclusion_files(paths: Iterable[str]) -> list[Exclusions]:
     """The entries of each exclusion file, by extension:
 
-    - .csv: needs a header row; the `id` column, else the first column (alcli's tables, manifests).
+    - .csv / .tsv: needs a header row; the `id` column, else the first column (alcli's tables,
+      manifests); Label Studio's CSV and TSV exports: `alcli_id`, else `image`, else `text`.
     - .jsonl / .ndjson: one JSON object per non-blank line with an "id" key (alcli's -f jsonl).
-    - .json: an array of ids, of objects with an "id" key, or of Label Studio tasks (their
-      `data.alcli_id`, else `data.image`): alcli's -f labelstudio output and Label Studio exports.
+    - .json: an array of ids, of objects with an "id" key, of Label Studio tasks (their
+      `data.alcli_id`, else `data.image`, else `data.text`): alcli's -f labelstudio output and
+      Label Studio's JSON export; or Label Studio's JSON-MIN export (the same keys, top level).
     - anything else (and `-`, stdin): one id or path per line; blank lines ignored.
     Surrounding whitespace is stripped.
     """
@@ -57,6 +64,7 @@ def excluded_ids(sources: list[Exclusions], rows: list[dict],
     """(ids of `rows` that some entry names, warnings). A source that names none of the rows is
     an ExclusionsError; one that names only some of them gives a warning with the count."""
     ids, files = _row_keys(rows, image_root)
+    texts = _text_keys(rows)
     excluded: set[str] = set()
     notes = []
     for source in sources:
@@ -67,6 +75,7 @@ def excluded_ids(sources: list[Exclusions], rows: list[dict],
             if hit is not None and by_file not in (None, hit):
                 both.append((entry, by_file))
             hit = by_file if hit is None else hit
+            hit = _text_hit(entry, *texts) if hit is None else hit
             if hit is None:
                 unmatched.append(entry)
             else:
@@ -105,6 +114,27 @@ def _row_keys(rows: list[dict], image_root: str | None) -> tuple[set[str], dict[
     return {str(row["id"]) for row in rows}, files
 
 
+def _text_keys(rows: list[dict]) -> tuple[dict[str, str], set[int]]:
+    """(a text pool's texts -> the row's id, the widths texts were cut at), for entries that
+    name a row by its whole text; a text that two rows share names neither."""
+    index: dict[str, str | None] = {}
+    for row in rows:
+        text = row.get("text")
+        text = text.strip() if isinstance(text, str) and not text.endswith(MORE) else text
+        if isinstance(text, str) and text:  # entries are stripped: so are whole texts
+            index[text] = None if text in index else str(row["id"])
+    widths = {len(t) - 1 for t in index if t.endswith(MORE)}
+    return {t: i for t, i in index.items() if i is not None}, widths
+
+
+def _text_hit(entry: str, texts: dict[str, str], widths: set[int]) -> str | None:
+    """The id of the row whose text is `entry`, whole or as the table's text column cuts it."""
+    for key in [entry] + [clip_text(entry, w) for w in sorted(widths)]:
+        if key in texts:
+            return texts[key]
+    return None
+
+
 def _by_id(entry: str, ids: set[str], image_root: str | None) -> str | None:
     """The id `entry` is: as written, normalised, or a URL under --image-root followed by it."""
     keys = [entry, os.path.normpath(entry)]
@@ -131,8 +161,8 @@ def _read_one(path: str) -> list[str]:
             text = fh.read()
     except (OSError, UnicodeDecodeError) as err:
         raise ExclusionsError(f"cannot read exclusions file {path}: {err}.") from err
-    if ext == ".csv":
-        return _from_csv(path, text)
+    if ext in (".csv", ".tsv"):
+        return _from_csv(path, text, "\t" if ext == ".tsv" else ",")
     if ext in (".jsonl", ".ndjson"):
         return _from_jsonl(path, text)
     if ext == ".json":
@@ -144,14 +174,19 @@ def _from_lines(path: str, text: str) -> list[str]:
     return [line.strip() for line in text.splitlines() if line.strip()]
 
 
-def _from_csv(path: str, text: str) -> list[str]:
-    reader = csv.reader(io.StringIO(text))
+def _from_csv(path: str, text: str, delimiter: str = ",") -> list[str]:
+    reader = csv.reader(io.StringIO(text), delimiter=delimiter)
     out: list[str] = []
     try:
         header = [h.strip() for h in next(reader, [])]
         col = header.index("id") if "id" in header else 0
+        labelstudio = "alcli_id" in header or _is_export(header)
         for row in reader:
             if not any(cell.strip() for cell in row):
+                continue
+            if labelstudio:
+                entry = _export_entry(path, f"line {reader.line_num}", dict(zip(header, row)))
+                out.extend([entry] if entry is not None else [])
                 continue
             if col >= len(row) or not row[col].strip():
                 name = header[col] if col < len(header) else col + 1
@@ -164,13 +199,47 @@ def _from_csv(path: str, text: str) -> list[str]:
     return out
 
 
-def _id_of(path: str, where: str, item) -> str:
-    """An object's id: a Label Studio task's data.alcli_id (else data.image), else its "id"."""
+EXPORT_KEYS = ("annotation_id", "annotator")  # the columns of every JSON-MIN / CSV / TSV export
+TASK_KEYS = ("alcli_id", "image", "text")     # what names the row, in this order
+
+
+def _is_export(keys) -> bool:
+    """A record of Label Studio's JSON-MIN, CSV or TSV export (one per annotation)?"""
+    return all(k in keys for k in EXPORT_KEYS)
+
+
+def _export_entry(path: str, where: str, record: dict) -> str | None:
+    """A Label Studio export record's alcli_id, else its image, else its text; None for a task
+    exported without an annotation (an empty annotation_id): it is not labeled."""
+    if _is_export(record) and record.get("annotation_id") in (None, ""):
+        return None
+    for key in TASK_KEYS:
+        value = record.get(key)
+        if isinstance(value, (str, int)) and not isinstance(value, bool) and str(value).strip():
+            return str(value).strip()
+    raise ExclusionsError(f"exclusions file {path}, {where}: a Label Studio task with no "
+                          f"{', '.join(TASK_KEYS)} field to match a row by (its task id is Label "
+                          f"Studio's own, not alcli's).")
+
+
+def _labeled(task: dict) -> bool:
+    """Does a Label Studio JSON task hold an annotation? (alcli's own tasks have no
+    `annotations` key: every one of them counts, as sent for labeling.)"""
+    notes = task.get("annotations", task.get("completions"))
+    if not isinstance(notes, list):
+        return True
+    return any(isinstance(a, dict) and not (a.get("was_cancelled") or a.get("skipped"))
+               for a in notes)
+
+
+def _id_of(path: str, where: str, item) -> str | None:
+    """An object's id: a Label Studio task's data.alcli_id (else data.image, data.text; None
+    when it has no annotation), a JSON-MIN record's alcli_id (else image, text), else its "id"."""
     data = item.get("data") if isinstance(item, dict) else None
     if isinstance(data, dict):
-        for key in ("alcli_id", "image"):
-            if isinstance(data.get(key), (str, int)) and not isinstance(data[key], bool):
-                return str(data[key]).strip()
+        return _export_entry(path, where, data) if _labeled(item) else None
+    if isinstance(item, dict) and ("alcli_id" in item or _is_export(item)):
+        return _export_entry(path, where, item)
     if isinstance(item, dict) and "id" in item and isinstance(item["id"], (str, int)):
         return str(item["id"]).strip()
     raise ExclusionsError(f"exclusions file {path}, {where}: expected an object with an 'id' "
@@ -192,7 +261,8 @@ def _from_jsonl(path: str, text: str) -> list[str]:
                                   f"({err.msg}).") from err
         except RecursionError:
             raise ExclusionsError(f"exclusions file {path}, line {n}: {_TOO_DEEP}.") from None
-        out.append(_id_of(path, f"line {n}", item))
+        entry = _id_of(path, f"line {n}", item)
+        out.extend([entry] if entry is not None else [])
     return out
 
 
@@ -206,5 +276,6 @@ def _from_json(path: str, text: str) -> list[str]:
         raise ExclusionsError(f"exclusions file {path}: {_TOO_DEEP}.") from None
     if not isinstance(items, list):
         raise ExclusionsError(f"exclusions file {path} must hold a JSON array of ids or objects.")
-    return [str(x).strip() if isinstance(x, (str, int)) and not isinstance(x, bool)
-            else _id_of(path, f"item {n}", x) for n, x in enumerate(items, 1)]
+    entries = [str(x).strip() if isinstance(x, (str, int)) and not isinstance(x, bool)
+               else _id_of(path, f"item {n}", x) for n, x in enumerate(items, 1)]
+    return [e for e in entries if e is not None]

@@ -1,4 +1,4 @@
-"""Hand-offs for a selected batch: Label Studio tasks and a contact sheet PNG.
+"""Hand-offs for a selected batch: Label Studio tasks and a contact sheet PNG (of images or texts).
 
 Rows are dicts with at least `id` and `score` (and optionally `rank`, `pred`), in batch order.
 """
@@ -65,27 +65,52 @@ def _inside(row_id: str, path: str, paths) -> str:
     return norm
 
 
-def to_labelstudio(rows: Sequence[Mapping], image_root: str | None, model_version: str) -> list[dict]:
+def to_labelstudio(rows: Sequence[Mapping], image_root: str | None, model_version: str, *,
+                   texts: Sequence[str] | None = None, class_names: Sequence[str] | None = None,
+                   from_name: str = "label", to_name: str | None = None) -> list[dict]:
     """Label Studio import tasks, one per row, in row order.
 
     Shape (Label Studio's "basic JSON format" with pre-annotations, a JSON array of tasks):
-      {"data": {"image": <url or path>, "alcli_id", "alcli_rank", "alcli_score"[, "alcli_pred"]},
-       "predictions": [{"model_version": <str>, "score": <float>, "result": []}]}
-    `data.image` feeds an `<Image value="$image"/>` tag; the prediction's score lets the Data
-    Manager sort by it; `result` is empty because regions/choices depend on the project's labeling
-    config. The top-level task `id` is reserved by Label Studio and not set.
+      {"data": {"image": <url or path> | "text": <text>, "alcli_id", "alcli_rank", "alcli_score"
+                [, "alcli_pred"]},
+       "predictions": [{"model_version": <str>, "score": <float>, "result": [
+           {"id", "type": "choices", "from_name", "to_name", "value": {"choices": [<class name>]}}]}]}
+    `data.image` feeds an `<Image name="image" value="$image"/>` tag (`data.text`, given `texts`
+    one per row, a `<Text name="text" value="$text"/>` tag); the result pre-selects the predicted
+    class in a `<Choices name="label" toName="image">` tag (`from_name`, `to_name`), by its name:
+    the row's `pred` when it is a name, else `class_names[pred]`; without a name the result is
+    empty. The prediction's score (alcli's) lets the Data Manager sort by it. The top-level task
+    `id` is reserved by Label Studio and not set.
     """
+    field = "image" if texts is None else "text"
+    to_name = to_name or field
     tasks = []
     for n, row in enumerate(rows, 1):
         score = _finite(row, n)
-        data = {"image": image_ref(row["id"], image_root), "alcli_id": str(row["id"]),
+        ref = image_ref(row["id"], image_root) if texts is None else str(texts[n - 1])
+        data = {field: ref, "alcli_id": str(row["id"]),
                 "alcli_rank": int(row.get("rank", n)), "alcli_score": score}
         if row.get("pred") is not None:
             data["alcli_pred"] = _plain(row["pred"])
+        choice = predicted_name(row, class_names)
+        result = [] if choice is None else [{
+            "id": f"alcli-{n}", "type": "choices", "from_name": from_name, "to_name": to_name,
+            "value": {"choices": [choice]}}]
         tasks.append({"data": data,
                       "predictions": [{"model_version": str(model_version), "score": score,
-                                       "result": []}]})
+                                       "result": result}]})
     return tasks
+
+
+def predicted_name(row: Mapping, class_names: Sequence[str] | None) -> str | None:
+    """The predicted class's name: `pred` itself when it is a name (a table of named classes),
+    the name of index `pred` in `class_names`, else None."""
+    pred = _plain(row.get("pred"))
+    if isinstance(pred, str) and pred:
+        return pred
+    if class_names and isinstance(pred, int) and not isinstance(pred, bool) and 0 <= pred < len(class_names):
+        return str(class_names[pred])
+    return None
 
 
 def _finite(row: Mapping, n: int) -> float:
@@ -254,6 +279,67 @@ def contact_sheet(rows: Sequence[Mapping], image_root_dir: str | None, out_png: 
                       fill=(0, 0, 0), font=font)
     _atomic_save_png(sheet, out_png)
     return failed
+
+
+def text_sheet(rows: Sequence[Mapping], texts: Sequence[str], out_png: str, *, tile: int = 240,
+               columns: int = 4) -> None:
+    """The contact sheet of a text batch: each text word-wrapped in a tile×tile box (cut with
+    "..." where it does not fit), its rank, id, score and prediction beneath, as for images."""
+    cols, nrows, cell_w, cell_h = sheet_layout(len(rows), tile, columns)
+    font = _font()
+    line_h = _line_height(font)
+    sheet = Image.new("RGB", (cols * cell_w, nrows * cell_h), BACKGROUND)
+    draw = ImageDraw.Draw(sheet)
+    for i, row in enumerate(rows):
+        x0, y0 = (i % cols) * cell_w, (i // cols) * cell_h
+        draw.rectangle([x0 + PAD, y0 + PAD, x0 + PAD + tile - 1, y0 + PAD + tile - 1],
+                       fill=TILE_BACKGROUND, outline=(200, 200, 200))
+        lines = _wrap(draw, str(texts[i]), font, tile - 8, max(1, (tile - 8) // line_h))
+        for j, text in enumerate(lines):
+            draw.text((x0 + PAD + 4, y0 + PAD + 4 + j * line_h), text, fill=(0, 0, 0), font=font)
+        pred = row.get("pred")
+        caption = [f"#{row.get('rank', i + 1)}", str(row["id"]),
+                   f"score {float(row['score']):.4g}" + (f", pred {pred}" if pred not in (None, "") else "")]
+        for j, text in enumerate(caption):
+            draw.text((x0 + PAD, y0 + 2 * PAD + tile + j * line_h), _fit(draw, text, font, tile),
+                      fill=(0, 0, 0), font=font)
+    _atomic_save_png(sheet, out_png)
+
+
+def _wrap(draw: ImageDraw.ImageDraw, text: str, font, width: int, max_lines: int) -> list[str]:
+    """`text` in lines of at most `width` pixels, broken between words (inside a word too long
+    for a line); at most `max_lines`, the last ending in "..." when the text goes on."""
+    lines: list[str] = []
+    words = text.split()
+    line = ""
+    while words and len(lines) < max_lines:
+        word = words[0]
+        trial = f"{line} {word}" if line else word
+        if len(trial) <= width and draw.textlength(trial, font=font) <= width:  # >= 1 px a character
+            line = trial
+            words.pop(0)
+        elif line:
+            lines.append(line)
+            line = ""
+        else:  # one word wider than the line: as many characters as fit
+            cut = 1
+            while cut < len(word) and draw.textlength(word[:cut + 1], font=font) <= width:
+                cut += 1
+            lines.append(word[:cut])
+            words[0] = word[cut:]
+    if line and len(lines) < max_lines:
+        lines.append(line)
+        line = ""
+    if words or line:
+        lines[-1] = _fit_end(draw, lines[-1], font, width)
+    return lines
+
+
+def _fit_end(draw: ImageDraw.ImageDraw, text: str, font, width: int) -> str:
+    """The start of `text` and "...", within `width` pixels."""
+    while text and draw.textlength(text + "...", font=font) > width:
+        text = text[:-1]
+    return text.rstrip() + "..."
 
 
 def _atomic_save_png(img: Image.Image, path: str) -> None:

@@ -19,15 +19,16 @@ from typing import Iterable
 
 import torch
 
-from ..errors import ConfigError, TableError
+from ..errors import AlcliError, ConfigError, TableError
+from ..files.classnames import read_class_names
 from ..files.config import Settings
 from ..files.embeddings import EmbeddingsError, embeddings_path, load_embeddings
 from ..files.pool import PoolOptions, open_pool
-from ..files.table import LINE_FORMATS, read_meta, sidecar, write_table
+from ..files.table import LINE_FORMATS, MORE, read_meta, sidecar, write_table
 from .choose import choose
 from .exclusions import Exclusions, ExclusionsError, excluded_ids, read_exclusion_files
-from .export import (ImageRootError, contact_sheet, model_version_from, to_labelstudio,
-                     write_json)
+from .export import (ImageRootError, contact_sheet, model_version_from, predicted_name, text_sheet,
+                     to_labelstudio, write_json)
 from .rank import is_scored, rank
 
 
@@ -48,6 +49,8 @@ class Picked:
     available: int         # how many rows it was chosen from (after exclusions)
     notes: list[str] = field(default_factory=list)  # warnings for people
     meta: dict = field(default_factory=dict)  # the table's meta.json, for the hand-offs
+    texts: list[str] | None = None  # the whole text of each row, for a text pool's hand-offs
+    class_names: list[str] | None = None  # names of the classes `pred` indexes, where known
 
 
 # --- select ---------------------------------------------------------------------------------------
@@ -147,7 +150,16 @@ def pick(settings: Settings, rows: list[dict], plan: SelectPlan, *, embeddings=N
     except ValueError as err:
         raise ConfigError(_sentence(err)) from None
     picked = Picked(chosen, len(eligible), notes, plan.meta)
-    if settings.contact_sheet:
+    picked.class_names = class_names(settings, plan.meta)
+    if settings.format == "labelstudio":
+        picked.notes.extend(_unnamed(chosen, picked.class_names, settings))
+    handoff = settings.contact_sheet or settings.format == "labelstudio"
+    if handoff and is_text(chosen, pool, plan.meta):
+        picked.texts, more = whole_texts(chosen, settings, pool, plan.meta)
+        picked.notes.extend(more)
+    if settings.contact_sheet and picked.texts is not None:
+        draw_text_sheet(chosen, picked.texts, settings)
+    elif settings.contact_sheet:
         paths = image_files(chosen, settings, pool, plan.meta)
         picked.notes.extend(draw_sheet(chosen, paths, settings))
     return picked
@@ -201,16 +213,20 @@ def _sentence(err: Exception) -> str:
 # --- hand-offs ------------------------------------------------------------------------------------
 
 def write_batch(rows: list[dict], dest: str | None, settings: Settings,
-                meta: dict | None = None) -> None:
+                meta: dict | None = None, *, texts: list[str] | None = None,
+                class_names: list[str] | None = None) -> None:
     """The batch to `dest` ('-' or None = stdout) as csv, jsonl, paths, ids or Label Studio tasks.
-    Label Studio's model_version is the checkpoint the table's `meta` names, else --model's."""
+    Label Studio's model_version is the checkpoint the table's `meta` names, else --model's;
+    `texts` (a text pool's, one per row) go in data.text; `class_names` name integer preds."""
     if settings.format != "labelstudio":
         write_table(rows, dest, settings.format, settings.null)
         return
     model = (meta or {}).get("model_file") or settings.model
     version = model_version_from(model) if model else "unknown"
     try:
-        write_json(to_labelstudio(rows, settings.image_root, version), dest or "-")
+        write_json(to_labelstudio(rows, settings.image_root, version, texts=texts,
+                                  class_names=class_names, from_name=settings.from_name or "label",
+                                  to_name=settings.to_name), dest or "-")
     except ImageRootError as err:
         raise ConfigError(f"{settings.where('image_root')} {settings.image_root}: "
                           f"{_sentence(err)}") from None
@@ -280,3 +296,70 @@ def draw_sheet(rows: list[dict], paths: list[str], settings: Settings) -> list[s
         return [f"{len(failed)} of {len(rows)} images could not be read for the contact sheet "
                 f"(the first is {failed[0]}); they are grey tiles"]
     return []
+
+
+# --- class names and texts ------------------------------------------------------------------------
+
+def class_names(settings: Settings, meta: dict) -> list[str] | None:
+    """The names of the classes: from --class-names, else those the table's meta.json records."""
+    if settings.class_names:
+        return read_class_names(settings.class_names, settings.where("class_names"))
+    names = meta.get("class_names")
+    return names if isinstance(names, list) and all(isinstance(n, str) for n in names) else None
+
+
+def _unnamed(rows: list[dict], names: list[str] | None, settings: Settings) -> list[str]:
+    """A warning when Label Studio tasks go without a pre-annotation for want of class names."""
+    bare = sum(1 for r in rows if r.get("pred") is not None and predicted_name(r, names) is None)
+    if not bare:
+        return []
+    return [f"{bare} of the {len(rows)} Label Studio tasks carry no predicted class: the table's "
+            f"pred is a class index and no class names are known (pass "
+            f"{settings.option('class_names', 'FILE')}, one name per line)"]
+
+
+def is_text(rows: list[dict], pool, meta: dict) -> bool:
+    """Are these rows of a text pool? The pool scored here, the table's meta.json, or the rows'
+    own columns (a `text`, no `path`) say so."""
+    if pool is not None:
+        return getattr(pool, "kind", None) == "text"
+    if meta.get("pool_kind"):
+        return meta["pool_kind"] == "text"
+    return bool(rows) and all("text" in r and "path" not in r for r in rows)
+
+
+NO_TOKENIZER = lambda: None  # noqa: E731 - a text pool opened for its texts only
+
+
+def whole_texts(rows: list[dict], settings: Settings, pool, meta: dict) -> tuple[list[str], list[str]]:
+    """(each row's whole text, warnings): from the pool scored here, else from the text pool file
+    the table's meta.json (or the config) names, else the table's `text` column, which may be
+    cut at --text-width characters (said in a warning)."""
+    by_id = {}
+    if pool is not None:
+        by_id = dict(zip(pool.ids, getattr(pool, "texts", [])))
+    else:
+        spec = meta.get("pool_path") or settings.pool
+        if isinstance(spec, str) and spec != "-" and Path(spec).is_file():
+            opts = PoolOptions(text_column=meta.get("text_column") or settings.text_column,
+                               tokenizer=NO_TOKENIZER, class_names=meta.get("class_names"))
+            try:
+                opened = open_pool(spec, opts)
+                by_id = dict(zip(opened.ids, getattr(opened, "texts", [])))
+            except AlcliError:
+                by_id = {}
+    texts = [by_id.get(str(r["id"]), str(r.get("text") or "")) for r in rows]
+    cut = [r for r, t in zip(rows, texts) if t.endswith(MORE) and str(r["id"]) not in by_id]
+    notes = [] if not cut else [
+        f"the texts of {len(cut)} selected rows are cut at {len(cut[0]['text']) - 1} characters "
+        f"(the table's text column; the text pool file was not found); score with "
+        f"{settings.option('text_width', '0')} to keep whole texts"]
+    return texts, notes
+
+
+def draw_text_sheet(rows: list[dict], texts: list[str], settings: Settings) -> None:
+    try:
+        text_sheet(rows, texts, settings.contact_sheet)
+    except OSError as err:
+        raise ConfigError(f"{settings.where('contact_sheet')}: cannot write "
+                          f"{settings.contact_sheet} ({err.strerror or err})") from None
