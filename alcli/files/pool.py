@@ -345,11 +345,12 @@ def from_directory(spec: str, opts: PoolOptions) -> Pool:
     root = Path(spec)
     files = sorted(_image_entries(root), key=lambda p: p.relative_to(root).as_posix())
     classes: dict[str, int] = {}
+    by_name = None
     if opts.labels_from_folders:  # ImageFolder's convention: sorted class subfolders
         top = _folder_key(root)
         folders = sorted(e.name for e in os.scandir(root) if _folder_key(e) not in (None, top))
-        classes = {name: i for i, name in enumerate(folders)}
-        classes = _folders_by_name(root, folders, opts) or classes
+        by_name = _folders_by_name(root, folders, opts)
+        classes = by_name or {name: i for i, name in enumerate(folders)}
     rows = []
     for p in files:
         rel = p.relative_to(root).as_posix()
