@@ -407,7 +407,7 @@ def test_a_second_run_on_the_same_output_is_refused_naming_the_first(gated):
         one_sentence(invoke("score", "pool.pt", *LINEAR, "-b", "64", "-o", out, *more),
                      f"process {first.pid}", str(out))
     one_sentence(invoke("score", "pool.pt", *LINEAR, "-b", "64", "-o", "-"),
-                 f"process {piped.pid}", "writing -")
+                 f"process {piped.pid}", "writing the table to stdout")
     assert rows_in(Path(f"{out}.partial")) >= held  # --restart deleted nothing
 
     (gated / "gate").unlink()

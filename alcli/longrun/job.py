@@ -118,7 +118,7 @@ def _score_to_file(ctx, session: Session, todo: Pool, shard, settings: Settings,
     key = run_key(settings, full, session.model)
     with contextlib.ExitStack() as stack:
         partial_path, resumable = _partial_path(dest, ctx, {**key, "shard": shard_text}, stack)
-        stack.enter_context(output_lock(lock_path(partial_path), dest))
+        stack.enter_context(output_lock(lock_path(partial_path), _shown(dest)))
         log = PartialFile(partial_path, {**key, "shard": shard_text},
                           checkpoint_every=settings.checkpoint_every, resume=settings.resume,
                           restart=settings.restart, pool_ids=full.ids, say=say)
@@ -130,7 +130,7 @@ def _score_to_file(ctx, session: Session, todo: Pool, shard, settings: Settings,
             partial_path.unlink(missing_ok=True)  # fail before the table: an earlier one stays
             raise _nothing_read(full, stats.skipped, log.first_error)
         try:
-            with _signals_raise(partial_path, resumable, f" while writing {dest}"):
+            with _signals_raise(partial_path, resumable, f" while writing {_shown(dest)}"):
                 result = _write(ctx, settings, dest, partial_path, full, todo, key,
                                 shard_text if not ctx else None, stats, log.resumed, log.run_id)
         except BrokenPipeError:  # `| head`: the reader has what it wanted; nothing to resume
@@ -139,6 +139,10 @@ def _score_to_file(ctx, session: Session, todo: Pool, shard, settings: Settings,
         distributed.barrier(ctx)
         partial_path.unlink(missing_ok=True)
     return result
+
+
+def _shown(dest: str) -> str:
+    return "the table to stdout" if dest == "-" else dest
 
 
 STDOUT_PARTIALS = Path(".alcli")  # where runs writing to stdout keep their partial file
