@@ -120,7 +120,7 @@ def rows_in(path: Path) -> int:
         return 0
 
 
-def wait_for(proc, check, what, timeout=60.0):
+def wait_for(proc, check, what, timeout=240.0):
     deadline = time.monotonic() + timeout
     while not check():
         assert proc.poll() is None, f"the run ended before {what}: {proc.communicate()}"
@@ -128,7 +128,7 @@ def wait_for(proc, check, what, timeout=60.0):
         time.sleep(0.01)
 
 
-def finish(proc, timeout=60):
+def finish(proc, timeout=240):
     out, err = proc.communicate(timeout=timeout)
     return proc.returncode, out, err.decode()
 
@@ -432,7 +432,7 @@ def test_kill_9_releases_the_lock_and_resume_gives_the_uninterrupted_table(gated
     first = start(gated, "pool.pt", *LINEAR, "-b", "64", "--checkpoint-every", "64", "-o", out)
     wait_for(first, lambda: rows_in(Path(f"{out}.partial")) >= 64, "rows in out.csv.partial")
     first.kill()
-    first.communicate(timeout=60)
+    first.communicate(timeout=240)
     assert (gated / "out.csv.lock").read_text().strip() == str(first.pid)  # left, but not held
     run_id = json.loads(Path(f"{out}.partial").read_text().splitlines()[0])["run_id"]
 
@@ -475,7 +475,7 @@ def test_non_utf8_file_names_round_trip_through_kill_resume_and_select(in_ws, tm
                       gate_after=10**6)
     wait_for(first, lambda: rows_in(Path(f"{out}.partial")) >= 2, "rows in np.csv.partial")
     first.kill()
-    first.communicate(timeout=60)
+    first.communicate(timeout=240)
     assert json.dumps(ODD) in Path(f"{out}.partial").read_text()  # escaped: an ASCII line
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("GATE_AFTER", "1000000")

@@ -158,9 +158,10 @@ def _partial_path(dest: str, ctx, run: dict, stack: contextlib.ExitStack) -> tup
         return sidecar(dest, suffix), True
     digest = hashlib.blake2b(json.dumps(run, sort_keys=True).encode(), digest_size=6).hexdigest()
     if STDOUT_PARTIALS.is_symlink() or (STDOUT_PARTIALS.exists() and not STDOUT_PARTIALS.is_dir()):
-        raise ConfigError(f"./{STDOUT_PARTIALS} is {'a link' if STDOUT_PARTIALS.is_symlink() else 'not a folder'}"
-                          f", where runs writing to {'stdout' if dest == '-' else dest} keep their "
-                          f"partial file; remove it, or write the table with -o FILE")
+        what = "a link" if STDOUT_PARTIALS.is_symlink() else "not a folder"
+        raise ConfigError(f"./{STDOUT_PARTIALS} is {what}, where runs writing "
+                          f"{_shown(dest)} keep their partial file; remove it, or write the "
+                          f"table with -o FILE")
     try:
         STDOUT_PARTIALS.mkdir(exist_ok=True)
         ignore = STDOUT_PARTIALS / ".gitignore"
@@ -311,9 +312,9 @@ def _signals_raise(partial_path: Path, resumable: bool = True, doing: str = ""):
         if resumable:
             raise Interrupted(f"stopped by {name}{doing}; the finished rows are in {partial_path}, "
                               f"run the same command with --resume to continue", signum)
-        raise Interrupted(f"stopped by {name}{doing}; nothing can be resumed (the finished rows could "
-                          f"not be kept under ./.alcli/; write the table with -o FILE to be "
-                          f"able to resume)", signum)
+        raise Interrupted(f"stopped by {name}{doing}; nothing can be resumed (the finished rows "
+                          f"could not be kept under ./.alcli/; write the table with -o FILE to "
+                          f"be able to resume)", signum)
 
     previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
