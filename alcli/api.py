@@ -91,7 +91,7 @@ def score_to_table(settings: Settings, dest: str, *, model: nn.Module | None = N
         result.stats.notes.append(f"no embeddings written ({recorder.skipped}); select --diverse "
                                   f"needs them")
         return result, None
-    save_embeddings(emb_file, embeddings.ids, embeddings.a, embeddings.b)
+    save_embeddings(emb_file, embeddings.ids, embeddings.a, embeddings.b, result.run_id)
     return result, emb_file
 
 

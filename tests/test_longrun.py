@@ -141,7 +141,8 @@ def test_sigterm_and_sigkill_then_resume_give_the_uninterrupted_table(in_ws, tmp
     assert len(rows) == 3000 and rows[0]["rank"] == "1"
     meta = json.loads((tmp_path / "resumed.csv.meta.json").read_text())
     ref_meta = json.loads((tmp_path / "full.csv.meta.json").read_text())
-    assert meta == {**ref_meta, "table": "resumed.csv"} and meta["rows"] == 3000
+    assert meta == {**ref_meta, "table": "resumed.csv", "run_id": meta["run_id"]}  # ids: per run
+    assert meta["rows"] == 3000 and meta["run_id"] != ref_meta["run_id"]
 
 
 def test_sigterm_writes_the_rows_waiting_for_a_checkpoint(in_ws, tmp_path):

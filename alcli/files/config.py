@@ -114,8 +114,7 @@ class Settings:
     # not a setting: True when the Python API made these settings, whose messages then name
     # keyword arguments (`model=`), not flags (`--model`)
     from_api = False
-    # not a setting: the YAML file these settings were read from, if any
-    config_file = None
+    config_file = None  # not a setting either: the YAML file read, if any (an input)
 
     def where(self, key: str) -> str:
         """Where the setting came from: "key 'k' in FILE", "option --flag" or "argument k="."""
@@ -438,10 +437,10 @@ def load_settings(config: str | Path | None = None, overrides: dict | None = Non
     """
     settings = Settings()
     if config is not None:
+        settings.config_file = str(config)
         values = _relative_to(Path(config).parent, read_yaml(config))
         _refuse_trust(values, config)
         _apply(settings, values, lambda k: f"key '{k}' in {config}")
-        settings.config_file = str(config)
     given = {k: v for k, v in (overrides or {}).items() if v is not None}
     if flag_names:
         _apply(settings, given, lambda k: f"option {flag(k)}")

@@ -1,5 +1,7 @@
 """The embeddings file `TABLE.emb.npz`: each scored example's BADGE factors (see
-alcli.selection.diverse), written by `alcli score --embeddings`, read by `alcli select --diverse`."""
+alcli.selection.diverse), written by `alcli score --embeddings`, read by `alcli select --diverse`.
+It records the run id of the table it was written with (TABLE.meta.json has the same), so that
+`select` can tell a table's own embeddings from another run's."""
 from __future__ import annotations
 
 import zipfile
@@ -9,7 +11,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError, TableError
-from .atomic import atomic_open
+from .atomic import atomic_open, writes_stream
 from .config import Settings
 
 EMBEDDINGS_SUFFIX = ".emb.npz"
@@ -33,26 +35,27 @@ def destination(settings: Settings, table_dest: str | None, one_process: bool = 
     whole pool is scored in `one_process` (no --resume, --shard or torchrun)."""
     if settings.embeddings is False:
         return None
-    if settings.embeddings is None and (table_dest in (None, "-") or not one_process):
+    if settings.embeddings is None and (writes_stream(table_dest) or not one_process):
         return None
     if settings.embeddings_file:
         return settings.embeddings_file
-    if table_dest in (None, "-"):
+    if writes_stream(table_dest):
         raise ConfigError(f"{settings.where('embeddings')} writes the embeddings beside the table, "
                           f"so the table must go to a file: pass -o/--output FILE")
     return embeddings_path(str(table_dest))
 
 
-def save_embeddings(path: str, ids: Sequence[str], a, b) -> None:
-    """Write ids [N], a [N, C] and b [N, D] to an uncompressed .npz, atomically; a file that
-    cannot be written is a TableError."""
+def save_embeddings(path: str, ids: Sequence[str], a, b, run_id: str | None = None) -> None:
+    """Write ids [N], a [N, C] and b [N, D] (and the table's `run_id`) to an uncompressed .npz,
+    atomically; a file that cannot be written is a TableError."""
     ids = [str(i) for i in ids]
     a = torch.as_tensor(a).detach().cpu().numpy()
     b = torch.as_tensor(b).detach().cpu().numpy()
     _check_factors(path, ids, a, b)
     try:
         with atomic_open(path, "wb") as fh:  # a file object, so numpy does not append ".npz"
-            np.savez(fh, format=np.array(_FORMAT), ids=np.array(ids, dtype=np.str_), a=a, b=b)
+            np.savez(fh, format=np.array(_FORMAT), ids=np.array(ids, dtype=np.str_), a=a, b=b,
+                     **({"run_id": np.array(run_id)} if run_id else {}))
     except OSError as err:
         raise TableError(f"cannot write embeddings file {path} ({err.strerror or err})") from None
 
@@ -94,6 +97,16 @@ def load_embeddings(path: str, ids: Sequence[str] | None = None
         rows.append(index[i])
     take = torch.tensor(rows, dtype=torch.long)
     return [str(i) for i in ids], a[take], b[take]
+
+
+def embeddings_run_id(path: str) -> str | None:
+    """The run id the embeddings file records (None: written without a table, or by an older
+    alcli)."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return str(z["run_id"]) if "run_id" in z.files else None
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as err:
+        raise EmbeddingsError(f"cannot read embeddings file {path}: {err}.") from err
 
 
 def _check_factors(path: str, ids: list[str], a: np.ndarray, b: np.ndarray) -> None:

@@ -133,6 +133,8 @@ def write_rows(rows: Iterable[dict], columns: list[str], dest: str | Path | IO[s
     """`write_table` for rows that arrive one by one (a generator) with their columns known."""
     if dest is None or str(dest) == "-":
         dest = sys.stdout
+        if hasattr(dest, "reconfigure"):  # ids from non-UTF-8 file names: their bytes as they are
+            dest.reconfigure(errors="surrogateescape")
     if not isinstance(dest, (str, Path)):
         dest.writelines(render(rows, columns, fmt, null=null))
         dest.flush()
@@ -143,12 +145,13 @@ def write_rows(rows: Iterable[dict], columns: list[str], dest: str | Path | IO[s
 
 @contextlib.contextmanager
 def atomic_file(dest: str | Path, what: str = "output") -> Iterator[IO[str]]:
-    """A text table written atomically (see atomic.py); failures become one TableError sentence."""
+    """A text table written atomically (see atomic.py); failures become one TableError sentence.
+    Ids from file names that are not UTF-8 (surrogate escapes) are written as their raw bytes."""
     path = Path(dest)
     if path.is_dir():
         raise TableError(f"{what} {path} is a directory")
     try:
-        with atomic_open(path, "w", newline="") as f:
+        with atomic_open(path, "w", newline="", encoding="utf-8", errors="surrogateescape") as f:
             yield f
     except OSError as err:
         raise TableError(f"cannot write {what} {path} ({err.strerror or err})") from None
@@ -187,13 +190,15 @@ def read_table(source: str | Path | IO[str], name: str | None = None) -> list[di
         path = Path(source)
         name = name or str(path)
         try:
-            text = path.read_text()
+            text = path.read_text(encoding="utf-8", errors="surrogateescape")  # as written
         except FileNotFoundError:
             raise TableError(f"table {path} does not exist") from None
         except (OSError, UnicodeDecodeError) as err:
             raise TableError(f"table {path} cannot be read ({err})") from None
     else:
         stream = sys.stdin if not hasattr(source, "read") else source
+        if stream is sys.stdin and hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="surrogateescape")  # a table holding raw file-name bytes
         name = name or "stdin"
         text = stream.read()
     if text.lstrip().startswith("{"):
@@ -255,6 +260,21 @@ def sidecar(output: str | Path, suffix: str) -> Path:
     """OUTPUT.partial, OUTPUT.errors.csv, OUTPUT.meta.json, ... beside the table."""
     output = Path(output)
     return output.with_name(f"{output.name}.{suffix}")
+
+
+SIDECARS = ("meta.json", "errors.csv", "emb.npz")  # written with the table, removed with it
+
+
+def remove_sidecars(output: str | Path, keep: tuple[str, ...] = ()) -> None:
+    """Remove OUTPUT's sidecars (but `keep`): a new table must not inherit an old run's files."""
+    for suffix in SIDECARS:
+        if suffix not in keep:
+            path = sidecar(output, suffix)
+            try:
+                path.unlink(missing_ok=True)
+            except OSError as err:
+                raise TableError(f"cannot remove {path}, which described the earlier table "
+                                 f"{output} ({err.strerror or err})") from None
 
 
 def write_meta(path: Path, meta: dict) -> None:

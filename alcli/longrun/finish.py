@@ -2,7 +2,8 @@
 
     OUTPUT             the ranked table (written to a temporary file, then renamed)
     OUTPUT.errors.csv  `id,error` of the skipped examples (only when there are some)
-    OUTPUT.meta.json   what the table holds: counts, shard, pool fingerprint, settings
+    OUTPUT.meta.json   what the table holds: counts, shard, pool fingerprint, settings, run id
+    OUTPUT.emb.npz     (written by the caller, with the same run id) an earlier one is removed
 
 The table is ranked from partial files (see partial.py) without holding the rows: only
 (score, id, offset) per example is kept in memory, and each row is read back from its offset
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from ..files.table import atomic_file, columns_of, sidecar, write_meta, write_rows
+from ..files.table import atomic_file, columns_of, remove_sidecars, sidecar, write_meta, write_rows
 from ..selection.rank import score_order
 from .partial import read_record
 
@@ -89,12 +90,14 @@ def finish(sources: list[Path], dest, fmt: str, *, top: int = 5, null: bool = Fa
 
 def write_sidecars(dest: str | Path, finished: Finished, meta: dict) -> list[str]:
     """DEST.errors.csv (only when examples were skipped) and DEST.meta.json: `meta` plus the
-    table's own name and counts -> the files written."""
+    table's own name and counts -> the files written. An earlier DEST.emb.npz is removed: the
+    caller writes this run's, if any."""
     errors_path, meta_path = sidecar(dest, "errors.csv"), sidecar(dest, "meta.json")
     write_errors(errors_path, finished.errors)
     write_meta(meta_path, {**meta, "table": Path(dest).name, "rows": finished.count,
                            "nan_scores": finished.nans, "skipped": len(finished.errors),
                            "errors_file": errors_path.name if finished.errors else None})
+    remove_sidecars(dest, keep=("meta.json", "errors.csv"))
     return ([str(errors_path)] if finished.errors else []) + [str(meta_path)]
 
 
@@ -112,5 +115,5 @@ def write_errors(path: Path, errors: list[tuple[str, str]]) -> None:
 def read_errors(path: Path) -> list[tuple[str, str]]:
     if not path.exists():
         return []
-    with open(path, newline="") as f:
+    with open(path, newline="", encoding="utf-8", errors="surrogateescape") as f:
         return [(row["id"], row["error"]) for row in csv.DictReader(f)]

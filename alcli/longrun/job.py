@@ -27,8 +27,9 @@ from torch import nn
 
 from ..version import __version__
 from ..errors import AlcliError, ConfigError, PoolError
-from ..files.atomic import check_writable
+from ..files.atomic import check_writable, writes_stream
 from ..files.config import Settings
+from ..files.outputs import check_not_input
 from ..files.pool import Pool
 from ..files.table import FORMATS as TABLE_FORMATS, check_records, sidecar
 from ..score.embeddings import EmbeddingRecorder
@@ -37,6 +38,7 @@ from ..selection.rank import rank
 from ..session import Session, opened
 from . import distributed
 from .finish import Finished, finish, write_sidecars
+from .lock import lock_path, output_lock
 from .partial import PartialFile, gather_target, new_partial
 from .shard import SubPool, fingerprint, parse_shard, shard_indices
 
@@ -60,6 +62,7 @@ class JobResult:
     shard: str | None = None
     files: list[str] = field(default_factory=list)  # written beside the table (errors, meta)
     pool: Pool | None = None
+    run_id: str | None = None   # the table's meta.json records it (and its embeddings file)
 
 
 def score(settings: Settings, dest: str | None, *, model: nn.Module | None = None, pool=None,
@@ -126,6 +129,7 @@ def _score_to_file(ctx, session: Session, todo: Pool, shard, settings: Settings,
     key = run_key(settings, full, session.model)
     with contextlib.ExitStack() as stack:
         partial_path, resumable = _partial_path(dest, ctx, {**key, "shard": shard_text}, stack)
+        stack.enter_context(output_lock(lock_path(partial_path), _shown(dest)))
         log = PartialFile(partial_path, {**key, "shard": shard_text},
                           checkpoint_every=settings.checkpoint_every, resume=settings.resume,
                           restart=settings.restart, pool_ids=full.ids, say=say)
@@ -137,8 +141,9 @@ def _score_to_file(ctx, session: Session, todo: Pool, shard, settings: Settings,
             partial_path.unlink(missing_ok=True)  # fail before the table: an earlier one stays
             raise _nothing_read(full, stats.skipped, log.first_error)
         try:
-            result = _write(ctx, settings, dest, partial_path, full, todo, key,
-                            shard_text if not ctx else None, stats, log.resumed)
+            with _signals_raise(partial_path, resumable, f" while writing {_shown(dest)}"):
+                result = _write(ctx, settings, dest, partial_path, full, todo, key,
+                                shard_text if not ctx else None, stats, log.resumed, log.run_id)
         except BrokenPipeError:  # `| head`: the reader has what it wanted; nothing to resume
             partial_path.unlink(missing_ok=True)
             raise
@@ -147,17 +152,27 @@ def _score_to_file(ctx, session: Session, todo: Pool, shard, settings: Settings,
     return result
 
 
+def _shown(dest: str) -> str:
+    return "the table to stdout" if dest == "-" else dest
+
+
 STDOUT_PARTIALS = Path(".alcli")  # where runs writing to stdout keep their partial file
 
 
 def _partial_path(dest: str, ctx, run: dict, stack: contextlib.ExitStack) -> tuple[Path, bool]:
-    """(the partial file, whether a later --resume can find it). For a table on stdout it is
-    ./.alcli/stdout-HASH.partial, HASH naming the run's settings, so the same command with
-    --resume finds it; where ./.alcli cannot be made, a temporary folder (nothing resumable)."""
+    """(the partial file, whether a later --resume can find it). For a table on stdout (or into
+    a device or FIFO, where nothing is written beside it) it is ./.alcli/stdout-HASH.partial,
+    HASH naming the run's settings, so the same command with --resume finds it; where ./.alcli
+    cannot be made, a temporary folder (nothing resumable). A link named ./.alcli is refused."""
     suffix = f"{ctx.rank}-of-{ctx.world}.partial" if ctx else "partial"
-    if dest != "-":
+    if not writes_stream(dest):
         return sidecar(dest, suffix), True
     digest = hashlib.blake2b(json.dumps(run, sort_keys=True).encode(), digest_size=6).hexdigest()
+    if STDOUT_PARTIALS.is_symlink() or (STDOUT_PARTIALS.exists() and not STDOUT_PARTIALS.is_dir()):
+        what = "a link" if STDOUT_PARTIALS.is_symlink() else "not a folder"
+        raise ConfigError(f"./{STDOUT_PARTIALS} is {what}, where runs writing "
+                          f"{_shown(dest)} keep their partial file; remove it, or write the "
+                          f"table with -o FILE")
     try:
         STDOUT_PARTIALS.mkdir(exist_ok=True)
         ignore = STDOUT_PARTIALS / ".gitignore"
@@ -185,16 +200,25 @@ def _check_options(settings: Settings, ctx, dest: str | None, embeddings) -> Non
     if settings.resume and settings.restart:
         raise ConfigError("--resume and --restart contradict each other: --resume continues the "
                           "unfinished run, --restart discards it")
-    if dest != "-":
+    if not writes_stream(dest):
         folder = Path(dest).parent
         if not folder.is_dir():
             raise ConfigError(f"output {dest}: the folder {folder} does not exist")
         if Path(dest).is_dir():
             raise ConfigError(f"output {dest} is a directory")
         check_writable(folder, f"output {dest}")
+        check_not_input(dest, settings.where("output"), _inputs(settings))
+        check_not_input(settings.embeddings_file, settings.where("embeddings_file"),
+                        [*_inputs(settings), ("the table written", dest)])
     if settings.format not in TABLE_FORMATS:
         raise ConfigError(f"--format {settings.format} is for select; score writes "
                           f"{', '.join(TABLE_FORMATS)}")
+
+
+def _inputs(settings: Settings) -> list[tuple[str, object]]:
+    """The files `score` reads, which no output may replace."""
+    return [("the pool", settings.pool), ("the model", settings.model),
+            ("the config file", settings.config_file)]
 
 
 def run_key(settings: Settings, full: Pool, net: nn.Module) -> dict:
@@ -287,8 +311,9 @@ def _score(session: Session, todo: Pool, settings: Settings, log: PartialFile, p
 
 
 @contextlib.contextmanager
-def _signals_raise(partial_path: Path, resumable: bool = True):
-    """SIGINT and SIGTERM raise Interrupted (so the partial file is flushed on the way out)."""
+def _signals_raise(partial_path: Path, resumable: bool = True, doing: str = ""):
+    """SIGINT and SIGTERM raise Interrupted (so the partial file is flushed on the way out, and
+    a table being written is left as it was, its temporary file removed)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -300,11 +325,11 @@ def _signals_raise(partial_path: Path, resumable: bool = True):
             raise KeyboardInterrupt
         name = signal.Signals(signum).name
         if resumable:
-            raise Interrupted(f"stopped by {name}; the finished rows are in {partial_path}, run "
-                              f"the same command with --resume to continue", signum)
-        raise Interrupted(f"stopped by {name}; nothing can be resumed (the finished rows could "
-                          f"not be kept under ./.alcli/; write the table with -o FILE to be "
-                          f"able to resume)", signum)
+            raise Interrupted(f"stopped by {name}{doing}; the finished rows are in {partial_path}, "
+                              f"run the same command with --resume to continue", signum)
+        raise Interrupted(f"stopped by {name}{doing}; nothing can be resumed (the finished rows "
+                          f"could not be kept under ./.alcli/; write the table with -o FILE to "
+                          f"be able to resume)", signum)
 
     previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -315,7 +340,8 @@ def _signals_raise(partial_path: Path, resumable: bool = True):
 
 
 def _write(ctx, settings: Settings, dest: str, partial_path: Path, full: Pool, todo: Pool,
-           key: dict, shard: str | None, stats: RunStats, resumed: int) -> JobResult | None:
+           key: dict, shard: str | None, stats: RunStats, resumed: int,
+           run_id: str) -> JobResult | None:
     """The final table (rank 0 under torchrun, after gathering every rank's rows)."""
     sources = [partial_path]
     with contextlib.ExitStack() as stack:
@@ -333,17 +359,17 @@ def _write(ctx, settings: Settings, dest: str, partial_path: Path, full: Pool, t
                 return None
         try:
             finished = finish(sources, dest, settings.format, null=settings.null)
-            files = [] if dest == "-" else write_sidecars(dest, finished, {
+            files = [] if writes_stream(dest) else write_sidecars(dest, finished, {
                 "format": "alcli-table", "version": META_VERSION, "alcli_version": __version__, "table_format": settings.format,
                 "shard": shard, "pool": full.name, "pool_size": len(full),
                 "pool_path": _absolute(settings.pool), "model_file": _absolute(settings.model),
-                "shard_size": len(todo) if shard else len(full), "run": key,
+                "shard_size": len(todo) if shard else len(full), "run": key, "run_id": run_id,
                 **described(full, settings)})
         except BaseException:
             distributed.rank0_ok(ctx, False)
             raise
         distributed.rank0_ok(ctx, True)
-    return JobResult(finished, stats, resumed, shard, files)
+    return JobResult(finished, stats, resumed, shard, files, run_id=run_id)
 
 
 def described(full: Pool, settings: Settings) -> dict:

@@ -8,15 +8,17 @@ of their errors files, to the whole pool. The result is the table one process wo
 from __future__ import annotations
 
 import json
+import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..version import __version__
 from ..errors import ConfigError, TableError
-from ..files.atomic import check_writable
+from ..files.atomic import check_writable, writes_stream
+from ..files.outputs import check_not_input
 from .finish import Finished, finish, read_errors, write_sidecars
-from .partial import new_partial
+from .partial import new_partial, new_run_id
 from ..files.table import LINE_FORMATS, read_meta, read_table, sidecar
 
 
@@ -34,7 +36,9 @@ def merge_tables(parts: list[str], dest: str, fmt: str = "csv", null: bool = Fal
         raise ConfigError("no parts given; pass the shard tables to merge")
     metas = [_meta(part) for part in parts]
     _check_parts(parts, metas)
-    folder = Path(dest).parent if dest != "-" else Path(tempfile.gettempdir())
+    check_not_input(dest, "option --output", [("a part", parts)])
+    stream = writes_stream(dest)
+    folder = Path(tempfile.gettempdir()) if stream else Path(dest).parent
     if not folder.is_dir():
         raise ConfigError(f"output {dest}: the folder {folder} does not exist")
     check_writable(folder, f"output {dest}")
@@ -62,11 +66,11 @@ def merge_tables(parts: list[str], dest: str, fmt: str = "csv", null: bool = Fal
                     out.write(json.dumps({"id": id_, "error": message}) + "\n")
         if len(owner) != first["pool_size"]:
             raise TableError(f"the parts hold {len(owner)} examples but the pool "
-                             f"{first['pool']} has {first['pool_size']}; a part is incomplete")
+                             f"{first.get('pool')} has {first['pool_size']}; a part is incomplete")
         finished = finish([combined], dest, fmt, null=null)
-    files = [] if dest == "-" else write_sidecars(dest, finished, {
+    files = [] if stream else write_sidecars(dest, finished, {
         **first, "alcli_version": __version__, "table_format": fmt, "shard": None, "shard_size": first["pool_size"],
-        "merged_from": [str(p) for p in parts]})
+        "merged_from": [str(p) for p in parts], "run_id": new_run_id()})
     return MergeResult(finished, len(parts), files)
 
 
@@ -80,10 +84,27 @@ def _meta(part: str) -> dict:
                          f"by `alcli score --shard K/N -o FILE`")
     if meta.get("format") != "alcli-table" or "run" not in meta:
         raise TableError(f"{path} is not an alcli table description")
+    _check_fields(path, meta)
     if meta.get("table_format") in LINE_FORMATS:
         raise TableError(f"part {part} holds one {meta['table_format'][:-1]} per line "
                          f"(-f {meta['table_format']}); score the shard as csv or jsonl")
     return meta
+
+
+def _check_fields(path: Path, meta: dict) -> None:
+    """The keys merge uses, of the right kinds (an edited file is named, not a traceback)."""
+    shard = meta.get("shard")
+    if shard is not None:
+        match = re.fullmatch(r"(\d+)/(\d+)", shard) if isinstance(shard, str) else None
+        if match is None or not int(match[1]) < int(match[2]):
+            raise TableError(f"{path}: shard {json.dumps(shard)} is not K/N with K < N")
+    if not isinstance(meta["run"], dict):
+        raise TableError(f"{path}: run {json.dumps(meta['run'])} is not the settings of a run")
+    for key in ("rows", "pool_size", "skipped"):
+        value = meta.get(key, 0 if key == "skipped" else None)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise TableError(f"{path}: {key} is {json.dumps(value) if key in meta else 'missing'}"
+                             f"; it should be a count of examples")
 
 
 def _check_parts(parts: list[str], metas: list[dict]) -> None:

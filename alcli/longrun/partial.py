@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import signal
+import uuid
 from pathlib import Path
 from typing import Iterator
 
@@ -26,7 +27,9 @@ VERSION = 1
 # --- writing ------------------------------------------------------------------------------------
 
 class PartialFile:
-    """Append-only log of finished examples; `done` holds the ids already in it (on resume)."""
+    """Append-only log of finished examples; `done` holds the ids already in it (on resume).
+    `run_id` names the run (kept in the header, so a resumed run keeps it): the table's meta and
+    embeddings files record it, so that files of different runs are never taken for one."""
 
     def __init__(self, path: str | Path, run: dict, *, checkpoint_every: int, resume: bool,
                  restart: bool = False, pool_ids: list[str] | None = None, say=None):
@@ -51,11 +54,14 @@ class PartialFile:
                                   f"run that did not complete; run the same command with --resume "
                                   f"to continue it, or with --restart to discard them")
             _check_same_run(self.path, header.get("run", {}), run, self.done, pool_ids)
+            self.run_id = str(header.get("run_id") or new_run_id())
             if end < self.path.stat().st_size:  # a line cut short by the crash
                 os.truncate(self.path, end)
             self.resumed = len(self.done)
         else:
-            header_line = json.dumps({"format": FORMAT, "version": VERSION, "run": run})
+            self.run_id = new_run_id()
+            header_line = json.dumps({"format": FORMAT, "version": VERSION, "run": run,
+                                      "run_id": self.run_id})
             try:
                 fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             except OSError as err:
@@ -126,6 +132,10 @@ def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]
+
+
+def new_run_id() -> str:
+    return uuid.uuid4().hex
 
 
 def gather_target(partial: Path) -> Path:

@@ -22,9 +22,11 @@ import torch
 from ..errors import AlcliError, ConfigError, TableError
 from ..files.classnames import read_class_names
 from ..files.config import Settings
-from ..files.embeddings import EmbeddingsError, embeddings_path, load_embeddings
+from ..files.atomic import writes_stream
+from ..files.embeddings import EmbeddingsError, embeddings_path, embeddings_run_id, load_embeddings
+from ..files.outputs import check_not_input
 from ..files.pool import PoolOptions, open_pool
-from ..files.table import LINE_FORMATS, MORE, read_meta, sidecar, write_table
+from ..files.table import LINE_FORMATS, MORE, read_meta, remove_sidecars, sidecar, write_table
 from .choose import choose
 from .exclusions import Exclusions, ExclusionsError, excluded_ids, read_exclusion_files
 from .export import (ImageRootError, contact_sheet, model_version_from, predicted_name, text_sheet,
@@ -91,6 +93,7 @@ def prepare(settings: Settings, source: str | None, score_first: bool,
                               f"does not exist; write it with `alcli score --embeddings -o TABLE`")
         else:
             plan.embeddings_file = path
+            _check_same_run(settings, plan, source)
     if settings.null and settings.format not in LINE_FORMATS and \
             not (score_first and settings.pool == "-"):
         raise ConfigError(f"{settings.where('null')} ends -f paths and -f ids records with NUL; "
@@ -102,11 +105,49 @@ def prepare(settings: Settings, source: str | None, score_first: bool,
         if target and target != "-" and not Path(target).resolve().parent.is_dir():
             raise ConfigError(f"{settings.where(key)} {target}: the folder "
                               f"{Path(target).parent} does not exist")
+    inputs = _inputs(settings, source, score_first)
+    check_not_input(settings.output, settings.where("output"), inputs)
+    check_not_input(settings.contact_sheet, settings.where("contact_sheet"),
+                    [*inputs, ("the batch written", settings.output)])
     if settings.contact_sheet and score_first and isinstance(settings.pool, str) and \
             Path(settings.pool).suffix.lower() in (".pt", ".pth", ".npy", ".npz"):
         raise ConfigError(f"{settings.where('contact_sheet')} draws images, but the pool "
                           f"{settings.pool} holds tensors")
     return plan
+
+
+def _inputs(settings: Settings, source: str | None, score_first: bool) -> list[tuple[str, object]]:
+    """The files `select` reads, which no output may replace."""
+    inputs = [("the table read", source), ("an --exclude file", settings.exclude),
+              ("the embeddings file read", settings.embeddings_file),
+              ("the config file", settings.config_file)]
+    if score_first:
+        inputs += [("the pool", settings.pool), ("the model", settings.model)]
+    return inputs
+
+
+def _check_same_run(settings: Settings, plan: SelectPlan, source: str | None) -> None:
+    """The embeddings file and the table must come from one `score` run: both record its run id
+    (files without one, from an older alcli or the Python API, are matched by their ids only).
+    By default a mismatch means no diverse batch, with a warning; asked for, it is an error."""
+    try:
+        file_run = embeddings_run_id(plan.embeddings_file)
+    except EmbeddingsError as err:
+        raise ConfigError(_sentence(err)) from None
+    table_run = plan.meta.get("run_id")
+    if not file_run or not table_run or file_run == table_run:
+        return
+    problem = (f"the embeddings file {plan.embeddings_file} was written by another run than the "
+               f"table {source} (the run ids in it and in {sidecar(source, 'meta.json').name} "
+               f"differ)")
+    if settings.diverse is None and not settings.embeddings_file:
+        plan.diverse, plan.embeddings_file = False, None
+        plan.notes.append(f"selected the best scores without --diverse: {problem}; score again "
+                          f"to write matching ones")
+        return
+    key = "embeddings_file" if settings.embeddings_file else "diverse"
+    raise ConfigError(f"{settings.where(key)}: {problem}; score the table again to write its "
+                      f"own embeddings")
 
 
 def pick(settings: Settings, rows: list[dict], plan: SelectPlan, *, embeddings=None,
@@ -220,7 +261,14 @@ def write_batch(rows: list[dict], dest: str | None, settings: Settings,
     `texts` (a text pool's, one per row) go in data.text; `class_names` name integer preds."""
     if settings.format != "labelstudio":
         write_table(rows, dest, settings.format, settings.null)
-        return
+    else:
+        _write_tasks(rows, dest, settings, meta, texts, class_names)
+    if not writes_stream(dest):
+        remove_sidecars(dest)  # a batch written over an earlier table: its files go with it
+
+
+def _write_tasks(rows: list[dict], dest: str | None, settings: Settings, meta: dict | None,
+                 texts: list[str] | None, class_names: list[str] | None) -> None:
     model = (meta or {}).get("model_file") or settings.model
     version = model_version_from(model) if model else "unknown"
     try:
