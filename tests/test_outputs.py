@@ -199,7 +199,6 @@ def test_dev_stdout_is_stdout_even_when_it_is_a_file(in_ws, tmp_path):
     cwds = [tmp_path / name for name in "abc"]  # each its own ./.alcli: they run side by side
     for cwd in cwds:
         cwd.mkdir()
-        shutil.copy(in_ws.root / "tinynet.py", cwd)
     with open(log, "ab") as f:  # `>> log.csv`: appended to, as by `-o -`
         runs = [start(cwds[0], *args, "-o", "-"),
                 start(cwds[1], *args, "-o", "/dev/stdout"),  # a pipe
@@ -466,7 +465,7 @@ def test_non_utf8_file_names_round_trip_through_kill_resume_and_select(in_ws, tm
     (pool / BAD).write_bytes(b"not an image")
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text(in_ws.config.read_text().replace("tinynet:TinyNet", "gated:Tiny"))
-    args = ["np", "-m", "model.pt", "-c", cfg, "-s", "margin", "-b", "2", "-q"]
+    args = ["np", "-m", "model.pt", "-c", cfg, "-s", "margin", "-b", "2", "-q", "--trust-checkpoint"]
     out = tmp_path / "np.csv"
 
     (tmp_path / "gate").touch()
