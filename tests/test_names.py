@@ -158,6 +158,14 @@ def test_text_tasks_from_a_pipe_say_when_texts_are_cut(named):
     assert TEXTS[LONG] in whole
 
 
+def test_select_scoring_its_pool_writes_whole_texts(named):
+    picked = ok(cli(named, "select", "--pool", "texts.txt", "-m", "bert", "--text-width", 10,
+                    "-n", len(TEXTS), "-f", "labelstudio", "--no-diverse", "-q"))
+    tasks = json.loads(picked.stdout)
+    assert sorted(t["data"]["text"] for t in tasks) == sorted(TEXTS)
+    assert all(t["predictions"][0]["result"][0]["value"]["choices"][0] in NAMES for t in tasks)
+
+
 # --- class names from each source -----------------------------------------------------------------
 
 def test_default_id2label_names_nothing(named):
@@ -225,6 +233,26 @@ def test_string_labels_in_an_image_manifest(in_ws, tmp_path):
         logits = model(in_ws.image_input(r["id"])[None])[0].detach()
         assert float(r["loss"]) == pytest.approx(float(F.cross_entropy(logits, torch.tensor(label))),
                                                  rel=1e-4)
+
+
+def test_names_through_per_class_quotas_and_merge(in_ws, tmp_path):
+    """Shards scored with class folders merge into the one-process table, names and all; select's
+    per-class quotas group by the names."""
+    m = ["-m", "model.pt", "-c", "config.yaml", "-s", "entropy", "--labels-from-folders", "-q"]
+    ok(cli(in_ws.root, "score", "pool", *m, "-o", tmp_path / "whole.csv"))
+    for k in (0, 1):
+        ok(cli(in_ws.root, "score", "pool", *m, "--shard", f"{k}/2", "-o", tmp_path / f"p{k}.csv"))
+    ok(cli(in_ws.root, "merge", tmp_path / "p0.csv", tmp_path / "p1.csv", "-o", tmp_path / "m.csv",
+           "-q"))
+    whole = parse_csv((tmp_path / "whole.csv").read_text())
+    assert parse_csv((tmp_path / "m.csv").read_text()) == whole
+    assert json.loads((tmp_path / "m.csv.meta.json").read_text())["class_names"] == ["a", "b", "c"]
+    batch = parse_csv(ok(cli(in_ws.root, "select", tmp_path / "whole.csv", "-n", 6, "--per-class",
+                             "equal", "--no-diverse")).stdout)
+    available = {c: sum(r["pred"] == c for r in whole) for c in "abc"}
+    assert available == {"a": 12, "b": 0, "c": 2}  # the workspace's model predicts no b
+    # equal quotas of 3 over the predicted classes: c has only 2, its last place goes to a
+    assert {c: sum(r["pred"] == c for r in batch) for c in "abc"} == {"a": 4, "b": 0, "c": 2}
 
 
 def test_class_names_errors(in_ws, tmp_path):
