@@ -55,7 +55,7 @@ class Tiny(TinyNet):
         return super().forward(x)
 '''
 LINEAR = ["--arch", "gated:Linear", "--arch-kwargs", '{"in_features": 4, "out_features": 3}',
-          "-m", "lin.pt", "-s", "margin", "-q"]
+          "-m", "lin.pt", "-s", "margin", "-q", "--trust-checkpoint"]  # gated.py: code of the test
 
 
 @pytest.fixture(autouse=True)
