@@ -27,7 +27,7 @@ from torch import nn
 
 from ..version import __version__
 from ..errors import AlcliError, ConfigError, PoolError
-from ..files.atomic import check_writable
+from ..files.atomic import check_writable, make_folder
 from ..files.config import Settings
 from ..files.pool import Pool
 from ..files.table import FORMATS as TABLE_FORMATS, check_records, sidecar
@@ -36,6 +36,7 @@ from ..score.runner import RunStats, run
 from ..selection.rank import rank
 from ..session import Session, opened
 from . import distributed
+from .exclude import Exclusion
 from .finish import Finished, finish, write_sidecars
 from .partial import PartialFile, gather_target, new_partial
 from .shard import SubPool, fingerprint, parse_shard, shard_indices
@@ -60,6 +61,8 @@ class JobResult:
     shard: str | None = None
     files: list[str] = field(default_factory=list)  # written beside the table (errors, meta)
     pool: Pool | None = None
+    excluded: int = 0           # examples --exclude left out (not scored)
+    warnings: list[str] = field(default_factory=list)  # for people: --exclude entries unmatched
 
 
 def score(settings: Settings, dest: str | None, *, model: nn.Module | None = None, pool=None,
@@ -71,10 +74,11 @@ def score(settings: Settings, dest: str | None, *, model: nn.Module | None = Non
     into ranked rows in memory (`result.finished.rows`; no partial file, resume or torchrun).
     Returns None on the torchrun ranks other than 0, which write nothing."""
     ctx = distributed.from_env() if dest is not None else None
+    exclusion = Exclusion(settings) if dest is not None and settings.exclude else None
     _check_options(settings, ctx, dest, embeddings)
     device_spec = distributed.device_for(settings.device, ctx) if ctx else settings.device
     with distributed.session(ctx, device_spec), \
-            opened(settings, model, pool, stdin, device_spec) as session:
+            opened(settings, model, pool, stdin, device_spec, narrow=exclusion) as session:
         full = session.pool
         if dest is not None:
             _check_records(settings, full)
@@ -84,9 +88,11 @@ def score(settings: Settings, dest: str | None, *, model: nn.Module | None = Non
             result = _score_in_memory(session, todo, settings, on_start, on_batch, say, embeddings)
         else:
             result = _score_to_file(ctx, session, todo, shard, settings, dest, on_start, on_batch,
-                                    say, embeddings)
+                                    say, embeddings, exclusion)
     if result is not None:
         result.pool = full
+        if exclusion is not None:
+            result.excluded, result.warnings = len(exclusion.left_out), exclusion.notes
         _check_something_scored(result, full)
     return result
 
@@ -120,10 +126,10 @@ def _score_in_memory(session: Session, todo: Pool, settings: Settings, on_start,
 
 
 def _score_to_file(ctx, session: Session, todo: Pool, shard, settings: Settings, dest: str,
-                   on_start, on_batch, say, embeddings) -> JobResult | None:
+                   on_start, on_batch, say, embeddings, exclusion=None) -> JobResult | None:
     """Rows stream through DEST.partial into the ranked table (rank 0 writes it under torchrun)."""
     full, shard_text = session.pool, f"{shard[0]}/{shard[1]}" if shard else None
-    key = run_key(settings, full, session.model)
+    key = {**run_key(settings, full, session.model), **(exclusion.key() if exclusion else {})}
     with contextlib.ExitStack() as stack:
         partial_path, resumable = _partial_path(dest, ctx, {**key, "shard": shard_text}, stack)
         log = PartialFile(partial_path, {**key, "shard": shard_text},
@@ -138,7 +144,8 @@ def _score_to_file(ctx, session: Session, todo: Pool, shard, settings: Settings,
             raise _nothing_read(full, stats.skipped, log.first_error)
         try:
             result = _write(ctx, settings, dest, partial_path, full, todo, key,
-                            shard_text if not ctx else None, stats, log.resumed)
+                            shard_text if not ctx else None, stats, log.resumed,
+                            exclusion.left_out if exclusion else None)
         except BrokenPipeError:  # `| head`: the reader has what it wanted; nothing to resume
             partial_path.unlink(missing_ok=True)
             raise
@@ -187,8 +194,7 @@ def _check_options(settings: Settings, ctx, dest: str | None, embeddings) -> Non
                           "unfinished run, --restart discards it")
     if dest != "-":
         folder = Path(dest).parent
-        if not folder.is_dir():
-            raise ConfigError(f"output {dest}: the folder {folder} does not exist")
+        make_folder(folder, f"output {dest}")
         if Path(dest).is_dir():
             raise ConfigError(f"output {dest} is a directory")
         check_writable(folder, f"output {dest}")
@@ -311,7 +317,8 @@ def _signals_raise(partial_path: Path, resumable: bool = True):
 
 
 def _write(ctx, settings: Settings, dest: str, partial_path: Path, full: Pool, todo: Pool,
-           key: dict, shard: str | None, stats: RunStats, resumed: int) -> JobResult | None:
+           key: dict, shard: str | None, stats: RunStats, resumed: int,
+           left_out: list[dict] | None = None) -> JobResult | None:
     """The final table (rank 0 under torchrun, after gathering every rank's rows)."""
     sources = [partial_path]
     with contextlib.ExitStack() as stack:
@@ -333,7 +340,8 @@ def _write(ctx, settings: Settings, dest: str, partial_path: Path, full: Pool, t
                 "format": "alcli-table", "version": META_VERSION, "alcli_version": __version__, "table_format": settings.format,
                 "shard": shard, "pool": full.name, "pool_size": len(full),
                 "pool_path": _absolute(settings.pool), "model_file": _absolute(settings.model),
-                "shard_size": len(todo) if shard else len(full), "run": key})
+                "shard_size": len(todo) if shard else len(full), "run": key,
+                **({"excluded": left_out} if left_out else {})})
         except BaseException:
             distributed.rank0_ok(ctx, False)
             raise

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..version import __version__
 from ..errors import ConfigError, TableError
-from ..files.atomic import check_writable
+from ..files.atomic import check_writable, make_folder
 from .finish import Finished, finish, read_errors, write_sidecars
 from .partial import new_partial
 from ..files.table import LINE_FORMATS, read_meta, read_table, sidecar
@@ -35,8 +35,7 @@ def merge_tables(parts: list[str], dest: str, fmt: str = "csv", null: bool = Fal
     metas = [_meta(part) for part in parts]
     _check_parts(parts, metas)
     folder = Path(dest).parent if dest != "-" else Path(tempfile.gettempdir())
-    if not folder.is_dir():
-        raise ConfigError(f"output {dest}: the folder {folder} does not exist")
+    make_folder(folder, f"output {dest}")
     check_writable(folder, f"output {dest}")
     first = metas[0]
     with tempfile.TemporaryDirectory(prefix=".alcli-merge-", dir=folder) as tmp:
