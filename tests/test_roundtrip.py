@@ -22,6 +22,7 @@ from typer.testing import CliRunner
 import alcli
 from alcli.cli import app
 from alcli.errors import AlcliError
+from alcli.terminal import Reporter
 from cli_errors import assert_one_error
 from conftest import parse_csv
 
@@ -144,7 +145,8 @@ def test_score_exclude_resumes_only_with_the_same_exclusions(in_ws, tmp_path):
     last.write_bytes(b"not yet an image")
     files = exclusion_files(pool, tmp_path)
     out = tmp_path / "t.csv"
-    stopped = score(in_ws, pool, *excludes(files), "--strict", "-o", out, "-q", ok=False)
+    stopped = score(in_ws, pool, *excludes(files), "--strict", "-o", out, "-q", "--no-embeddings",
+                    ok=False)
     assert stopped.exit_code == 1 and "zz.png" in stopped.stderr
     partial = Path(f"{out}.partial")
     assert partial.read_text().count("\n") - 1 == len(in_ws.images) - 3  # all but zz.png
@@ -156,7 +158,7 @@ def test_score_exclude_resumes_only_with_the_same_exclusions(in_ws, tmp_path):
     assert f"resuming: {len(in_ws.images) - 3} examples" in resumed.stderr
 
     reference = tmp_path / "ref.csv"
-    score(in_ws, pool, "-o", reference, "-q")
+    score(in_ws, pool, "-o", reference, "-q", "--no-embeddings")  # as resumed runs: none
     expected = [r for r in rows_of(reference) if r["id"] not in {*BY_ID, BY_FILE}]
     assert without_rank(rows_of(out)) == without_rank(expected) and len(expected) == 12
 
@@ -251,10 +253,15 @@ def test_warnings_not_from_alcli_name_their_origin(in_ws, tmp_path):
     lines = run.stderr.splitlines()
     assert "warning (warnpkg/net.py:4): warnpkg.net is old, use warnpkg.new" in lines, lines
     assert not [line for line in lines if line.startswith("alcli: warning:")], lines
-    as_json = subprocess.run([*base, "--arch", "warnpkg.net:TinyNet", "--log-format", "json"],
-                             cwd=in_ws.root, env=env, capture_output=True, text=True)
-    assert {"event": "warning", "message": "warnpkg.net is old, use warnpkg.new",
-            "origin": "warnpkg/net.py:4"} in map(json.loads, as_json.stderr.splitlines())
+
+
+def test_warnings_in_json_lines_carry_their_origin(capsys):
+    reporter = Reporter("json")
+    reporter.warn("old", "torch/x.py:3")
+    reporter.warn("ours")
+    assert [json.loads(line) for line in capsys.readouterr().err.splitlines()] == [
+        {"event": "warning", "message": "old", "origin": "torch/x.py:3"},
+        {"event": "warning", "message": "ours"}]
 
 
 def test_warning_origin_of_files():
