@@ -195,7 +195,7 @@ def test_select_after_score_exclude_takes_the_same_exclusion_files(in_ws, tmp_pa
     assert len(ids) == 5 and not {*BY_ID, BY_FILE} & set(ids)
 
 
-# --- -o makes its folders --------------------------------------------------------------------------
+# --- -o makes its folders -------------------------------------------------------------------------
 
 def test_outputs_create_missing_folders(in_ws, tmp_path):
     table = tmp_path / "new" / "dir" / "t.csv"
@@ -229,7 +229,7 @@ def test_an_output_folder_that_cannot_be_made_is_one_sentence(in_ws, tmp_path):
         assert_one_error(result, culprit, f"{args}: {result.stderr!r}")
 
 
-# --- warnings keep their origin ---------------------------------------------------------------------
+# --- warnings keep their origin -------------------------------------------------------------------
 
 WARNING_NET = textwrap.dedent('''
     import warnings
@@ -268,9 +268,10 @@ def test_warning_origin_of_files():
     from alcli import session
     from alcli.gradnorm.api import EngineFallback
     from alcli.terminal import warning_origin
-    assert warning_origin(UserWarning, torch.serialization.__file__, 12) == "torch/serialization.py:12"
+    torch_file = torch.serialization.__file__
+    assert warning_origin(UserWarning, torch_file, 12) == "torch/serialization.py:12"
     assert warning_origin(UserWarning, session.__file__, 3) is None
-    assert warning_origin(EngineFallback, torch.serialization.__file__, 3) is None
+    assert warning_origin(EngineFallback, torch_file, 3) is None
 
 
 # --- the Python API: exclude= ids, exclude_files= files -------------------------------------------
@@ -312,7 +313,7 @@ def test_api_exclude_refusals_are_one_sentence(scored, tmp_path):
         alcli.select(scored, 3, exclude_files=tmp_path / "nope.txt")
 
 
-# --- the normalisation warning ----------------------------------------------------------------------
+# --- the normalisation warning --------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
 def resnet(tmp_path_factory):
@@ -349,7 +350,7 @@ def test_the_api_warns_with_the_keyword_to_set(in_ws, resnet):
         alcli.score_pool("pool", str(resnet / "r18.pt"), config=str(resnet / "r18.yaml"))
 
 
-# --- transforms as flags ----------------------------------------------------------------------------
+# --- transforms as flags --------------------------------------------------------------------------
 
 def test_transform_flags_equal_the_config_keys_they_override(in_ws, tmp_path):
     def run(config_transform: str, *flags):

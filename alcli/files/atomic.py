@@ -43,4 +43,5 @@ def make_folder(folder: str | Path, what: str) -> None:
     try:
         Path(folder).mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise RunError(f"{what}: cannot create the folder {folder} ({err.strerror or err})") from None
+        raise RunError(f"{what}: cannot create the folder {folder} "
+                       f"({err.strerror or err})") from None
