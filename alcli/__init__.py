@@ -52,22 +52,24 @@ def score_pool(pool=None, model=None, *, config=None, arch=None, arch_kwargs=Non
 
 
 def select(scores=None, budget=None, *, pool=None, model=None, config=None, diverse=None,
-           diverse_candidates=None, per_class=None, exclude=None, embeddings_file=None,
-           contact_sheet=None, image_dir=None, seed=None, **options) -> list[dict]:
+           diverse_candidates=None, per_class=None, exclude=None, exclude_files=None,
+           embeddings_file=None, contact_sheet=None, image_dir=None, seed=None,
+           **options) -> list[dict]:
     """The `budget` best rows of `scores` (ranked rows, or a table file), or of `pool` scored
     first with `model` (then every option of score_pool applies too).
 
     diverse: BADGE k-means++ among the best scores (needs embeddings: embeddings_file=, the
         table's TABLE.emb.npz, or a pool scored here).  diverse_candidates: shortlist size
-        (default 10 x budget).  per_class: "proportional" or "equal".  exclude: files of ids
-        never to select.  contact_sheet: a PNG grid of the batch is written there, images found
-        under image_dir.  seed: for diverse picking.
+        (default 10 x budget).  per_class: "proportional" or "equal".  exclude: ids never to
+        select (any iterable of them).  exclude_files: exclusion files (a path or a list of
+        them, as `alcli select --exclude` reads).  contact_sheet: a PNG grid of the batch is
+        written there, images found under image_dir.  seed: for diverse picking.
     Bad input raises AlcliError with a one-sentence message.
     """
     from .api import select as _select  # torch loads on first use, not on `import alcli`
     named = dict(diverse=diverse, diverse_candidates=diverse_candidates, per_class=per_class,
-                 exclude=exclude, embeddings_file=embeddings_file, contact_sheet=contact_sheet,
-                 image_dir=image_dir, seed=seed)
+                 exclude=exclude, exclude_files=exclude_files, embeddings_file=embeddings_file,
+                 contact_sheet=contact_sheet, image_dir=image_dir, seed=seed)
     options.update({k: v for k, v in named.items() if v is not None})
     return _select(scores, budget, pool=pool, model=model, config=config, **options)
 

@@ -128,12 +128,13 @@ def select(scores=None, budget: int | None = None, *, pool=None, model=None, con
     Selection options are the config keys: diverse=True (rows from score_pool(...,
     embeddings=True) carry their embeddings; a table reads TABLE.emb.npz, or embeddings_file=FILE),
     diverse_candidates=M or "all", per_class="proportional"|"equal", contact_sheet="sheet.png"
-    (written), seed, and exclude=: a set of ids, or exclusion files (a path or a list; in a list,
-    items that are not str or Path are ids)."""
+    (written), seed, exclude= ids never to select (any iterable: a set, list, tuple, generator),
+    and exclude_files= exclusion files (a path or a list of them, as `select --exclude` reads)."""
     _refuse_file_options(options, "select", "`alcli select -o FILE -f FORMAT` or alcli.api.write_batch")
-    exclude_files, exclude_ids = _split_exclude(options.pop("exclude", None))
+    exclude_ids = _exclude_ids(options.pop("exclude", None))
+    exclude_files = options.pop("exclude_files", None)
     if exclude_files is not None:
-        options["exclude"] = exclude_files
+        options["exclude"] = _exclude_files(exclude_files)
     if budget is not None:
         options["budget"] = budget
     if _names_files(pool):
@@ -141,6 +142,8 @@ def select(scores=None, budget: int | None = None, *, pool=None, model=None, con
     if _names_files(model):
         options["model"] = _as_setting(model)
     settings = settings_for(config, **options)
+    if exclude_files is not None:  # errors name the argument the files came from
+        settings.sources["exclude"] = "argument exclude_files="
     if settings.budget is None:
         raise ConfigError("no budget given; pass budget=N (how many examples to select)")
     return run_select(settings, scores=scores, model=model if isinstance(model, nn.Module) else None,
@@ -169,22 +172,34 @@ def _as_setting(value):
     return [os.fspath(v) for v in value] if isinstance(value, list) else os.fspath(value)
 
 
-def _split_exclude(exclude) -> tuple[list | None, list | None]:
-    """`exclude=` -> (files, ids): a set holds ids; a str or Path is a file; in a list or tuple,
-    str and Path items are files and the others ids."""
+def _exclude_ids(exclude) -> list | None:
+    """`exclude=`: the ids of any iterable (set, list, tuple, generator, dict keys). One string
+    (an id, or a file as exclude= once took) is refused: exclusion files go to exclude_files=."""
     if exclude is None:
-        return None, None
-    if isinstance(exclude, (set, frozenset)):
-        return None, list(exclude)
+        return None
     if isinstance(exclude, (str, os.PathLike)):
-        return [exclude], None
+        raise ConfigError(f"exclude= takes ids (a set, list or other iterable of them), not one "
+                          f"{type(exclude).__name__} {str(exclude)!r:.60}: pass "
+                          f"exclude_files={str(exclude)!r:.60} for an exclusion file, or "
+                          f"exclude={{{str(exclude)!r:.60}}} for one id")
     if isinstance(exclude, (bytes, bytearray)) or not isinstance(exclude, Iterable):
-        raise ConfigError(f"exclude= takes a set of ids, an exclusion file (a str or Path) or a "
-                          f"list of them (got {type(exclude).__name__} {exclude!r:.40})")
-    items = list(exclude)
-    files = [x for x in items if isinstance(x, (str, os.PathLike))]
-    ids = [x for x in items if not isinstance(x, (str, os.PathLike))]
-    return files or None, ids or None
+        raise ConfigError(f"exclude= takes ids: a set, list, tuple or other iterable of them "
+                          f"(got {type(exclude).__name__} {exclude!r:.40}); exclusion files go "
+                          f"to exclude_files=")
+    return list(exclude)
+
+
+def _exclude_files(files) -> list[str]:
+    """`exclude_files=`: a path (str or Path) or an iterable of them."""
+    items = [files] if isinstance(files, (str, os.PathLike)) else files
+    if isinstance(items, (bytes, bytearray)) or not isinstance(items, Iterable):
+        items = None
+    else:
+        items = list(items)
+    if not items or not all(isinstance(f, (str, os.PathLike)) for f in items):
+        raise ConfigError(f"exclude_files= takes an exclusion file (a str or Path) or a list of "
+                          f"them (got {type(files).__name__} {files!r:.40})")
+    return [os.fspath(f) for f in items]
 
 
 def run_select(settings: Settings, *, scores=None, model: nn.Module | None = None, pool=None,

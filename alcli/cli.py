@@ -23,7 +23,7 @@ from typer.core import TyperCommand, TyperGroup
 from .version import __version__
 from .errors import AlcliError
 from .files.config import DEFAULT_CONFIG, Settings, flag, load_settings
-from .terminal import Reporter
+from .terminal import Reporter, warning_origin
 
 from typer import Abort
 
@@ -300,6 +300,20 @@ FromName = Annotated[Optional[str], typer.Option(
 ToName = Annotated[Optional[str], typer.Option(
     "--to-name", metavar="NAME", help="-f labelstudio: the name of the Image or Text tag it "
     "labels. [default: image, or text for text pools]")]
+ScoreExclude = Annotated[Optional[List[str]], typer.Option(
+    "--exclude", metavar="FILE", help="Skip the examples FILE names (labeled ones) before scoring: "
+    "no row, not read (the files select --exclude reads; repeatable).")]
+# image transforms (image pools): each flag sets one key of the config's `transform`
+Resize = Annotated[Optional[str], typer.Option(
+    "--resize", metavar="N|HxW", help="Resize images: the shorter side to N, or to H x W.")]
+CenterCrop = Annotated[Optional[str], typer.Option(
+    "--center-crop", metavar="N|HxW", help="Then crop the center N x N, or H x W.")]
+Grayscale = Annotated[Optional[bool], typer.Option(
+    "--grayscale/--no-grayscale", show_default=False, help="Drop the colour first (then match "
+    "the model's input channels).")]
+Normalize = Annotated[Optional[str], typer.Option(
+    "--normalize", metavar="MEAN/STD", help="Normalise pixels (0..1): imagenet, none, or "
+    "per-channel numbers, e.g. 0.5,0.5,0.5/0.25,0.25,0.25.")]
 ImageRoot = Annotated[Optional[str], typer.Option(
     "--image-root", metavar="URL", help="-f labelstudio: prefix ids with this URL or path in "
                                         "data.image.")]
@@ -381,7 +395,8 @@ alcli inspect -m ckpt.pt --arch torchvision:resnet18 --layers 'layer4.*'
 def _settings(config: str | None, flags: dict) -> Settings:
     """Defaults < config (./configs/default.yaml when no --config and no --model) < flags."""
     # a switch left off is "not given", except for those whose default is decided later
-    given = {k: (None if (v is False and k not in ("diverse", "embeddings")) or v == [] else v)
+    given = {k: (None if (v is False and k not in ("diverse", "embeddings", "grayscale"))
+                 or v == [] else v)
              for k, v in flags.items()}
     if config is None and given.get("model") is None and DEFAULT_CONFIG.is_file():
         config = str(DEFAULT_CONFIG)
@@ -405,11 +420,13 @@ FALLBACK_COST = {"vmap": "typically 3 to 50 times ghost's time", "replicate": "s
 
 
 def _warnings_to(r: Reporter) -> None:
-    """Python warnings from the engine (`auto` settling on a slower method) and from user code go
-    to stderr as `alcli: warning: ...` lines, not as Python's two-line warnings."""
+    """Python warnings go to stderr as one line, not as Python's two-line warnings: alcli's own
+    (the engine's `auto` settling on a slower method) as `alcli: warning: ...`, the others (torch,
+    a third-party package, user code) naming their origin: `warning (torch/x.py:12): ...`."""
     def show(message, category, filename, lineno, file=None, line=None):
         cost = FALLBACK_COST.get(getattr(message, "method", None))  # an EngineFallback
-        r.warn(f"{message} (expected cost: {cost})" if cost else str(message))
+        r.warn(f"{message} (expected cost: {cost})" if cost else str(message),
+               warning_origin(category, filename, lineno))
     warnings.showwarning = show
 
 
@@ -465,12 +482,14 @@ def score(
     trust_remote_code: TrustRemoteCode = False,
     arch_kwargs: ArchKwargs = None, ema: Ema = False, text_column: TextColumnOpt = None,
     max_length: MaxLength = None, text_width: TextWidth = None, class_names: ClassNames = None,
-    labels_from_folders: LabelsFromFolders = False, strategy: Strategy = None,
+    labels_from_folders: LabelsFromFolders = False, resize: Resize = None,
+    center_crop: CenterCrop = None, grayscale: Grayscale = None, normalize: Normalize = None,
+    strategy: Strategy = None,
     top_classes: TopClasses = None, layers: Layers = None, method: Method = None,
     precision: Precision = None, decode: Decode = None, batch_size: BatchSize = None,
     device: Device = None,
     workers: Workers = None, seed: Seed = None, output: Output = None, format: TableFormat = None,
-    null: Null = False, embeddings: WriteEmbeddings = None,
+    null: Null = False, exclude: ScoreExclude = None, embeddings: WriteEmbeddings = None,
     checkpoint_every: CheckpointEvery = None, resume: Resume = False, restart: Restart = False,
     strict: Strict = False, shard: Shard = None, quiet: Quiet = False, verbose: Verbose = False,
     log_format: LogFormat = None, progress_every: ProgressEvery = None,
@@ -502,15 +521,19 @@ def score(
         return
     done = result.finished
     errors_file = next((f for f in result.files if f.endswith(".errors.csv")), None)
+    for note in result.warnings:
+        r.warn(note)
     _warn_skipped(r, len(done.errors), done.nans, errors_file, done.errors)
     s = result.stats
-    r.summary({"examples": done.count, "resumed": result.resumed, "seconds": s.seconds,
+    r.summary({"examples": done.count, "resumed": result.resumed, "excluded": result.excluded,
+               "seconds": s.seconds,
                "per_second": s.per_second, "device": s.device, "strategy": s.strategy,
                "method": s.method, "method_reason": s.method_reason, "skipped": len(done.errors),
                "nan_scores": done.nans, "output": dest, "embeddings_file": emb_file},
               done.top, s.notes)
     if dest != "-":
-        r.info(f"wrote {done.count} rows to {dest}")
+        left_out = f" ({result.excluded} examples left out by --exclude)" if result.excluded else ""
+        r.info(f"wrote {done.count} rows to {dest}{left_out}")
     if emb_file:
         r.info(f"wrote their embeddings to {emb_file}")
 
@@ -557,7 +580,9 @@ def select(
     trust_remote_code: TrustRemoteCode = False,
     arch_kwargs: ArchKwargs = None, ema: Ema = False, text_column: TextColumnOpt = None,
     max_length: MaxLength = None, text_width: TextWidth = None, class_names: ClassNames = None,
-    labels_from_folders: LabelsFromFolders = False, strategy: Strategy = None,
+    labels_from_folders: LabelsFromFolders = False, resize: Resize = None,
+    center_crop: CenterCrop = None, grayscale: Grayscale = None, normalize: Normalize = None,
+    strategy: Strategy = None,
     top_classes: TopClasses = None, layers: Layers = None, method: Method = None,
     precision: Precision = None, decode: Decode = None, batch_size: BatchSize = None,
     device: Device = None,
@@ -618,7 +643,7 @@ def select(
 _SCORING_FLAGS = ("arch", "arch_kwargs", "trust_checkpoint", "trust_remote_code", "ema",
                   "text_column", "max_length", "text_width", "labels_from_folders", "strategy",
                   "top_classes", "layers", "method", "precision", "decode", "batch_size", "device",
-                  "workers")
+                  "workers", "resize", "center_crop", "grayscale", "normalize")
 
 
 class _no_progress:

@@ -3,9 +3,10 @@ mode, and the pool opened and checked (see docs/architecture.md)."""
 from __future__ import annotations
 
 import contextlib
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 from torch import nn
@@ -29,9 +30,11 @@ class Session:
 
 @contextlib.contextmanager
 def opened(settings: Settings, model: nn.Module | None = None, pool=None, stdin=None,
-           device_spec: str | None = None) -> Iterator[Session]:
+           device_spec: str | None = None,
+           narrow: Callable[[Pool], Pool] | None = None) -> Iterator[Session]:
     """The session for `settings` (`model` and `pool` may be given as objects instead); the
-    model's training flags are restored on exit."""
+    model's training flags are restored on exit. `narrow` (score --exclude) takes examples out of
+    the pool before the pre-flight checks read any."""
     net = model_for(settings, model)
     device = resolve_device(device_spec or settings.device)
     if device.type == "cuda":  # TF32 matmuls under fp32; cuDNN picks kernels for the batch's fixed shapes
@@ -41,6 +44,8 @@ def opened(settings: Settings, model: nn.Module | None = None, pool=None, stdin=
         net.to(device).eval()
         check_layers(net, settings.layers)
         the_pool = pool_for(settings, net, pool, stdin)
+        if narrow is not None:
+            the_pool = narrow(the_pool)
         preflight.check(net, the_pool, settings, device)
         yield Session(net, device, the_pool)
     finally:
@@ -86,7 +91,10 @@ def pool_for(settings: Settings, model: nn.Module, pool=None, stdin=None) -> Poo
     hf_options(opts, settings, model)
     if isinstance(settings.pool, str) and settings.pool != "-" and not Path(settings.pool).exists():
         raise PoolError(f"pool {settings.pool}{from_config(settings, 'pool')} does not exist")
-    return named(open_pool(settings.pool, opts, stdin), names, names_file)
+    opened_pool = named(open_pool(settings.pool, opts, stdin), names, names_file)
+    if opened_pool.kind == "images" and opts.transform.normalize is None:
+        warn_unnormalised(settings, model)
+    return opened_pool
 
 
 def class_names_for(settings: Settings, model: nn.Module) -> tuple[list[str] | None, str | None]:
@@ -103,6 +111,30 @@ def named(pool: Pool, names: list[str] | None, names_file: str | None) -> Pool:
     if names is not None and pool.classes is None:
         pool.classes, pool.classes_from = names, names_source(names_file)
     return pool
+
+
+PRETRAINED_LIBRARIES = ("torchvision", "timm")  # their models are trained on normalised images
+
+
+def warn_unnormalised(settings: Settings, model: nn.Module) -> None:
+    """A warning when a torchvision, timm or Hugging Face image model gets raw 0..1 pixels (no
+    transform.normalize configured, and no image processor mean/std): its predictions would be
+    off without a word."""
+    library = type(model).__module__.split(".")[0]
+    if isinstance(settings.arch, str) and settings.arch.split(":")[0] in PRETRAINED_LIBRARIES:
+        name = settings.arch
+    elif library in PRETRAINED_LIBRARIES:
+        name = f"a {library} {type(model).__name__}"
+    elif hf.model_dir(model, settings.model) is not None:
+        name = f"the Hugging Face model {hf.model_dir(model, settings.model)}"
+    else:
+        return
+    fix = ("set transform={'normalize': {'mean': [...], 'std': [...]}} (ImageNet's: mean [0.485, "
+           "0.456, 0.406], std [0.229, 0.224, 0.225])" if settings.from_api else
+           "pass --normalize imagenet (or MEAN/STD) or set transform.normalize in the config")
+    warnings.warn(f"the model is {name}, usually trained on normalised images, but no "
+                  f"transform.normalize is configured, so it gets pixels in 0..1; {fix}",
+                  stacklevel=2)
 
 
 def from_config(settings: Settings, key: str) -> str:

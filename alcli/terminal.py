@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
 import time
 from typing import Callable, Iterator
@@ -39,10 +40,14 @@ class Reporter:
 
     # --- one-line messages -----------------------------------------------------------------------
 
-    def _emit(self, event: str, message: str, prefix: str) -> None:
+    def _emit(self, event: str, message: str, prefix: str, origin: str | None = None) -> None:
         if not self.enabled:
             return
-        line = json.dumps({"event": event, "message": message}) if self.json else f"alcli: {prefix}{message}"
+        if self.json:
+            line = json.dumps({"event": event, "message": message,
+                               **({"origin": origin} if origin else {})})
+        else:  # a warning from elsewhere names its origin instead of alcli
+            line = f"warning ({origin}): {message}" if origin else f"alcli: {prefix}{message}"
         sys.stderr.write(line + "\n")
         sys.stderr.flush()
 
@@ -55,9 +60,10 @@ class Reporter:
         if not self.quiet:
             self._emit("note", message, "")
 
-    def warn(self, message: str) -> None:
-        """A warning: printed with --quiet too."""
-        self._emit("warning", message, "warning: ")
+    def warn(self, message: str, origin: str | None = None) -> None:
+        """A warning: printed with --quiet too. `origin` (see warning_origin) for one that is not
+        alcli's: `warning (torch/serialization.py:1234): ...` instead of `alcli: warning: ...`."""
+        self._emit("warning", message, "warning: ", origin)
 
     def detail(self, message: str) -> None:
         """-v/--verbose only."""
@@ -121,9 +127,29 @@ class Reporter:
             self.info(note)
 
 
+PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def warning_origin(category: type, filename: str, lineno: int) -> str | None:
+    """None for a Python warning of alcli's own (raised in its code, or of a category it defines);
+    else where it comes from: the file relative to the import path it was found on, so the
+    package comes first (`torch/serialization.py:1234`), else the file's name."""
+    if getattr(category, "__module__", "").split(".")[0] == "alcli":
+        return None
+    path = os.path.abspath(filename) if filename else ""
+    if path.startswith(PACKAGE_DIR + os.sep):
+        return None
+    roots = [os.path.abspath(p).rstrip(os.sep) + os.sep for p in sys.path if isinstance(p, str)]
+    under = [root for root in roots if path.startswith(root)]
+    name = path[len(max(under, key=len)):] if under else os.path.basename(filename or "") or "?"
+    return f"{name}:{lineno}" if lineno else name
+
+
 def _readable(facts: dict) -> dict:
     examples = f"{facts['examples']}" + (f" ({facts['resumed']} from the partial file)"
                                          if facts.get("resumed") else "")
+    if facts.get("excluded"):
+        examples += f", {facts['excluded']} excluded by --exclude (not scored)"
     method = facts.get("method")
     reason = facts.get("method_reason") or ""
     if method and reason.startswith(f"{method}: "):

@@ -239,7 +239,7 @@ def scored():
 def test_select_refuses_an_exclude_that_is_no_set_file_or_list(scored):
     rows, _, _ = scored
     for bad in (5, 1.5, b"r1"):
-        with pytest.raises(AlcliError, match=r"^exclude= takes a set of ids, an exclusion file "):
+        with pytest.raises(AlcliError, match=r"^exclude= takes ids: a set, list, tuple or other "):
             alcli.select(rows, 5, exclude=bad)
     assert "r0" not in [r["id"] for r in alcli.select(rows, 20, exclude={"r0"})]
 

@@ -270,7 +270,7 @@ def test_each_preflight_error_is_exit_1_and_one_sentence(in_ws, tmp_path):
         (["select", table, "-n", "0"], ["--budget", ">= 1"]),
         (["score", "pool", *m, "--shard", "3/3"], ["--shard", "0 <= K < N"]),
         (["score", "pool", *m, "--resume", "--restart"], ["--resume and --restart"]),
-        (["score", "pool", *m, "-o", tmp_path / "nowhere" / "s.csv"], ["nowhere", "does not exist"]),
+        (["score", "pool", *m, "-o", table / "nowhere" / "s.csv"], ["cannot create the folder"]),
     ]
     for args, needles in cases:
         out = tmp_path / "out.csv"

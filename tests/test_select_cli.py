@@ -299,7 +299,7 @@ def test_bad_selection_input_is_one_sentence_and_exit_1(in_ws, planted, table, c
         (["select", str(tmp_path / "nopred.csv"), "-n", "1", "--per-class", "equal"], "pred"),
         (["select", str(table), "-n", "2", "--contact-sheet", str(tmp_path / "s.png"),
           "--image-dir", str(tmp_path)], "--image-dir"),
-        (["select", str(table), "-n", "2", "--contact-sheet", str(tmp_path / "no" / "s.png")],
+        (["select", str(table), "-n", "2", "--contact-sheet", str(table / "no" / "s.png")],
          "--contact-sheet"),
         (["select", str(crafted), "-n", "2", "-f", "tsv"], "--format"),
         (["score", str(planted.dir), "-m", "model.pt", "-c", "config.yaml", "--embeddings", "-o", "-"],

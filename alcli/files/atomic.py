@@ -114,3 +114,13 @@ def check_writable(folder: str | Path, what: str) -> None:
             pass
     except OSError as err:
         raise RunError(f"{what}: cannot write in the folder {folder} ({err.strerror or err})") from None
+
+
+def make_folder(folder: str | Path, what: str) -> None:
+    """Create `folder` and the folders above it where missing (as `mkdir -p`), so that `-o
+    new/dir/t.csv` works; one sentence naming `what` when it cannot be created."""
+    try:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise RunError(f"{what}: cannot create the folder {folder} "
+                       f"({err.strerror or err})") from None

@@ -7,8 +7,10 @@ the manifest); on the command line and in Python, to the working directory.
 """
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import json
+import math
 import os
 import re
 import reprlib
@@ -317,6 +319,54 @@ def _normalize(v):
     return {"mean": mean, "std": std}
 
 
+IMAGENET = {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}  # --normalize imagenet
+
+
+def _size_flag(v):
+    """--resize / --center-crop: N or HxW."""
+    m = re.match(r"^\s*(\d+)\s*(?:[xX]\s*(\d+)\s*)?$", v) if isinstance(v, str) else None
+    if not m or int(m.group(1)) < 1 or (m.group(2) is not None and int(m.group(2)) < 1):
+        raise ValueError("must be N or HxW, positive integers (e.g. 224 or 256x320)")
+    return int(m.group(1)) if m.group(2) is None else [int(m.group(1)), int(m.group(2))]
+
+
+def _normalize_flag(v):
+    """--normalize: imagenet, none, or MEAN/STD with comma-separated numbers per channel."""
+    what = ("must be imagenet, none, or MEAN/STD with one number per channel on each side (e.g. "
+            "0.5,0.5,0.5/0.25,0.25,0.25)")
+    name = v.strip().lower() if isinstance(v, str) else None
+    if name in ("imagenet", "none"):
+        return _normalize(IMAGENET) if name == "imagenet" else None
+    halves = v.split("/") if isinstance(v, str) else []
+    try:
+        mean, std = ([float(x) for x in half.split(",")] for half in halves)
+    except ValueError:
+        raise ValueError(what) from None
+    if not all(map(math.isfinite, mean + std)):
+        raise ValueError(what)
+    return _normalize({"mean": mean, "std": std})
+
+
+# flags that each set one key of `transform`, over the config's transform
+TRANSFORM_FLAGS: dict[str, Callable[[Any], Any]] = {
+    "resize": _size_flag, "center_crop": _size_flag, "grayscale": _bool,
+    "normalize": _normalize_flag}
+
+
+def _apply_transform_flags(settings: Settings, values: dict) -> None:
+    """--resize, --center-crop, --grayscale, --normalize: each replaces its key of the transform."""
+    changes = {}
+    for key, value in values.items():
+        try:
+            changes[key] = TRANSFORM_FLAGS[key](value)
+        except ValueError as err:
+            raise ConfigError(f"option {flag(key)} {err}, got {value!r}") from None
+    settings.transform = dataclasses.replace(settings.transform, **changes)
+    given = f"option{'s' if len(values) > 1 else ''} {', '.join(map(flag, values))}"
+    before = settings.sources.get("transform")
+    settings.sources["transform"] = f"{before} and {given}" if before else given
+
+
 CHECKS: dict[str, Callable[[Any], Any]] = {
     "model": _opt_str, "arch": _opt_str, "arch_kwargs": _mapping, "trust_checkpoint": _bool,
     "trust_remote_code": _bool,
@@ -443,7 +493,10 @@ def load_settings(config: str | Path | None = None, overrides: dict | None = Non
         _apply(settings, values, lambda k: f"key '{k}' in {config}")
     given = {k: v for k, v in (overrides or {}).items() if v is not None}
     if flag_names:
+        transform = {k: given.pop(k) for k in TRANSFORM_FLAGS if k in given}
         _apply(settings, given, lambda k: f"option {flag(k)}")
+        if transform:
+            _apply_transform_flags(settings, transform)
     else:
         settings.from_api = True
         _apply(settings, given, lambda k: f"argument {k}=")

@@ -27,7 +27,7 @@ from torch import nn
 
 from ..version import __version__
 from ..errors import AlcliError, ConfigError, PoolError
-from ..files.atomic import check_writable, writes_stream
+from ..files.atomic import check_writable, make_folder, writes_stream
 from ..files.config import Settings
 from ..files.outputs import check_not_input
 from ..files.pool import Pool
@@ -37,6 +37,7 @@ from ..score.runner import RunStats, run
 from ..selection.rank import rank
 from ..session import Session, opened
 from . import distributed
+from .exclude import Exclusion
 from .finish import Finished, finish, write_sidecars
 from .lock import lock_path, output_lock
 from .partial import PartialFile, gather_target, new_partial
@@ -63,6 +64,8 @@ class JobResult:
     files: list[str] = field(default_factory=list)  # written beside the table (errors, meta)
     pool: Pool | None = None
     run_id: str | None = None   # the table's meta.json records it (and its embeddings file)
+    excluded: int = 0           # examples --exclude left out (not scored)
+    warnings: list[str] = field(default_factory=list)  # for people: --exclude entries unmatched
 
 
 def score(settings: Settings, dest: str | None, *, model: nn.Module | None = None, pool=None,
@@ -74,10 +77,11 @@ def score(settings: Settings, dest: str | None, *, model: nn.Module | None = Non
     into ranked rows in memory (`result.finished.rows`; no partial file, resume or torchrun).
     Returns None on the torchrun ranks other than 0, which write nothing."""
     ctx = distributed.from_env() if dest is not None else None
+    exclusion = Exclusion(settings) if dest is not None and settings.exclude else None
     _check_options(settings, ctx, dest, embeddings)
     device_spec = distributed.device_for(settings.device, ctx) if ctx else settings.device
     with distributed.session(ctx, device_spec), \
-            opened(settings, model, pool, stdin, device_spec) as session:
+            opened(settings, model, pool, stdin, device_spec, narrow=exclusion) as session:
         full = session.pool
         if dest is not None:
             _check_records(settings, full)
@@ -87,9 +91,11 @@ def score(settings: Settings, dest: str | None, *, model: nn.Module | None = Non
             result = _score_in_memory(session, todo, settings, on_start, on_batch, say, embeddings)
         else:
             result = _score_to_file(ctx, session, todo, shard, settings, dest, on_start, on_batch,
-                                    say, embeddings)
+                                    say, embeddings, exclusion)
     if result is not None:
         result.pool = full
+        if exclusion is not None:
+            result.excluded, result.warnings = len(exclusion.left_out), exclusion.notes
         _check_something_scored(result, full)
     return result
 
@@ -123,10 +129,10 @@ def _score_in_memory(session: Session, todo: Pool, settings: Settings, on_start,
 
 
 def _score_to_file(ctx, session: Session, todo: Pool, shard, settings: Settings, dest: str,
-                   on_start, on_batch, say, embeddings) -> JobResult | None:
+                   on_start, on_batch, say, embeddings, exclusion=None) -> JobResult | None:
     """Rows stream through DEST.partial into the ranked table (rank 0 writes it under torchrun)."""
     full, shard_text = session.pool, f"{shard[0]}/{shard[1]}" if shard else None
-    key = run_key(settings, full, session.model)
+    key = {**run_key(settings, full, session.model), **(exclusion.key() if exclusion else {})}
     with contextlib.ExitStack() as stack:
         partial_path, resumable = _partial_path(dest, ctx, {**key, "shard": shard_text}, stack)
         stack.enter_context(output_lock(lock_path(partial_path), _shown(dest)))
@@ -143,7 +149,8 @@ def _score_to_file(ctx, session: Session, todo: Pool, shard, settings: Settings,
         try:
             with _signals_raise(partial_path, resumable, f" while writing {_shown(dest)}"):
                 result = _write(ctx, settings, dest, partial_path, full, todo, key,
-                                shard_text if not ctx else None, stats, log.resumed, log.run_id)
+                                shard_text if not ctx else None, stats, log.resumed, log.run_id,
+                                exclusion.left_out if exclusion else None)
         except BrokenPipeError:  # `| head`: the reader has what it wanted; nothing to resume
             partial_path.unlink(missing_ok=True)
             raise
@@ -202,8 +209,7 @@ def _check_options(settings: Settings, ctx, dest: str | None, embeddings) -> Non
                           "unfinished run, --restart discards it")
     if not writes_stream(dest):
         folder = Path(dest).parent
-        if not folder.is_dir():
-            raise ConfigError(f"output {dest}: the folder {folder} does not exist")
+        make_folder(folder, f"output {dest}")
         if Path(dest).is_dir():
             raise ConfigError(f"output {dest} is a directory")
         check_writable(folder, f"output {dest}")
@@ -341,7 +347,7 @@ def _signals_raise(partial_path: Path, resumable: bool = True, doing: str = ""):
 
 def _write(ctx, settings: Settings, dest: str, partial_path: Path, full: Pool, todo: Pool,
            key: dict, shard: str | None, stats: RunStats, resumed: int,
-           run_id: str) -> JobResult | None:
+           run_id: str, left_out: list[dict] | None = None) -> JobResult | None:
     """The final table (rank 0 under torchrun, after gathering every rank's rows)."""
     sources = [partial_path]
     with contextlib.ExitStack() as stack:
@@ -364,7 +370,7 @@ def _write(ctx, settings: Settings, dest: str, partial_path: Path, full: Pool, t
                 "shard": shard, "pool": full.name, "pool_size": len(full),
                 "pool_path": _absolute(settings.pool), "model_file": _absolute(settings.model),
                 "shard_size": len(todo) if shard else len(full), "run": key, "run_id": run_id,
-                **described(full, settings)})
+                **described(full, settings), **({"excluded": left_out} if left_out else {})})
         except BaseException:
             distributed.rank0_ok(ctx, False)
             raise

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..version import __version__
 from ..errors import ConfigError, TableError
-from ..files.atomic import check_writable, writes_stream
+from ..files.atomic import check_writable, make_folder, writes_stream
 from ..files.outputs import check_not_input
 from .finish import Finished, finish, read_errors, write_sidecars
 from .partial import new_partial, new_run_id
@@ -39,8 +39,7 @@ def merge_tables(parts: list[str], dest: str, fmt: str = "csv", null: bool = Fal
     check_not_input(dest, "option --output", [("a part", parts)])
     stream = writes_stream(dest)
     folder = Path(tempfile.gettempdir()) if stream else Path(dest).parent
-    if not folder.is_dir():
-        raise ConfigError(f"output {dest}: the folder {folder} does not exist")
+    make_folder(folder, f"output {dest}")
     check_writable(folder, f"output {dest}")
     first = metas[0]
     with tempfile.TemporaryDirectory(prefix=".alcli-merge-", dir=folder) as tmp:

@@ -232,6 +232,10 @@ def _change(key: str, before, now, done: set[str], pool_ids: list[str] | None) -
             if gone:
                 text += f"; {gone} of the finished examples are no longer in it"
         return text
+    if key == "excluded":  # score --exclude: fingerprints of what was left out
+        was, is_ = (v.split(":")[0] if isinstance(v, str) else "0" for v in (before, now))
+        return (f"--exclude left out {was} examples, now {is_}" if was != is_ else
+                f"--exclude left out {is_} examples as before, but other ones")
     if key == "model":
         return f"the model file changed (then {_show(before)}, now {_show(now)})"
     return f"{key} was {_show(before)}, now {_show(now)}"

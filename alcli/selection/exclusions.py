@@ -59,10 +59,11 @@ def read_exclusions(paths: Iterable[str]) -> set[str]:
     return {e for source in read_exclusion_files(paths) for e in source.entries}
 
 
-def excluded_ids(sources: list[Exclusions], rows: list[dict],
-                 image_root: str | None = None) -> tuple[set[str], list[str]]:
+def excluded_ids(sources: list[Exclusions], rows: list[dict], image_root: str | None = None,
+                 what: str = "row of the table") -> tuple[set[str], list[str]]:
     """(ids of `rows` that some entry names, warnings). A source that names none of the rows is
-    an ExclusionsError; one that names only some of them gives a warning with the count."""
+    an ExclusionsError; one that names only some of them gives a warning with the count. `what`
+    is what messages call a row ("pool example" when score excludes before scoring)."""
     ids, files = _row_keys(rows, image_root)
     texts = _text_keys(rows)
     excluded: set[str] = set()
@@ -86,9 +87,9 @@ def excluded_ids(sources: list[Exclusions], rows: list[dict],
             continue
         if len(unmatched) == len(source.entries):
             raise ExclusionsError(f"none of the {len(unmatched)} entries of {source.name} names a "
-                                  f"row of the table by id or file (the first is '{unmatched[0]}')")
+                                  f"{what} by id or file (the first is '{unmatched[0]}')")
         notes.append(f"{len(unmatched)} of the {len(source.entries)} entries of {source.name} name "
-                     f"no row of the table (the first is '{unmatched[0]}')")
+                     f"no {what} (the first is '{unmatched[0]}')")
     return excluded, notes
 
 

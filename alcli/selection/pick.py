@@ -20,6 +20,7 @@ from typing import Iterable
 import torch
 
 from ..errors import AlcliError, ConfigError, TableError
+from ..files.atomic import make_folder
 from ..files.classnames import read_class_names
 from ..files.config import Settings
 from ..files.atomic import writes_stream
@@ -72,7 +73,7 @@ def prepare(settings: Settings, source: str | None, score_first: bool,
         except ExclusionsError as err:
             raise ConfigError(f"{settings.where('exclude')}: {_sentence(err)}") from None
     if exclude_ids is not None:
-        plan.exclusions.append(Exclusions(f"{settings.where('exclude')} (ids)",
+        plan.exclusions.append(Exclusions("argument exclude= (ids)",
                                           [str(i) for i in exclude_ids]))
     plan.diverse = settings.diverse is not False  # by default, when the embeddings are at hand
     if plan.diverse and not score_first:
@@ -102,9 +103,8 @@ def prepare(settings: Settings, source: str | None, score_first: bool,
         raise ConfigError(f"{settings.where('contact_sheet')} needs a PNG file name, not stdout")
     for key in ("contact_sheet", "output"):
         target = getattr(settings, key)
-        if target and target != "-" and not Path(target).resolve().parent.is_dir():
-            raise ConfigError(f"{settings.where(key)} {target}: the folder "
-                              f"{Path(target).parent} does not exist")
+        if target and target != "-":
+            make_folder(Path(target).parent, f"{settings.where(key)} {target}")
     inputs = _inputs(settings, source, score_first)
     check_not_input(settings.output, settings.where("output"), inputs)
     check_not_input(settings.contact_sheet, settings.where("contact_sheet"),
@@ -158,7 +158,9 @@ def pick(settings: Settings, rows: list[dict], plan: SelectPlan, *, embeddings=N
     --diverse reads `plan.embeddings_file`. `pool` is the pool scored in this process, if any."""
     ranked = rank(rows)
     try:
-        excluded, notes = excluded_ids(plan.exclusions, ranked, settings.image_root)
+        # examples `score --exclude` left out of the table (its meta.json) match entries too
+        gone = [e for e in plan.meta.get("excluded") or [] if isinstance(e, dict) and "id" in e]
+        excluded, notes = excluded_ids(plan.exclusions, ranked + gone, settings.image_root)
         notes = plan.notes + notes
     except ExclusionsError as err:
         raise ConfigError(f"{settings.where('exclude')}: {_sentence(err)}") from None
