@@ -23,7 +23,7 @@ from ..files.atomic import writes_stream
 from ..files.embeddings import EmbeddingsError, embeddings_path, embeddings_run_id, load_embeddings
 from ..files.outputs import check_not_input
 from ..files.pool import PoolOptions, open_pool
-from ..files.table import read_meta, remove_sidecars, sidecar, write_table
+from ..files.table import SIDECARS, read_meta, remove_sidecars, sidecar, write_table
 from .choose import choose
 from .exclusions import Exclusions, ExclusionsError, excluded_ids, read_exclusion_files
 from .export import contact_sheet, model_version_from, to_labelstudio, write_json
@@ -96,7 +96,7 @@ def prepare(settings: Settings, source: str | None, score_first: bool,
             raise ConfigError(f"{settings.where(key)} {target}: the folder "
                               f"{Path(target).parent} does not exist")
     inputs = _inputs(settings, source, score_first)
-    check_not_input(settings.output, settings.where("output"), inputs)
+    check_not_input(settings.output, settings.where("output"), inputs, beside=SIDECARS)
     check_not_input(settings.contact_sheet, settings.where("contact_sheet"),
                     [*inputs, ("the batch written", settings.output)])
     if settings.contact_sheet and score_first and isinstance(settings.pool, str) and \
