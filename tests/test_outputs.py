@@ -235,6 +235,8 @@ def test_an_output_that_is_an_input_is_refused(in_ws, tmp_path):
         (["select", table, "-n", "5", "-o", table], ["--output", "table read"]),
         (["select", table, "-n", "5", "-o", tmp_path / "alias.csv"], ["alias.csv", "table read"]),
         (["select", table, "-n", "5", "--exclude", excl, "-o", excl], ["--exclude file"]),
+        (["select", table, "-n", "5", "--embeddings", tmp_path / "c.emb.npz", "-o", tmp_path / "c"],
+         ["would remove", "c.emb.npz", "the embeddings file read"]),
         (["select", table, "-n", "5", "--contact-sheet", tmp_path / "b.png", "-o",
           tmp_path / "b.png"], ["--contact-sheet", "batch written"]),
         (["score", manifest, "-m", in_ws.model, "-c", in_ws.config, "-o", manifest], ["the pool"]),
@@ -245,7 +247,9 @@ def test_an_output_that_is_an_input_is_refused(in_ws, tmp_path):
         (["score", in_ws.tensors, "-m", in_ws.model, "-c", cfg, "-o", tmp_path / "x.csv"],
          ["key 'embeddings_file'", "the table written"]),
     ]
-    kept = {p: p.read_bytes() for p in (manifest, in_ws.model, in_ws.config, excl, in_ws.tensors)}
+    shutil.copy(f"{table}.emb.npz", tmp_path / "c.emb.npz")
+    kept = {p: p.read_bytes() for p in (manifest, in_ws.model, in_ws.config, excl, in_ws.tensors,
+                                        tmp_path / "c.emb.npz")}
     for args, needles in refused:
         one_sentence(invoke(*args), *needles)
     assert table.read_bytes() == before and not (tmp_path / "b.png").exists()

@@ -7,17 +7,25 @@ from ..errors import ConfigError
 from .atomic import writes_stream
 
 
-def check_not_input(output: str | None, option: str, inputs: list[tuple[str, object]]) -> None:
+def check_not_input(output: str | None, option: str, inputs: list[tuple[str, object]],
+                    beside: tuple[str, ...] = ()) -> None:
     """Refuse when the file `output` (given by `option`) is one of `inputs`: (what, path or list
-    of paths) pairs such as ("the pool", settings.pool). Streams ('-', devices, FIFOs) are never
-    replaced, so they are not compared."""
+    of paths) pairs such as ("the pool", settings.pool), or when one of its sidecars (OUTPUT.SUFFIX
+    for the suffixes `beside`, which writing it replaces or removes) is. Streams ('-', devices,
+    FIFOs) are never replaced, so they are not compared."""
     if output is None or writes_stream(output):
         return
     for what, paths in inputs:
         for path in paths if isinstance(paths, (list, tuple)) else [paths]:
-            if isinstance(path, (str, os.PathLike)) and str(path) != "-" and _same(output, path):
+            if not isinstance(path, (str, os.PathLike)) or str(path) == "-":
+                continue
+            if _same(output, path):
                 raise ConfigError(f"{option} {output} is also {what} ({path}); choose another "
                                   f"output file, or that input would be replaced")
+            for suffix in beside:
+                if _same(f"{output}.{suffix}", path):
+                    raise ConfigError(f"{option} {output} would remove {output}.{suffix}, which "
+                                      f"is {what}; choose another output file")
 
 
 def _same(a, b) -> bool:

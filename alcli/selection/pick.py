@@ -27,7 +27,8 @@ from ..files.atomic import writes_stream
 from ..files.embeddings import EmbeddingsError, embeddings_path, embeddings_run_id, load_embeddings
 from ..files.outputs import check_not_input
 from ..files.pool import PoolOptions, open_pool
-from ..files.table import LINE_FORMATS, MORE, read_meta, remove_sidecars, sidecar, write_table
+from ..files.table import (LINE_FORMATS, MORE, SIDECARS, read_meta, remove_sidecars, sidecar,
+                           write_table)
 from .choose import choose
 from .exclusions import Exclusions, ExclusionsError, excluded_ids, read_exclusion_files
 from .export import (ImageRootError, contact_sheet, model_version_from, predicted_name, text_sheet,
@@ -106,7 +107,7 @@ def prepare(settings: Settings, source: str | None, score_first: bool,
         if target and target != "-":
             make_folder(Path(target).parent, f"{settings.where(key)} {target}")
     inputs = _inputs(settings, source, score_first)
-    check_not_input(settings.output, settings.where("output"), inputs)
+    check_not_input(settings.output, settings.where("output"), inputs, beside=SIDECARS)
     check_not_input(settings.contact_sheet, settings.where("contact_sheet"),
                     [*inputs, ("the batch written", settings.output)])
     if settings.contact_sheet and score_first and isinstance(settings.pool, str) and \
