@@ -145,34 +145,44 @@ def test_sigterm_and_sigkill_then_resume_give_the_uninterrupted_table(in_ws, tmp
     assert meta["rows"] == 3000 and meta["run_id"] != ref_meta["run_id"]
 
 
+GATE = textwrap.dedent('''
+    import time
+    from tinynet import TinyNet
+
+    class Net(TinyNet):
+        """TinyNet that stops at a batch of 2 (the last of 14 in 4s), saying so in a file."""
+        def forward(self, x):
+            if x.shape[0] == 2:
+                open("reached", "w").close()
+                while True:
+                    time.sleep(0.01)
+            return super().forward(x)
+''')
+
+
 def test_sigterm_writes_the_rows_waiting_for_a_checkpoint(in_ws, tmp_path):
-    """The 14 images and, last, a named pipe: the run blocks reading it with 12 rows (3 batches)
-    finished but not yet checkpointed; SIGTERM then must write them before the process ends."""
+    """The 14 images, and a model that stops at the last batch: the run waits there with 12 rows
+    (3 batches) finished but not yet checkpointed; SIGTERM then must write them before the
+    process ends. (A FIFO in the pool once made it wait; FIFOs are now error rows, never opened.)"""
     pool = tmp_path / "pool"
     for rel, (path, _) in in_ws.images.items():
         (pool / rel).parent.mkdir(parents=True, exist_ok=True)
         (pool / rel).write_bytes(path.read_bytes())
-    fifo = pool / "zz.png"
-    os.mkfifo(fifo)
+    (tmp_path / "tinynet.py").write_text((in_ws.root / "tinynet.py").read_text())
+    (tmp_path / "gate.py").write_text(GATE)
     out = tmp_path / "s.csv"
-    proc = subprocess.Popen([sys.executable, "-m", "alcli", "score", str(pool), "-m", "model.pt",
-                             "-c", "config.yaml", "-b", "4", "--checkpoint-every", "1000", "-o", str(out)],
-                            cwd=in_ws.root, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "alcli", "score", str(pool), "-m", str(in_ws.model),
+                             "-c", str(in_ws.config), "--arch", "gate:Net", "-s", "entropy", "-b", "4",
+                             "--checkpoint-every", "1000", "-o", str(out)],
+                            cwd=tmp_path, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     deadline = time.monotonic() + 60
-    while True:  # the pipe opens for writing once the run opens it for reading
-        try:
-            writer = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
-            break
-        except OSError:
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-            time.sleep(0.01)
-    try:
-        time.sleep(0.1)
-        proc.send_signal(signal.SIGTERM)  # while it waits for the pipe's bytes
-        _, err = proc.communicate(timeout=60)
-    finally:
-        os.close(writer)
+    while not (tmp_path / "reached").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.01)
+    time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)  # while the model waits
+    _, err = proc.communicate(timeout=60)
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert err.strip().splitlines() == [f"alcli: stopped by SIGTERM; the finished rows are in "
                                         f"{out}.partial, run the same command with --resume to continue"]
