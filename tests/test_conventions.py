@@ -531,3 +531,12 @@ def test_select_at_a_terminal_with_no_table_scores_the_configs_pool_and_says_so(
     assert done.returncode == 0, done.stderr
     assert len(parse_csv(done.stdout)) == 2
     assert "no table given: scoring the pool" in done.stderr and "data/demo/pool" in done.stderr
+
+
+def test_a_piped_table_says_why_the_batch_is_not_diverse(in_ws):
+    table = ok(cli("score", "pool", "-m", "model.pt", "-c", "config.yaml", "-s", "margin", "-q")).stdout
+    result = ok(cli("select", "-n", "3", input=table))
+    assert len(parse_csv(result.stdout)) == 3
+    warning = [line for line in result.stderr.splitlines() if "without --diverse" in line]
+    assert len(warning) == 1 and "a table on stdin has no embeddings file" in warning[0]
+    assert "--embeddings FILE" in warning[0]
