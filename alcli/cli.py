@@ -456,6 +456,10 @@ def _rank0() -> bool:
     return os.environ.get("RANK", "0").strip() in ("", "0") or os.environ.get("WORLD_SIZE") == "1"
 
 
+def _shown_list(pool) -> str:
+    return " ".join(pool) if isinstance(pool, list) else str(pool)
+
+
 def _stdin_is_empty() -> bool:
     """stdin is not a terminal and holds nothing (`</dev/null`, cron, Slurm), without consuming it."""
     buf = getattr(sys.stdin, "buffer", None)
@@ -611,11 +615,20 @@ def select(
     if scores and pool:
         raise AlcliError(f"give a table to select from (SCORES {scores}) or a pool to score first "
                          f"(--pool {pool}), not both")
-    score_first = source is None and bool(pool or model or sys.stdin.isatty() or
-                                          (settings.pool and _stdin_is_empty()))
+    # a pipeline never changes its input: a table comes from SCORES or stdin, and only a person
+    # at a terminal (no table anywhere) gets the config's pool scored instead, told so
+    from_terminal = source is None and not (pool or model) and sys.stdin.isatty()
+    score_first = source is None and bool(pool or model or from_terminal)
     if source is None and not score_first and _stdin_is_empty():
-        raise AlcliError("nothing on stdin and no pool to score: pipe a table in, name one "
-                         "(alcli select SCORES -n N), or score first with --pool POOL")
+        raise AlcliError("nothing on stdin, so no table to select from (did the command before "
+                         "the pipe fail?); pipe a table in, name one (alcli select SCORES -n N), "
+                         "or score first with --pool POOL")
+    if from_terminal and settings.pool is None:
+        raise AlcliError("no table to select from: name one (alcli select SCORES -n N), pipe one "
+                         "in, or score first with --pool POOL")
+    if from_terminal:
+        r.warn(f"no table given: scoring the pool {_shown_list(settings.pool)} of "
+               f"{settings.config_file or 'the settings'} first")
     unused = [key for key in _SCORING_FLAGS if flags.get(key) not in (None, False)]
     if not score_first and unused:
         more = f" (and {len(unused) - 1} more scoring options)" if len(unused) > 1 else ""

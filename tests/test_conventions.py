@@ -260,19 +260,27 @@ def test_nul_separated_paths_and_image_files_as_the_pool(in_ws):
     assert [r["id"] for r in rows] == [paths[0]]
 
 
-def test_select_on_an_empty_stdin_scores_the_configs_pool(tmp_path, monkeypatch):
-    """The rule: an empty stdin (</dev/null under cron or Slurm) is no table; the config's pool
-    is scored, as on a terminal. With no pool to score it says so. (In-process, stdin given as
-    an empty stream: a subprocess with stdin=DEVNULL flaked here, reading another process's
-    text, in full-suite runs on this shared machine.)"""
+def test_select_on_an_empty_stdin_never_scores_the_configs_pool(tmp_path, monkeypatch):
+    """A pipeline never changes its input: an empty stdin (a failed `score |`, </dev/null) is
+    an error even where ./configs/default.yaml names a pool; nothing reaches stdout. (In-process,
+    stdin given as an empty stream: a subprocess with stdin=DEVNULL flaked here, reading another
+    process's text, in full-suite runs on this shared machine.)"""
     monkeypatch.chdir(REPO)
-    result = cli("select", "-n", "3", "-q", input="")
-    assert result.exit_code == 0, result.stderr
-    assert len(parse_csv(result.stdout)) == 3
-    monkeypatch.chdir(tmp_path)
-    result = cli("select", "-n", "3", input="")
-    assert result.exit_code == 1
-    assert result.stderr.startswith("alcli: error: nothing on stdin and no pool to score")
+    for where in (REPO, tmp_path):
+        monkeypatch.chdir(where)
+        assert_one_error(cli("select", "-n", "3", input=""), "nothing on stdin, so no table to "
+                         "select from (did the command before the pipe fail?)", str(where))
+
+
+def test_a_failing_score_piped_into_select_selects_nothing():
+    """`alcli score BAD | alcli select -n 3` in the repository (whose configs/default.yaml names
+    the demo pool): select exits non-zero and writes nothing; before, it scored the demo pool."""
+    done = subprocess.run(f"set -o pipefail; {sys.executable} -m alcli score no/such/pool -q | "
+                          f"{sys.executable} -m alcli select -n 3", shell=True, cwd=REPO,
+                          capture_output=True, text=True, env=env(), executable="/bin/bash")
+    assert done.returncode == 1 and done.stdout == "", done.stderr
+    assert "pool no/such/pool does not exist" in done.stderr
+    assert "nothing on stdin, so no table to select from" in done.stderr
 
 
 def test_config_paths_are_relative_to_the_config_file(tmp_path, monkeypatch):
@@ -509,3 +517,26 @@ def test_a_slower_engine_method_is_one_warning_line_with_its_cost(tmp_path):
     assert len(lines) == 1 and lines[0].startswith("alcli: warning: "), proc.stderr
     assert "'vmap' method" in lines[0] and "used outside the module" in lines[0]
     assert "expected cost: typically 3 to 50 times ghost's time" in lines[0]
+
+
+def test_select_at_a_terminal_with_no_table_scores_the_configs_pool_and_says_so():
+    import pty
+    master, slave = pty.openpty()  # stdin a terminal: a person typing `alcli select -n 2`
+    try:
+        done = subprocess.run(alcli_cmd("select", "-n", "2", "-s", "margin"), cwd=REPO,
+                              stdin=slave, capture_output=True, text=True, env=env(), timeout=300)
+    finally:
+        os.close(slave)
+        os.close(master)
+    assert done.returncode == 0, done.stderr
+    assert len(parse_csv(done.stdout)) == 2
+    assert "no table given: scoring the pool" in done.stderr and "data/demo/pool" in done.stderr
+
+
+def test_a_piped_table_says_why_the_batch_is_not_diverse(in_ws):
+    table = ok(cli("score", "pool", "-m", "model.pt", "-c", "config.yaml", "-s", "margin", "-q")).stdout
+    result = ok(cli("select", "-n", "3", input=table))
+    assert len(parse_csv(result.stdout)) == 3
+    warning = [line for line in result.stderr.splitlines() if "without --diverse" in line]
+    assert len(warning) == 1 and "a table on stdin has no embeddings file" in warning[0]
+    assert "--embeddings FILE" in warning[0]

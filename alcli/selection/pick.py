@@ -86,6 +86,11 @@ def prepare(settings: Settings, source: str | None, score_first: bool,
             if path is not None:
                 plan.notes.append(f"selected the best scores without --diverse: the table has no "
                                   f"embeddings file {path} (alcli score -o TABLE writes it)")
+            elif source == "-":
+                plan.notes.append("selected the best scores without --diverse: a table on stdin "
+                                  "has no embeddings file beside it; select from a table file "
+                                  "(alcli score -o TABLE writes TABLE.emb.npz) or pass "
+                                  "--embeddings FILE")
         elif path is None:
             raise ConfigError(f"{settings.where('diverse')} needs the embeddings of the table, and "
                               f"a table from stdin (or rows in memory) has no file beside it: "
