@@ -168,11 +168,12 @@ def test_sigterm_writes_the_rows_waiting_for_a_checkpoint(in_ws, tmp_path):
     for rel, (path, _) in in_ws.images.items():
         (pool / rel).parent.mkdir(parents=True, exist_ok=True)
         (pool / rel).write_bytes(path.read_bytes())
-    (tmp_path / "tinynet.py").write_text((in_ws.root / "tinynet.py").read_text())
+    (tmp_path / "tinynet.py").write_text((in_ws.lib / "tinynet.py").read_text())
     (tmp_path / "gate.py").write_text(GATE)
     out = tmp_path / "s.csv"
     proc = subprocess.Popen([sys.executable, "-m", "alcli", "score", str(pool), "-m", str(in_ws.model),
-                             "-c", str(in_ws.config), "--arch", "gate:Net", "-s", "entropy", "-b", "4",
+                             "-c", str(in_ws.config), "--arch", "gate:Net", "--trust-checkpoint",
+                             "-s", "entropy", "-b", "4",
                              "--checkpoint-every", "1000", "-o", str(out)],
                             cwd=tmp_path, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)

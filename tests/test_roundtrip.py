@@ -247,7 +247,7 @@ def test_warnings_not_from_alcli_name_their_origin(in_ws, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}  # Python's defaults
     base = [sys.executable, "-m", "alcli", "score", "pool", "-m", "model.pt", "-c", "config.yaml",
             "-q", "-s", "entropy"]
-    run = subprocess.run([*base, "--arch", "warnpkg.net:TinyNet"], cwd=in_ws.root, env=env,
+    run = subprocess.run([*base, "--arch", "warnpkg.net:TinyNet", "--trust-checkpoint"], cwd=in_ws.root, env=env,
                          capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     lines = run.stderr.splitlines()
