@@ -150,3 +150,12 @@ def score_in(root, *args, ok=True):
     if ok:
         assert result.exit_code == 0, result.stderr + result.stdout
     return result
+
+
+@pytest.fixture
+def one_thread():
+    """Byte-for-byte comparisons between runs: one intra-op thread keeps reductions in one order."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

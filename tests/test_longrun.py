@@ -28,13 +28,7 @@ from conftest import parse_csv
 runner = CliRunner()
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Byte-for-byte comparisons between runs: one intra-op thread keeps reductions in one order."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tables compared byte for byte
 
 
 def cli(ws, *args, ok=True, config=True):

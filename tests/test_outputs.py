@@ -58,12 +58,7 @@ LINEAR = ["--arch", "gated:Linear", "--arch-kwargs", '{"in_features": 4, "out_fe
           "-m", "lin.pt", "-s", "margin", "-q", "--trust-checkpoint"]  # gated.py: code of the test
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tables compared byte for byte
 
 
 def env(**more):
