@@ -20,11 +20,10 @@ from torch import nn
 
 from .errors import ConfigError
 from .files.config import Settings, load_settings
-from .files.embeddings import destination, save_embeddings
+from .files.embeddings import save_embeddings
 from .files.pool import Pool
 from .files.table import read_table
 from .inspection import Inspection, inspect_model  # noqa: F401 - the CLI's `inspect`
-from .longrun import distributed
 from .longrun.job import JobResult, score
 from .longrun.merge import MergeResult, merge_tables
 from .score.embeddings import EmbeddingRecorder, Embeddings
@@ -77,22 +76,14 @@ def score_to_table(settings: Settings, dest: str, *, model: nn.Module | None = N
                    say: Callable[[str], None] | None = None) -> tuple[JobResult | None, str | None]:
     """`alcli score`: stream the pool's rows through DEST.partial into the ranked table `dest`
     (a path, or '-' for stdout), with resume, --shard and torchrun, and the embeddings file (by
-    default when the whole pool goes to a table file). Returns (the JobResult, or None on
+    default, wherever the model has a classification head to take them from; a table on stdout
+    keeps them under ./.alcli/, where `select` finds them). Returns (the JobResult, or None on
     torchrun ranks other than 0; the embeddings file written, or None)."""
-    one_process = not (settings.resume or settings.shard or distributed.from_env())
-    emb_file = destination(settings, dest, one_process)  # checked before the work
-    recorder = EmbeddingRecorder(optional=settings.embeddings is None) if emb_file else None
+    recorder = None if settings.embeddings is False else \
+        EmbeddingRecorder(optional=settings.embeddings is None)
     result = score(settings, dest, model=model, pool=pool, stdin=stdin, on_start=on_start,
                    on_batch=on_batch, say=say, embeddings=recorder)
-    if result is None or not emb_file:
-        return result, None
-    embeddings = recorder.result()
-    if embeddings is None:  # recorded by default, and this model has no head to take them from
-        result.stats.notes.append(f"no embeddings written ({recorder.skipped}); select --diverse "
-                                  f"needs them")
-        return result, None
-    save_embeddings(emb_file, embeddings.ids, embeddings.a, embeddings.b, result.run_id)
-    return result, emb_file
+    return result, result.embeddings_file if result is not None else None
 
 
 def merge(parts: list[str], dest: str, fmt: str = "csv", null: bool = False) -> MergeResult:

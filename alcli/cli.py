@@ -565,8 +565,12 @@ def merge(
     errors_file = next((f for f in result.files if f.endswith(".errors.csv")), None)
     _warn_skipped(r, len(result.finished.errors), result.finished.nans, errors_file,
                   result.finished.errors)
+    for note in result.notes:
+        r.warn(note)
     if dest != "-":
         r.info(f"wrote {result.finished.count} rows from {result.parts} parts to {dest}")
+        if result.embeddings_file:
+            r.info(f"joined their embeddings into {result.embeddings_file}")
 
 
 @app.command(cls=_Command, epilog=SELECT_EPILOG)

@@ -23,6 +23,7 @@ from PIL import Image
 from typer.testing import CliRunner
 
 from alcli.cli import app
+from alcli.files.embeddings import embeddings_run_id, load_embeddings
 from conftest import parse_csv
 
 runner = CliRunner()
@@ -355,9 +356,7 @@ def test_three_shards_merged_equal_one_process(in_ws, tmp_path):
     common = ["-m", "model.pt", "-s", "gradnorm", "-q"]
     for b in ("1", "5"):
         one = tmp_path / f"one{b}.csv"
-        # shards record no embeddings; without them the logits come from the engine's forward in
-        # both runs (with them, from a plain forward of the batch)
-        cli(in_ws, "score", pool, *common, "-b", b, "-o", one, "--no-embeddings")
+        cli(in_ws, "score", pool, *common, "-b", b, "-o", one)
         parts = [tmp_path / f"part{k}-{b}.csv" for k in range(3)]
         for k, part in enumerate(parts):
             cli(in_ws, "score", pool, *common, "-b", b, "--shard", f"{k}/3", "-o", part)
@@ -365,8 +364,14 @@ def test_three_shards_merged_equal_one_process(in_ws, tmp_path):
         assert sum(sizes) == 18 and all(sizes)
         merged = tmp_path / f"merged{b}.csv"
         cli(in_ws, "merge", *reversed(parts), "-o", merged)
-        if b == "1":  # the same batches and forwards: the same bytes
+        if b == "1":  # the same batches and forwards: the same bytes, the same embeddings
             assert merged.read_bytes() == one.read_bytes()
+            ids, a, e = load_embeddings(f"{merged}.emb.npz")
+            assert len(ids) == 14 and not Path(f"{merged}.emb.npz.partial").exists()
+            _, a_one, e_one = load_embeddings(f"{one}.emb.npz", ids)
+            assert torch.equal(a, a_one) and torch.equal(e, e_one)
+            run_ids = [json.loads(Path(f"{t}.meta.json").read_text())["run_id"] for t in (merged, one)]
+            assert embeddings_run_id(f"{merged}.emb.npz") == run_ids[0] != run_ids[1]
         else:
             same_scores(parse_csv(merged.read_text()), parse_csv(one.read_text()))
         assert Path(f"{merged}.errors.csv").read_text() == Path(f"{one}.errors.csv").read_text()
@@ -425,4 +430,7 @@ def test_torchrun_two_processes_write_the_one_process_table(in_ws, tmp_path):
     meta = json.loads((tmp_path / "tr.csv.meta.json").read_text())
     assert (meta["rows"], meta["skipped"], meta["shard"]) == (14, 4, None)
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("tr.csv")) == \
-        ["tr.csv", "tr.csv.errors.csv", "tr.csv.meta.json"]  # the ranks' partial files are gone
+        ["tr.csv", "tr.csv.emb.npz", "tr.csv.errors.csv", "tr.csv.meta.json"]  # partials gone
+    ids, a, b = load_embeddings(tmp_path / "tr.csv.emb.npz")  # both ranks' rows' embeddings
+    _, a_one, b_one = load_embeddings(tmp_path / "one.csv.emb.npz", ids)
+    assert len(ids) == 14 and torch.allclose(a, a_one, atol=1e-5) and torch.allclose(b, b_one, atol=1e-5)

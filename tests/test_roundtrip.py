@@ -22,6 +22,7 @@ from typer.testing import CliRunner
 import alcli
 from alcli.cli import app
 from alcli.errors import AlcliError
+from alcli.files.embeddings import load_embeddings
 from alcli.terminal import Reporter
 from cli_errors import assert_one_error
 from conftest import parse_csv
@@ -139,8 +140,7 @@ def test_score_exclude_resumes_only_with_the_same_exclusions(in_ws, tmp_path):
     last.write_bytes(b"not yet an image")
     files = exclusion_files(pool, tmp_path)
     out = tmp_path / "t.csv"
-    stopped = score(in_ws, pool, *excludes(files), "--strict", "-o", out, "-q", "--no-embeddings",
-                    ok=False)
+    stopped = score(in_ws, pool, *excludes(files), "--strict", "-o", out, "-q", ok=False)
     assert stopped.exit_code == 1 and "zz.png" in stopped.stderr
     partial = Path(f"{out}.partial")
     assert partial.read_text().count("\n") - 1 == len(in_ws.images) - 3  # all but zz.png
@@ -152,15 +152,19 @@ def test_score_exclude_resumes_only_with_the_same_exclusions(in_ws, tmp_path):
     assert f"resuming: {len(in_ws.images) - 3} examples" in resumed.stderr
 
     reference = tmp_path / "ref.csv"
-    score(in_ws, pool, "-o", reference, "-q", "--no-embeddings")  # as resumed runs: none
+    score(in_ws, pool, "-o", reference, "-q")
     expected = [r for r in rows_of(reference) if r["id"] not in {*BY_ID, BY_FILE}]
     assert without_rank(rows_of(out)) == without_rank(expected) and len(expected) == 12
+    ids, a, b = load_embeddings(f"{out}.emb.npz")  # the resumed run's embeddings: every row's
+    assert sorted(ids) == sorted(r["id"] for r in expected)
+    _, a_ref, b_ref = load_embeddings(f"{reference}.emb.npz", ids)
+    assert torch.equal(a, a_ref) and torch.equal(b, b_ref)
 
 
 def test_score_exclude_with_shards_merges_into_the_one_process_table(in_ws, tmp_path):
     files = exclusion_files(in_ws.pool, tmp_path)
     one = tmp_path / "one.csv"
-    score(in_ws, "pool", *excludes(files), "-o", one, "-q", "--no-embeddings")
+    score(in_ws, "pool", *excludes(files), "-o", one, "-q")
     parts = [tmp_path / f"part{k}.csv" for k in range(3)]
     for k, part in enumerate(parts):
         score(in_ws, "pool", *excludes(files), "--shard", f"{k}/3", "-o", part, "-q")

@@ -302,8 +302,6 @@ def test_bad_selection_input_is_one_sentence_and_exit_1(in_ws, planted, table, c
         (["select", str(table), "-n", "2", "--contact-sheet", str(table / "no" / "s.png")],
          "--contact-sheet"),
         (["select", str(crafted), "-n", "2", "-f", "tsv"], "--format"),
-        (["score", str(planted.dir), "-m", "model.pt", "-c", "config.yaml", "--embeddings", "-o", "-"],
-         "--output"),
         (["score", str(planted.dir), "-m", str(tmp_path / "headless.pt"), "--arch", "headless:Headless",
           "--trust-checkpoint", "--embeddings", "-o", str(tmp_path / "h.csv"), "-s", "entropy"], "nn.Linear with 3 outputs"),
         (["score", str(planted.dir), "-m", "model.pt", "-c", "config.yaml", "-f", "labelstudio"],

@@ -51,6 +51,10 @@ def descriptor(path: str | Path) -> int | None:
     return None
 
 
+STREAM_FOLDER = Path(".alcli")  # where runs writing a table to a stream keep their partial file
+                                # and the table's embeddings (found there by `select`)
+
+
 def writes_stream(dest) -> bool:
     """The output is a stream (stdout, '-', or a special file): nothing is written beside it."""
     return dest is None or str(dest) == "-" or special_file(dest)

@@ -4,13 +4,16 @@ It records the run id of the table it was written with (TABLE.meta.json has the 
 `select` can tell a table's own embeddings from another run's."""
 from __future__ import annotations
 
+import base64
+import math
 import zipfile
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 import torch
 
-from ..errors import ConfigError, TableError
+from ..errors import TableError
 from .atomic import atomic_open, writes_stream
 from .config import Settings
 
@@ -29,33 +32,35 @@ def embeddings_path(table_path: str) -> str:
     return table_path + EMBEDDINGS_SUFFIX
 
 
-def destination(settings: Settings, table_dest: str | None, one_process: bool = True) -> str | None:
-    """Where `score` writes embeddings: None (not wanted), the configured file, or beside the
-    table. By default (`embeddings` None) they are written when the table goes to a file and the
-    whole pool is scored in `one_process` (no --resume, --shard or torchrun)."""
+def destination(settings: Settings, table_dest: str | None) -> str | None:
+    """Where `score` writes embeddings: None (not wanted; or a table on stdout, whose embeddings
+    the job keeps under ./.alcli/), the configured file, or beside the table. By default
+    (`embeddings` None) they are written wherever the model has a head to take them from."""
     if settings.embeddings is False:
-        return None
-    if settings.embeddings is None and (writes_stream(table_dest) or not one_process):
         return None
     if settings.embeddings_file:
         return settings.embeddings_file
     if writes_stream(table_dest):
-        raise ConfigError(f"{settings.where('embeddings')} writes the embeddings beside the table, "
-                          f"so the table must go to a file: pass -o/--output FILE")
+        return None
     return embeddings_path(str(table_dest))
 
 
-def save_embeddings(path: str, ids: Sequence[str], a, b, run_id: str | None = None) -> None:
-    """Write ids [N], a [N, C] and b [N, D] (and the table's `run_id`) to an uncompressed .npz,
+def save_embeddings(path: str, ids: Sequence[str], a, b, run_id: str | None = None,
+                    scores: Sequence[float] | None = None) -> None:
+    """Write ids [N], a [N, C] and b [N, D] (and the table's `run_id`, and the rows' `scores`,
+    by which `find_for_rows` knows a table read from a pipe) to an uncompressed .npz,
     atomically; a file that cannot be written is a TableError."""
     ids = [str(i) for i in ids]
     a = torch.as_tensor(a).detach().cpu().numpy()
     b = torch.as_tensor(b).detach().cpu().numpy()
     _check_factors(path, ids, a, b)
+    extra = {"run_id": np.array(run_id)} if run_id else {}
+    if scores is not None:
+        extra["scores"] = np.asarray(scores, dtype=np.float64)
     try:
         with atomic_open(path, "wb") as fh:  # a file object, so numpy does not append ".npz"
             np.savez(fh, format=np.array(_FORMAT), ids=np.array(ids, dtype=np.str_), a=a, b=b,
-                     **({"run_id": np.array(run_id)} if run_id else {}))
+                     **extra)
     except OSError as err:
         raise TableError(f"cannot write embeddings file {path} ({err.strerror or err})") from None
 
@@ -119,3 +124,72 @@ def _check_factors(path: str, ids: list[str], a: np.ndarray, b: np.ndarray) -> N
     if len(set(ids)) != len(ids):
         dup = next(i for n, i in enumerate(ids) if i in ids[:n])
         raise EmbeddingsError(f"embeddings for {path} list id '{dup}' more than once.")
+
+
+# --- one example's factors in a row of OUTPUT.partial -------------------------------------------
+
+def encode_factors(a, b) -> list[str]:
+    """One example's a [C] and b [D] as [dtype, base64 of a, base64 of b] (exact, little-endian):
+    how they travel with the row through OUTPUT.partial, shards, resume and torchrun."""
+    a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
+    dtype = a.dtype.newbyteorder("<")
+    return [dtype.str, base64.b64encode(a.astype(dtype).tobytes()).decode(),
+            base64.b64encode(b.astype(dtype).tobytes()).decode()]
+
+
+def decode_factors(value) -> tuple[np.ndarray, np.ndarray]:
+    """`encode_factors`' list back to (a [C], b [D]); a ValueError if it is not one."""
+    if not (isinstance(value, list) and len(value) == 3 and all(isinstance(v, str) for v in value)):
+        raise ValueError("not an [dtype, a, b] list")
+    dtype = np.dtype(value[0])
+    if dtype.kind != "f":
+        raise ValueError(f"dtype {value[0]} is not a float type")
+    return (np.frombuffer(base64.b64decode(value[1]), dtype=dtype),
+            np.frombuffer(base64.b64decode(value[2]), dtype=dtype))
+
+
+# --- a table read from a pipe: its embeddings found by content -----------------------------------
+
+STREAM_KEEP = 4  # embeddings files of tables written to stdout kept under ./.alcli (newest)
+
+
+def stream_embeddings_path(folder: Path, run_id: str) -> Path:
+    """Where a table written to stdout keeps its embeddings: FOLDER/stdout-RUNID.emb.npz."""
+    return folder / f"stdout-{run_id}{EMBEDDINGS_SUFFIX}"
+
+
+def prune_stream_embeddings(folder: Path, keep: int = STREAM_KEEP) -> None:
+    """Only the `keep` newest embeddings files of stdout tables stay in `folder`."""
+    files = sorted(folder.glob(f"stdout-*{EMBEDDINGS_SUFFIX}"), key=_mtime, reverse=True)
+    for old in files[keep:]:
+        old.unlink(missing_ok=True)
+
+
+def find_for_rows(folder: Path, rows: Sequence[dict]) -> str | None:
+    """The newest embeddings file in `folder` written by the `score` run a table came from: it
+    holds every row's id with the very same score (floats are written exactly). None: none does."""
+    wanted = {str(r["id"]): r.get("score") for r in rows}
+    for path in sorted(folder.glob(f"*{EMBEDDINGS_SUFFIX}"), key=_mtime, reverse=True):
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                if "scores" not in z.files or "ids" not in z.files:
+                    continue
+                scores = dict(zip((str(i) for i in z["ids"].tolist()), z["scores"].tolist()))
+        except (OSError, ValueError, zipfile.BadZipFile, EOFError):
+            continue
+        if all(i in scores and _same(scores[i], s) for i, s in wanted.items()):
+            return str(path)
+    return None
+
+
+def _same(stored: float, score) -> bool:
+    if score is None or (isinstance(score, float) and math.isnan(score)):
+        return math.isnan(stored)
+    return stored == score
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0

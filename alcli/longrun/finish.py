@@ -3,7 +3,8 @@
     OUTPUT             the ranked table (written to a temporary file, then renamed)
     OUTPUT.errors.csv  `id,error` of the skipped examples (only when there are some)
     OUTPUT.meta.json   what the table holds: counts, shard, pool fingerprint, settings, run id
-    OUTPUT.emb.npz     (written by the caller, with the same run id) an earlier one is removed
+    OUTPUT.emb.npz     the BADGE factors the rows carried (`_emb` in the partial files), with
+                       the same run id; a table on stdout keeps them in ./.alcli/
 
 The table is ranked from partial files (see partial.py) without holding the rows: only
 (score, id, offset) per example is kept in memory, and each row is read back from its offset
@@ -17,7 +18,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from ..files.table import atomic_file, columns_of, remove_sidecars, sidecar, write_meta, write_rows
+import numpy as np
+
+from ..files.atomic import STREAM_FOLDER, writes_stream
+from ..files.embeddings import (decode_factors, prune_stream_embeddings, save_embeddings,
+                                stream_embeddings_path)
+from ..files.table import (LINE_FORMATS, atomic_file, columns_of, remove_sidecars, sidecar,
+                           write_meta, write_rows)
 from ..selection.rank import score_order
 from .partial import read_record
 
@@ -29,17 +36,42 @@ class Finished:
     errors: list[tuple[str, str]] = field(default_factory=list)  # skipped examples
     top: list[dict] = field(default_factory=list)  # the best rows, ranked (for the summary)
     rows: list[dict] | None = None      # every row, ranked, when the table is kept in memory
+    embeddings: Factors | None = None   # the rows' BADGE factors, when every row carried them
+    without_factors: int = 0            # rows that carried none (when they were collected)
 
 
-def finish(sources: list[Path], dest, fmt: str, *, top: int = 5, null: bool = False) -> Finished:
+@dataclass
+class Factors:
+    """The factors rows carried through the partial files (`_emb`), in file order."""
+    ids: list[str] = field(default_factory=list)
+    scores: list[float] = field(default_factory=list)
+    a: list[np.ndarray] = field(default_factory=list)  # [C] each
+    b: list[np.ndarray] = field(default_factory=list)  # [D] each
+
+    def add(self, record: dict) -> bool:
+        try:
+            a, b = decode_factors(record.get("_emb"))
+        except (ValueError, TypeError):
+            return False
+        self.ids.append(record["id"])
+        self.scores.append(float("nan") if record["score"] is None else float(record["score"]))
+        self.a.append(a)
+        self.b.append(b)
+        return True
+
+
+def finish(sources: list[Path], dest, fmt: str, *, top: int = 5, null: bool = False,
+           factors: bool = False) -> Finished:
     """Rank the rows of the partial files `sources` into the table `dest` (a path, '-' or None
     for stdout), streaming: rows are read back one by one in rank order. `null`: -f paths / ids
-    records end in NUL."""
+    records end in NUL. `factors`: collect the BADGE factors the rows carry (`_emb`, never a
+    column of the table) into `Finished.embeddings`."""
     keys = []          # (order key, source index, offset)
     errors: dict[str, str] = {}
     seen: set[str] = set()
     columns: dict[str, None] = {}
     nans = 0
+    collected, without = Factors(), 0
     for s, path in enumerate(sources):
         with open(path, "rb") as f:
             offset = len(f.readline())
@@ -52,7 +84,10 @@ def finish(sources: list[Path], dest, fmt: str, *, top: int = 5, null: bool = Fa
                     seen.add(id_)
                     if "score" in record:
                         for key in record:
-                            columns.setdefault(key, None)
+                            if key != "_emb":
+                                columns.setdefault(key, None)
+                        if factors and not collected.add(record):
+                            without += 1
                         key = score_order(record["score"], id_)
                         nans += key[0]  # NaN (or None) scores sort last
                         keys.append((key, s, offset))
@@ -61,7 +96,9 @@ def finish(sources: list[Path], dest, fmt: str, *, top: int = 5, null: bool = Fa
                 offset += len(line)
     keys.sort()
     cols = columns_of([{"rank": None, **columns}])
-    out = Finished(count=len(keys), nans=nans, errors=sorted(errors.items()))
+    out = Finished(count=len(keys), nans=nans, errors=sorted(errors.items()),
+                   embeddings=collected if factors and not without else None,
+                   without_factors=without)
 
     def ranked() -> Iterator[dict]:
         handles = [open(p, "rb") for p in sources]
@@ -70,6 +107,7 @@ def finish(sources: list[Path], dest, fmt: str, *, top: int = 5, null: bool = Fa
                 f = handles[s]
                 f.seek(offset)
                 record = json.loads(f.readline())
+                record.pop("_emb", None)
                 row = {"rank": rank, **record}
                 if row.get("score") is None:
                     row["score"] = float("nan")
@@ -86,6 +124,29 @@ def finish(sources: list[Path], dest, fmt: str, *, top: int = 5, null: bool = Fa
         with atomic_file(dest):  # no rows: an empty file (its meta says 0 rows)
             pass
     return out
+
+
+def save_table_embeddings(finished: Finished, dest, fmt: str, run_id: str, path: str | None,
+                          stream_folder: Path | None) -> tuple[str | None, str | None]:
+    """Write the factors the table's rows carried to `path` (TABLE.emb.npz or --embeddings FILE)
+    with the table's run id and the rows' scores -> (the file written, a note for people). A
+    table on stdout (`path` None) keeps them in ./.alcli/stdout-RUNID.emb.npz, where `select`
+    finds them by the rows' ids and scores; `stream_folder` is where this run could write."""
+    emb = finished.embeddings
+    if emb is None or not emb.ids:
+        return None, None
+    if path is None:
+        if not writes_stream(dest) or fmt in LINE_FORMATS:
+            return None, None  # not wanted; or -f ids / paths, a hand-off that select never reads
+        if stream_folder is None or stream_folder.resolve() != STREAM_FOLDER.resolve():
+            return None, (f"no embeddings kept for the table on stdout (./{STREAM_FOLDER} cannot "
+                          f"be written), so select cannot pick a diverse batch from it; write "
+                          f"the table with -o FILE")
+        path = str(stream_embeddings_path(STREAM_FOLDER, run_id))
+    save_embeddings(path, emb.ids, np.stack(emb.a), np.stack(emb.b), run_id, emb.scores)
+    if writes_stream(dest):
+        prune_stream_embeddings(STREAM_FOLDER)
+    return path, None
 
 
 def write_sidecars(dest: str | Path, finished: Finished, meta: dict) -> list[str]:

@@ -32,15 +32,16 @@ from ..files.config import Settings
 from ..files.outputs import check_not_input
 from ..files.pool import Pool
 from ..files.table import FORMATS as TABLE_FORMATS, check_records, sidecar
+from ..files.embeddings import destination, encode_factors
 from ..score.embeddings import EmbeddingRecorder
 from ..score.runner import RunStats, run
 from ..selection.rank import rank
 from ..session import Session, opened
 from . import distributed
 from .exclude import Exclusion
-from .finish import Finished, finish, write_sidecars
+from .finish import Finished, finish, save_table_embeddings, write_sidecars
 from .lock import lock_path, output_lock
-from .partial import PartialFile, gather_target, new_partial
+from .partial import PartialFile, gather_target, new_partial, stdout_folder
 from .shard import SubPool, fingerprint, parse_shard, shard_indices
 
 META_VERSION = 1
@@ -66,6 +67,7 @@ class JobResult:
     run_id: str | None = None   # the table's meta.json records it (and its embeddings file)
     excluded: int = 0           # examples --exclude left out (not scored)
     warnings: list[str] = field(default_factory=list)  # for people: --exclude entries unmatched
+    embeddings_file: str | None = None  # TABLE.emb.npz written with the table (same run id)
 
 
 def score(settings: Settings, dest: str | None, *, model: nn.Module | None = None, pool=None,
@@ -78,7 +80,7 @@ def score(settings: Settings, dest: str | None, *, model: nn.Module | None = Non
     Returns None on the torchrun ranks other than 0, which write nothing."""
     ctx = distributed.from_env() if dest is not None else None
     exclusion = Exclusion(settings) if dest is not None and settings.exclude else None
-    _check_options(settings, ctx, dest, embeddings)
+    _check_options(settings, ctx, dest)
     device_spec = distributed.device_for(settings.device, ctx) if ctx else settings.device
     with distributed.session(ctx, device_spec), \
             opened(settings, model, pool, stdin, device_spec, narrow=exclusion) as session:
@@ -151,6 +153,9 @@ def _score_to_file(ctx, session: Session, todo: Pool, shard, settings: Settings,
                 result = _write(ctx, settings, dest, partial_path, full, todo, key,
                                 shard_text if not ctx else None, stats, log.resumed, log.run_id,
                                 exclusion.left_out if exclusion else None)
+                if result is not None and embeddings is not None:
+                    result.embeddings_file = _write_embeddings(
+                        settings, dest, result, embeddings, partial_path.parent if resumable else None)
         except BrokenPipeError:  # `| head`: the reader has what it wanted; nothing to resume
             partial_path.unlink(missing_ok=True)
             raise
@@ -163,9 +168,6 @@ def _shown(dest: str) -> str:
     return "the table to stdout" if dest == "-" else dest
 
 
-STDOUT_PARTIALS = Path(".alcli")  # where runs writing to stdout keep their partial file
-
-
 def _partial_path(dest: str, ctx, run: dict, stack: contextlib.ExitStack) -> tuple[Path, bool]:
     """(the partial file, whether a later --resume can find it). For a table on stdout (or into
     a device or FIFO, where nothing is written beside it) it is ./.alcli/stdout-HASH.partial,
@@ -175,24 +177,15 @@ def _partial_path(dest: str, ctx, run: dict, stack: contextlib.ExitStack) -> tup
     if not writes_stream(dest):
         return sidecar(dest, suffix), True
     digest = hashlib.blake2b(json.dumps(run, sort_keys=True).encode(), digest_size=6).hexdigest()
-    if STDOUT_PARTIALS.is_symlink() or (STDOUT_PARTIALS.exists() and not STDOUT_PARTIALS.is_dir()):
-        what = "a link" if STDOUT_PARTIALS.is_symlink() else "not a folder"
-        raise ConfigError(f"./{STDOUT_PARTIALS} is {what}, where runs writing "
-                          f"{_shown(dest)} keep their partial file; remove it, or write the "
-                          f"table with -o FILE")
-    try:
-        STDOUT_PARTIALS.mkdir(exist_ok=True)
-        ignore = STDOUT_PARTIALS / ".gitignore"
-        if not ignore.exists():
-            ignore.write_text("# alcli's unfinished runs that write to stdout\n*\n")
-        check_writable(STDOUT_PARTIALS, "partial file")
-        return STDOUT_PARTIALS / f"stdout-{digest}.{suffix}", True
-    except (OSError, AlcliError):
-        folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="alcli-")))
-        return folder / f"stdout.{suffix}", False
+    folder = stdout_folder(f"runs writing {_shown(dest)} keep their partial file; remove it, or "
+                           f"write the table with -o FILE")
+    if folder is not None:
+        return folder / f"stdout-{digest}.{suffix}", True
+    folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="alcli-")))
+    return folder / f"stdout.{suffix}", False
 
 
-def _check_options(settings: Settings, ctx, dest: str | None, embeddings) -> None:
+def _check_options(settings: Settings, ctx, dest: str | None) -> None:
     if dest is None:
         if settings.resume:
             raise ConfigError("resume needs an output file, where an unfinished run keeps its rows "
@@ -201,9 +194,6 @@ def _check_options(settings: Settings, ctx, dest: str | None, embeddings) -> Non
     if ctx and settings.shard:
         raise ConfigError(f"--shard {settings.shard} cannot be combined with torchrun, where each "
                           f"process scores shard RANK/WORLD_SIZE already")
-    if embeddings is not None and (ctx or settings.shard or settings.resume):
-        raise ConfigError("--embeddings cannot be combined with --resume, --shard or torchrun yet; "
-                          "score the whole pool in one process to write embeddings")
     if settings.resume and settings.restart:
         raise ConfigError("--resume and --restart contradict each other: --resume continues the "
                           "unfinished run, --restart discards it")
@@ -292,12 +282,14 @@ def _score(session: Session, todo: Pool, settings: Settings, log: PartialFile, p
     already = sum(1 for id_ in todo.ids if id_ in done) if done else 0
     if on_start:
         on_start(len(todo), done=already)  # the whole pool, the resumed part already counted
-    if done:
-        def sink(rows, errors):  # a batch cut short by the crash is scored whole, written once
-            log.add([r for r in rows if r["id"] not in done], [e for e in errors if e[0] not in done])
-        batches = _Batches(todo.ids, done, settings.batch_size)
-    else:
-        sink, batches = log.add, None
+
+    def sink(rows, errors):  # a batch cut short by the crash is scored whole, written once
+        rows = with_factors(rows, embeddings)
+        if done:
+            rows, errors = [r for r in rows if r["id"] not in done], [e for e in errors if e[0] not in done]
+        log.add(rows, errors)
+
+    batches = _Batches(todo.ids, done, settings.batch_size) if done else None
     try:
         with _signals_raise(partial_path, resumable):
             stats = run(session.model, todo, settings, session.device, sink, on_batch,
@@ -314,6 +306,20 @@ def _score(session: Session, todo: Pool, settings: Settings, log: PartialFile, p
         raise
     log.close()  # what is finished is on disk, whatever stopped the run
     return stats
+
+
+def with_factors(rows: list[dict], embeddings: EmbeddingRecorder | None) -> list[dict]:
+    """Each row with its example's BADGE factors (`_emb`, see files.embeddings.encode_factors),
+    so that they go wherever the row goes: the partial file, a resumed run, rank 0."""
+    if embeddings is None:
+        return rows
+    taken = embeddings.take()
+    if not taken.ids:
+        return rows
+    at = {id_: n for n, id_ in enumerate(taken.ids)}
+    a, b = taken.a.numpy(), taken.b.numpy()
+    return [{**row, "_emb": encode_factors(a[at[row["id"]]], b[at[row["id"]]])}
+            if row["id"] in at else row for row in rows]
 
 
 @contextlib.contextmanager
@@ -364,7 +370,7 @@ def _write(ctx, settings: Settings, dest: str, partial_path: Path, full: Pool, t
                     raise AlcliError("rank 0 could not write the table")
                 return None
         try:
-            finished = finish(sources, dest, settings.format, null=settings.null)
+            finished = finish(sources, dest, settings.format, null=settings.null, factors=True)
             files = [] if writes_stream(dest) else write_sidecars(dest, finished, {
                 "format": "alcli-table", "version": META_VERSION, "alcli_version": __version__, "table_format": settings.format,
                 "shard": shard, "pool": full.name, "pool_size": len(full),
@@ -376,6 +382,24 @@ def _write(ctx, settings: Settings, dest: str, partial_path: Path, full: Pool, t
             raise
         distributed.rank0_ok(ctx, True)
     return JobResult(finished, stats, resumed, shard, files, run_id=run_id)
+
+
+def _write_embeddings(settings: Settings, dest: str, result: JobResult,
+                      recorder: EmbeddingRecorder, stream_folder: Path | None) -> str | None:
+    """TABLE.emb.npz from the factors the rows carried; None, with a note saying why, where
+    there are none to write."""
+    finished = result.finished
+    if finished.embeddings is None and finished.count:
+        why = recorder.skipped or (f"{finished.without_factors} of the {finished.count} rows were "
+                                   f"scored without them, by an earlier run")
+        result.stats.notes.append(f"no embeddings written ({why}); select cannot pick a diverse "
+                                  f"batch from this table")
+        return None
+    path, note = save_table_embeddings(finished, dest, settings.format, result.run_id,
+                                       destination(settings, dest), stream_folder)
+    if note:
+        result.stats.notes.append(note)
+    return path
 
 
 def described(full: Pool, settings: Settings) -> dict:

@@ -7,18 +7,21 @@ of their errors files, to the whole pool. The result is the table one process wo
 """
 from __future__ import annotations
 
+import functools
 import json
 import re
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..version import __version__
 from ..errors import ConfigError, TableError
 from ..files.atomic import check_writable, make_folder, writes_stream
 from ..files.outputs import check_not_input
-from .finish import Finished, finish, read_errors, write_sidecars
-from .partial import new_partial, new_run_id
+from ..files.embeddings import (EmbeddingsError, embeddings_path, embeddings_run_id, encode_factors,
+                                load_embeddings)
+from .finish import Finished, finish, read_errors, save_table_embeddings, write_sidecars
+from .partial import new_partial, new_run_id, stdout_folder
 from ..files.table import LINE_FORMATS, read_meta, read_table, sidecar
 
 
@@ -27,6 +30,8 @@ class MergeResult:
     finished: Finished
     parts: int
     files: list[str]
+    embeddings_file: str | None = None  # the parts' embeddings joined (same run id as the table)
+    notes: list[str] = field(default_factory=list)  # for people: why there are none
 
 
 def merge_tables(parts: list[str], dest: str, fmt: str = "csv", null: bool = False) -> MergeResult:
@@ -46,6 +51,7 @@ def merge_tables(parts: list[str], dest: str, fmt: str = "csv", null: bool = Fal
         combined = Path(tmp) / "merged.partial"
         new_partial(combined, first["run"])
         owner: dict[str, str] = {}
+        factors, notes = _parts_factors(parts, metas)
         with open(combined, "a") as out:
             for part, meta in zip(parts, metas):
                 rows = read_table(part) if meta["rows"] else []
@@ -59,18 +65,63 @@ def merge_tables(parts: list[str], dest: str, fmt: str = "csv", null: bool = Fal
                         raise TableError(f"the id '{id_}' is in both {owner[id_]} and {part}; "
                                          f"the parts overlap")
                     owner[id_] = part
+                emb = factors.get(part)
                 for row in rows:
-                    out.write(json.dumps({k: v for k, v in row.items() if k != "rank"}) + "\n")
+                    row = {k: v for k, v in row.items() if k != "rank"}
+                    if emb is not None:
+                        row["_emb"] = emb(row["id"])
+                    out.write(json.dumps(row) + "\n")
                 for id_, message in errors:
                     out.write(json.dumps({"id": id_, "error": message}) + "\n")
         if len(owner) != first["pool_size"]:
             raise TableError(f"the parts hold {len(owner)} examples but the pool "
                              f"{first.get('pool')} has {first['pool_size']}; a part is incomplete")
-        finished = finish([combined], dest, fmt, null=null)
+        finished = finish([combined], dest, fmt, null=null, factors=not notes)
+    run_id = new_run_id()
     files = [] if stream else write_sidecars(dest, finished, {
         **first, "alcli_version": __version__, "table_format": fmt, "shard": None, "shard_size": first["pool_size"],
-        "merged_from": [str(p) for p in parts], "run_id": new_run_id()})
-    return MergeResult(finished, len(parts), files)
+        "merged_from": [str(p) for p in parts], "run_id": run_id})
+    emb_file = None
+    if not notes and finished.embeddings is None and finished.count:
+        notes.append(f"the merged table has no embeddings ({finished.without_factors} rows have "
+                     f"none in their part's embeddings file), so select cannot pick a diverse "
+                     f"batch from it")
+    elif not notes:
+        folder = stdout_folder("merge keeps the embeddings of a table on stdout") if stream else None
+        emb_file, note = save_table_embeddings(finished, dest, fmt, run_id,
+                                               None if stream else embeddings_path(dest), folder)
+        notes += [note] if note else []
+    return MergeResult(finished, len(parts), files, emb_file, notes)
+
+
+def _parts_factors(parts: list[str], metas: list[dict]) -> tuple[dict, list[str]]:
+    """{part: id -> its encoded factors} from each part's PART.emb.npz (written by the same run,
+    by the run ids in it and in PART.meta.json), or a note naming the part that has none."""
+    factors = {}
+    for part, meta in zip(parts, metas):
+        path = embeddings_path(part)
+        why = None
+        if not Path(path).is_file():
+            why = f"{path} does not exist"
+        else:
+            try:
+                run = embeddings_run_id(path)
+                if run and meta.get("run_id") and run != meta["run_id"]:
+                    why = f"{path} was written by another run than {part}"
+                else:
+                    ids, a, b = load_embeddings(path)
+            except EmbeddingsError as err:
+                why = str(err).rstrip(".")
+        if why:
+            return {}, [f"the merged table has no embeddings ({why}), so select cannot pick a "
+                        f"diverse batch from it; score that shard again"]
+        factors[part] = functools.partial(_encoded, a.numpy(), b.numpy(),
+                                          {id_: n for n, id_ in enumerate(ids)})
+    return factors, []
+
+
+def _encoded(a, b, at: dict[str, int], id_: str):
+    return encode_factors(a[at[id_]], b[at[id_]]) if id_ in at else None
 
 
 def _meta(part: str) -> dict:

@@ -18,7 +18,8 @@ import uuid
 from pathlib import Path
 from typing import Iterator
 
-from ..errors import ConfigError, RunError
+from ..errors import AlcliError, ConfigError, RunError
+from ..files.atomic import STREAM_FOLDER, check_writable
 
 FORMAT = "alcli-partial"
 VERSION = 1
@@ -132,6 +133,25 @@ def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]
+
+
+def stdout_folder(refusal: str) -> Path | None:
+    """./.alcli, made if need be: where runs writing to stdout keep their partial file and their
+    table's embeddings. None where it cannot be written; a link or a file by that name is refused
+    (`refusal` says what to do)."""
+    folder = STREAM_FOLDER
+    if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+        what = "a link" if folder.is_symlink() else "not a folder"
+        raise ConfigError(f"./{folder} is {what}, where {refusal}")
+    try:
+        folder.mkdir(exist_ok=True)
+        ignore = folder / ".gitignore"
+        if not ignore.exists():
+            ignore.write_text("# alcli's unfinished runs that write to stdout\n*\n")
+        check_writable(folder, "partial file")
+        return folder
+    except (OSError, AlcliError):
+        return None
 
 
 def new_run_id() -> str:

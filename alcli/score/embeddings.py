@@ -143,6 +143,14 @@ class EmbeddingRecorder:
             self._b.append(host[1])
             self._current = None
 
+    def take(self) -> Embeddings:
+        """The factors kept since the last `take`, handed over and forgotten (a run writing a
+        table streams them into its partial file with the rows, batch by batch)."""
+        taken = Embeddings(self._ids, torch.cat(self._a) if self._a else torch.zeros(0, 0),
+                           torch.cat(self._b) if self._b else torch.zeros(0, 0))
+        self._ids, self._a, self._b = [], [], []
+        return taken
+
     def result(self) -> Embeddings | None:
         """The embeddings recorded, or None when an optional recording was skipped."""
         if self.skipped is not None:

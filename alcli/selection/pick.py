@@ -20,11 +20,11 @@ from typing import Iterable
 import torch
 
 from ..errors import AlcliError, ConfigError, TableError
-from ..files.atomic import make_folder
+from ..files.atomic import STREAM_FOLDER, make_folder, writes_stream
 from ..files.classnames import read_class_names
 from ..files.config import Settings
-from ..files.atomic import writes_stream
-from ..files.embeddings import EmbeddingsError, embeddings_path, embeddings_run_id, load_embeddings
+from ..files.embeddings import (EmbeddingsError, embeddings_path, embeddings_run_id, find_for_rows,
+                                load_embeddings)
 from ..files.outputs import check_not_input
 from ..files.pool import PoolOptions, open_pool
 from ..files.table import (LINE_FORMATS, MORE, SIDECARS, read_meta, remove_sidecars, sidecar,
@@ -44,6 +44,7 @@ class SelectPlan:
     embeddings_file: str | None = None  # for --diverse on a table read from a file
     meta: dict = field(default_factory=dict)  # TABLE.meta.json of a table read from a file
     diverse: bool = False  # --diverse asked for, or by default with the embeddings at hand
+    look_up: str | None = None  # the embeddings file the table lacks, looked up by its rows
     notes: list[str] = field(default_factory=list)  # warnings for people
 
 
@@ -80,24 +81,17 @@ def prepare(settings: Settings, source: str | None, score_first: bool,
     if plan.diverse and not score_first:
         path = settings.embeddings_file or (embeddings_path(str(source))
                                             if source not in (None, "-") else None)
-        if settings.diverse is None and not settings.embeddings_file and \
-                (path is None or not Path(path).is_file()):
-            plan.diverse = False  # the default, without embeddings: the plain top N
-            if path is not None:
-                plan.notes.append(f"selected the best scores without --diverse: the table has no "
-                                  f"embeddings file {path} (alcli score -o TABLE writes it)")
-            elif source == "-":
-                plan.notes.append("selected the best scores without --diverse: a table on stdin "
-                                  "has no embeddings file beside it; select from a table file "
-                                  "(alcli score -o TABLE writes TABLE.emb.npz) or pass "
-                                  "--embeddings FILE")
-        elif path is None:
-            raise ConfigError(f"{settings.where('diverse')} needs the embeddings of the table, and "
-                              f"a table from stdin (or rows in memory) has no file beside it: "
-                              f"pass {settings.option('embeddings_file', 'FILE')}")
+        if source is None and path is None:
+            if settings.diverse:
+                raise ConfigError(f"{settings.where('diverse')} needs the embeddings of the rows, "
+                                  f"and rows in memory have none: pass "
+                                  f"{settings.option('embeddings_file', 'FILE')}")
+            plan.diverse = False
+        elif path is None or (not settings.embeddings_file and not Path(path).is_file()):
+            plan.look_up = path or "stdin"  # a table on stdout keeps them under ./.alcli/
         elif not Path(path).is_file():
-            raise ConfigError(f"{settings.where('diverse')} needs the embeddings file {path}, which "
-                              f"does not exist; write it with `alcli score --embeddings -o TABLE`")
+            raise ConfigError(f"{settings.where('embeddings_file')}: the embeddings file {path} "
+                              f"does not exist")
         else:
             plan.embeddings_file = path
             _check_same_run(settings, plan, source)
@@ -176,6 +170,8 @@ def pick(settings: Settings, rows: list[dict], plan: SelectPlan, *, embeddings=N
     if not kept:
         raise ConfigError(f"{settings.where('exclude')} excludes every one of the {len(ranked)} "
                           f"rows; nothing is left to select")
+    if plan.look_up:
+        _look_up(settings, plan, ranked, notes)
     diverse = plan.diverse and (embeddings is not None or plan.embeddings_file is not None)
     if plan.diverse and not diverse and settings.diverse:
         raise ConfigError(f"{settings.where('diverse')} needs the examples' embeddings, and none "
@@ -212,6 +208,27 @@ def pick(settings: Settings, rows: list[dict], plan: SelectPlan, *, embeddings=N
         paths = image_files(chosen, settings, pool, plan.meta)
         picked.notes.extend(draw_sheet(chosen, paths, settings))
     return picked
+
+
+def _look_up(settings: Settings, plan: SelectPlan, rows: list[dict], notes: list[str]) -> None:
+    """A table without its embeddings file beside it (on stdin, or written to stdout and saved
+    by the shell) finds it under ./.alcli/ by its rows' ids and scores; else the plain top N,
+    with the warning that says how to get a diverse batch (an error when --diverse asks for it)."""
+    found = find_for_rows(STREAM_FOLDER, rows)
+    if found:
+        plan.embeddings_file = found
+        return
+    where = ("a table on stdin" if plan.look_up == "stdin" else
+             f"the table has no embeddings file {plan.look_up}, and")
+    problem = (f"{where} matches no embeddings kept under ./{STREAM_FOLDER}/ (score writes them "
+               f"unless --no-embeddings, run in this folder; the model needs an nn.Linear "
+               f"classification head)")
+    if settings.diverse:
+        raise ConfigError(f"{settings.where('diverse')} needs the table's embeddings: {problem}; "
+                          f"pass {settings.option('embeddings_file', 'FILE')}")
+    plan.diverse = False
+    notes.append(f"selected the best scores without --diverse: {problem}; score with -o TABLE "
+                 f"or pass {settings.option('embeddings_file', 'FILE')}")
 
 
 def check_rows(rows: list) -> None:
