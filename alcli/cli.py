@@ -326,9 +326,10 @@ ContactSheet = Annotated[Optional[str], typer.Option(
                                            "each.")]
 
 # long runs (score only)
-CheckpointEvery = Annotated[Optional[int], typer.Option(
-    "--checkpoint-every", metavar="N", help="Save finished rows to OUTPUT.partial at least every N "
-    "examples (and on Ctrl-C/SIGTERM). [default: 2048]")]
+CheckpointEvery = Annotated[Optional[str], typer.Option(
+    "--checkpoint-every", metavar="N|TIME", help="Save finished rows to OUTPUT.partial at least "
+    "every N examples or every TIME (30s, 5m, 1h), and on Ctrl-C/SIGTERM; a kill -9 loses at "
+    "most that much. [default: 30s]")]
 Resume = Annotated[bool, typer.Option(
     "--resume", help="Continue the unfinished run whose rows are in OUTPUT.partial (same "
     "settings; for stdout, the partial file is under ./.alcli/).")]

@@ -209,11 +209,11 @@ def test_select_formats_from_file_and_stdin(in_ws, tmp_path):
     ids = runner.invoke(app, ["select", str(table), "-n", "4", "-f", "ids", "--no-diverse"])
     assert ids.stdout.splitlines() == [r["id"] for r in rows[:4]]
     piped = runner.invoke(app, ["select", "-n", "4"], input=table.read_text())
-    assert parse_csv(piped.stdout) == rows[:4]  # no embeddings beside stdin: the plain top N,
-    assert piped.stderr.splitlines() == [  # said in one warning
-        "alcli: warning: selected the best scores without --diverse: a table on stdin has no "
-        "embeddings file beside it; select from a table file (alcli score -o TABLE writes "
-        "TABLE.emb.npz) or pass --embeddings FILE"]
+    assert parse_csv(piped.stdout) == rows[:4]  # its embeddings are not under ./.alcli: the
+    assert piped.stderr.splitlines() == [  # plain top N, said in one warning
+        "alcli: warning: selected the best scores without --diverse: the table on stdin matches "
+        "none of the embeddings `alcli score` keeps under ./.alcli/ for tables it writes to "
+        "stdout (the newest 4, in the folder it ran in); pass --embeddings FILE"]
     diverse = runner.invoke(app, ["select", str(table), "-n", "4"])  # embeddings beside the table
     assert diverse.exit_code == 0 and parse_csv(diverse.stdout) != rows[:4]
     assert parse_csv(diverse.stdout) == \

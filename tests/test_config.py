@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from alcli.errors import ConfigError
-from alcli.files.config import KEYS, Settings, Transform, load_settings
+from alcli.files.config import KEYS, Settings, Transform, duration_seconds, load_settings
 from alcli.score.runner import default_workers
 
 
@@ -67,6 +67,10 @@ def test_every_option_has_a_key():
     ("transform: {normalize: {mean: [0.5, 0.5], std: [1]}}", "key 'transform.normalize'"),
     ("transform: {normalize: {mean: [0.5], std: [0]}}", "key 'transform.normalize'"),
     ("top_classes: -1", "key 'top_classes'"),
+    ("checkpoint_every: 0", "key 'checkpoint_every'"),
+    ("checkpoint_every: 10 parsecs", "key 'checkpoint_every'"),
+    ("checkpoint_every: 0s", "key 'checkpoint_every'"),
+    ("checkpoint_every: true", "key 'checkpoint_every'"),
     ("- a list", "must hold a mapping"),
     ("model: [unclosed", "not valid YAML at line"),
 ])
@@ -83,6 +87,19 @@ def test_bad_flag_values_name_the_option():
         load_settings(None, {"batch_size": -1})
     with pytest.raises(ConfigError, match="option --top-classes"):
         load_settings(None, {"top_classes": -1})
+
+
+def test_checkpoint_every_takes_examples_or_a_duration():
+    assert Settings().checkpoint_every == "30s"
+    for given, kept, seconds in (("2048", 2048, None), (64, 64, None), ("30s", "30s", 30.0),
+                                 ("5m", "5m", 300.0), ("1.5 h", "1.5 h", 5400.0),
+                                 ("250ms", "250ms", 0.25)):
+        value = load_settings(None, {"checkpoint_every": given}).checkpoint_every
+        assert value == kept
+        if seconds is not None:
+            assert duration_seconds(value) == seconds
+    with pytest.raises(ConfigError, match="option --checkpoint-every.*duration"):
+        load_settings(None, {"checkpoint_every": "-3s"})
 
 
 def test_python_keywords_are_named_as_arguments():

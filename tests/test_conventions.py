@@ -534,9 +534,10 @@ def test_select_at_a_terminal_with_no_table_scores_the_configs_pool_and_says_so(
 
 
 def test_a_piped_table_says_why_the_batch_is_not_diverse(in_ws):
-    table = ok(cli("score", "pool", "-m", "model.pt", "-c", "config.yaml", "-s", "margin", "-q")).stdout
+    table = ok(cli("score", "pool", "-m", "model.pt", "-c", "config.yaml", "-s", "margin", "-q",
+                   "--no-embeddings")).stdout
     result = ok(cli("select", "-n", "3", input=table))
     assert len(parse_csv(result.stdout)) == 3
     warning = [line for line in result.stderr.splitlines() if "without --diverse" in line]
-    assert len(warning) == 1 and "a table on stdin has no embeddings file" in warning[0]
+    assert len(warning) == 1 and "the table on stdin matches none of the embeddings" in warning[0]
     assert "--embeddings FILE" in warning[0]

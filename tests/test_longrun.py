@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -434,3 +436,43 @@ def test_torchrun_two_processes_write_the_one_process_table(in_ws, tmp_path):
     ids, a, b = load_embeddings(tmp_path / "tr.csv.emb.npz")  # both ranks' rows' embeddings
     _, a_one, b_one = load_embeddings(tmp_path / "one.csv.emb.npz", ids)
     assert len(ids) == 14 and torch.allclose(a, a_one, atol=1e-5) and torch.allclose(b, b_one, atol=1e-5)
+
+
+def test_kill_9_at_random_moments_loses_at_most_the_checkpoint_interval(in_ws, tmp_path):
+    """--checkpoint-every 1s: whatever the moment of a kill -9, every row the run had finished a
+    second (plus one batch's slack) before it is in the partial file, and --resume goes on."""
+    g = torch.Generator().manual_seed(2)
+    pool = tmp_path / "long.pt"
+    torch.save({"x": torch.randn(20000, 3, 6, 6, generator=g),
+                "ids": [f"ex{i:05d}" for i in range(20000)]}, pool)
+    out, partial = tmp_path / "t.csv", tmp_path / "t.csv.partial"
+    interval, slack = 1.0, 0.5
+    moments = random.Random(11)
+    for attempt in range(3):
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "alcli", "score", str(pool), "-m", "model.pt", "-c", "config.yaml",
+             "-b", "8", "-o", str(out), "--checkpoint-every", "1s", "--log-format", "json",
+             "--progress-every", "0.05", *(["--resume"] if attempt else [])],
+            cwd=in_ws.root, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        progress: list[tuple[float, int]] = []  # (when the line arrived, examples done by then)
+
+        def read(stream=proc.stderr):
+            for line in stream:
+                if line.startswith("{") and json.loads(line)["event"] == "progress":
+                    progress.append((time.monotonic(), json.loads(line)["done"]))
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        deadline = time.monotonic() + 60
+        while not progress:
+            assert proc.poll() is None and time.monotonic() < deadline, "no progress"
+            time.sleep(0.01)
+        time.sleep(moments.uniform(0.3, 2.5))
+        killed_at = time.monotonic()
+        proc.kill()
+        proc.wait(timeout=60)
+        reader.join(timeout=10)
+        saved = _data_lines(partial)
+        finished_before = max([done for t, done in progress if t <= killed_at - interval - slack],
+                              default=0)
+        assert proc.returncode == -signal.SIGKILL and saved < 20000
+        assert saved >= finished_before, (attempt, saved, finished_before, progress[-3:])

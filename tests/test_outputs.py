@@ -181,10 +181,21 @@ def test_char_device_is_written_into_not_replaced(in_ws, tmp_path, monkeypatch):
     assert sorted(p.name for p in tmp_path.iterdir()) == [".alcli", "null"]
 
 
-def test_embeddings_asked_for_with_a_stream_output_are_refused(in_ws, tmp_path, monkeypatch):
+def test_embeddings_of_a_table_into_a_fifo_are_kept_under_dot_alcli(in_ws, tmp_path, monkeypatch):
+    """Nothing can be written beside a FIFO: the embeddings go to ./.alcli/, where `select`
+    reading the table from the FIFO's other end finds them by its rows."""
     monkeypatch.chdir(tmp_path)
-    os.mkfifo(tmp_path / "f")
-    one_sentence(score_ws(in_ws, "-o", tmp_path / "f", "--embeddings"), "--embeddings", "-o")
+    fifo = tmp_path / "f"
+    os.mkfifo(fifo)
+    got = {}
+    reader = threading.Thread(target=lambda: got.update(table=fifo.read_text()), daemon=True)
+    reader.start()
+    ok(score_ws(in_ws, "-o", fifo, "--embeddings", "-s", "entropy"))
+    reader.join(timeout=60)
+    kept = list((tmp_path / ".alcli").glob("stdout-*.emb.npz"))
+    assert len(kept) == 1 and sorted(p.name for p in tmp_path.iterdir()) == [".alcli", "f"]
+    picked = ok(invoke("select", "-n", "3", "--diverse", input=got["table"]))
+    assert len(parse_csv(picked.stdout)) == 3 and picked.stderr == ""
 
 
 def test_dev_stdout_is_stdout_even_when_it_is_a_file(in_ws, tmp_path):

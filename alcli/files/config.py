@@ -102,7 +102,7 @@ class Settings:
     to_name: str | None = None            # ... and the object tag it labels (default: image or text)
     contact_sheet: str | None = None      # `select`: PNG grid of the selected images
     # long runs (`score`): OUTPUT.partial flushed every N examples, resume it, shards, bad examples
-    checkpoint_every: int = 2048
+    checkpoint_every: int | str = "30s"   # OUTPUT.partial saved every N examples or a duration
     resume: bool = False
     restart: bool = False                 # discard OUTPUT.partial of an earlier run first
     strict: bool = False                  # an unreadable example stops the run instead of being skipped
@@ -219,6 +219,27 @@ def _candidates(v):
     if isinstance(v, str) and v.isdigit():
         v = int(v)
     return _int(1)(v) if isinstance(v, int) else _choice(("all", "an integer >= 1"))(v)
+
+
+DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|sec|m|min|h)")
+SECONDS = {"ms": 0.001, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600}
+
+
+def _checkpoint(v):
+    """A number of examples (2048, "2048") or a duration ("30s", "5m", "1h", "500ms")."""
+    if isinstance(v, str) and v.strip().isdigit():
+        v = int(v.strip())
+    if isinstance(v, int) and not isinstance(v, bool) and v >= 1:
+        return v
+    if isinstance(v, str) and DURATION.fullmatch(v.strip()) and duration_seconds(v) > 0:
+        return v.strip()
+    raise ValueError("must be a number of examples (e.g. 2048) or a duration (e.g. 30s, 5m, 1h)")
+
+
+def duration_seconds(text: str) -> float:
+    """"30s" -> 30.0, "5m" -> 300.0 (a string `_checkpoint` accepted)."""
+    number, unit = DURATION.fullmatch(text.strip()).groups()
+    return float(number) * SECONDS[unit]
 
 
 def _mapping(v):
@@ -379,7 +400,7 @@ CHECKS: dict[str, Callable[[Any], Any]] = {
     "embeddings": _opt(_bool), "embeddings_file": _opt_str, "diverse": _opt(_bool), "diverse_candidates": _candidates,
     "per_class": _opt(_choice(PER_CLASS_MODES)), "exclude": _files, "image_root": _opt_str,
     "image_dir": _opt_str, "contact_sheet": _opt_str,
-    "checkpoint_every": _int(1), "resume": _bool, "restart": _bool, "strict": _bool,
+    "checkpoint_every": _checkpoint, "resume": _bool, "restart": _bool, "strict": _bool,
     "shard": _shard, "verbose": _bool, "progress_every": _seconds, "log_format": _choice(LOG_FORMATS),
     "ema": _bool, "text_column": _str, "max_length": _opt(_int(1)),
     "class_names": _opt_str, "text_width": _int(0), "from_name": _opt_str, "to_name": _opt_str,

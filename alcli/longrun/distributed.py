@@ -97,6 +97,14 @@ def gather_lines(ctx: Context, source: Path, dest: Path | None) -> None:
             return
 
 
+def run_totals(ctx: Context, count: int, seconds: float) -> tuple[int, float]:
+    """(examples scored by all ranks, the longest rank's seconds): the run's speed, on every
+    rank. Collective: every rank calls it."""
+    got = [None] * ctx.world
+    dist.all_gather_object(got, (count, seconds), group=ctx.group)
+    return sum(c for c, _ in got), max(s for _, s in got)
+
+
 def barrier(ctx: Context | None) -> None:
     if ctx is not None:
         dist.barrier(group=ctx.group)

@@ -145,6 +145,8 @@ def _score_to_file(ctx, session: Session, todo: Pool, shard, settings: Settings,
             say(f"resuming: {log.resumed} examples of {partial_path} are done already")
         stats = _score(session, todo, settings, log, partial_path, resumable, on_start, on_batch,
                        say, embeddings)
+        if ctx is not None:  # the summary speaks for the whole run
+            stats.count, stats.seconds = distributed.run_totals(ctx, stats.count, stats.seconds)
         if ctx is None and stats.count == 0 and not log.resumed and log.first_error:
             partial_path.unlink(missing_ok=True)  # fail before the table: an earlier one stays
             raise _nothing_read(full, stats.skipped, log.first_error)

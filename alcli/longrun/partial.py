@@ -5,8 +5,10 @@ scored example (`{"id": ..., "score": ..., ...}`) or an unreadable one (`{"id": 
 appended batch by batch. `--resume` reads it back and skips its ids; when the table is written
 it is removed.
 
-Rows wait in memory for at most `checkpoint_every` examples, then go to the file in one write and
-an fsync; the buffer is written out too when the run stops on SIGINT/SIGTERM or an error.
+Rows wait in memory for at most `checkpoint_every` (a number of examples, or a duration: 30 s by
+default; and never more than FLUSH_BYTES of lines), then go to the file in one write and an fsync;
+the buffer is written out too when the run stops on SIGINT/SIGTERM or an error. A kill -9 loses at
+most the rows of that interval and of the batch in progress.
 """
 from __future__ import annotations
 
@@ -14,15 +16,18 @@ import contextlib
 import json
 import os
 import signal
+import time
 import uuid
 from pathlib import Path
 from typing import Iterator
 
 from ..errors import AlcliError, ConfigError, RunError
 from ..files.atomic import STREAM_FOLDER, check_writable
+from ..files.config import duration_seconds
 
 FORMAT = "alcli-partial"
 VERSION = 1
+FLUSH_BYTES = 32 << 20  # lines buffered at most, whatever the interval (rows carry embeddings)
 
 
 # --- writing ------------------------------------------------------------------------------------
@@ -32,10 +37,14 @@ class PartialFile:
     `run_id` names the run (kept in the header, so a resumed run keeps it): the table's meta and
     embeddings files record it, so that files of different runs are never taken for one."""
 
-    def __init__(self, path: str | Path, run: dict, *, checkpoint_every: int, resume: bool,
+    def __init__(self, path: str | Path, run: dict, *, checkpoint_every: int | str, resume: bool,
                  restart: bool = False, pool_ids: list[str] | None = None, say=None):
         self.path = Path(path)
-        self.every = checkpoint_every
+        self.every_rows, self.every_seconds = (
+            (checkpoint_every, None) if isinstance(checkpoint_every, int)
+            else (None, duration_seconds(checkpoint_every)))
+        self._flushed_at = time.monotonic()
+        self._bytes = 0
         self.done: set[str] = set()
         self.resumed = 0
         self.written = 0          # lines this run appended (0: it may remove the file it made)
@@ -86,15 +95,22 @@ class PartialFile:
 
     def add(self, rows: list[dict], errors: list[tuple[str, str]]) -> None:
         """Queue one batch's rows and unreadable examples; write them out every `checkpoint_every`."""
-        for row in rows:
-            self._buffer.append(json.dumps(row) + "\n")
-        for id_, message in errors:
-            self._buffer.append(json.dumps({"id": id_, "error": message}) + "\n")
+        lines = [json.dumps(row) + "\n" for row in rows]
+        lines += [json.dumps({"id": id_, "error": message}) + "\n" for id_, message in errors]
+        self._buffer += lines
+        self._bytes += sum(map(len, lines))
         if errors and self.first_error is None:
             self.first_error = errors[0][1]
         self._pending += len(rows) + len(errors)
-        if self._pending >= self.every:
+        if self._due():
             self.flush()
+
+    def _due(self) -> bool:
+        if self._bytes >= FLUSH_BYTES:
+            return True
+        if self.every_rows is not None:
+            return self._pending >= self.every_rows
+        return time.monotonic() - self._flushed_at >= self.every_seconds
 
     def flush(self) -> None:
         """Write the queued lines in one write and fsync them: they survive any crash now.
@@ -105,7 +121,8 @@ class PartialFile:
                 self.written += len(self._buffer)
                 self._buffer.clear()
             os.fsync(self._fd)
-            self._pending = 0
+            self._pending = self._bytes = 0
+            self._flushed_at = time.monotonic()
 
     def close(self) -> None:
         if self._fd is not None:

@@ -23,8 +23,8 @@ from ..errors import AlcliError, ConfigError, TableError
 from ..files.atomic import STREAM_FOLDER, make_folder, writes_stream
 from ..files.classnames import read_class_names
 from ..files.config import Settings
-from ..files.embeddings import (EmbeddingsError, embeddings_path, embeddings_run_id, find_for_rows,
-                                load_embeddings)
+from ..files.embeddings import (STREAM_KEEP, EmbeddingsError, embeddings_path, embeddings_run_id,
+                                find_for_rows, load_embeddings)
 from ..files.outputs import check_not_input
 from ..files.pool import PoolOptions, open_pool
 from ..files.table import (LINE_FORMATS, MORE, SIDECARS, read_meta, remove_sidecars, sidecar,
@@ -218,17 +218,19 @@ def _look_up(settings: Settings, plan: SelectPlan, rows: list[dict], notes: list
     if found:
         plan.embeddings_file = found
         return
-    where = ("a table on stdin" if plan.look_up == "stdin" else
-             f"the table has no embeddings file {plan.look_up}, and")
-    problem = (f"{where} matches no embeddings kept under ./{STREAM_FOLDER}/ (score writes them "
-               f"unless --no-embeddings, run in this folder; the model needs an nn.Linear "
-               f"classification head)")
+    if plan.look_up == "stdin":
+        problem = (f"the table on stdin matches none of the embeddings `alcli score` keeps under "
+                   f"./{STREAM_FOLDER}/ for tables it writes to stdout (the newest "
+                   f"{STREAM_KEEP}, in the folder it ran in)")
+    else:
+        problem = (f"the table has no embeddings file {plan.look_up} (scored with "
+                   f"--no-embeddings, or by a model without an nn.Linear classification head)")
     if settings.diverse:
         raise ConfigError(f"{settings.where('diverse')} needs the table's embeddings: {problem}; "
                           f"pass {settings.option('embeddings_file', 'FILE')}")
     plan.diverse = False
-    notes.append(f"selected the best scores without --diverse: {problem}; score with -o TABLE "
-                 f"or pass {settings.option('embeddings_file', 'FILE')}")
+    notes.append(f"selected the best scores without --diverse: {problem}; pass "
+                 f"{settings.option('embeddings_file', 'FILE')}")
 
 
 def check_rows(rows: list) -> None:
