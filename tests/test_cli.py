@@ -339,13 +339,18 @@ def test_two_stage_pipe_prints_the_top_ids(in_ws, tmp_path):
     full = tmp_path / "full.csv"
     py = sys.executable
     pipe = subprocess.run(f"{py} -m alcli score pool -m model.pt -c config.yaml -s gradnorm -q"
-                          f" | tee {full} | {py} -m alcli select -n 10 --format paths",
+                          f" | tee {full} | {py} -m alcli select -n 10 --format paths --no-diverse",
                           shell=True, capture_output=True, text=True, env=_env())
     assert pipe.returncode == 0, pipe.stderr
     table = parse_csv(full.read_text())
     assert len(table) == len(in_ws.images) > 10
     check_ranked(table)
     assert pipe.stdout.splitlines() == [r["path"] for r in table[:10]]
+    # by default the pipe's batch is diverse: select finds the embeddings score kept in ./.alcli
+    diverse = subprocess.run(f"{py} -m alcli select -n 10 --format paths < {full}", shell=True,
+                             capture_output=True, text=True, env=_env())
+    assert diverse.returncode == 0 and diverse.stderr == "", diverse.stderr
+    assert sorted(diverse.stdout.splitlines()) != sorted(pipe.stdout.splitlines())
 
 
 def test_on_a_terminal_progress_shows_and_the_table_goes_to_scores_csv(in_ws):

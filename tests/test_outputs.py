@@ -26,6 +26,7 @@ import torch
 from typer.testing import CliRunner
 
 from alcli.cli import app
+from alcli.files.embeddings import embeddings_run_id
 from conftest import TINYNET, parse_csv
 
 runner = CliRunner()
@@ -155,7 +156,8 @@ def test_fifo_and_link_to_fifo_get_the_table_and_stay_fifos(in_ws, tmp_path, mon
         assert stat.S_ISFIFO(os.stat(fifo).st_mode) and (tmp_path / "link.csv").is_symlink()
     # nothing beside the FIFO or the link, no partial file left
     assert sorted(p.name for p in tmp_path.iterdir()) == [".alcli", "link.csv", "out.fifo"]
-    assert [p.name for p in (tmp_path / ".alcli").iterdir()] == [".gitignore"]
+    kept = sorted(p.name for p in (tmp_path / ".alcli").iterdir())  # no partial file; the
+    assert kept[0] == ".gitignore" and all(k.endswith(".emb.npz") for k in kept[1:])  # embeddings
 
     # select writes its batch into a FIFO the same way
     table = tmp_path / "t.csv"
@@ -392,7 +394,7 @@ def test_sigterm_while_the_table_is_written_leaves_no_temp_file(in_ws, tmp_path)
     assert not tmp.exists() and out.read_text() == "the old table\n"
     ok(invoke("score", *args, "--resume"))
     assert len(parse_csv(out.read_text())) == 14
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.csv", "out.csv.meta.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.csv", "out.csv.emb.npz", "out.csv.meta.json"]
 
 
 # --- BAD-2: one writer per output -----------------------------------------------------------------
@@ -428,12 +430,12 @@ def test_a_second_run_on_the_same_output_is_refused_naming_the_first(gated):
     assert rc == 0 and piped_out == out.read_bytes(), err
     assert sorted(p.name for p in gated.iterdir() if p.name.startswith("out.csv")) == [
         "out.csv", "out.csv.meta.json"]  # no lock, no partial left
-    assert [p.name for p in (gated / ".alcli").iterdir()] == [".gitignore"]
+    assert [p.name for p in (gated / ".alcli").iterdir() if "partial" in p.name or "lock" in p.name] == []
 
 
 def test_kill_9_releases_the_lock_and_resume_gives_the_uninterrupted_table(gated):
     ref = gated / "ref.csv"
-    reference = start(gated, "pool.pt", *LINEAR, "-b", "64", "-o", ref, "--no-embeddings")
+    reference = start(gated, "pool.pt", *LINEAR, "-b", "64", "-o", ref)
     out = gated / "out.csv"
     out.write_text("an earlier table\n")
     Path(f"{out}.emb.npz").write_bytes(b"an earlier run's embeddings")
@@ -451,9 +453,10 @@ def test_kill_9_releases_the_lock_and_resume_gives_the_uninterrupted_table(gated
     assert rc == 0, err
     assert out.read_bytes() == ref.read_bytes()
     assert json.loads(Path(f"{out}.meta.json").read_text())["run_id"] == run_id
-    # the earlier run's embeddings went with its table; no lock, no partial file left
+    # the earlier table's embeddings were replaced by the resumed run's; no lock, no partial left
     assert sorted(p.name for p in gated.iterdir() if p.name.startswith("out")) == [
-        "out.csv", "out.csv.meta.json"]
+        "out.csv", "out.csv.emb.npz", "out.csv.meta.json"]
+    assert embeddings_run_id(f"{out}.emb.npz") == run_id
 
 
 # --- BAD-6: file names of any bytes ---------------------------------------------------------------
