@@ -190,6 +190,11 @@ def resolve(setting: str, model: nn.Module, logits: Callable[[], torch.Tensor]) 
     return task
 
 
+def classes(task: str, logits: torch.Tensor) -> int | None:
+    """How many classes (labels) the output scores; None for regression."""
+    return {"regression": None, "token-classification": logits.shape[-1]}.get(task, logits.shape[1])
+
+
 def known(setting: str, model: nn.Module) -> str | None:
     """The task `resolve` settled on for this model (None before it ran, for auto)."""
     return setting if setting != "auto" else _found.get(model)
