@@ -104,16 +104,16 @@ def score_batch(model: nn.Module, batch: Batch, settings: Settings, device: torc
     inputs = to_model(batch.inputs, model, device, pool.to_float)
     labels = batch.labels.to(device, non_blocking=True)
     strategy = STRATEGIES[settings.strategy]
-    logits = None  # gradient strategies take the logits from the engine's own forward
-    if not strategy.gradients or embeddings is not None:
-        with record(embeddings, model, batch.ids), autocast(settings.precision, device):  # BADGE factors
-            logits = forward(model, inputs, pool_name)     # [B, C] (other tasks: tasks.py)
 
     def plain_logits():  # auto with a model that does not name its task: its output's shape tells
         with autocast(settings.precision, device):
             return forward(model, inputs, pool_name)
 
-    task = tasks.resolve(settings.task, model, lambda: logits if logits is not None else plain_logits())
+    task = tasks.resolve(settings.task, model, plain_logits)  # found by the pre-flight forward already
+    logits = None  # gradient strategies take the logits from the engine's own forward
+    if not strategy.gradients or embeddings is not None:
+        with record(embeddings, model, batch.ids, task, inputs), autocast(settings.precision, device):
+            logits = forward(model, inputs, pool_name)     # [B, C] (other tasks: tasks.py)
     if logits is not None:
         _check_output(task, logits, batch.labels, batch.ids, pool)
     s = StrategyInputs(model=model, inputs=inputs, labels=labels, logits=logits, ids=batch.ids,

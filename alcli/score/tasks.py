@@ -306,3 +306,44 @@ def predicted_set(task: str, logits: torch.Tensor, valid: torch.Tensor) -> torch
 def confidence(task: str, logits: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """[B]: the mean over valid positions (labels) of the probability of what is predicted there."""
     return aggregate(TASKS[task].dists(logits).max(-1).values, valid, "mean")
+
+
+# --- BADGE factors per task (alcli.score.embeddings) -------------------------------------------------
+
+def head_types(task: str) -> tuple[type, ...]:
+    """The module types a task's final layer may be: a 1x1 convolution heads segmentation models."""
+    return (nn.Linear, nn.Conv2d) if task == "segmentation" else (nn.Linear,)
+
+
+def head_outputs(module: nn.Module) -> int | None:
+    return getattr(module, "out_features", getattr(module, "out_channels", None))
+
+
+def badge_factors(task: str, logits: torch.Tensor, h: torch.Tensor, valid: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(a [B, C], b [B, D]) with the last layer's gradient at the predicted labels ~ a ⊗ b.
+    Classification: p - onehot(argmax) and h (exact). Multilabel: σ(z) - [σ(z) > 1/2] and h
+    (exact for BCE). Segmentation and token classification: the mean over valid positions of
+    p - onehot(argmax), and the head's input averaged over its positions (tokens: valid ones),
+    a rank-one stand-in for the sum over positions. Regression (the prediction as target has zero
+    gradient): a = 1, so the distances are those of the features h."""
+    b = h.detach()
+    if task in ("segmentation", "token-classification"):
+        if task == "token-classification" and b.dim() == 3:       # [B, T, D], padding left out
+            m = valid.to(b.dtype).unsqueeze(-1)
+            b = (b * m).sum(1) / m.sum(1).clamp_min(1)
+        elif b.dim() > 2:                                          # [B, D, *positions]
+            b = b.flatten(2).mean(2)
+    if task == "regression":
+        return torch.ones(b.shape[0], 1, dtype=b.dtype, device=b.device), b
+    probs = TASKS[task].dists(logits.detach())                     # [B, N, K]
+    onehot = torch.zeros_like(probs).scatter_(-1, probs.argmax(-1, keepdim=True), 1.0)
+    a = probs - onehot
+    if task == "multilabel":
+        a = a[..., 1]                                              # σ(z) - ŷ per label, [B, C]
+    elif task == "classification":
+        a = a[:, 0]
+    else:
+        m = valid.to(a.dtype).unsqueeze(-1)
+        a = (a * m).sum(1) / m.sum(1).clamp_min(1)
+    return a, b
