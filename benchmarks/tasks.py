@@ -16,6 +16,7 @@ Rounds interleaved after a warm-up (ghost's first call probes the model), median
 gradnorm ÷ floor, egl ÷ floor and egl ÷ gradnorm.
 
     python benchmarks/tasks.py [--tasks segmentation token-classification] [--rounds 3] [--threads N]
+                               [--batch B --size S]
 """
 from __future__ import annotations
 
@@ -58,8 +59,8 @@ def token_classification(batch: int = 32, length: int = 64):
 MODELS = {"segmentation": segmentation, "token-classification": token_classification}
 
 
-def measure(task: str, rounds: int) -> dict:
-    model, x = MODELS[task]()
+def measure(task: str, rounds: int, batch: int | None = None, size: int | None = None) -> dict:
+    model, x = MODELS[task](*([batch] if batch else []), *([size] if size and batch else []))
     loss_fn = tasks.TASKS[task].loss
     with torch.no_grad():
         z = forward_logits(model, x)
@@ -98,13 +99,15 @@ def main() -> None:
     ap.add_argument("--tasks", nargs="+", default=list(MODELS), choices=list(MODELS))
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--batch", type=int, default=None, help="instead of 16 (segmentation) / 32 (tokens)")
+    ap.add_argument("--size", type=int, default=None, help="with --batch: image side / token length")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, CPU, {torch.get_num_threads()} threads, {args.rounds} rounds, medians")
     print(f"{'task':22} {'floor s':>9} {'gradnorm s':>11} {'egl8 s':>9} {'gn/floor':>9} {'egl/floor':>10} {'egl/gn':>7}")
     for task in args.tasks:
-        t = measure(task, args.rounds)
+        t = measure(task, args.rounds, args.batch, args.size)
         print(f"{task:22} {t['floor']:9.3f} {t['gradnorm']:11.3f} {t['egl8']:9.3f} "
               f"{t['gradnorm'] / t['floor']:9.2f} {t['egl8'] / t['floor']:10.2f} {t['egl8'] / t['gradnorm']:7.2f}",
               flush=True)
