@@ -227,6 +227,18 @@ Strategy = Annotated[Optional[str], typer.Option(
 TopClasses = Annotated[Optional[int], typer.Option(
     metavar="K", help="egl: sum over the K most probable classes; 0 = all classes, exact. "
     "[default: 10 for models with more than 10 classes, else all]")]
+Task = Annotated[Optional[str], typer.Option(
+    metavar="TASK", help="What one example's output is: auto (read from the model), "
+    "classification, multilabel, segmentation, token-classification or regression. "
+    "[default: auto]")]
+EglSamples = Annotated[Optional[str], typer.Option(
+    metavar="S|pseudo", help="egl on multilabel, segmentation and token classification: S label "
+    "sets drawn from the model's predictions per example (seeded), or pseudo (the predicted "
+    "labels). [default: 8]")]
+Aggregate = Annotated[Optional[str], typer.Option(
+    metavar="mean|max|top:Q", help="How per-position (per-label) entropy, margin and "
+    "least-confidence make one score per example; top:Q = the mean of the top fraction Q. "
+    "[default: mean]")]
 Decode = Annotated[Optional[str], typer.Option(
     metavar="cpu|gpu", help="Where JPEG images are decoded: by PIL in the loader (cpu), or as "
     "file bytes decoded, resized and cropped on the device (gpu: nvJPEG on CUDA). [default: cpu]")]
@@ -489,7 +501,8 @@ def score(
     max_length: MaxLength = None, text_width: TextWidth = None, class_names: ClassNames = None,
     labels_from_folders: LabelsFromFolders = False, resize: Resize = None,
     center_crop: CenterCrop = None, grayscale: Grayscale = None, normalize: Normalize = None,
-    strategy: Strategy = None,
+    strategy: Strategy = None, task: Task = None, egl_samples: EglSamples = None,
+    aggregate: Aggregate = None,
     top_classes: TopClasses = None, layers: Layers = None, method: Method = None,
     precision: Precision = None, decode: Decode = None, batch_size: BatchSize = None,
     device: Device = None,
@@ -591,7 +604,8 @@ def select(
     max_length: MaxLength = None, text_width: TextWidth = None, class_names: ClassNames = None,
     labels_from_folders: LabelsFromFolders = False, resize: Resize = None,
     center_crop: CenterCrop = None, grayscale: Grayscale = None, normalize: Normalize = None,
-    strategy: Strategy = None,
+    strategy: Strategy = None, task: Task = None, egl_samples: EglSamples = None,
+    aggregate: Aggregate = None,
     top_classes: TopClasses = None, layers: Layers = None, method: Method = None,
     precision: Precision = None, decode: Decode = None, batch_size: BatchSize = None,
     device: Device = None,
@@ -660,6 +674,7 @@ def select(
 # `select` options that only matter when it scores the pool itself
 _SCORING_FLAGS = ("arch", "arch_kwargs", "trust_checkpoint", "trust_remote_code", "ema",
                   "text_column", "max_length", "text_width", "labels_from_folders", "strategy",
+                  "task", "egl_samples", "aggregate",
                   "top_classes", "layers", "method", "precision", "decode", "batch_size", "device",
                   "workers", "resize", "center_crop", "grayscale", "normalize")
 
@@ -679,6 +694,7 @@ def inspect(
     pool: Annotated[Optional[str], typer.Option(
         metavar="POOL", help="A pool to try the engine on, to see which method auto picks.")] = None,
     labels_from_folders: LabelsFromFolders = False, layers: Layers = None, method: Method = None,
+    task: Task = None,
 ):
     """Show the model's modules, parameter counts, which gradient rule serves each selected
     module, and which engine method auto will use."""
@@ -699,6 +715,7 @@ def inspect(
     reason = info.reason or ""
     if reason.startswith(f"{info.method}: "):
         reason = reason[len(info.method) + 2:]
+    console.print(f"task: {info.task}", markup=False)
     console.print(f"method: {info.method}" + (f" ({reason})" if reason else ""), markup=False)
 
 

@@ -13,6 +13,7 @@ from .files.pool import Batch, collate, decoded
 from .gradnorm import (EngineFallback, UnsupportedModel, auto_choice, grad_norms_per_target,
                        rule_names, select_params)
 from .gradnorm.plan import ghost_plan_for
+from .score import tasks
 from .score.runner import forward, to_model
 from .session import check_layers, model_channels, model_for, pool_for
 
@@ -35,6 +36,7 @@ class Inspection:
     modules: list[ModuleInfo] = field(default_factory=list)
     method: str = "auto"
     reason: str = ""
+    task: str = "auto"  # --task, or what auto reads from the model (and, given a pool, its output)
 
 
 def inspect_model(settings: Settings, *, model: nn.Module | None = None, pool=None,
@@ -48,6 +50,8 @@ def inspect_model(settings: Settings, *, model: nn.Module | None = None, pool=No
                       total_params=sum(p.numel() for p in net.parameters()),
                       selected_params=sum(p.numel() for p in net.parameters() if id(p) in chosen),
                       channels=model_channels(net))
+    info.task = (settings.task if settings.task != "auto" else
+                 tasks.from_model(net) or "auto (decided by the model's output; give a pool to see it)")
     rules = rule_names(net)
     for name, module in net.named_modules():
         own = list(module.parameters(recurse=False))
@@ -55,7 +59,7 @@ def inspect_model(settings: Settings, *, model: nn.Module | None = None, pool=No
             info.modules.append(ModuleInfo(name or "(root)", type(module).__name__,
                                            sum(p.numel() for p in own),
                                            any(id(p) in chosen for p in own), rules.get(name, "-")))
-    if settings.method != "auto":
+    if settings.method != "auto" and settings.pool is None and pool is None:
         info.method, info.reason = settings.method, "asked for with --method"
         return info
     if settings.pool is None and pool is None:
@@ -67,14 +71,25 @@ def inspect_model(settings: Settings, *, model: nn.Module | None = None, pool=No
     if batch.errors:
         raise PoolError(batch.errors[0][1])
     inputs = to_model(batch.inputs, net, torch.device("cpu"), the_pool.to_float)
-    targets = forward(net, inputs, the_pool.name).argmax(dim=1)
+    logits = forward(net, inputs, the_pool.name)
+    info.task = tasks.resolve(settings.task, net, lambda: logits)
+    tasks.check(info.task, logits)
+    if settings.method != "auto":
+        info.method, info.reason = settings.method, "asked for with --method"
+        return info
+    if info.task == "regression":  # the loss egl differentiates: each output itself
+        loss_fn, targets = tasks.output_component, torch.zeros(logits.shape[0], dtype=torch.long)
+    else:
+        loss_fn = tasks.TASKS[info.task].loss
+        targets = tasks.predicted(info.task, logits, tasks.valid_positions(info.task, logits, inputs))
     with warnings.catch_warnings():  # the fallback is what this command reports
         warnings.simplefilter("ignore", EngineFallback)
         try:
-            grad_norms_per_target(net, inputs, [targets], params=settings.layers, method="auto")
+            grad_norms_per_target(net, inputs, [targets], params=settings.layers, method="auto",
+                                  loss_fn=loss_fn)
         except UnsupportedModel as err:
             raise RunError(f"no engine method can serve this model ({err})") from None
-    info.method, info.reason = auto_choice(net, settings.layers) or ("auto", "")
+    info.method, info.reason = auto_choice(net, settings.layers, loss_fn) or ("auto", "")
     if info.method == "ghost":  # the rules this pool's run settled on
         rules = rule_names(net, ghost_plan_for(net, select_params(net, settings.layers), inputs))
         for row in info.modules:

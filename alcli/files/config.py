@@ -35,6 +35,9 @@ PER_CLASS_MODES = ("proportional", "equal")
 STRATEGY_NAMES = ("egl", "gradnorm", "loss", "entropy", "margin", "least-confidence", "random")
 METHOD_NAMES = ("auto", "ghost", "replicate", "vmap", "loop")
 PRECISIONS = ("fp32", "bf16", "fp16")
+# the labeling tasks (alcli.score.tasks.TASKS, plus auto: read from the model); a test keeps them equal
+TASK_NAMES = ("auto", "classification", "multilabel", "segmentation", "token-classification",
+              "regression")
 DECODERS = ("cpu", "gpu")  # where image files are decoded: the loader's workers, or the device
 DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 MAX_SIDE = 4096  # pixels per side an image may be resized or cropped to (a model directory's
@@ -72,8 +75,12 @@ class Settings:
     class_names: str | None = None        # a file naming the classes (one a line, or a JSON list)
     text_width: int = 200                 # text pools: characters of each text in the table; 0 = all
     transform: Transform = field(default_factory=Transform)
+    task: str = "auto"               # what one example's output is (alcli.score.tasks); auto: read from the model
     strategy: str = "egl"
     top_classes: int | None = None   # egl: K most probable classes; 0 = all (exact); None = 10 at most
+    egl_samples: int | str = 8       # egl on multilabel/segmentation/token tasks: S sampled label
+                                     # sets, or "pseudo" (the predicted labels, one set)
+    aggregate: str = "mean"          # per-position utilities -> one per example: mean | max | top:Q
     layers: list[str] | None = None
     method: str = "auto"
     decode: str = "cpu"  # cpu: PIL in the DataLoader's workers; gpu: JPEG bytes decoded on the device
@@ -242,6 +249,29 @@ def duration_seconds(text: str) -> float:
     return float(number) * SECONDS[unit]
 
 
+def _egl_samples(v):
+    """S label sets drawn per example (an integer >= 1), or "pseudo"."""
+    if isinstance(v, str) and v.strip().isdigit():
+        v = int(v)
+    if v == "pseudo":
+        return v
+    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 4096:
+        raise ValueError("must be an integer from 1 to 4096, or pseudo")
+    return v
+
+
+def _aggregate(v):
+    """How per-position (or per-label) utilities make one per example: mean, max, or top:Q, the
+    mean of the top fraction Q (0 < Q <= 1) of the example's positions."""
+    what = "must be mean, max or top:Q with 0 < Q <= 1 (e.g. top:0.1)"
+    if v in ("mean", "max"):
+        return v
+    m = re.match(r"^top:(\d*\.?\d+)$", v.strip()) if isinstance(v, str) else None
+    if not m or not 0 < float(m.group(1)) <= 1:
+        raise ValueError(what)
+    return f"top:{float(m.group(1)):g}"
+
+
 def _mapping(v):
     if isinstance(v, str):  # --arch-kwargs '{"num_classes": 10}'
         try:
@@ -393,6 +423,7 @@ CHECKS: dict[str, Callable[[Any], Any]] = {
     "trust_remote_code": _bool,
     "pool": _pool, "null": _bool, "labels_from_folders": _bool, "transform": _transform,
     "strategy": _choice(STRATEGY_NAMES), "top_classes": _opt(_int(0)), "layers": _layers,
+    "task": _choice(TASK_NAMES), "egl_samples": _egl_samples, "aggregate": _aggregate,
     "method": _choice(METHOD_NAMES), "precision": _choice(PRECISIONS), "decode": _choice(DECODERS), "batch_size": _int(1),
     "device": _device, "workers": _opt(_workers),
     "seed": _int(0), "output": _opt_str, "format": _choice(FORMATS), "scores": _opt_str,

@@ -1,7 +1,7 @@
 """Hugging Face model directories (`save_pretrained`): the model, its tokenizer, its image settings.
 
-A directory with a config.json is loaded with AutoModelForSequenceClassification or
-AutoModelForImageClassification, whichever the config names, offline: nothing is downloaded.
+A directory with a config.json is loaded with AutoModelForSequenceClassification,
+AutoModelForImageClassification or AutoModelForTokenClassification, whichever the config names, offline: nothing is downloaded.
 Text pools are tokenized with the directory's tokenizer when a batch is collated; image pools use
 the directory's image processor settings (size, crop, mean/std) unless the config sets a transform.
 A directory's own Python code (`auto_map` in its config) runs only with --trust-remote-code:
@@ -61,7 +61,7 @@ def refuse_remote_code(path: Path, trust_remote_code: bool, names=("config.json"
 
 
 def load_model(path: Path, trust_remote_code: bool = False) -> nn.Module:
-    """The classification model saved in `path`, in eval mode."""
+    """The classification (or token classification) model saved in `path`, in eval mode."""
     refuse_remote_code(path, trust_remote_code)
     tf = transformers()
     try:
@@ -71,6 +71,7 @@ def load_model(path: Path, trust_remote_code: bool = False) -> nn.Module:
         raise CheckpointError(f"model directory {path} has no readable config.json "
                               f"({first_line(err)})") from None
     auto = (tf.AutoModelForImageClassification if _is_image_model(tf, config)
+            else tf.AutoModelForTokenClassification if _is_token_model(config)
             else tf.AutoModelForSequenceClassification)
     try:
         model = auto.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
@@ -78,6 +79,11 @@ def load_model(path: Path, trust_remote_code: bool = False) -> nn.Module:
         raise CheckpointError(f"model directory {path} cannot be loaded as a "
                               f"{auto.__name__[len('AutoModelFor'):]} model ({first_line(err)})") from None
     return model.eval()
+
+
+def _is_token_model(config) -> bool:
+    """A token classifier (NER, tagging), as the config's architectures name it."""
+    return any(n.endswith("ForTokenClassification") for n in config.architectures or [])
 
 
 def _is_image_model(tf, config) -> bool:

@@ -4,7 +4,7 @@ Inputs are a tensor, a dict of tensors (passed as keyword arguments: `input_ids`
 `attention_mask`, `pixel_values`) or a tuple of tensors (passed as positional arguments), every
 tensor batched in dim 0. Outputs are the logits tensor or something holding it: an object with
 `.logits` (a Hugging Face `ModelOutput`), a dict with "logits", or a tuple whose first element
-is the logits. Every method calls the model, slices the batch and reads its size through here.
+is the logits (torchvision's segmentation models: a dict whose "out" holds them). Every method calls the model, slices the batch and reads its size through here.
 """
 from __future__ import annotations
 
@@ -34,18 +34,21 @@ def call_model(model, inputs: Inputs):
 
 
 def logits_of(output) -> torch.Tensor:
-    """The logits in a model's output: the tensor itself, `.logits`, `["logits"]`, or the first
-    element of a tuple; a TypeError naming what was found otherwise."""
+    """The logits in a model's output: the tensor itself, `.logits`, `["logits"]` (`["out"]`, as
+    torchvision's segmentation models return them), or the first element of a tuple; a TypeError
+    naming what was found otherwise."""
     if isinstance(output, torch.Tensor):
         return output
-    if isinstance(output, dict) and isinstance(output.get("logits"), torch.Tensor):
-        return output["logits"]  # a dict, or a ModelOutput (which is one)
+    if isinstance(output, dict):  # a dict, or a ModelOutput (which is one)
+        for key in ("logits", "out"):
+            if isinstance(output.get(key), torch.Tensor):
+                return output[key]
     if isinstance(getattr(output, "logits", None), torch.Tensor):
         return output.logits
     if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
         return output[0]
     raise TypeError(f"the model returned a {type(output).__name__}; it must return the logits, or "
-                    f"an object, dict or tuple holding them (.logits, ['logits'], first element)")
+                    f"an object, dict or tuple holding them (.logits, ['logits'], ['out'], first element)")
 
 
 def forward_logits(model, inputs: Inputs) -> torch.Tensor:

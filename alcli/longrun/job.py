@@ -229,7 +229,9 @@ def run_key(settings: Settings, full: Pool, net: nn.Module) -> dict:
             "labels_from_folders": settings.labels_from_folders, "transform": transform,
             **_text_key(settings, full),
             # settings that change the numbers, recorded when they are not the default
-            **{k: getattr(settings, k) for k, default in (("decode", "cpu"), ("precision", "fp32"))
+            **{k: getattr(settings, k) for k, default in (("decode", "cpu"), ("precision", "fp32"),
+                                                          ("task", "auto"), ("egl_samples", 8),
+                                                          ("aggregate", "mean"))
                if getattr(settings, k) != default}}
 
 
@@ -378,6 +380,7 @@ def _write(ctx, settings: Settings, dest: str, partial_path: Path, full: Pool, t
                 "shard": shard, "pool": full.name, "pool_size": len(full),
                 "pool_path": _absolute(settings.pool), "model_file": _absolute(settings.model),
                 "shard_size": len(todo) if shard else len(full), "run": key, "run_id": run_id,
+                "task": stats.task,
                 **described(full, settings), **({"excluded": left_out} if left_out else {})})
         except BaseException:
             distributed.rank0_ok(ctx, False)

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from ..selection.diverse import badge_factors
+from . import tasks
 from .strategies import exact_dtype
 from ..errors import RunError
 from ..gradnorm import logits_of
@@ -34,10 +35,11 @@ class Embeddings:
     b: torch.Tensor
 
 
-def find_head(model: nn.Module, classes: int) -> tuple[str, nn.Linear]:
-    """(name, module) of the last nn.Linear with `classes` outputs; a RunError if there is none."""
+def find_head(model: nn.Module, classes: int, task: str = "classification") -> tuple[str, nn.Linear]:
+    """(name, module) of the last nn.Linear (segmentation: or Conv2d) with `classes` outputs; a
+    RunError if there is none."""
     found = [(name, m) for name, m in model.named_modules()
-             if isinstance(m, nn.Linear) and m.out_features == classes]
+             if isinstance(m, tasks.head_types(task)) and tasks.head_outputs(m) == classes]
     if not found:
         kind = "a TorchScript model" if isinstance(model, torch.jit.ScriptModule) else "the model"
         raise RunError(f"--embeddings needs the model's final classification layer, an nn.Linear "
@@ -63,10 +65,12 @@ class EmbeddingRecorder:
         self._b: list[torch.Tensor] = []
 
     @contextlib.contextmanager
-    def capture(self, model: nn.Module, ids: list[str]):
+    def capture(self, model: nn.Module, ids: list[str], task: str = "classification", inputs=None):
         """Around one plain forward of `model` on the batch `ids`: record its factors. Errors of
-        the forward itself pass through untouched; the recording's own may be skipped (optional)."""
-        seen: dict = {}
+        the forward itself pass through untouched; the recording's own may be skipped (optional).
+        Other tasks than classification: their factors (tasks.badge_factors; `inputs` for the
+        attention mask)."""
+        seen: dict = {"task": task, "model_inputs": inputs}
         handles = [] if self.skipped is not None else self._optional(self._hooks, model, seen)
         try:
             yield
@@ -100,7 +104,7 @@ class EmbeddingRecorder:
             return hook
 
         heads = ([self.head] if self.head is not None else
-                 [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)])
+                 [(n, m) for n, m in model.named_modules() if isinstance(m, tasks.head_types(seen["task"]))])
         try:
             handles = [model.register_forward_hook(on_output)]
             handles += [m.register_forward_hook(on_input(n)) for n, m in heads]
@@ -110,9 +114,11 @@ class EmbeddingRecorder:
         return handles
 
     def _add(self, model: nn.Module, ids: list[str], seen: dict) -> None:
-        logits = seen.get("logits")
-        if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
+        logits, task = seen.get("logits"), seen["task"]
+        if not isinstance(logits, torch.Tensor) or not tasks.TASKS[task].fits(logits):
             return  # the runner reports a bad model output itself
+        if task != "classification":
+            return self._add_task(model, ids, seen, logits, task)
         if self.head is None:
             self.head = find_head(model, logits.shape[1])
         name, _ = self.head
@@ -130,6 +136,22 @@ class EmbeddingRecorder:
         if self._current is not None and not set(self._current[0]) & set(ids):
             self.keep([t.cpu() for t in self.pending()])  # an earlier batch nobody kept
         self._current = (list(ids), a.to(dtype), b.to(dtype))  # a retried batch replaces its try
+
+    def _add_task(self, model: nn.Module, ids: list[str], seen: dict, logits: torch.Tensor, task: str):
+        """Another task's factors: its head found by its number of outputs (regression: D)."""
+        outputs = tasks.classes(task, logits) or logits.reshape(logits.shape[0], -1).shape[1]
+        if self.head is None:
+            self.head = find_head(model, outputs, task)
+        h = seen.get("inputs", {}).get(self.head[0])
+        if not isinstance(h, torch.Tensor) or h.shape[0] != len(ids):
+            raise RunError(f"--embeddings: the final layer '{self.head[0]}' did not run on the batch "
+                           f"in the model's forward")
+        dtype = h.dtype if h.dtype in (torch.float32, torch.float64) else torch.float32
+        valid = tasks.valid_positions(task, logits, seen["model_inputs"])
+        a, b = tasks.badge_factors(task, logits.to(exact_dtype(logits)), h.to(dtype), valid)
+        if self._current is not None and not set(self._current[0]) & set(ids):
+            self.keep([t.cpu() for t in self.pending()])  # an earlier batch nobody kept
+        self._current = (list(ids), a.to(dtype), b.to(dtype))
 
     def pending(self) -> list[torch.Tensor]:
         """The current batch's factors [a, b], on the device, for the runner's one copy home."""
@@ -161,6 +183,7 @@ class EmbeddingRecorder:
         return Embeddings(list(self._ids), torch.cat(self._a), torch.cat(self._b))
 
 
-def record(recorder: EmbeddingRecorder | None, model: nn.Module, ids: list[str]):
-    """`recorder.capture(model, ids)`, or a no-op context when no embeddings are wanted."""
-    return contextlib.nullcontext() if recorder is None else recorder.capture(model, ids)
+def record(recorder: EmbeddingRecorder | None, model: nn.Module, ids: list[str],
+           task: str = "classification", inputs=None):
+    """`recorder.capture(model, ids, task, inputs)`, or a no-op context when no embeddings are wanted."""
+    return contextlib.nullcontext() if recorder is None else recorder.capture(model, ids, task, inputs)

@@ -3,7 +3,8 @@
 Each failure is one sentence naming the pool, the example or the setting at fault: an empty pool,
 an id used twice, a label outside the model's classes, and a model whose number of outputs differs
 from the class count that the pool (class folders) or the config (`arch_kwargs.num_classes`) gives.
-The model's output size is learned from one forward pass on the first readable example.
+The model's output size is learned from one forward pass on the first readable example, which
+also tells the task when --task is auto (alcli.score.tasks) and must fit the task given.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from torch import nn
 from ..files.config import Settings
 from ..errors import ConfigError, PoolError, RunError
 from ..files.pool import Pool, check_unique_ids, collate, decoded
+from . import tasks
 from .runner import forward, to_model
 
 PROBE_TRIES = 64  # readable examples looked for before the model's output size is left unknown
@@ -21,7 +23,7 @@ PROBE_TRIES = 64  # readable examples looked for before the model's output size 
 def check(model: nn.Module, pool: Pool, settings: Settings, device: torch.device) -> int | None:
     """Run every check; the number of classes the model outputs (None if no example is readable)."""
     check_pool(pool)
-    classes = model_classes(model, pool, device)
+    classes = model_classes(model, pool, device, settings.task)
     if classes is not None:
         check_classes(pool, settings, classes)
     return classes
@@ -33,8 +35,9 @@ def check_pool(pool: Pool) -> None:
     check_unique_ids(pool.name, pool.ids)
 
 
-def model_classes(model: nn.Module, pool: Pool, device: torch.device) -> int | None:
-    """The model's output size, from a forward pass on the first readable example."""
+def model_classes(model: nn.Module, pool: Pool, device: torch.device, task: str = "auto") -> int | None:
+    """The model's number of classes (labels), from a forward pass on the first readable example,
+    after the task is found and checked against its output (None for regression)."""
     for i in range(min(len(pool), PROBE_TRIES)):
         batch = decoded(collate([pool[i]]), pool, device)  # --decode gpu: decoded there
         if not batch.errors:
@@ -44,7 +47,9 @@ def model_classes(model: nn.Module, pool: Pool, device: torch.device) -> int | N
             except torch.cuda.OutOfMemoryError:
                 raise RunError("CUDA ran out of memory on a single example; use a smaller model "
                                "input, --layers, or another --device") from None
-            return int(logits.shape[1])
+            task = tasks.resolve(task, model, lambda: logits)
+            tasks.check(task, logits)
+            return tasks.classes(task, logits)
     return None
 
 

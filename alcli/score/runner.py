@@ -23,6 +23,7 @@ from ..gradnorm import UnsupportedModel, auto_choice, batch_slice, call_model, l
 from ..files.classnames import class_name
 from ..files.pool import Batch, Pool, collate, decoded
 from ..files.table import clip_text
+from . import tasks
 from .strategies import DEFAULT_TOP_CLASSES, STRATEGIES, StrategyInputs, loss_at_targets
 
 
@@ -103,16 +104,24 @@ def score_batch(model: nn.Module, batch: Batch, settings: Settings, device: torc
     inputs = to_model(batch.inputs, model, device, pool.to_float)
     labels = batch.labels.to(device, non_blocking=True)
     strategy = STRATEGIES[settings.strategy]
+
+    def plain_logits():  # auto with a model that does not name its task: its output's shape tells
+        with autocast(settings.precision, device):
+            return forward(model, inputs, pool_name)
+
+    task = tasks.resolve(settings.task, model, plain_logits)  # found by the pre-flight forward already
     logits = None  # gradient strategies take the logits from the engine's own forward
     if not strategy.gradients or embeddings is not None:
-        with record(embeddings, model, batch.ids), autocast(settings.precision, device):  # BADGE factors
-            logits = forward(model, inputs, pool_name)     # [B, C]
-        _check_labels(logits, batch.labels, batch.ids, pool_name)
+        with record(embeddings, model, batch.ids, task, inputs), autocast(settings.precision, device):
+            logits = forward(model, inputs, pool_name)     # [B, C] (other tasks: tasks.py)
+    if logits is not None:
+        _check_output(task, logits, batch.labels, batch.ids, pool)
     s = StrategyInputs(model=model, inputs=inputs, labels=labels, logits=logits, ids=batch.ids,
                        layers=settings.layers, method=settings.method,
                        top_classes=settings.top_classes, seed=settings.seed,
-                       check_logits=lambda out: _check_labels(_checked_logits(out), batch.labels,
-                                                              batch.ids, pool_name))
+                       check_logits=lambda out: _check_output(task, _checked_logits(out), batch.labels,
+                                                              batch.ids, pool),
+                       task=task, egl_samples=settings.egl_samples, aggregate=settings.aggregate)
     try:
         with autocast(settings.precision, device):
             cols = strategy.fn(s)
@@ -122,26 +131,27 @@ def score_batch(model: nn.Module, batch: Batch, settings: Settings, device: torc
         raise  # out of memory (the engine lets it through): the micro-batcher retries
     except Exception as err:  # noqa: BLE001 - shape errors etc. from user models, in the engine's forward
         raise _cannot_run(inputs, pool_name, err) from None
-    probs = s.probs
-    conf, pred = probs.max(dim=1)
-    loss = loss_at_targets(s)
     score = cols.pop("score")
-    finite = torch.isfinite(score) & torch.isfinite(loss.to(score.device))
+    pred, conf, loss, pred_sets = _shared_columns(s, score)
+    finite = torch.isfinite(score) if loss is None else torch.isfinite(score) & torch.isfinite(loss.to(score.device))
     score = torch.where(finite, score, torch.full_like(score, math.nan))  # ranked last, counted
-    columns = {"score": score, "pred": pred, "confidence": conf, "loss": loss, **cols}
-    lists, factors = _home(list(columns.values()), embeddings.pending() if embeddings else [])
+    columns = {"score": score, "pred": pred, "confidence": conf,
+               **({"loss": loss} if loss is not None else {}), **cols}
+    pending = embeddings.pending() if embeddings else []
+    lists, extras = _home(list(columns.values()), pending + pred_sets)
     if embeddings is not None:
-        embeddings.keep(factors)
+        embeddings.keep(extras[:len(pending)])
     values = dict(zip(columns, lists))
-    values["pred"] = [int(p) for p in values["pred"]]
-    labels_home = batch.labels.tolist() if has_labels else None
     names = pool.classes
+    values["pred"] = _pred_values(task, values["pred"], extras[len(pending):], names)
+    labels_home = batch.labels.tolist() if has_labels else None
     rows = []
     for i, id_ in enumerate(batch.ids):
         pred = values["pred"][i]
-        row = {"id": id_, "score": values["score"][i], "pred": class_name(pred, names),
-               "confidence": values["confidence"][i]}
-        if names:
+        row = {"id": id_, "score": values["score"][i],
+               "pred": class_name(pred, names) if task == "classification" else pred,
+               "confidence": values["confidence"][i] if task != "regression" else None}
+        if names and task == "classification":
             row["pred_index"] = pred
         if has_labels:
             row["label"] = class_name(labels_home[i], names) if labels_home[i] >= 0 else None
@@ -153,6 +163,34 @@ def score_batch(model: nn.Module, batch: Batch, settings: Settings, device: torc
             row["text"] = clip_text(batch.texts[i], settings.text_width)
         rows.append(row)
     return rows
+
+
+def _shared_columns(s: StrategyInputs, score: torch.Tensor):
+    """(pred [B], confidence [B], loss [B] or None, [the [B, C] predicted sets]) of the task:
+    classification: the most probable class and its probability; multilabel, segmentation and
+    token classification: the set of labels predicted (as a [B, C] extra) and the mean per-position
+    probability of the prediction; regression: the outputs [B, D] (as the extra) and no loss
+    (no target values)."""
+    if s.task == "classification":
+        conf, pred = s.probs.max(dim=1)
+        return pred, conf, loss_at_targets(s), []
+    nothing = torch.zeros_like(score)
+    if s.task == "regression":
+        return nothing, nothing, None, [s.logits.reshape(s.logits.shape[0], -1)]
+    valid = s.valid
+    return (nothing, tasks.confidence(s.task, s.logits, valid), loss_at_targets(s),
+            [tasks.predicted_set(s.task, s.logits, valid)])
+
+
+def _pred_values(task: str, preds: list[float], extras: list[torch.Tensor], names) -> list:
+    """The pred column: a class (index), a regression's output (outputs joined by |), or the
+    predicted set of labels / classes joined by | (by name where the classes are named)."""
+    if task == "classification":
+        return [int(p) for p in preds]
+    rows = extras[0].tolist()
+    if task == "regression":
+        return [r[0] if len(r) == 1 else "|".join(f"{v:.6g}" for v in r) for r in rows]
+    return ["|".join(str(class_name(c, names)) for c, hit in enumerate(r) if hit) for r in rows]
 
 
 def _home(columns: list[torch.Tensor], extras: list[torch.Tensor] = ()
@@ -184,16 +222,24 @@ def _cannot_run(inputs: torch.Tensor | dict, pool_name: str, err: Exception) -> 
 
 
 def _checked_logits(out) -> torch.Tensor:
-    """The model's class scores [B, C], from the tensor it returns or what holds them (a
-    Hugging Face output's .logits, a dict's "logits", a tuple's first element)."""
+    """The model's logits, from the tensor it returns or what holds them (a Hugging Face
+    output's .logits, a dict's "logits" or "out", a tuple's first element); their shape is
+    checked against the task by `_check_output`."""
     try:
-        out = logits_of(out)
+        return logits_of(out)
     except TypeError as err:
         raise RunError(str(err)) from None
-    if out.dim() != 2:
-        got = list(out.shape)
-        raise RunError(f"the model must return class scores of shape [batch, classes], got {got}")
-    return out
+
+
+def _check_output(task: str, logits: torch.Tensor, labels: torch.Tensor, ids: list[str], pool: Pool):
+    """The output fits the task; classification labels are within its classes, and other tasks
+    get no single-class labels from the pool (their labels are not read from pools yet)."""
+    tasks.check(task, logits)
+    if task == "classification":
+        _check_labels(logits, labels, ids, pool.name)
+    elif pool.has_labels:
+        raise RunError(f"pool {pool.name} has single-class labels, which a {task} task cannot "
+                       f"use (its labels are not read from pools yet); score it without labels")
 
 
 def _check_labels(logits: torch.Tensor, labels: torch.Tensor, ids: list[str], pool_name: str):
@@ -296,6 +342,7 @@ class RunStats:
     method: str | None = None        # engine method used (gradient strategies only)
     method_reason: str | None = None
     notes: list[str] = field(default_factory=list)  # e.g. probability mass left out by --top-classes
+    task: str | None = None          # the task scored (--task, or what auto found)
     nans: int = 0                    # rows whose score is NaN (a non-finite loss or norm)
     skipped: int = 0                 # unreadable examples, left out of the rows
     micro_batch: int | None = None   # the micro-batch size that fit after a CUDA out-of-memory
@@ -342,6 +389,7 @@ def run(model: nn.Module, pool: Pool, settings: Settings, device: torch.device, 
             on_batch(done)
     stats.seconds = time.perf_counter() - start
     stats.micro_batch = micro.limit
+    stats.task = tasks.known(settings.task, model)
     if STRATEGIES[settings.strategy].gradients:
         stats.method, stats.method_reason = engine_method(model, settings)
     if mass_left:

@@ -2,7 +2,9 @@
 
 Every strategy has the same signature, `fn(s: StrategyInputs) -> dict[str, Tensor]`, returning
 "score" [B] (higher = more worth labeling) and any extra columns [B] it has. The runner adds the
-columns every strategy shares (pred, confidence, label, loss) from the same logits.
+columns every strategy shares (pred, confidence, label, loss) from the same logits. Every task
+(`s.task`, alcli.score.tasks) but classification has its loss, targets and per-position utilities
+in tasks.py; the strategies here say how they combine.
 """
 from __future__ import annotations
 
@@ -14,14 +16,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import RunError
 from ..gradnorm import grad_norms_per_target
+from . import tasks
+from .tasks import exact_dtype
 
 Columns = dict[str, torch.Tensor]
-
-
-def exact_dtype(t: torch.Tensor) -> torch.dtype:
-    """The dtype scores are computed in: float64, or float32 on MPS, which has no float64."""
-    return torch.float32 if t.device.type == "mps" else torch.float64
 
 
 @dataclass
@@ -39,14 +39,24 @@ class StrategyInputs:
     top_classes: int | None = None   # egl: the K most probable classes (0: all; None: at most 10)
     seed: int = 0
     check_logits: Callable[[torch.Tensor], None] | None = None  # validates the engine's logits
+    task: str = "classification"      # alcli.score.tasks.TASKS
+    egl_samples: int | str = tasks.DEFAULT_EGL_SAMPLES  # egl's label sets per example, or "pseudo"
+    aggregate: str = "mean"           # per-position utilities -> one per example
 
     @property
     def probs(self) -> torch.Tensor:  # [B, C] float64 (float32 on MPS)
         return torch.softmax(self.logits.to(exact_dtype(self.logits)), dim=1)
 
     @property
+    def valid(self) -> torch.Tensor:  # [B, N] bool: the positions that count (tasks.valid_positions)
+        return tasks.valid_positions(self.task, self.logits, self.inputs)
+
+    @property
     def targets(self) -> torch.Tensor:
-        """The given label where known, else the predicted class -> [B] long."""
+        """The given label where known, else the predicted class -> [B] long. Other tasks: the
+        predicted labels (pools carry single-class labels only)."""
+        if self.task != "classification":
+            return tasks.predicted(self.task, self.logits, self.valid)
         pred = self.logits.argmax(dim=1)
         return torch.where(self.labels >= 0, self.labels.to(pred.device), pred)
 
@@ -70,8 +80,10 @@ def strategy(name: str, *, gradients: bool = False):
     return register
 
 
-def _grad_norms(s: StrategyInputs, choose: Callable[[StrategyInputs], list[torch.Tensor]]) -> torch.Tensor:
-    """[K, B] float64 norms of each example's loss gradient at each target set `choose(s)` picks.
+def _grad_norms(s: StrategyInputs, choose: Callable[[StrategyInputs], list[torch.Tensor]],
+                loss_fn=None) -> torch.Tensor:
+    """[K, B] float64 norms of each example's loss gradient at each target set `choose(s)` picks
+    (the task's loss unless `loss_fn` is given).
 
     One forward: when `s.logits` is not known yet, the engine's forward provides it before the
     targets are chosen."""
@@ -82,7 +94,8 @@ def _grad_norms(s: StrategyInputs, choose: Callable[[StrategyInputs], list[torch
             s.logits = logits
         return choose(s)
 
-    norms, _ = grad_norms_per_target(s.model, s.inputs, target_sets, params=s.layers, method=s.method)
+    norms, _ = grad_norms_per_target(s.model, s.inputs, target_sets, params=s.layers, method=s.method,
+                                     loss_fn=loss_fn or tasks.TASKS[s.task].loss)
     return norms.detach().to(s.logits.device, exact_dtype(s.logits))
 
 
@@ -108,6 +121,10 @@ def _most_probable(s: StrategyInputs) -> list[torch.Tensor]:
 @strategy("egl", gradients=True)
 def egl(s: StrategyInputs) -> Columns:
     """Expected gradient length: sum over classes c of p(c|x) * ||grad loss(x, c)||."""
+    if s.task == "regression":
+        return _egl_regression(s)
+    if s.task != "classification":
+        return _egl_sampled(s)
     norms = _grad_norms(s, _most_probable)                    # [K, B]
     order = torch.stack(_most_probable(s), dim=1)             # [B, K], the targets the engine used
     probs = s.probs                                           # [B, C]
@@ -119,26 +136,71 @@ def egl(s: StrategyInputs) -> Columns:
     return cols
 
 
+def _egl_sampled(s: StrategyInputs) -> Columns:
+    """Multilabel, segmentation, token classification: E_y ||grad loss(x, y)|| over the model's
+    own joint predictive distribution (independent per label / position) is intractable; its
+    Monte-Carlo estimate from S label sets drawn per example (seeded by id), all S through one
+    backward, with `egl_se`, the estimate's standard error (sample std / sqrt S). `pseudo`: the
+    norm at the predicted labels."""
+    if s.egl_samples == "pseudo":
+        return {"score": _grad_norms(s, lambda s: [s.targets])[0]}
+    norms = _grad_norms(s, lambda s: tasks.sampled(s.task, s.logits, s.valid, s.ids,
+                                                     s.egl_samples, s.seed))  # [S, B]
+    cols = {"score": norms.mean(0)}
+    if norms.shape[0] > 1:
+        cols["egl_se"] = norms.std(0) / norms.shape[0] ** 0.5
+    return cols
+
+
+def _egl_regression(s: StrategyInputs) -> Columns:
+    """Regression, y ~ N(f(x), σ² I), loss ||f - y||²: its gradient is 2 Jᵀ(f - y), so
+    E ||grad||² = 4 σ² ||J||²_F exactly, J [D, P] the outputs' Jacobian. The score is its root
+    2 σ ||J||_F with σ = 1 (σ scales every score alike): D target sets, output d's gradient each,
+    through one backward; no sampling."""
+    def outputs(s: StrategyInputs) -> list[torch.Tensor]:
+        b = s.logits.shape[0]
+        d = s.logits.reshape(b, -1).shape[1]
+        return [torch.full((b,), j, dtype=torch.long, device=s.logits.device) for j in range(d)]
+
+    norms = _grad_norms(s, outputs, loss_fn=tasks.output_component)  # [D, B]
+    return {"score": 2.0 * norms.square().sum(0).sqrt()}
+
+
+def _needs_labels(s: StrategyInputs, name: str) -> None:
+    if s.task == "regression":
+        raise RunError(f"--strategy {name} on a regression task needs target values, which pools "
+                       f"do not carry yet (the prediction as its own target gives 0); use "
+                       f"--strategy egl, exact for regression")
+
+
 @strategy("gradnorm", gradients=True)
 def gradnorm(s: StrategyInputs) -> Columns:
     """Gradient norm at the example's label where known, else at the predicted class."""
+    _needs_labels(s, "gradnorm")
     return {"score": _grad_norms(s, lambda s: [s.targets])[0]}
 
 
 def loss_at_targets(s: StrategyInputs) -> torch.Tensor:
-    """Cross-entropy at the given label where known, else at the predicted class -> [B] float64."""
-    return F.cross_entropy(s.logits.to(exact_dtype(s.logits)), s.targets, reduction="none")
+    """The task's per-example loss at the given label where known, else at the predicted
+    labels -> [B] float64 (classification: cross-entropy)."""
+    z = s.logits.to(exact_dtype(s.logits))
+    if s.task != "classification":
+        return tasks.TASKS[s.task].loss(z, s.targets)
+    return F.cross_entropy(z, s.targets, reduction="none")
 
 
 @strategy("loss")
 def loss(s: StrategyInputs) -> Columns:
     """Cross-entropy loss at the label where known, else at the predicted class."""
+    _needs_labels(s, "loss")
     return {"score": loss_at_targets(s)}
 
 
 @strategy("entropy")
 def entropy(s: StrategyInputs) -> Columns:
     """Entropy of the predicted distribution."""
+    if s.task != "classification":  # per position (binary per label), aggregated
+        return {"score": tasks.utility(s.task, "entropy", s.logits, s.valid, s.aggregate)}
     p = s.probs
     return {"score": -torch.special.xlogy(p, p).sum(dim=1)}
 
@@ -146,6 +208,9 @@ def entropy(s: StrategyInputs) -> Columns:
 @strategy("margin")
 def margin(s: StrategyInputs) -> Columns:
     """1 - (p(best) - p(second best)): the smallest margin ranks first."""
+    if s.task != "classification":
+        score = tasks.utility(s.task, "margin", s.logits, s.valid, s.aggregate)
+        return {"score": score, "margin": 1.0 - score}
     p = s.probs
     top = p.topk(min(2, p.shape[1]), dim=1).values
     gap = top[:, 0] - top[:, 1] if top.shape[1] > 1 else top[:, 0]
@@ -155,6 +220,8 @@ def margin(s: StrategyInputs) -> Columns:
 @strategy("least-confidence")
 def least_confidence(s: StrategyInputs) -> Columns:
     """1 - p(predicted class)."""
+    if s.task != "classification":
+        return {"score": tasks.utility(s.task, "least-confidence", s.logits, s.valid, s.aggregate)}
     return {"score": 1.0 - s.probs.max(dim=1).values}
 
 
