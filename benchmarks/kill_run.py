@@ -109,9 +109,11 @@ def main() -> None:
             saved = saved_rows(partial)
             done_at_kill = progress[-1][1]
             bound = max([d for t, d, _ in progress if t <= killed_at - interval - 0.5], default=0)
-            rate = progress[-1][2] or 1.0
+            # the work lost, in wall time: since the first row not saved was reported done
+            unsaved = [t for t, d, _ in progress if d > saved]
             kills.append({"saved": saved, "done": done_at_kill, "lost": max(0, done_at_kill - saved),
-                          "lost_seconds": max(0, done_at_kill - saved) / rate, "ok": saved >= bound})
+                          "lost_seconds": killed_at - unsaved[0] if unsaved else 0.0,
+                          "ok": saved >= bound})
             k = kills[-1]
             print(f"kill {len(kills):3d}: {k['done']:8d} done, {k['saved']:8d} saved, lost "
                   f"{k['lost']:6d} rows = {k['lost_seconds']:5.1f} s of work "

@@ -43,6 +43,8 @@ def merge_tables(parts: list[str], dest: str, fmt: str = "csv", null: bool = Fal
     _check_parts(parts, metas)
     check_not_input(dest, "option --output", [("a part", parts)])
     stream = writes_stream(dest)
+    # where the embeddings of a merged table on stdout go (checked before the work)
+    emb_folder = stdout_folder("merge keeps the embeddings of a table on stdout") if stream else None
     folder = Path(tempfile.gettempdir()) if stream else Path(dest).parent
     make_folder(folder, f"output {dest}")
     check_writable(folder, f"output {dest}")
@@ -87,9 +89,8 @@ def merge_tables(parts: list[str], dest: str, fmt: str = "csv", null: bool = Fal
                      f"none in their part's embeddings file), so select cannot pick a diverse "
                      f"batch from it")
     elif not notes:
-        folder = stdout_folder("merge keeps the embeddings of a table on stdout") if stream else None
         emb_file, note = save_table_embeddings(finished, dest, fmt, run_id,
-                                               None if stream else embeddings_path(dest), folder)
+                                               None if stream else embeddings_path(dest), emb_folder)
         notes += [note] if note else []
     return MergeResult(finished, len(parts), files, emb_file, notes)
 
