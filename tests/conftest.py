@@ -21,6 +21,12 @@ REPO = Path(__file__).resolve().parents[1]
 os.environ["PYTHONPATH"] = os.pathsep.join(
     [str(REPO), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))])
 
+# one intra-op thread in this process and the subprocesses it starts (unless OMP_NUM_THREADS says
+# otherwise): the models here are tiny, and on a 2-core CPU shared with other work OpenMP threads
+# spin waiting for each other (the Hugging Face engine tests ran 5-10x slower with two)
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
 TINYNET = textwrap.dedent('''
     import torch
     from torch import nn
