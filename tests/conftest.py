@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import os
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -156,6 +157,15 @@ def score_in(root, *args, ok=True):
     if ok:
         assert result.exit_code == 0, result.stderr + result.stdout
     return result
+
+
+@pytest.fixture(scope="session")
+def demo_run() -> subprocess.CompletedProcess:
+    """`python -m alcli score` with no arguments, from the checkout's root: the shipped demo
+    (configs/default.yaml, 400 digits) ranked once for the tests that read its table or summary."""
+    return subprocess.run([sys.executable, "-m", "alcli", "score"], cwd=REPO, capture_output=True,
+                          text=True, timeout=300,
+                          env={**os.environ, "PYTHONWARNINGS": "ignore", "COLUMNS": "100"})
 
 
 @pytest.fixture

@@ -365,13 +365,12 @@ def test_help_reads_cleanly_at_80_columns():
 
 # --- README and the Python API ------------------------------------------------------------------------
 
-def test_readme_sample_is_what_the_demo_prints():
+def test_readme_sample_is_what_the_demo_prints(demo_run):
     readme = (REPO / "README.md").read_text()
     block = readme.split("head -4 scores.csv\n```\n\n```\n", 1)[1].split("```", 1)[0]
     shown = parse_csv(block)
-    proc = subprocess.run(alcli_cmd("score", "-q"), cwd=REPO, env=env(), capture_output=True,
-                          text=True, timeout=120)
-    printed = parse_csv(proc.stdout)[:len(shown)]
+    assert demo_run.returncode == 0, demo_run.stderr  # `python -m alcli score` (conftest)
+    printed = parse_csv(demo_run.stdout)[:len(shown)]
     assert [(r["id"], r["pred"]) for r in printed] == [(r["id"], r["pred"]) for r in shown]
     for got, want in zip(printed, shown):  # float32 sums may differ in the last bits by machine
         assert float(got["score"]) == pytest.approx(float(want["score"]), rel=1e-6)
