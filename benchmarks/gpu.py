@@ -227,7 +227,7 @@ def end_to_end(device, dry: bool, say):
     import numpy as np
     import torchvision
     from PIL import Image
-    n, size = (8, 32) if dry else (1024, 224)
+    n, size = (4, 32) if dry else (1024, 224)
     arch = "resnet18" if dry else "resnet50"
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "pool"
@@ -241,7 +241,7 @@ def end_to_end(device, dry: bool, say):
         for precision in ("bf16",) if dry else ("fp32", "bf16"):
             cmd = [sys.executable, "-m", "alcli", "score", str(folder), "-m", str(weights), "--arch",
                    f"torchvision:{arch}", "--device", device.type, "--precision", precision,
-                   "-b", "4" if dry else "64", "-o", str(Path(tmp) / f"{precision}.csv"), "-q"]
+                   "-b", "2" if dry else "64", "-o", str(Path(tmp) / f"{precision}.csv"), "-q"]
             t0 = time.perf_counter()
             done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
             s = time.perf_counter() - t0

@@ -27,7 +27,7 @@ settings), head-to-head AUC tests of plain egl vs the diverse variants, and the 
 scoring+selection vs training. Plots accuracy minus random's against labels (matplotlib, Agg).
 
     python benchmarks/learning_curves.py                 # full run, ~45-60 min on one CPU thread
-    python benchmarks/learning_curves.py --quick         # smoke run, < 1 min (output to a temp dir)
+    python benchmarks/learning_curves.py --quick         # smoke run, 1-2 min (output to a temp dir)
     python benchmarks/learning_curves.py --seeds 3 --batch-sizes 20,50 --models mlp \\
         --strategies egl,egl+div,margin+div,random --datasets digits,breast_cancer
     python benchmarks/learning_curves.py --report-only --json raw.json   # re-render saved results
@@ -42,7 +42,7 @@ import platform
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # the checkout's alcli, not an installed one
@@ -78,8 +78,9 @@ class Data:
     images: bool
 
 
-def load_data(name: str) -> Data:
-    """A scikit-learn bundled data set with a fixed test split (seed 0, stratification not used)."""
+def load_data(name: str, pool_size: int | None = None) -> Data:
+    """A scikit-learn bundled data set with a fixed test split (seed 0, stratification not used);
+    `pool_size`: a fixed random subset of the pool (seed 1) instead of all of it."""
     from sklearn import datasets
     if name == "digits":
         raw = datasets.load_digits()
@@ -98,7 +99,11 @@ def load_data(name: str) -> Data:
         mean, std = x[pool].mean(0), x[pool].std(0).clamp_min(1e-6)
         x = (x - mean) / std
     y = torch.tensor(raw.target, dtype=torch.long)
-    return Data(name, x, y, test, pool, int(y.max()) + 1, name == "digits")
+    data = Data(name, x, y, test, pool, int(y.max()) + 1, name == "digits")
+    if pool_size is not None and pool_size < len(pool):
+        data = replace(data, pool=np.sort(np.random.default_rng(1).choice(pool, pool_size,
+                                                                          replace=False)))
+    return data
 
 
 # ----------------------------------------------------------------------------------------- models
@@ -195,7 +200,7 @@ def run_all(args) -> dict:
     done, t_begin = 0, time.perf_counter()
     cache_data: dict = {}
     for name, kind, b in settings(args):
-        data = cache_data.setdefault(name, load_data(name))
+        data = cache_data.setdefault(name, load_data(name, args.pool_size))
         start: dict = {}
         setting = f"{name}/{kind}/b{b}"
         per_method = results["curves"].setdefault(setting, {})
@@ -410,7 +415,9 @@ def report(results: dict) -> str:
     a = meta["args"]
     lines = ["# Active-learning learning curves (benchmarks/learning_curves.py)", "",
              f"data {','.join(a['datasets'])}; models {','.join(a['models'])}; batch sizes "
-             f"{a['batch_sizes']}; seeds {a['seeds_list']}; start {a['init']} random labels, up to "
+             f"{a['batch_sizes']}; seeds {a['seeds_list']}; "
+             + (f"a fixed subset of {a['pool_size']} pool examples; " if a.get("pool_size") else "")
+             + f"start {a['init']} random labels, up to "
              f"{a['max_labels']}; {a['epochs']} epochs Adam lr 3e-3 mini-batch 64, retrained from "
              f"scratch each round; torch {meta['torch']}, python {meta['python']}, "
              f"{meta['machine']}, {meta['threads']} thread(s); "
@@ -500,6 +507,8 @@ def parse_args(argv=None):
     ap.add_argument("--epochs", type=int, default=30)
     ap.add_argument("--init", type=int, default=20, help="random labels to start from")
     ap.add_argument("--max-labels", type=int, default=300)
+    ap.add_argument("--pool-size", type=int,
+                    help="a fixed random subset of N pool examples (default the whole pool)")
     ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
     ap.add_argument("--out", help="output prefix for .txt and .png (default "
                     "benchmarks/results/learning-curves-cpu-2core; quick: a temp dir)")
@@ -521,6 +530,8 @@ def parse_args(argv=None):
     if args.out is None:
         args.out = (os.path.join(tempfile.gettempdir(), "learning-curves-quick") if q
                     else DEFAULT_OUT)
+    if args.pool_size is not None and args.pool_size < args.max_labels:
+        ap.error(f"--pool-size {args.pool_size} is smaller than --max-labels {args.max_labels}")
     if args.report_only and not args.json:
         ap.error("--report-only needs --json FILE")
     return args

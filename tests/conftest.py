@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import os
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -20,6 +21,12 @@ from PIL import Image
 REPO = Path(__file__).resolve().parents[1]
 os.environ["PYTHONPATH"] = os.pathsep.join(
     [str(REPO), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))])
+
+# one intra-op thread in this process and the subprocesses it starts (unless OMP_NUM_THREADS says
+# otherwise): the models here are tiny, and on a 2-core CPU shared with other work OpenMP threads
+# spin waiting for each other (the Hugging Face engine tests ran 5-10x slower with two)
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 TINYNET = textwrap.dedent('''
     import torch
@@ -150,6 +157,15 @@ def score_in(root, *args, ok=True):
     if ok:
         assert result.exit_code == 0, result.stderr + result.stdout
     return result
+
+
+@pytest.fixture(scope="session")
+def demo_run() -> subprocess.CompletedProcess:
+    """`python -m alcli score` with no arguments, from the checkout's root: the shipped demo
+    (configs/default.yaml, 400 digits) ranked once for the tests that read its table or summary."""
+    return subprocess.run([sys.executable, "-m", "alcli", "score"], cwd=REPO, capture_output=True,
+                          text=True, timeout=300,
+                          env={**os.environ, "PYTHONWARNINGS": "ignore", "COLUMNS": "100"})
 
 
 @pytest.fixture

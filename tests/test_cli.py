@@ -379,9 +379,8 @@ def test_on_a_terminal_progress_shows_and_the_table_goes_to_scores_csv(in_ws):
     assert len(rows) == 14
 
 
-def test_no_arguments_scores_the_demo(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "alcli", "score"], cwd=REPO, capture_output=True,
-                            text=True, env=_env())
+def test_no_arguments_scores_the_demo(demo_run):
+    result = demo_run  # `python -m alcli score` in the checkout (conftest)
     assert result.returncode == 0, result.stderr
     rows = parse_csv(result.stdout)
     demo_images = list((REPO / "data" / "demo" / "pool").rglob("*.png"))

@@ -49,13 +49,17 @@ def alcli_cmd(*args):
     return [sys.executable, "-m", "alcli", *map(str, args)]
 
 
+BIG = 1500  # rows of big_pool: ~70 bytes each in a table
+
+
 @pytest.fixture(scope="module")
 def big_pool(tmp_path_factory):
-    """3000 tensor examples: long enough to interrupt, and a table larger than a pipe's buffer."""
+    """BIG tensor examples: long enough to interrupt, and a table (~105 KB) larger than a pipe's
+    buffer (64 KiB)."""
     path = tmp_path_factory.mktemp("big") / "big.pt"
     g = torch.Generator().manual_seed(1)
-    torch.save({"x": torch.randn(3000, 3, 6, 6, generator=g),
-                "ids": [f"ex{i:05d}" for i in range(3000)]}, path)
+    torch.save({"x": torch.randn(BIG, 3, 6, 6, generator=g),
+                "ids": [f"ex{i:05d}" for i in range(BIG)]}, path)
     return path
 
 
@@ -202,7 +206,7 @@ def test_a_stdout_run_keeps_its_partial_under_dot_alcli_and_resumes(in_ws, big_p
     second = subprocess.run(args + ["--resume"], cwd=work, env=env(), capture_output=True,
                             text=True, timeout=120)
     assert second.returncode == 0, second.stderr
-    assert "resuming: " in second.stderr and len(parse_csv(second.stdout)) == 3000
+    assert "resuming: " in second.stderr and len(parse_csv(second.stdout)) == BIG
     assert not (work / m.group(1)).exists()
 
 
@@ -216,7 +220,7 @@ def test_a_closed_stdout_exits_141_quietly(in_ws, big_pool):
     assert proc.stdout.readline().startswith(b"rank,id,score")  # then go away, like `head -1`
     proc.stdout.close()
     err = proc.stderr.read().decode()
-    assert proc.wait(timeout=120) == 141 and err == ""  # 3000 rows overflow the pipe's buffer
+    assert proc.wait(timeout=120) == 141 and err == ""  # BIG rows overflow the pipe's buffer
 
 
 def test_progress_lines_and_a_plain_summary_in_a_log(in_ws, tmp_path):
@@ -365,13 +369,12 @@ def test_help_reads_cleanly_at_80_columns():
 
 # --- README and the Python API ------------------------------------------------------------------------
 
-def test_readme_sample_is_what_the_demo_prints():
+def test_readme_sample_is_what_the_demo_prints(demo_run):
     readme = (REPO / "README.md").read_text()
     block = readme.split("head -4 scores.csv\n```\n\n```\n", 1)[1].split("```", 1)[0]
     shown = parse_csv(block)
-    proc = subprocess.run(alcli_cmd("score", "-q"), cwd=REPO, env=env(), capture_output=True,
-                          text=True, timeout=120)
-    printed = parse_csv(proc.stdout)[:len(shown)]
+    assert demo_run.returncode == 0, demo_run.stderr  # `python -m alcli score` (conftest)
+    printed = parse_csv(demo_run.stdout)[:len(shown)]
     assert [(r["id"], r["pred"]) for r in printed] == [(r["id"], r["pred"]) for r in shown]
     for got, want in zip(printed, shown):  # float32 sums may differ in the last bits by machine
         assert float(got["score"]) == pytest.approx(float(want["score"]), rel=1e-6)
@@ -462,7 +465,7 @@ def test_under_a_terminal_the_bar_shows_ctrl_c_saves_and_resume_prefills(in_ws, 
     finally:
         os.close(slave)
     text = seen.decode(errors="replace")
-    assert "━" in text or "/3000" in text, text[-500:]
+    assert "━" in text or f"/{BIG}" in text, text[-500:]
     assert f"stopped by SIGINT; the finished rows are in {out}.partial, run the same command " \
            f"with --resume to continue" in " ".join(text.split())
     saved = _rows_in(Path(f"{out}.partial"))
@@ -472,14 +475,14 @@ def test_under_a_terminal_the_bar_shows_ctrl_c_saves_and_resume_prefills(in_ws, 
                                stdout=slave2, stderr=slave2)
     seen2 = bytearray()
     try:
-        _read_until(master2, resumed, b"wrote 3000 rows", seen2, timeout=120)
+        _read_until(master2, resumed, f"wrote {BIG} rows".encode(), seen2, timeout=120)
         assert resumed.wait(timeout=60) == 0, seen2.decode(errors="replace")
     finally:
         os.close(slave2)
         _drain(master2, seen2)
         os.close(master2)
         os.close(master)
-    counts = [int(n) for n in re.findall(r"(\d+)/3000", seen2.decode(errors="replace"))]
+    counts = [int(n) for n in re.findall(rf"(\d+)/{BIG}", seen2.decode(errors="replace"))]
     assert counts and min(counts) >= saved  # the whole pool, the resumed part already counted
 
 

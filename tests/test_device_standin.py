@@ -19,8 +19,11 @@ ZOO = ["simple", "mlp", "bn_res_cnn", "resnet18", "mobilenet_v3_small", "transfo
        "groupnorm", "mha_batch_first", "linear_twice", "bare_param"]
 
 
-def egl_targets(logits):  # every class, most probable first, as the egl strategy asks
-    return list(logits.argsort(1, descending=True).T)
+def egl_targets(logits):
+    """The three most probable classes, most probable first, as the egl strategy asks: a loop
+    over target sets with a first, a middle and a last step (all ten classes of resnet18 and
+    mobilenet, each op under the watch, took 60-80 s of CPU a case for no other code)."""
+    return list(logits.argsort(1, descending=True).T)[:3]
 
 
 @pytest.mark.parametrize("targets", ["gradnorm", "egl"])
