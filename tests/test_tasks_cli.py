@@ -4,6 +4,7 @@ regression directories, then `alcli select -n 10` on each table (diverse by defa
 BADGE factors each task records), and `alcli inspect` naming the task."""
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
@@ -180,6 +181,14 @@ def test_token_labels_per_word_and_special_tokens_left_out(ws):
     check_against(table, rows, norms, losses)
     assert table["t00"]["label"] == "|".join(map(str, label_of(0, texts[0].split())))
     assert table["t01"]["label"] == ""
+    with open(ws / "ner_labeled.csv", "w", newline="") as f:  # a CSV: the word labels joined by |
+        w = csv.writer(f)
+        w.writerow(["id", "text", "label"])
+        for i, text in enumerate(texts):
+            given = label_of(i, text.split())
+            w.writerow([rows[i]["id"], text, "" if given is None else "|".join(map(str, given))])
+    from_csv = scored(ws, "ner_csv.csv", "ner_labeled.csv", "--model", "ner")
+    assert {k: r["score"] for k, r in from_csv.items()} == {k: r["score"] for k, r in table.items()}
 
 
 def test_multilabel_and_regression_labels(ws):

@@ -6,7 +6,7 @@ the task's loss layout (alcli.score.tasks):
 |---|---|---|
 | multilabel | `[0, 3]`, `["cat", "dog"]`, `"cat|dog"` (indices or class names) | [C] 0/1 |
 | regression | `2.5`, `[2.5, -1]`, `"2.5|-1"` | [D] float |
-| token-classification | a list with one label per word of the text (split on whitespace) | [T] long |
+| token-classification | one label per word of the text (split on whitespace): a list, or `a|b|c` | [T] long |
 | segmentation | a mask image (column `mask`, or `label`): class index per pixel, 255 = ignore | [H, W] long |
 
 Token labels are aligned to the tokens through the tokenizer's character offsets: a word's label
@@ -146,7 +146,9 @@ def _values(value, where: str, outputs: int) -> torch.Tensor:
 
 def _token_targets(value, where: str, words: torch.Tensor, text_words: int, classes: int, names
                    ) -> torch.Tensor:
-    """Word labels -> [T]: each word's label at its first token, IGNORE elsewhere."""
+    """Word labels (a list, or `a|b|c` in a CSV) -> [T]: each word's label at its first token,
+    IGNORE elsewhere."""
+    value = [v or None for v in value.split("|")] if isinstance(value, str) else value
     if not isinstance(value, list):
         raise PoolError(f"{where}: token labels must be a list with one label per word, not "
                         f"{_text(value)}")

@@ -420,7 +420,7 @@ def run(model: nn.Module, pool: Pool, settings: Settings, device: torch.device, 
             on_batch(done)
     stats.seconds = time.perf_counter() - start
     stats.micro_batch = micro.limit
-    stats.task = tasks.known(settings.task, model)
+    stats.task = tasks.known(settings.task, model) or tasks.from_model(model)  # known without a forward
     if STRATEGIES[settings.strategy].gradients:
         stats.method, stats.method_reason = engine_method(model, settings)
     if mass_left:
