@@ -35,12 +35,12 @@ def base(pool: Pool) -> Pool:
 
 
 def has(pool: Pool) -> bool:
-    return bool(base(pool).task_labels)
+    return bool(getattr(base(pool), "task_labels", None))
 
 
 def shown(pool: Pool, id_: str):
     """The `label` column: a list joined by |, a number, a mask file's path; None if unlabeled."""
-    entry = (base(pool).task_labels or {}).get(id_)
+    entry = (getattr(base(pool), "task_labels", None) or {}).get(id_)
     if entry is None:
         return None
     value = entry[1]
@@ -49,7 +49,7 @@ def shown(pool: Pool, id_: str):
 
 def refuse_for_classification(pool: Pool) -> None:
     """A pool holding other tasks' labels (lists, masks) scored as classification: one sentence."""
-    where, value = next(iter(base(pool).task_labels.values()))
+    where, value = next(iter(getattr(base(pool), "task_labels", None).values()))
     raise PoolError(f"{where}: label {_text(value)} is not a class index (an integer); label "
                     f"lists, numbers and masks need --task multilabel, regression, "
                     f"token-classification or segmentation")
@@ -60,7 +60,7 @@ def targets(task: str, pool: Pool, ids: list[str], logits: torch.Tensor,
     """(targets in the task's loss layout [B, ...] on the logits' device, known [B] bool): the
     given labels of the batch `ids`, zeros where an example has none. `words`: each token's word
     [B, T] (-1 special or padding) and each text's word count (`word_of_tokens`), for token labels."""
-    given = base(pool).task_labels or {}
+    given = getattr(base(pool), "task_labels", None) or {}
     b = logits.shape[0]
     if task == "regression":
         out = torch.zeros(b, logits.reshape(b, -1).shape[1], dtype=torch.float64)
