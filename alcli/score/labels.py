@@ -15,8 +15,8 @@ IGNORE. A label of null (None) ignores its word. Any bad label is one sentence n
 """
 from __future__ import annotations
 
-import bisect
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -174,24 +174,19 @@ def word_of_tokens(tokenizer, texts: list[str], steps: int, max_length: int | No
     if not getattr(tokenizer, "is_fast", False):
         return None
     enc = tokenizer(texts, padding="longest", truncation=max_length is not None, max_length=max_length,
-                    return_offsets_mapping=True, return_special_tokens_mask=True)
-    out = torch.full((len(texts), steps), -1, dtype=torch.long)
+                    return_offsets_mapping=True, return_special_tokens_mask=True, return_tensors="np")
+    offsets = enc["offset_mapping"][:, :steps]                          # [B, T', 2] characters
+    real = (enc["special_tokens_mask"][:, :steps] == 0) & (enc["attention_mask"][:, :steps] == 1) \
+        & (offsets[..., 1] > offsets[..., 0])
+    out = np.full((len(texts), steps), -1, dtype=np.int64)
     counts = []
     for i, text in enumerate(texts):
-        starts, ends, pos = [], [], 0
-        for word in text.split():
-            pos = text.index(word, pos)
-            starts.append(pos)
-            ends.append(pos + len(word))
-            pos += len(word)
-        counts.append(len(starts))
-        special, mask = enc["special_tokens_mask"][i], enc["attention_mask"][i]
-        for t, (a, z) in enumerate(enc["offset_mapping"][i][:steps]):
-            if special[t] or not mask[t] or z <= a:
-                continue
-            w = bisect.bisect_right(starts, a) - 1
-            if 0 <= w and a < ends[w]:
-                out[i, t] = w
+        spans = np.array([m.span() for m in re.finditer(r"\S+", text)], dtype=np.int64).reshape(-1, 2)
+        counts.append(len(spans))
+        w = np.searchsorted(spans[:, 0], offsets[i, :, 0], side="right") - 1   # the word starting last before
+        inside = (w >= 0) & (offsets[i, :, 0] < spans[w.clip(0), 1] if len(spans) else False)
+        out[i, :offsets.shape[1]] = np.where(real[i] & inside, w, -1)
+    out = torch.from_numpy(out)
     return out, counts
 
 
