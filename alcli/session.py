@@ -18,7 +18,7 @@ from .files.classnames import id2label_names, read_class_names
 from .files.config import Settings
 from .files.pool import Pool, PoolOptions, names_source, open_pool, tensor_pool
 from .gradnorm import select_params
-from .score import preflight
+from .score import preflight, tasks
 
 
 @dataclass
@@ -87,7 +87,8 @@ def pool_for(settings: Settings, model: nn.Module, pool=None, stdin=None) -> Poo
                           f"a .pt/.npy/.npz tensor file, or - for image paths on stdin")
     opts = PoolOptions(settings.labels_from_folders, settings.transform, model_channels(model),
                        settings.null, decode=settings.decode, class_names=names,
-                       class_names_file=names_file)
+                       class_names_file=names_file,
+                       task=settings.task if settings.task != "auto" else tasks.from_model(model) or "auto")
     hf_options(opts, settings, model)
     if isinstance(settings.pool, str) and settings.pool != "-" and not Path(settings.pool).exists():
         raise PoolError(f"pool {settings.pool}{from_config(settings, 'pool')} does not exist")

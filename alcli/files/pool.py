@@ -48,6 +48,8 @@ class PoolOptions:
     class_names: list[str] | None = None  # the classes' names, known before the pool (string
                                  # labels and class folders map to indices through them)
     class_names_file: str | None = None  # where they came from; None: the model's id2label
+    task: str = "auto"           # the task labels are read for (--task, or what the model names):
+                                 # other than classification and auto, every label is kept as given
 
 
 class Item(NamedTuple):
@@ -83,6 +85,8 @@ class Pool(Dataset):
     kind: str  # "images", "tensors" or "text"
     classes: list[str] | None = None  # class names, where the source names them (class folders)
     classes_from: str | None = None   # where `classes` came from, when not class folders
+    task_labels: dict | None = None   # id -> (where, label as given) for labels of other tasks than
+                                      # classification (lists, numbers, mask files): alcli.score.labels
     given_ids: list | None = None  # the caller's ids (any type) where `ids` holds their text
     to_float: Callable | None = None  # batch of stored inputs on the device -> model input
                                       # (images: uint8 -> normalized float); None: as they are
@@ -502,7 +506,7 @@ def from_manifest(spec: str, opts: PoolOptions) -> Pool:
         raise PoolError(f"manifest {path} cannot be read as UTF-8 text ({first_line(err)})") from None
     except csv.Error as err:  # a field over CSV_FIELD_LIMIT, ...
         raise _csv_error(path, reader, err) from None
-    rows = []
+    rows, task_labels = [], {}
     for n, row in records:
         where = f"manifest {path} line {n}"
         if not row.get("path"):
@@ -510,9 +514,35 @@ def from_manifest(spec: str, opts: PoolOptions) -> Pool:
         p = Path(str(row["path"]))
         full = p if p.is_absolute() else path.parent / p
         id_ = row.get("id")
+        raw = _task_label(row, opts, path.parent)
         rows.append((str(id_) if id_ not in (None, "") else str(row["path"]), full,
-                     _label(_named_label(row.get("label"), where, opts), where)))
-    return _image_pool(str(path), rows, opts)
+                     -1 if raw is not None else _label(_named_label(row.get("label"), where, opts), where)))
+        if raw is not None:
+            task_labels[rows[-1][0]] = (where, raw)
+    return _with_task_labels(_image_pool(str(path), rows, opts), task_labels)
+
+
+def _task_label(row: dict, opts: PoolOptions, base: Path):
+    """A row's label for another task than classification, as given (alcli.score.labels reads it
+    once the task is known): a mask file (column `mask`, or a `label` naming an image file, made
+    relative to the manifest), a list, `a|b`, or any label when the task is known to be another;
+    None for a class index (or no label)."""
+    value = row.get("mask")
+    value = row.get("label") if value in (None, "") else value
+    if value is None or value == "":
+        return None
+    if isinstance(value, str) and (row.get("mask") not in (None, "") or value.lower().endswith(IMAGE_EXTS)):
+        return str(Path(value) if Path(value).is_absolute() else base / value)
+    if opts.task not in ("auto", "classification") or isinstance(value, list) or \
+            (isinstance(value, str) and "|" in value):
+        return value
+    return None
+
+
+def _with_task_labels(pool: Pool, task_labels: dict) -> Pool:
+    if task_labels:
+        pool.task_labels, pool.has_labels = task_labels, True
+    return pool
 
 
 def _csv_error(path: Path, reader: csv.DictReader, err: csv.Error) -> PoolError:
@@ -659,13 +689,13 @@ def from_text_file(spec: str, opts: PoolOptions) -> Pool:
     """Texts: a .txt file (one per line; its line number is its id), or a .csv/.jsonl manifest with
     the `text_column` column and optional `id` (default: the line number) and `label`."""
     path = Path(spec)
-    rows: list[tuple[str, str, int]] = []  # (id, text, label)
+    rows: list[tuple] = []  # (id, text, label, (where, another task's label) or None)
     suffix = path.suffix.lower()
     try:
         # .txt: lines end at \n only (as for wc -l and sed), a bare CR stays in its text
         with open(path, newline="\n" if suffix == ".txt" else "", encoding="utf-8") as f:
             if suffix == ".txt":
-                rows = [(str(n), _line_text(line), -1) for n, line in enumerate(f, 1) if line.strip()]
+                rows = [(str(n), _line_text(line), -1, None) for n, line in enumerate(f, 1) if line.strip()]
             elif suffix == ".csv":
                 reader = csv.DictReader(f)
                 rows = [_text_row(path, reader.line_num, row, opts) for row in reader]
@@ -682,8 +712,9 @@ def from_text_file(spec: str, opts: PoolOptions) -> Pool:
         raise PoolError(f"text pool {path} needs a tokenizer: pass --model a Hugging Face model "
                         f"directory that holds one")
     check_unique_ids(str(path), [r[0] for r in rows])
-    ids, texts, labels = (list(col) for col in zip(*rows))
-    return TextPool(str(path), ids, texts, labels, opts.tokenizer())
+    ids, texts, labels, raws = (list(col) for col in zip(*rows))
+    return _with_task_labels(TextPool(str(path), ids, texts, labels, opts.tokenizer()),
+                             {i: raw for i, raw in zip(ids, raws) if raw is not None})
 
 
 def _line_text(line: str) -> str:
@@ -691,15 +722,17 @@ def _line_text(line: str) -> str:
     return line.removesuffix("\n").removesuffix("\r")
 
 
-def _text_row(path: Path, n: int, row: dict, opts: PoolOptions) -> tuple[str, str, int]:
+def _text_row(path: Path, n: int, row: dict, opts: PoolOptions) -> tuple[str, str, int, tuple | None]:
     where, column = f"manifest {path} line {n}", opts.text_column
     text = row.get(column)
     if not isinstance(text, str):
         raise PoolError(f"{where} has no text in column '{column}'" if text is None else
                         f"{where}: '{column}' must be a string, not {type(text).__name__}")
     id_ = row.get("id")
+    raw = _task_label(row, opts, path.parent)
     return ((str(id_) if id_ not in (None, "") else str(n)), text,
-            _label(_named_label(row.get("label"), where, opts), where))
+            -1 if raw is not None else _label(_named_label(row.get("label"), where, opts), where),
+            None if raw is None else (where, raw))
 
 
 def tensor_pool(x, y=None, ids=None, name: str = "tensor pool") -> TensorPool:

@@ -65,12 +65,13 @@ class EmbeddingRecorder:
         self._b: list[torch.Tensor] = []
 
     @contextlib.contextmanager
-    def capture(self, model: nn.Module, ids: list[str], task: str = "classification", inputs=None):
+    def capture(self, model: nn.Module, ids: list[str], task: str = "classification", inputs=None,
+                words=None):
         """Around one plain forward of `model` on the batch `ids`: record its factors. Errors of
         the forward itself pass through untouched; the recording's own may be skipped (optional).
         Other tasks than classification: their factors (tasks.badge_factors; `inputs` for the
-        attention mask)."""
-        seen: dict = {"task": task, "model_inputs": inputs}
+        attention mask; `words`, each token's word, to leave special tokens out)."""
+        seen: dict = {"task": task, "model_inputs": inputs, "words": words}
         handles = [] if self.skipped is not None else self._optional(self._hooks, model, seen)
         try:
             yield
@@ -147,7 +148,7 @@ class EmbeddingRecorder:
             raise RunError(f"--embeddings: the final layer '{self.head[0]}' did not run on the batch "
                            f"in the model's forward")
         dtype = h.dtype if h.dtype in (torch.float32, torch.float64) else torch.float32
-        valid = tasks.valid_positions(task, logits, seen["model_inputs"])
+        valid = tasks.valid_positions(task, logits, seen["model_inputs"], seen["words"])
         a, b = tasks.badge_factors(task, logits.to(exact_dtype(logits)), h.to(dtype), valid)
         if self._current is not None and not set(self._current[0]) & set(ids):
             self.keep([t.cpu() for t in self.pending()])  # an earlier batch nobody kept
@@ -184,6 +185,6 @@ class EmbeddingRecorder:
 
 
 def record(recorder: EmbeddingRecorder | None, model: nn.Module, ids: list[str],
-           task: str = "classification", inputs=None):
-    """`recorder.capture(model, ids, task, inputs)`, or a no-op context when no embeddings are wanted."""
-    return contextlib.nullcontext() if recorder is None else recorder.capture(model, ids, task, inputs)
+           task: str = "classification", inputs=None, words=None):
+    """`recorder.capture(model, ids, task, inputs, words)`, or a no-op context when no embeddings are wanted."""
+    return contextlib.nullcontext() if recorder is None else recorder.capture(model, ids, task, inputs, words)

@@ -23,7 +23,7 @@ from ..gradnorm import UnsupportedModel, auto_choice, batch_slice, call_model, l
 from ..files.classnames import class_name
 from ..files.pool import Batch, Pool, collate, decoded
 from ..files.table import clip_text
-from . import tasks
+from . import labels as task_labels, tasks
 from .strategies import DEFAULT_TOP_CLASSES, STRATEGIES, StrategyInputs, loss_at_targets
 
 
@@ -110,9 +110,11 @@ def score_batch(model: nn.Module, batch: Batch, settings: Settings, device: torc
             return forward(model, inputs, pool_name)
 
     task = tasks.resolve(settings.task, model, plain_logits)  # found by the pre-flight forward already
+    words = _words(task, batch, pool, inputs)  # (token -> word [B, T], word counts) or None
+    word_ids = None if words is None else words[0]
     logits = None  # gradient strategies take the logits from the engine's own forward
     if not strategy.gradients or embeddings is not None:
-        with record(embeddings, model, batch.ids, task, inputs), autocast(settings.precision, device):
+        with record(embeddings, model, batch.ids, task, inputs, word_ids), autocast(settings.precision, device):
             logits = forward(model, inputs, pool_name)     # [B, C] (other tasks: tasks.py)
     if logits is not None:
         _check_output(task, logits, batch.labels, batch.ids, pool)
@@ -121,13 +123,14 @@ def score_batch(model: nn.Module, batch: Batch, settings: Settings, device: torc
                        top_classes=settings.top_classes, seed=settings.seed,
                        check_logits=lambda out: _check_output(task, _checked_logits(out), batch.labels,
                                                               batch.ids, pool),
-                       task=task, egl_samples=settings.egl_samples, aggregate=settings.aggregate)
+                       task=task, egl_samples=settings.egl_samples, aggregate=settings.aggregate,
+                       words=word_ids, given=_given(task, pool, batch.ids, words))
     try:
         with autocast(settings.precision, device):
             cols = strategy.fn(s)
     except UnsupportedModel as err:
         raise RunError(f"--method {settings.method}: {err}") from None
-    except (torch.cuda.OutOfMemoryError, RunError):
+    except (torch.cuda.OutOfMemoryError, RunError, PoolError):
         raise  # out of memory (the engine lets it through): the micro-batcher retries
     except Exception as err:  # noqa: BLE001 - shape errors etc. from user models, in the engine's forward
         raise _cannot_run(inputs, pool_name, err) from None
@@ -153,7 +156,9 @@ def score_batch(model: nn.Module, batch: Batch, settings: Settings, device: torc
                "confidence": values["confidence"][i] if task != "regression" else None}
         if names and task == "classification":
             row["pred_index"] = pred
-        if has_labels:
+        if has_labels and task != "classification":
+            row["label"] = task_labels.shown(pool, id_)
+        elif has_labels:
             row["label"] = class_name(labels_home[i], names) if labels_home[i] >= 0 else None
         for key in list(columns)[3:]:
             row[key] = values[key][i]
@@ -176,10 +181,31 @@ def _shared_columns(s: StrategyInputs, score: torch.Tensor):
         return pred, conf, loss_at_targets(s), []
     nothing = torch.zeros_like(score)
     if s.task == "regression":
-        return nothing, nothing, None, [s.logits.reshape(s.logits.shape[0], -1)]
+        known = s.given_targets()[1] if s.given is not None else None
+        loss = loss_at_targets(s) if known is not None and bool(known.all()) else None
+        return nothing, nothing, loss, [s.logits.reshape(s.logits.shape[0], -1)]
     valid = s.valid
     return (nothing, tasks.confidence(s.task, s.logits, valid), loss_at_targets(s),
             [tasks.predicted_set(s.task, s.logits, valid)])
+
+
+def _words(task: str, batch: Batch, pool: Pool, inputs) -> tuple[torch.Tensor, list[int]] | None:
+    """Token classification on a text pool: each token's word [B, T] (-1: special token or
+    padding) and each text's word count (alcli.score.labels.word_of_tokens); None otherwise."""
+    tokenize = getattr(getattr(pool, "base", pool), "tokenize", None)
+    if task != "token-classification" or batch.texts is None or not hasattr(tokenize, "tokenizer") \
+            or not isinstance(inputs, dict) or "input_ids" not in inputs:
+        return None
+    found = task_labels.word_of_tokens(tokenize.tokenizer, batch.texts, inputs["input_ids"].shape[1],
+                                       tokenize.max_length)
+    return None if found is None else (found[0].to(inputs["input_ids"].device), found[1])
+
+
+def _given(task: str, pool: Pool, ids: list[str], words):
+    """Another task's given labels, read when the logits are known; None without any."""
+    if task == "classification" or not task_labels.has(pool):
+        return None
+    return lambda logits: task_labels.targets(task, pool, ids, logits, words)
 
 
 def _pred_values(task: str, preds: list[float], extras: list[torch.Tensor], names) -> list:
@@ -232,14 +258,19 @@ def _checked_logits(out) -> torch.Tensor:
 
 
 def _check_output(task: str, logits: torch.Tensor, labels: torch.Tensor, ids: list[str], pool: Pool):
-    """The output fits the task; classification labels are within its classes, and other tasks
-    get no single-class labels from the pool (their labels are not read from pools yet)."""
+    """The output fits the task; classification labels are within its classes, and neither do
+    other tasks get single-class labels nor classification labels lists, numbers or masks
+    (alcli.score.labels)."""
     tasks.check(task, logits)
     if task == "classification":
+        if task_labels.has(pool):
+            task_labels.refuse_for_classification(pool)
         _check_labels(logits, labels, ids, pool.name)
-    elif pool.has_labels:
-        raise RunError(f"pool {pool.name} has single-class labels, which a {task} task cannot "
-                       f"use (its labels are not read from pools yet); score it without labels")
+    elif bool((labels >= 0).any()):
+        i = int((labels >= 0).nonzero()[0])
+        raise RunError(f"example {ids[i]} of {pool.name} has the single-class label {int(labels[i])}, "
+                       f"which a {task} task cannot use; pass --task {task} so the pool's labels "
+                       f"are read as its labels (lists, numbers, mask files)")
 
 
 def _check_labels(logits: torch.Tensor, labels: torch.Tensor, ids: list[str], pool_name: str):
@@ -389,7 +420,7 @@ def run(model: nn.Module, pool: Pool, settings: Settings, device: torch.device, 
             on_batch(done)
     stats.seconds = time.perf_counter() - start
     stats.micro_batch = micro.limit
-    stats.task = tasks.known(settings.task, model)
+    stats.task = tasks.known(settings.task, model) or tasks.from_model(model)  # known without a forward
     if STRATEGIES[settings.strategy].gradients:
         stats.method, stats.method_reason = engine_method(model, settings)
     if mass_left:

@@ -42,6 +42,11 @@ class StrategyInputs:
     task: str = "classification"      # alcli.score.tasks.TASKS
     egl_samples: int | str = tasks.DEFAULT_EGL_SAMPLES  # egl's label sets per example, or "pseudo"
     aggregate: str = "mean"           # per-position utilities -> one per example
+    # other tasks' given labels: logits -> (targets in the loss's layout, known [B] bool)
+    # (alcli.score.labels.targets); None: the pool has none
+    given: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None
+    words: torch.Tensor | None = None  # token classification: each token's word [B, T], -1 special
+    _given_targets: tuple | None = None
 
     @property
     def probs(self) -> torch.Tensor:  # [B, C] float64 (float32 on MPS)
@@ -49,16 +54,35 @@ class StrategyInputs:
 
     @property
     def valid(self) -> torch.Tensor:  # [B, N] bool: the positions that count (tasks.valid_positions)
-        return tasks.valid_positions(self.task, self.logits, self.inputs)
+        return tasks.valid_positions(self.task, self.logits, self.inputs, self.words)
 
     @property
     def targets(self) -> torch.Tensor:
-        """The given label where known, else the predicted class -> [B] long. Other tasks: the
-        predicted labels (pools carry single-class labels only)."""
+        """The given label where known, else the predicted class -> [B] long. Other tasks: their
+        given labels (`given`) where known, else the predicted labels; regression needs a target
+        value for every example (the prediction as its own target has zero gradient)."""
         if self.task != "classification":
-            return tasks.predicted(self.task, self.logits, self.valid)
+            given, known = self.given_targets() or (None, None)
+            if self.task == "regression":
+                if known is None or not bool(known.all()):
+                    missing = self.ids[0] if known is None else self.ids[int((~known).nonzero()[0])]
+                    raise RunError(f"example {missing} has no target value; a regression task's "
+                                   f"gradnorm and loss need one for every example (the pool's "
+                                   f"label column)")
+                return given
+            pred = tasks.predicted(self.task, self.logits, self.valid)
+            if known is None:
+                return pred
+            return torch.where(known.view(-1, *[1] * (pred.dim() - 1)), given.to(pred.dtype), pred)
         pred = self.logits.argmax(dim=1)
         return torch.where(self.labels >= 0, self.labels.to(pred.device), pred)
+
+
+    def given_targets(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(targets, known) from `given`, read once per batch; None without given labels."""
+        if self.given is not None and self._given_targets is None:
+            self._given_targets = self.given(self.logits)
+        return self._given_targets
 
 
 @dataclass(frozen=True)
@@ -167,10 +191,10 @@ def _egl_regression(s: StrategyInputs) -> Columns:
 
 
 def _needs_labels(s: StrategyInputs, name: str) -> None:
-    if s.task == "regression":
-        raise RunError(f"--strategy {name} on a regression task needs target values, which pools "
-                       f"do not carry yet (the prediction as its own target gives 0); use "
-                       f"--strategy egl, exact for regression")
+    if s.task == "regression" and s.given is None:
+        raise RunError(f"--strategy {name} on a regression task needs target values (a number, or "
+                       f"a list, in the pool's label column; the prediction as its own target "
+                       f"gives 0); give them, or use --strategy egl, exact for regression")
 
 
 @strategy("gradnorm", gradients=True)

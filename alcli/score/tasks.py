@@ -129,10 +129,14 @@ TASKS: dict[str, Task] = {t.name: t for t in (
 )}
 
 
-def valid_positions(task: str, logits: torch.Tensor, inputs) -> torch.Tensor:
-    """[B, N] bool: the positions that count. Token classification: the attention mask's tokens
-    (padding excluded); every other task: all."""
+def valid_positions(task: str, logits: torch.Tensor, inputs, words: torch.Tensor | None = None
+                    ) -> torch.Tensor:
+    """[B, N] bool: the positions that count. Token classification: the tokens of a word of the
+    text (`words` [B, T] >= 0: special tokens such as [CLS], [SEP] and padding excluded), else,
+    without `words` (tensor pools), the attention mask's tokens; every other task: all."""
     b = logits.shape[0]
+    if task == "token-classification" and words is not None:
+        return (words >= 0).to(logits.device).reshape(b, -1)
     if task == "token-classification" and isinstance(inputs, dict) and \
             isinstance(inputs.get("attention_mask"), torch.Tensor):
         return inputs["attention_mask"].to(logits.device).bool().reshape(b, -1)
