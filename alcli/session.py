@@ -148,6 +148,8 @@ def hf_options(opts: PoolOptions, settings: Settings, model: nn.Module) -> None:
     from): its tokenizer for text pools, and its image processor settings for image pools unless
     the config sets a transform."""
     opts.text_column = settings.text_column
+    opts.image_column, opts.id_column = settings.image_column, settings.id_column
+    opts.label_column, opts.split = settings.label_column, settings.split
     directory = hf.model_dir(model, settings.model)
     if directory is None:
         return

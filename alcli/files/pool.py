@@ -2,8 +2,8 @@
 
 A source is a small function `(spec, opts) -> Pool`, picked by what `spec` names: `-` (paths on
 stdin), a directory of images, a manifest (.csv/.jsonl with a `path` column), a text pool (.txt, or
-.csv/.jsonl with a `text` column; tokenized when a batch is collated), or a tensor file
-(.pt/.npy/.npz). Labels are class indices; -1 means unknown. Reading an example never raises: the
+.csv/.jsonl with a `text` column; tokenized when a batch is collated), a tensor file
+(.pt/.npy/.npz), or a table (Parquet, a Hugging Face dataset folder: files/tables.py). Labels are class indices; -1 means unknown. Reading an example never raises: the
 item carries the error instead, so a DataLoader worker can hand it back and the runner decides.
 """
 from __future__ import annotations
@@ -48,6 +48,10 @@ class PoolOptions:
     class_names: list[str] | None = None  # the classes' names, known before the pool (string
                                  # labels and class folders map to indices through them)
     class_names_file: str | None = None  # where they came from; None: the model's id2label
+    image_column: str | None = None  # table pools: the image column (None: 'image' if there)
+    id_column: str | None = None     # table pools: the id column (None: the row numbers)
+    label_column: str | None = None  # table pools: the label column (None: 'label' if there)
+    split: str | None = None         # Hugging Face DatasetDict pools: the split scored
 
 
 class Item(NamedTuple):
@@ -583,6 +587,11 @@ def open_pool(spec: str | list[str], opts: PoolOptions, stdin=None) -> Pool:
     if opts.labels_from_folders and not path.is_dir():
         raise ConfigError("--labels-from-folders needs a directory pool with class subfolders")
     suffix = path.suffix.lower()
+    from . import tables  # pyarrow is imported only when a table is read
+    if tables.is_hf_dataset(path):
+        return tables.from_hf_dataset(spec, opts)
+    if path.is_dir() and tables.is_parquet_folder(path):
+        return tables.from_parquet(spec, opts)
     if path.is_dir():
         return from_directory(spec, opts)
     try:
@@ -595,11 +604,13 @@ def open_pool(spec: str | list[str], opts: PoolOptions, stdin=None) -> Pool:
         return from_manifest(spec, opts)
     if suffix in TENSOR_EXTS:
         return from_tensor_file(spec, opts)
+    if suffix in tables.TABLE_EXTS:
+        return tables.from_parquet(spec, opts)
     if suffix in IMAGE_EXTS:
         return from_files([spec], opts)
     raise PoolError(f"pool {spec} is not a folder, an image ({', '.join(IMAGE_EXTS)}), a manifest "
-                    f"({', '.join(MANIFEST_EXTS)}), a text file (.txt) or a tensor file "
-                    f"({', '.join(TENSOR_EXTS)})")
+                    f"({', '.join(MANIFEST_EXTS)}), a text file (.txt), a tensor file "
+                    f"({', '.join(TENSOR_EXTS)}) or a Parquet table (.parquet)")
 
 def _named_files(paths: list[str], opts: PoolOptions) -> Pool:
     """Several POOL arguments: each must be an image file (one folder, manifest or tensor file
