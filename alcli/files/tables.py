@@ -350,7 +350,23 @@ def from_hf_dataset(spec: str, opts: PoolOptions) -> Pool:
                                   .to_batches(HF_CHUNK), id_col, label_col, opts)
     n = table.num_rows
     starts = list(range(0, n, HF_CHUNK)) + [n]
-    return TablePool(name, kind, column, ids, labels, ArrowChunks(files, split_dir), starts, opts)
+    pool = TablePool(name, kind, column, ids, labels, ArrowChunks(files, split_dir), starts, opts)
+    names = _class_label_names(table.schema, label_col)
+    if names and opts.class_names is None:  # a ClassLabel feature names the classes
+        pool.classes, pool.classes_from = names, f"the ClassLabel feature '{label_col}' of {name}"
+    return pool
+
+
+def _class_label_names(schema, column: str | None) -> list[str] | None:
+    """The names of a ClassLabel feature, from the features `datasets` keeps in the schema."""
+    try:
+        info = json.loads((schema.metadata or {})[b"huggingface"])
+        feature = info["info"]["features"][column]
+    except (KeyError, ValueError, TypeError):
+        return None
+    names = feature.get("names") if isinstance(feature, dict) else None
+    is_class_label = isinstance(feature, dict) and feature.get("_type") == "ClassLabel"
+    return [str(n) for n in names] if is_class_label and isinstance(names, list) else None
 
 
 def _splits(root: Path) -> list[str]:
