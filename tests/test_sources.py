@@ -27,7 +27,7 @@ pq = pytest.importorskip("pyarrow.parquet")
 
 runner = CliRunner()
 pytestmark = pytest.mark.usefixtures("one_thread")  # tables compared byte for byte
-KEYS = ("rank", "id", "score", "pred", "confidence", "label", "loss")  # not `path`: the folder's files
+KEYS = ("rank", "id", "score", "pred", "confidence", "label", "loss", "text")  # not `path`: the folder's files
 
 
 def score(ws, pool, *args, ok=True):
@@ -230,3 +230,37 @@ def test_a_file_that_is_not_parquet_is_one_sentence(in_ws, tmp_path):
     cut.write_bytes(table.read_bytes()[:-100])  # the footer is gone
     assert_one_error(score(in_ws, cut, "-o", "-", ok=False),
                      f"table {cut} cannot be read as Parquet", "truncated")
+
+
+def test_parquet_read_by_two_loader_workers_gives_the_folders_table(in_ws, tmp_path):
+    """Each worker opens the file itself (the pool is pickled without its open handles)."""
+    table = bytes_table(in_ws, tmp_path / "pool.parquet")
+    assert rows(score(in_ws, table, "--id-column", "id", "--workers", "2", "-o", "-")) == \
+        folder_rows(in_ws)
+
+
+TEXTS = ["the cat sat on the mat", "a dog ran fast", "big red bird flew away and then stopped",
+         "small", "the blue bird sat on a big mat and then flew away"]
+
+
+def test_a_text_table_gives_the_jsonl_pools_table(tmp_path):
+    pytest.importorskip("transformers")
+    import json
+    import hf_models
+    import torch
+    torch.manual_seed(0)
+    tok = hf_models.tokenizer(tmp_path / "bert")
+    hf_models.bert(len(hf_models.VOCAB)).save_pretrained(tmp_path / "bert")
+    tok.save_pretrained(tmp_path / "bert")
+    ids, labels = [f"t{i}" for i in range(len(TEXTS))], [i % 3 for i in range(len(TEXTS))]
+    (tmp_path / "texts.jsonl").write_text("".join(
+        json.dumps({"id": i, "text": t, "label": y}) + "\n" for i, t, y in zip(ids, TEXTS, labels)))
+    write_parquet(tmp_path / "texts.parquet", {"id": ids, "sentence": TEXTS, "label": labels}, 2)
+
+    def table(pool, *args):
+        result = runner.invoke(app, ["score", str(tmp_path / pool), "-m", str(tmp_path / "bert"),
+                                     "-b", "1", "-q", "-o", "-", *args])
+        assert result.exit_code == 0, result.stderr
+        return rows(result)
+    assert table("texts.parquet", "--text-column", "sentence", "--id-column", "id") == \
+        table("texts.jsonl")
