@@ -17,6 +17,7 @@ from .files.checkpoint import load_model
 from .files.classnames import id2label_names, read_class_names
 from .files.config import Settings
 from .files.pool import Pool, PoolOptions, names_source, open_pool, tensor_pool
+from .files.webdataset import is_shard_spec
 from .gradnorm import select_params
 from .score import preflight
 
@@ -89,7 +90,8 @@ def pool_for(settings: Settings, model: nn.Module, pool=None, stdin=None) -> Poo
                        settings.null, decode=settings.decode, class_names=names,
                        class_names_file=names_file)
     hf_options(opts, settings, model)
-    if isinstance(settings.pool, str) and settings.pool != "-" and not Path(settings.pool).exists():
+    if isinstance(settings.pool, str) and settings.pool != "-" and not Path(settings.pool).exists() \
+            and not is_shard_spec(settings.pool):  # shards: each named in its own error
         raise PoolError(f"pool {settings.pool}{from_config(settings, 'pool')} does not exist")
     opened_pool = named(open_pool(settings.pool, opts, stdin), names, names_file)
     if opened_pool.kind == "images" and opts.transform.normalize is None:

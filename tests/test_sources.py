@@ -264,3 +264,70 @@ def test_a_text_table_gives_the_jsonl_pools_table(tmp_path):
         return rows(result)
     assert table("texts.parquet", "--text-column", "sentence", "--id-column", "id") == \
         table("texts.jsonl")
+
+
+# --- WebDataset shards --------------------------------------------------------------------------
+
+def write_shards(ws, folder: Path, per_shard: int = 5, spoil: str | None = None) -> list[Path]:
+    """The images as samples `KEY.png` (or .jpg, .bmp) + `KEY.cls`, `per_shard` to a tar; the
+    member of `spoil` holds a cut PNG. Also `manifest.csv`: the same pool as files, ids = keys."""
+    import tarfile
+    folder.mkdir()
+    everything = image_rows(ws)
+    shards = []
+    for s in range(0, len(everything), per_shard):
+        shards.append(folder / f"pool-{s // per_shard:06d}.tar")
+        with tarfile.open(shards[-1], "w") as tar:
+            for rel, data, label in everything[s:s + per_shard]:
+                key, ext = rel.rsplit(".", 1)
+                if rel == spoil:
+                    data = data[:20]
+                for name, content in ((f"{key}.{ext}", data), (f"{key}.cls", str(label).encode())):
+                    info = tarfile.TarInfo(name)
+                    info.size = len(content)
+                    tar.addfile(info, io.BytesIO(content))
+    with open(folder / "manifest.csv", "w") as f:
+        f.write("id,path,label\n" + "".join(f"{rel.rsplit('.', 1)[0]},{ws.images[rel][0]},{label}\n"
+                                            for rel, _, label in everything))
+    return shards
+
+
+def test_shards_by_brace_pattern_and_by_list_give_the_files_table(in_ws, tmp_path):
+    shards = write_shards(in_ws, tmp_path / "wds")
+    assert len(shards) == 3
+    files = rows(score(in_ws, tmp_path / "wds" / "manifest.csv", "-o", "-"))
+    assert rows(score(in_ws, tmp_path / "wds" / "pool-{000000..000002}.tar", "-o", "-")) == files
+    assert rows(score(in_ws, *shards, "-o", "-")) == files
+    part = rows(score(in_ws, tmp_path / "wds" / "pool-{000000..000002}.tar", "--shard", "1/2",
+                      "-o", "-"))
+    assert part == rows(score(in_ws, tmp_path / "wds" / "manifest.csv", "--shard", "1/2", "-o", "-"))
+    assert 0 < len(part) < 14
+
+
+def test_a_corrupt_member_is_an_error_row_and_the_rest_scores_as_before(in_ws, tmp_path):
+    write_shards(in_ws, tmp_path / "wds", spoil="c/img05.jpg")
+    out = tmp_path / "scores.csv"
+    score(in_ws, tmp_path / "wds" / "pool-{000000..000002}.tar", "-o", out)
+    errors = parse_csv((tmp_path / "scores.csv.errors.csv").read_text())
+    assert [e["id"] for e in errors] == ["c/img05"]
+    assert "pool-000002.tar" in errors[0]["error"] and "no image format" in errors[0]["error"]
+    files = [r for r in rows(score(in_ws, tmp_path / "wds" / "manifest.csv", "-o", "-"))
+             if r["id"] != "c/img05"]
+    without_rank = lambda t: [{k: v for k, v in r.items() if k != "rank"} for r in t]
+    assert without_rank(rows(out)) == without_rank(files)
+
+
+def test_bad_shards_are_one_sentence(in_ws, tmp_path):
+    shards = write_shards(in_ws, tmp_path / "wds")
+    pattern = tmp_path / "wds" / "pool-{000000..000003}.tar"
+    assert_one_error(score(in_ws, pattern, "-o", "-", ok=False),
+                     f"shard {tmp_path / 'wds' / 'pool-000003.tar'} does not exist", "missing shard")
+    cut = tmp_path / "cut.tar"
+    for at, culprit in ((1200, f"shard {cut} is truncated or corrupt after byte 1024"),  # a header
+                        (560, f"shard {cut}: member a/deep/img09.png is truncated")):  # a member
+        cut.write_bytes(shards[0].read_bytes()[:at])
+        assert_one_error(score(in_ws, cut, "-o", "-", ok=False), culprit, f"cut at {at}")
+    again = tmp_path / "again.tar"
+    again.write_bytes(shards[0].read_bytes())
+    assert_one_error(score(in_ws, shards[0], again, "-o", "-", ok=False),
+                     "has the sample a/deep/img09, which another shard has too", "same key twice")

@@ -3,7 +3,8 @@
 A source is a small function `(spec, opts) -> Pool`, picked by what `spec` names: `-` (paths on
 stdin), a directory of images, a manifest (.csv/.jsonl with a `path` column), a text pool (.txt, or
 .csv/.jsonl with a `text` column; tokenized when a batch is collated), a tensor file
-(.pt/.npy/.npz), or a table (Parquet, a Hugging Face dataset folder: files/tables.py). Labels are class indices; -1 means unknown. Reading an example never raises: the
+(.pt/.npy/.npz), a table (Parquet, a Hugging Face dataset folder: files/tables.py), or WebDataset
+tar shards (files/webdataset.py). Labels are class indices; -1 means unknown. Reading an example never raises: the
 item carries the error instead, so a DataLoader worker can hand it back and the runner decides.
 """
 from __future__ import annotations
@@ -577,10 +578,15 @@ def _as_tensor(value, path: Path, key: str):
 
 def open_pool(spec: str | list[str], opts: PoolOptions, stdin=None) -> Pool:
     """Pick the source for `spec` (a path, '-' for stdin, or a list of image files) and open it."""
+    from . import webdataset  # tar shards: named one by one, or by a brace pattern
+    if isinstance(spec, list) and all(webdataset.is_shard_spec(s) for s in spec):
+        return webdataset.from_shards(spec, opts)
     if isinstance(spec, list):
         return _named_files(spec, opts)
     if spec == "-":
         return from_stdin(spec, opts, stdin)
+    if webdataset.is_shard_spec(spec):
+        return webdataset.from_shards([spec], opts)
     path = Path(spec)
     if not path.exists():
         raise PoolError(f"pool {spec} does not exist")

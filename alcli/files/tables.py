@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 
 import torch
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 
 from ..errors import ConfigError, PoolError, first_line
 from .pool import (Item, JpegBytes, Pool, PoolOptions, Text, _label, _named_label, check_unique_ids,
@@ -145,24 +145,37 @@ class TablePool(Pool):
 
     def _image(self, i: int, cell, folder: Path) -> Item:
         where = f"row {i} of {self.name}"
-        path = None
         try:
             data, path = _image_cell(cell, folder)
             if data is None:
                 check_regular(path)
                 data = path.read_bytes()
-            if self.decode == "gpu":
-                if not data.startswith(b"\xff\xd8\xff"):
-                    raise ValueError("not a JPEG (--decode gpu decodes JPEGs only)")
-                x = JpegBytes(torch.frombuffer(bytearray(data), dtype=torch.uint8))
-            else:
-                with Image.open(io.BytesIO(data)) as img:
-                    x = self.transform(img)
         except Exception as err:  # noqa: BLE001 - any unreadable cell becomes an error row
             return Item(self.ids[i], None, self.labels[i],
-                        f"cannot read the image in {where}{f' ({path})' if path else ''} "
-                        f"({first_line(err)})")
-        return Item(self.ids[i], x, self.labels[i], None, None if path is None else str(path))
+                        f"cannot read the image in {where} ({first_line(err)})")
+        return image_item(self.ids[i], self.labels[i], data, self.transform, self.decode,
+                          where + (f" ({path})" if path else ""),
+                          None if path is None else str(path))
+
+
+def image_item(id_: str, label: int, data: bytes, transform, decode: str, where: str,
+               path: str | None = None) -> Item:
+    """An encoded image -> its item: decoded and transformed as an image file is (--decode gpu:
+    the JPEG bytes, decoded on the device); an error item when it cannot be decoded."""
+    try:
+        if decode == "gpu":
+            if not data.startswith(b"\xff\xd8\xff"):
+                raise ValueError("not a JPEG (--decode gpu decodes JPEGs only)")
+            x = JpegBytes(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+        else:
+            with Image.open(io.BytesIO(data)) as img:
+                x = transform(img)
+    except UnidentifiedImageError:  # its message names the BytesIO object
+        return Item(id_, None, label, f"cannot read the image in {where} (its bytes are no image "
+                    f"format PIL knows)")
+    except Exception as err:  # noqa: BLE001 - any undecodable image becomes an error row
+        return Item(id_, None, label, f"cannot read the image in {where} ({first_line(err)})")
+    return Item(id_, x, label, None, path)
 
 
 def _image_cell(cell, folder: Path) -> tuple[bytes | None, Path | None]:
