@@ -16,7 +16,8 @@ from .files import hf
 from .files.checkpoint import load_model
 from .files.classnames import id2label_names, read_class_names
 from .files.config import Settings
-from .files.pool import Pool, PoolOptions, names_source, open_pool, tensor_pool
+from .files.pool import Pool, PoolOptions, names_source, tensor_pool
+from .files.sources import open_pool
 from .files.webdataset import is_shard_spec
 from .gradnorm import select_params
 from .score import preflight

@@ -3,8 +3,8 @@
 A source is a small function `(spec, opts) -> Pool`, picked by what `spec` names: `-` (paths on
 stdin), a directory of images, a manifest (.csv/.jsonl with a `path` column), a text pool (.txt, or
 .csv/.jsonl with a `text` column; tokenized when a batch is collated), a tensor file
-(.pt/.npy/.npz), a table (Parquet, a Hugging Face dataset folder: files/tables.py), or WebDataset
-tar shards (files/webdataset.py). Labels are class indices; -1 means unknown. Reading an example never raises: the
+(.pt/.npy/.npz); tables and tar shards are in tables.py and webdataset.py, and sources.py picks
+among them all. Labels are class indices; -1 means unknown. Reading an example never raises: the
 item carries the error instead, so a DataLoader worker can hand it back and the runner decides.
 """
 from __future__ import annotations
@@ -578,26 +578,16 @@ def _as_tensor(value, path: Path, key: str):
 
 def open_pool(spec: str | list[str], opts: PoolOptions, stdin=None) -> Pool:
     """Pick the source for `spec` (a path, '-' for stdin, or a list of image files) and open it."""
-    from . import webdataset  # tar shards: named one by one, or by a brace pattern
-    if isinstance(spec, list) and all(webdataset.is_shard_spec(s) for s in spec):
-        return webdataset.from_shards(spec, opts)
     if isinstance(spec, list):
         return _named_files(spec, opts)
     if spec == "-":
         return from_stdin(spec, opts, stdin)
-    if webdataset.is_shard_spec(spec):
-        return webdataset.from_shards([spec], opts)
     path = Path(spec)
     if not path.exists():
         raise PoolError(f"pool {spec} does not exist")
     if opts.labels_from_folders and not path.is_dir():
         raise ConfigError("--labels-from-folders needs a directory pool with class subfolders")
     suffix = path.suffix.lower()
-    from . import tables  # pyarrow is imported only when a table is read
-    if tables.is_hf_dataset(path):
-        return tables.from_hf_dataset(spec, opts)
-    if path.is_dir() and tables.is_parquet_folder(path):
-        return tables.from_parquet(spec, opts)
     if path.is_dir():
         return from_directory(spec, opts)
     try:
@@ -610,13 +600,11 @@ def open_pool(spec: str | list[str], opts: PoolOptions, stdin=None) -> Pool:
         return from_manifest(spec, opts)
     if suffix in TENSOR_EXTS:
         return from_tensor_file(spec, opts)
-    if suffix in tables.TABLE_EXTS:
-        return tables.from_parquet(spec, opts)
     if suffix in IMAGE_EXTS:
         return from_files([spec], opts)
     raise PoolError(f"pool {spec} is not a folder, an image ({', '.join(IMAGE_EXTS)}), a manifest "
                     f"({', '.join(MANIFEST_EXTS)}), a text file (.txt), a tensor file "
-                    f"({', '.join(TENSOR_EXTS)}) or a Parquet table (.parquet)")
+                    f"({', '.join(TENSOR_EXTS)}), a Parquet table (.parquet) or tar shards (.tar)")
 
 def _named_files(paths: list[str], opts: PoolOptions) -> Pool:
     """Several POOL arguments: each must be an image file (one folder, manifest or tensor file

@@ -18,8 +18,8 @@ import torch
 from PIL import Image, UnidentifiedImageError
 
 from ..errors import ConfigError, PoolError, first_line
-from .pool import (Item, JpegBytes, Pool, PoolOptions, Text, _label, _named_label, check_unique_ids,
-                   image_transform)
+from .pool import (IMAGE_EXTS, Item, JpegBytes, Pool, PoolOptions, Text, _label, _named_label,
+                   check_unique_ids, image_transform)
 from .regular import check_regular
 
 TABLE_EXTS = (".parquet",)
@@ -34,7 +34,6 @@ def is_hf_dataset(path: Path) -> bool:
 
 def is_parquet_folder(path: Path) -> bool:
     """A folder holding .parquet files (and no images) at its top."""
-    from .pool import IMAGE_EXTS
     names = [n.lower() for n in _names(path)]
     return (any(n.endswith(TABLE_EXTS) for n in names)
             and not any(n.endswith(IMAGE_EXTS) for n in names))
