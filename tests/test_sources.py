@@ -192,6 +192,14 @@ def test_hf_dataset_gives_the_folders_table(in_ws, tmp_path):
         folder_rows(in_ws)
 
 
+def test_a_class_label_feature_names_the_classes(in_ws, tmp_path):
+    saved = hf_dataset(in_ws, tmp_path / "ds")
+    result = runner.invoke(app, ["score", str(saved), "-m", "model.pt", "-c", str(in_ws.config),
+                                 "-b", "1", "-q", "--id-column", "id", "-o", "-"])
+    assert result.exit_code == 0, result.stderr
+    assert rows(result) == folder_rows(in_ws)  # pred and label: a, b, c, as the class folders
+
+
 def test_hf_dataset_dict_needs_a_split_and_scores_the_one_named(in_ws, tmp_path):
     saved = hf_dataset(in_ws, tmp_path / "dd", split="train")
     assert rows(score(in_ws, saved, "--split", "train", "--id-column", "id", "-o", "-")) == \
