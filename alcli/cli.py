@@ -201,6 +201,17 @@ Ema = Annotated[bool, typer.Option(
 TextColumnOpt = Annotated[Optional[str], typer.Option(
     "--text-column", metavar="NAME", help="Text pools (.csv/.jsonl): the column holding the "
     "text. [default: text]")]
+ImageColumn = Annotated[Optional[str], typer.Option(
+    "--image-column", metavar="NAME", help="Table pools (.parquet, datasets folders): the column "
+    "holding encoded images or their paths. [default: image]")]
+IdColumn = Annotated[Optional[str], typer.Option(
+    "--id-column", metavar="NAME", help="Table pools: the column holding the ids. [default: the "
+    "row number]")]
+LabelColumn = Annotated[Optional[str], typer.Option(
+    "--label-column", metavar="NAME", help="Table pools: the column holding the labels. "
+    "[default: label, where there is one]")]
+Split = Annotated[Optional[str], typer.Option(
+    "--split", metavar="NAME", help="A Hugging Face DatasetDict pool: the split to score.")]
 MaxLength = Annotated[Optional[int], typer.Option(
     "--max-length", metavar="N", help="Text pools: truncate texts at N tokens. [default: the "
     "model's limit]")]
@@ -498,6 +509,8 @@ def score(
     config: Config = None, model: Model = None, arch: Arch = None, trust_checkpoint: Trust = False,
     trust_remote_code: TrustRemoteCode = False,
     arch_kwargs: ArchKwargs = None, ema: Ema = False, text_column: TextColumnOpt = None,
+    image_column: ImageColumn = None, id_column: IdColumn = None, label_column: LabelColumn = None,
+    split: Split = None,
     max_length: MaxLength = None, text_width: TextWidth = None, class_names: ClassNames = None,
     labels_from_folders: LabelsFromFolders = False, resize: Resize = None,
     center_crop: CenterCrop = None, grayscale: Grayscale = None, normalize: Normalize = None,
@@ -601,6 +614,8 @@ def select(
     config: Config = None, model: Model = None, arch: Arch = None, trust_checkpoint: Trust = False,
     trust_remote_code: TrustRemoteCode = False,
     arch_kwargs: ArchKwargs = None, ema: Ema = False, text_column: TextColumnOpt = None,
+    image_column: ImageColumn = None, id_column: IdColumn = None, label_column: LabelColumn = None,
+    split: Split = None,
     max_length: MaxLength = None, text_width: TextWidth = None, class_names: ClassNames = None,
     labels_from_folders: LabelsFromFolders = False, resize: Resize = None,
     center_crop: CenterCrop = None, grayscale: Grayscale = None, normalize: Normalize = None,
@@ -673,7 +688,7 @@ def select(
 
 # `select` options that only matter when it scores the pool itself
 _SCORING_FLAGS = ("arch", "arch_kwargs", "trust_checkpoint", "trust_remote_code", "ema",
-                  "text_column", "max_length", "text_width", "labels_from_folders", "strategy",
+                  "text_column", "image_column", "id_column", "label_column", "split", "max_length", "text_width", "labels_from_folders", "strategy",
                   "task", "egl_samples", "aggregate",
                   "top_classes", "layers", "method", "precision", "decode", "batch_size", "device",
                   "workers", "resize", "center_crop", "grayscale", "normalize")

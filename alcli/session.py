@@ -16,7 +16,9 @@ from .files import hf
 from .files.checkpoint import load_model
 from .files.classnames import id2label_names, read_class_names
 from .files.config import Settings
-from .files.pool import Pool, PoolOptions, names_source, open_pool, tensor_pool
+from .files.pool import Pool, PoolOptions, names_source, tensor_pool
+from .files.sources import open_pool
+from .files.webdataset import is_shard_spec
 from .gradnorm import select_params
 from .score import preflight, tasks
 
@@ -90,7 +92,8 @@ def pool_for(settings: Settings, model: nn.Module, pool=None, stdin=None) -> Poo
                        class_names_file=names_file,
                        task=settings.task if settings.task != "auto" else tasks.from_model(model) or "auto")
     hf_options(opts, settings, model)
-    if isinstance(settings.pool, str) and settings.pool != "-" and not Path(settings.pool).exists():
+    if isinstance(settings.pool, str) and settings.pool != "-" and not Path(settings.pool).exists() \
+            and not is_shard_spec(settings.pool):  # shards: each named in its own error
         raise PoolError(f"pool {settings.pool}{from_config(settings, 'pool')} does not exist")
     opened_pool = named(open_pool(settings.pool, opts, stdin), names, names_file)
     if opened_pool.kind == "images" and opts.transform.normalize is None:
@@ -149,6 +152,8 @@ def hf_options(opts: PoolOptions, settings: Settings, model: nn.Module) -> None:
     from): its tokenizer for text pools, and its image processor settings for image pools unless
     the config sets a transform."""
     opts.text_column = settings.text_column
+    opts.image_column, opts.id_column = settings.image_column, settings.id_column
+    opts.label_column, opts.split = settings.label_column, settings.split
     directory = hf.model_dir(model, settings.model)
     if directory is None:
         return

@@ -70,6 +70,10 @@ class Settings:
     pool: str | list[str] | None = None   # a path, '-' (stdin), or several image files
     null: bool = False                    # paths on stdin are NUL-separated (find -print0)
     text_column: str = "text"             # text pools (.csv/.jsonl): the column holding the text
+    image_column: str | None = None       # table pools: the image column (default: image)
+    id_column: str | None = None          # table pools: the id column (default: the row number)
+    label_column: str | None = None       # table pools: the label column (default: label, if there)
+    split: str | None = None              # Hugging Face DatasetDict pools: the split to score
     max_length: int | None = None         # text pools: tokens kept per text (default: the model's limit)
     labels_from_folders: bool = False
     class_names: str | None = None        # a file naming the classes (one a line, or a JSON list)
@@ -434,6 +438,7 @@ CHECKS: dict[str, Callable[[Any], Any]] = {
     "checkpoint_every": _checkpoint, "resume": _bool, "restart": _bool, "strict": _bool,
     "shard": _shard, "verbose": _bool, "progress_every": _seconds, "log_format": _choice(LOG_FORMATS),
     "ema": _bool, "text_column": _str, "max_length": _opt(_int(1)),
+    "image_column": _opt_str, "id_column": _opt_str, "label_column": _opt_str, "split": _opt_str,
     "class_names": _opt_str, "text_width": _int(0), "from_name": _opt_str, "to_name": _opt_str,
 }
 assert set(CHECKS) == set(KEYS)

@@ -2,8 +2,9 @@
 
 A source is a small function `(spec, opts) -> Pool`, picked by what `spec` names: `-` (paths on
 stdin), a directory of images, a manifest (.csv/.jsonl with a `path` column), a text pool (.txt, or
-.csv/.jsonl with a `text` column; tokenized when a batch is collated), or a tensor file
-(.pt/.npy/.npz). Labels are class indices; -1 means unknown. Reading an example never raises: the
+.csv/.jsonl with a `text` column; tokenized when a batch is collated), a tensor file
+(.pt/.npy/.npz); tables and tar shards are in tables.py and webdataset.py, and sources.py picks
+among them all. Labels are class indices; -1 means unknown. Reading an example never raises: the
 item carries the error instead, so a DataLoader worker can hand it back and the runner decides.
 """
 from __future__ import annotations
@@ -50,6 +51,10 @@ class PoolOptions:
     class_names_file: str | None = None  # where they came from; None: the model's id2label
     task: str = "auto"           # the task labels are read for (--task, or what the model names):
                                  # other than classification and auto, every label is kept as given
+    image_column: str | None = None  # table pools: the image column (None: 'image' if there)
+    id_column: str | None = None     # table pools: the id column (None: the row numbers)
+    label_column: str | None = None  # table pools: the label column (None: 'label' if there)
+    split: str | None = None         # Hugging Face DatasetDict pools: the split scored
 
 
 class Item(NamedTuple):
@@ -628,8 +633,8 @@ def open_pool(spec: str | list[str], opts: PoolOptions, stdin=None) -> Pool:
     if suffix in IMAGE_EXTS:
         return from_files([spec], opts)
     raise PoolError(f"pool {spec} is not a folder, an image ({', '.join(IMAGE_EXTS)}), a manifest "
-                    f"({', '.join(MANIFEST_EXTS)}), a text file (.txt) or a tensor file "
-                    f"({', '.join(TENSOR_EXTS)})")
+                    f"({', '.join(MANIFEST_EXTS)}), a text file (.txt), a tensor file "
+                    f"({', '.join(TENSOR_EXTS)}), a Parquet table (.parquet) or tar shards (.tar)")
 
 def _named_files(paths: list[str], opts: PoolOptions) -> Pool:
     """Several POOL arguments: each must be an image file (one folder, manifest or tensor file

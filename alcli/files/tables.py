@@ -1,0 +1,400 @@
+"""Table pools: Parquet files or folders of them (pyarrow), and Hugging Face datasets written by
+`save_to_disk`. Opening reads the id and label columns only; the image or text column is read one
+chunk (a Parquet row group, a slice of a memory-mapped Arrow table) at a time, when an item of it
+is asked for, so a pool read in order streams through memory. Each process (DataLoader worker)
+opens the files itself and keeps the one chunk it last read.
+
+Image cells are encoded bytes, a path (relative to the file holding the table), or a struct with
+`bytes` and `path` (how `datasets` stores an Image feature); they are decoded as image files are.
+"""
+from __future__ import annotations
+
+import bisect
+import io
+import json
+from pathlib import Path
+
+import torch
+from PIL import Image, UnidentifiedImageError
+
+from ..errors import ConfigError, PoolError, first_line
+from .pool import (IMAGE_EXTS, Item, JpegBytes, Pool, PoolOptions, Text, _label, _named_label,
+                   check_unique_ids, image_transform)
+from .regular import check_regular
+
+TABLE_EXTS = (".parquet",)
+HF_CHUNK = 1024  # rows of a Hugging Face dataset read at once
+
+
+def is_hf_dataset(path: Path) -> bool:
+    """A folder written by Dataset.save_to_disk or DatasetDict.save_to_disk."""
+    return path.is_dir() and ((path / "dataset_dict.json").is_file() or
+                              (path / "state.json").is_file())
+
+
+def is_parquet_folder(path: Path) -> bool:
+    """A folder holding .parquet files (and no images) at its top."""
+    names = [n.lower() for n in _names(path)]
+    return (any(n.endswith(TABLE_EXTS) for n in names)
+            and not any(n.endswith(IMAGE_EXTS) for n in names))
+
+
+def _names(path: Path) -> list[str]:
+    try:
+        return [p.name for p in path.iterdir()]
+    except OSError:
+        return []
+
+
+# --- readers: chunk k of a column -> its cells as Python values --------------------------------
+
+class ParquetChunks:
+    """Row groups of Parquet files; chunk k is row group groups[k] = (file index, group)."""
+
+    def __init__(self, files: list[Path], groups: list[tuple[int, int]]):
+        self.files, self.groups = files, groups
+        self._open: dict[int, object] = {}
+
+    def __getstate__(self):  # each worker opens the files itself
+        return {**self.__dict__, "_open": {}}
+
+    def folder(self, k: int) -> Path:
+        return self.files[self.groups[k][0]].parent
+
+    def where(self, k: int) -> str:
+        f, g = self.groups[k]
+        return f"row group {g} of {self.files[f]}"
+
+    def column(self, k: int, name: str) -> list:
+        import pyarrow.parquet as pq
+        f, g = self.groups[k]
+        if f not in self._open:
+            self._open = {f: pq.ParquetFile(self.files[f])}  # one file open at a time
+        return self._open[f].read_row_group(g, columns=[name]).column(0).to_pylist()
+
+
+class ArrowChunks:
+    """A Hugging Face dataset's Arrow files, memory-mapped; chunk k holds rows k*HF_CHUNK on."""
+
+    def __init__(self, files: list[Path], root: Path):
+        self.files, self.root = files, root
+        self._table = None
+
+    def __getstate__(self):
+        return {**self.__dict__, "_table": None}
+
+    def folder(self, k: int) -> Path:
+        return self.root
+
+    def where(self, k: int) -> str:
+        return f"rows {k * HF_CHUNK} to {(k + 1) * HF_CHUNK - 1} of {self.root}"
+
+    def table(self):
+        if self._table is None:
+            self._table = _arrow_table(self.files)
+        return self._table
+
+    def column(self, k: int, name: str) -> list:
+        return self.table().column(name).slice(k * HF_CHUNK, HF_CHUNK).to_pylist()
+
+
+def _arrow_table(files: list[Path]):
+    import pyarrow as pa
+    return pa.concat_tables([pa.ipc.open_stream(pa.memory_map(str(f))).read_all() for f in files])
+
+
+# --- the pool ----------------------------------------------------------------------------------
+
+class TablePool(Pool):
+    """Rows of a table; `starts[k]` is the first row of chunk k (and starts[-1] the row count)."""
+
+    def __init__(self, name: str, kind: str, column: str, ids: list[str], labels: list[int],
+                 chunks, starts: list[int], opts: PoolOptions):
+        self.name, self.kind, self.column = name, kind, column
+        self.ids, self.labels, self.chunks, self.starts = ids, labels, chunks, starts
+        self.has_labels = any(label >= 0 for label in labels)
+        self.decode = opts.decode
+        self._cells: tuple[int, list] | None = None  # (chunk, its cells): the one last read
+        if kind == "images":
+            self.transform = image_transform(opts.transform, opts.channels)
+            self.to_float = self.transform.to_float
+            self.decode_jpegs = self.transform.decode_jpegs if opts.decode == "gpu" else None
+        else:
+            self.tokenize = opts.tokenizer()
+
+    def __getstate__(self):
+        return {**self.__dict__, "_cells": None}
+
+    def __getitem__(self, i: int) -> Item:
+        k = bisect.bisect_right(self.starts, i) - 1
+        try:
+            if self._cells is None or self._cells[0] != k:
+                self._cells = None
+                self._cells = (k, self.chunks.column(k, self.column))
+        except Exception as err:  # noqa: BLE001 - a chunk that cannot be read: its rows are errors
+            return Item(self.ids[i], None, self.labels[i],
+                        f"cannot read {self.chunks.where(k)} ({first_line(err)})")
+        cell = self._cells[1][i - self.starts[k]]
+        if self.kind == "text":
+            if not isinstance(cell, str):
+                return Item(self.ids[i], None, self.labels[i], f"row {i} of {self.name} has no "
+                            f"text in column '{self.column}'")
+            return Item(self.ids[i], Text(cell, self.tokenize), self.labels[i], None)
+        return self._image(i, cell, self.chunks.folder(k))
+
+    def _image(self, i: int, cell, folder: Path) -> Item:
+        where = f"row {i} of {self.name}"
+        try:
+            data, path = _image_cell(cell, folder)
+            if data is None:
+                check_regular(path)
+                data = path.read_bytes()
+        except Exception as err:  # noqa: BLE001 - any unreadable cell becomes an error row
+            return Item(self.ids[i], None, self.labels[i],
+                        f"cannot read the image in {where} ({first_line(err)})")
+        return image_item(self.ids[i], self.labels[i], data, self.transform, self.decode,
+                          where + (f" ({path})" if path else ""),
+                          None if path is None else str(path))
+
+
+def image_item(id_: str, label: int, data: bytes, transform, decode: str, where: str,
+               path: str | None = None) -> Item:
+    """An encoded image -> its item: decoded and transformed as an image file is (--decode gpu:
+    the JPEG bytes, decoded on the device); an error item when it cannot be decoded."""
+    try:
+        if decode == "gpu":
+            if not data.startswith(b"\xff\xd8\xff"):
+                raise ValueError("not a JPEG (--decode gpu decodes JPEGs only)")
+            x = JpegBytes(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+        else:
+            with Image.open(io.BytesIO(data)) as img:
+                x = transform(img)
+    except UnidentifiedImageError:  # its message names the BytesIO object
+        return Item(id_, None, label, f"cannot read the image in {where} (its bytes are no image "
+                    f"format PIL knows)")
+    except Exception as err:  # noqa: BLE001 - any undecodable image becomes an error row
+        return Item(id_, None, label, f"cannot read the image in {where} ({first_line(err)})")
+    return Item(id_, x, label, None, path)
+
+
+def _image_cell(cell, folder: Path) -> tuple[bytes | None, Path | None]:
+    """(the encoded image, or None to read it from the path; the path, or None)."""
+    if isinstance(cell, dict):
+        if cell.get("bytes"):
+            return cell["bytes"], None
+        cell = cell.get("path")
+    if isinstance(cell, (bytes, bytearray)):
+        return bytes(cell), None
+    if isinstance(cell, str) and cell:
+        path = Path(cell)
+        return None, path if path.is_absolute() else folder / path
+    raise ValueError("the cell is empty")
+
+
+# --- columns -----------------------------------------------------------------------------------
+
+def _kind_and_column(name: str, schema, opts: PoolOptions) -> tuple[str, str]:
+    """("images" or "text", the column to read): the image column if the table has it (or it was
+    named), else the text column."""
+    names = schema.names
+    image = opts.image_column or "image"
+    if image in names or opts.image_column:
+        _check_column(name, schema, image, "image", _is_image_type)
+        return "images", image
+    if opts.text_column in names:
+        _check_column(name, schema, opts.text_column, "text", _is_string_type)
+        if opts.tokenizer is None:
+            raise PoolError(f"text pool {name} needs a tokenizer: pass --model a Hugging Face "
+                            f"model directory that holds one")
+        return "text", opts.text_column
+    raise PoolError(f"table {name} has no image column '{image}' and no text column "
+                    f"'{opts.text_column}' (columns: {', '.join(names)}); name one with "
+                    f"--image-column or --text-column")
+
+
+def _check_column(name: str, schema, column: str, what: str, ok) -> None:
+    if column not in schema.names:
+        raise PoolError(f"table {name} has no {what} column '{column}' (columns: "
+                        f"{', '.join(schema.names)})")
+    kind = schema.field(column).type
+    if not ok(kind):
+        raise PoolError(f"table {name}: the {what} column '{column}' holds {kind}, not "
+                        f"{_WANTED[what]}")
+
+
+_WANTED = {"image": "encoded image bytes, paths or {bytes, path} structs", "text": "strings",
+           "id": "strings or integers", "label": "integer class indices or class names"}
+
+
+def _is_string_type(t) -> bool:
+    import pyarrow.types as pt
+    return pt.is_string(t) or pt.is_large_string(t)
+
+
+def _is_image_type(t) -> bool:
+    import pyarrow.types as pt
+    if pt.is_struct(t):
+        return {t.field(i).name for i in range(t.num_fields)} >= {"bytes", "path"}
+    return pt.is_binary(t) or pt.is_large_binary(t) or _is_string_type(t)
+
+
+def _is_id_type(t) -> bool:
+    import pyarrow.types as pt
+    return _is_string_type(t) or pt.is_integer(t)
+
+
+def _is_label_type(t) -> bool:
+    import pyarrow.types as pt
+    return _is_string_type(t) or pt.is_integer(t) or pt.is_null(t)
+
+
+def _key_columns(name: str, schema, opts: PoolOptions) -> tuple[str | None, str | None]:
+    """(the id column or None: row numbers; the label column or None: no labels)."""
+    if opts.id_column is not None:
+        _check_column(name, schema, opts.id_column, "id", _is_id_type)
+    label = opts.label_column or ("label" if "label" in schema.names else None)
+    if label is not None:
+        _check_column(name, schema, label, "label", _is_label_type)
+    return opts.id_column, label
+
+
+def _ids_and_labels(name: str, batches, id_col: str | None, label_col: str | None,
+                    opts: PoolOptions) -> tuple[list[str], list[int]]:
+    """The id and label columns, read batch by batch (the other columns are not read)."""
+    ids: list[str] = []
+    labels: list[int] = []
+    for batch in batches:
+        start = len(ids)
+        n = batch.num_rows
+        if id_col is None:
+            ids.extend(str(r) for r in range(start, start + n))
+        else:
+            for r, v in enumerate(batch.column(id_col).to_pylist(), start):
+                if v is None or v == "":
+                    raise PoolError(f"row {r} of table {name} has no id in column '{id_col}'")
+                ids.append(str(v))
+        if label_col is None:
+            labels.extend([-1] * n)
+        else:
+            for r, v in enumerate(batch.column(label_col).to_pylist(), start):
+                where = f"row {r} of table {name}"
+                labels.append(-1 if v is None or v == -1 else
+                              _label(_named_label(v, where, opts), where))
+    if not ids:
+        raise PoolError(f"table {name} holds no rows")
+    check_unique_ids(name, ids)
+    return ids, labels
+
+
+def _columns_read(id_col, label_col) -> list[str]:
+    return [c for c in dict.fromkeys((id_col, label_col)) if c is not None]
+
+
+# --- sources -----------------------------------------------------------------------------------
+
+def _pyarrow(what: str, extra: str):
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise PoolError(f"{what} needs pyarrow; pip install 'alcli[{extra}]'") from None
+    return pq
+
+
+def from_parquet(spec: str, opts: PoolOptions) -> Pool:
+    """A .parquet file, or a folder of them (read in sorted order, subfolders included)."""
+    pq = _pyarrow(f"table pool {spec}", "tables")
+    root = Path(spec)
+    files = sorted(root.rglob("*.parquet")) if root.is_dir() else [root]
+    metas, schema = [], None
+    for f in files:
+        try:
+            meta = pq.ParquetFile(f)
+        except Exception as err:  # noqa: BLE001 - not Parquet, truncated, unreadable
+            raise PoolError(f"table {f} cannot be read as Parquet ({first_line(err)})") from None
+        if schema is None:
+            schema = meta.schema_arrow
+        elif meta.schema_arrow.names != schema.names:
+            raise PoolError(f"table {f} has the columns {', '.join(meta.schema_arrow.names)}, "
+                            f"but {files[0]} has {', '.join(schema.names)}")
+        metas.append(meta)
+    kind, column = _kind_and_column(spec, schema, opts)
+    id_col, label_col = _key_columns(spec, schema, opts)
+    groups = [(f, g) for f, meta in enumerate(metas) for g in range(meta.num_row_groups)]
+    starts = [0]
+    for f, g in groups:
+        starts.append(starts[-1] + metas[f].metadata.row_group(g).num_rows)
+
+    def batches():
+        for f, g in groups:
+            try:
+                yield metas[f].read_row_group(g, columns=_columns_read(id_col, label_col))
+            except Exception as err:  # noqa: BLE001
+                raise PoolError(f"row group {g} of table {files[f]} cannot be read "
+                                f"({first_line(err)})") from None
+    ids, labels = _ids_and_labels(spec, batches(), id_col, label_col, opts)
+    return TablePool(spec, kind, column, ids, labels, ParquetChunks(files, groups), starts, opts)
+
+
+def from_hf_dataset(spec: str, opts: PoolOptions) -> Pool:
+    """A folder written by `save_to_disk`: a Dataset, or a DatasetDict of which --split picks one."""
+    _pyarrow(f"dataset {spec}", "datasets")
+    root = Path(spec)
+    split_dir, name = root, spec
+    if (root / "dataset_dict.json").is_file():
+        splits = _splits(root)
+        split = opts.split or (splits[0] if len(splits) == 1 else None)
+        if split not in splits:
+            raise ConfigError(f"dataset {spec} has the splits {', '.join(splits)}; "
+                              + (f"it has no split '{opts.split}'" if opts.split else
+                                 "pick one with --split"))
+        split_dir, name = root / split, f"{spec} (split {split})"
+    elif opts.split is not None:
+        raise ConfigError(f"--split {opts.split}: dataset {spec} is one Dataset, not a DatasetDict "
+                          f"of splits")
+    files = _arrow_files(split_dir, name)
+    try:
+        table = _arrow_table(files)
+    except Exception as err:  # noqa: BLE001
+        raise PoolError(f"dataset {name} cannot be read ({first_line(err)})") from None
+    kind, column = _kind_and_column(name, table.schema, opts)
+    id_col, label_col = _key_columns(name, table.schema, opts)
+    ids, labels = _ids_and_labels(name, table.select(_columns_read(id_col, label_col))
+                                  .to_batches(HF_CHUNK), id_col, label_col, opts)
+    n = table.num_rows
+    starts = list(range(0, n, HF_CHUNK)) + [n]
+    pool = TablePool(name, kind, column, ids, labels, ArrowChunks(files, split_dir), starts, opts)
+    names = _class_label_names(table.schema, label_col)
+    if names and opts.class_names is None:  # a ClassLabel feature names the classes
+        pool.classes, pool.classes_from = names, f"the ClassLabel feature '{label_col}' of {name}"
+    return pool
+
+
+def _class_label_names(schema, column: str | None) -> list[str] | None:
+    """The names of a ClassLabel feature, from the features `datasets` keeps in the schema."""
+    try:
+        info = json.loads((schema.metadata or {})[b"huggingface"])
+        feature = info["info"]["features"][column]
+    except (KeyError, ValueError, TypeError):
+        return None
+    names = feature.get("names") if isinstance(feature, dict) else None
+    is_class_label = isinstance(feature, dict) and feature.get("_type") == "ClassLabel"
+    return [str(n) for n in names] if is_class_label and isinstance(names, list) else None
+
+
+def _splits(root: Path) -> list[str]:
+    try:
+        return list(json.loads((root / "dataset_dict.json").read_text())["splits"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise PoolError(f"dataset {root}: dataset_dict.json cannot be read ({first_line(err)})") from None
+
+
+def _arrow_files(folder: Path, name: str) -> list[Path]:
+    try:
+        state = json.loads((folder / "state.json").read_text())
+        files = [folder / f["filename"] for f in state["_data_files"]]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise PoolError(f"dataset {name}: {folder / 'state.json'} cannot be read "
+                        f"({first_line(err)})") from None
+    if not files:
+        raise PoolError(f"dataset {name} holds no data files")
+    return files

@@ -1,0 +1,341 @@
+"""Pools where large data lives (issue 20): Parquet tables (a file, a folder of them; image bytes or
+paths), Hugging Face datasets saved to disk. Each is the workspace's pool of image files written
+as that source, and must give the folder's table: the same ids, scores and ranking, byte for byte
+(one thread, -b 1). Unreadable rows go to errors.csv; --shard and --resume work; bad tables are
+one sentence."""
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+from typer.testing import CliRunner
+
+from alcli.cli import app
+from cli_errors import assert_one_error
+from conftest import parse_csv
+
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+
+runner = CliRunner()
+pytestmark = pytest.mark.usefixtures("one_thread")  # tables compared byte for byte
+KEYS = ("rank", "id", "score", "pred", "confidence", "label", "loss", "text")  # not `path`: the folder's files
+
+
+def score(ws, pool, *args, ok=True):
+    """`alcli score POOL ARGS` with the classes named a, b, c (as the pool's class folders are)."""
+    names = ws.root / "classes.txt"
+    names.write_text("a\nb\nc\n")
+    result = runner.invoke(app, ["score", str(pool), "-m", "model.pt", "-c", str(ws.config),
+                                 "--class-names", str(names), "-b", "1", "-q", *map(str, args)])
+    if ok:
+        assert result.exit_code == 0, result.stderr + result.stdout
+    return result
+
+
+def folder_rows(ws, *args) -> list[dict]:
+    """The table of the pool as a folder of files, labeled by its class folders."""
+    return rows(score(ws, "pool", "--labels-from-folders", *args, "-o", "-"))
+
+
+def rows(result_or_path) -> list[dict]:
+    text = (Path(result_or_path).read_text() if isinstance(result_or_path, Path)
+            else result_or_path.stdout)
+    table = parse_csv(text)
+    assert table and all(k in table[0] for k in ("rank", "id", "score", "pred")), text[:200]
+    return [{k: r[k] for k in KEYS if k in r} for r in table]
+
+
+def image_rows(ws) -> list[tuple[str, bytes, int]]:
+    """(id, the file's bytes, label) of every image, in the folder pool's order."""
+    return [(rel, ws.images[rel][0].read_bytes(), ws.images[rel][1]) for rel in sorted(ws.images)]
+
+
+def write_parquet(path: Path, columns: dict, row_group_size: int = 4) -> Path:
+    pq.write_table(pa.table(columns), path, row_group_size=row_group_size)
+    return path
+
+
+def bytes_table(ws, path: Path, **more) -> Path:
+    ids, datas, labels = zip(*image_rows(ws))
+    return write_parquet(path, {"id": list(ids), "image": list(datas), "label": list(labels), **more})
+
+
+# --- Parquet ------------------------------------------------------------------------------------
+
+def test_parquet_with_image_bytes_gives_the_folders_table(in_ws, tmp_path):
+    folder = folder_rows(in_ws)
+    table = bytes_table(in_ws, tmp_path / "pool.parquet")
+    assert pq.ParquetFile(table).num_row_groups == 4  # 14 rows, 4 to a group: read group by group
+    assert rows(score(in_ws, table, "--id-column", "id", "-o", "-")) == folder
+
+
+def test_parquet_folder_with_relative_paths_and_other_column_names(in_ws, tmp_path):
+    """Two files in a folder, paths relative to it, columns named by the config keys."""
+    folder = folder_rows(in_ws)
+    tables = tmp_path / "tables"
+    shutil.copytree(in_ws.pool, tables / "files")
+    everything = image_rows(in_ws)
+    for part, chunk in (("part-0", everything[:9]), ("part-1", everything[9:])):
+        write_parquet(tables / f"{part}.parquet",
+                      {"key": [r[0] for r in chunk], "file": [f"files/{r[0]}" for r in chunk],
+                       "cls": [r[2] for r in chunk]}, row_group_size=3)
+    config = tmp_path / "config.yaml"
+    config.write_text(in_ws.config.read_text() + "image_column: file\nid_column: key\n"
+                      "label_column: cls\n")
+    assert rows(score(in_ws, tables, "-c", config, "-o", "-")) == folder
+
+
+def test_parquet_ids_default_to_row_numbers(in_ws, tmp_path):
+    table = bytes_table(in_ws, tmp_path / "pool.parquet")
+    folder = folder_rows(in_ws)
+    by_row = rows(score(in_ws, table, "-o", "-"))
+    names = sorted(in_ws.images)
+    assert [names[int(r["id"])] for r in by_row] == [r["id"] for r in folder]
+    assert [r["score"] for r in by_row] == [r["score"] for r in folder]
+
+
+def test_a_corrupt_image_cell_is_an_error_row_and_the_rest_scores_as_before(in_ws, tmp_path):
+    ids, datas, labels = (list(c) for c in zip(*image_rows(in_ws)))
+    bad = ids.index("b/img04.png")
+    datas[bad] = datas[bad][:20]  # a truncated PNG
+    table = write_parquet(tmp_path / "pool.parquet", {"id": ids, "image": datas, "label": labels})
+    out = tmp_path / "scores.csv"
+    result = score(in_ws, table, "--id-column", "id", "-o", out)
+    errors = parse_csv((tmp_path / "scores.csv.errors.csv").read_text())
+    assert [e["id"] for e in errors] == ["b/img04.png"]
+    assert f"row {bad} of {table}" in errors[0]["error"]
+    assert "skipped" in result.stderr
+    folder = [r for r in folder_rows(in_ws) if r["id"] != "b/img04.png"]
+    without_rank = lambda t: [{k: v for k, v in r.items() if k != "rank"} for r in t]
+    assert without_rank(rows(out)) == without_rank(folder)
+
+
+def test_shard_of_a_parquet_pool_is_the_folders_shard(in_ws, tmp_path):
+    table = bytes_table(in_ws, tmp_path / "pool.parquet")
+    for k in range(2):
+        part = rows(score(in_ws, table, "--id-column", "id", "--shard", f"{k}/2", "-o", "-"))
+        assert part == folder_rows(in_ws, "--shard", f"{k}/2")
+        assert 0 < len(part) < 14
+
+
+def test_kill_and_resume_on_a_parquet_pool_equal_the_uninterrupted_run(in_ws, tmp_path):
+    rng = np.random.default_rng(3)
+    n = 800
+    datas = []
+    for _ in range(n):
+        buf = io.BytesIO()
+        Image.fromarray(rng.integers(0, 256, (6, 6, 3), dtype=np.uint8)).save(buf, "PNG")
+        datas.append(buf.getvalue())
+    table = write_parquet(tmp_path / "big.parquet",
+                          {"id": [f"ex{i:05d}" for i in range(n)], "image": datas}, 256)
+    full, out = tmp_path / "full.csv", tmp_path / "resumed.csv"
+    partial = Path(f"{out}.partial")
+
+    def start(dest, *more):
+        return subprocess.Popen([sys.executable, "-m", "alcli", "score", str(table), "-m", "model.pt",
+                                 "-c", "config.yaml", "-b", "8", "--id-column", "id", "-o", str(dest),
+                                 "-q", "--checkpoint-every", "64", *more], cwd=in_ws.root,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, "OMP_NUM_THREADS": "1",
+                                     "PYTHONWARNINGS": "ignore"})
+    first = start(out)
+    deadline = time.monotonic() + 120
+    while not partial.exists() or partial.read_bytes().count(b"\n") < 200:
+        assert first.poll() is None and time.monotonic() < deadline, first.communicate()
+        time.sleep(0.005)
+    first.kill()
+    first.communicate(timeout=60)
+    saved = partial.read_bytes().count(b"\n") - 1
+    assert 0 < saved < n
+    second = start(out, "--resume")
+    _, err = second.communicate(timeout=300)
+    assert second.returncode == 0, err
+    assert "resuming: " in err
+    reference = start(full)
+    _, err = reference.communicate(timeout=300)
+    assert reference.returncode == 0, err
+    assert out.read_text() == full.read_text()
+
+
+# --- Hugging Face datasets ----------------------------------------------------------------------
+
+def hf_dataset(ws, folder: Path, split: str | None = None) -> Path:
+    datasets = pytest.importorskip("datasets")
+    ids, _, labels = zip(*image_rows(ws))
+    features = datasets.Features({"id": datasets.Value("string"), "image": datasets.Image(),
+                                  "label": datasets.ClassLabel(names=["a", "b", "c"])})
+    ds = datasets.Dataset.from_dict(
+        {"id": list(ids), "image": [str(ws.images[i][0]) for i in ids], "label": list(labels)},
+        features=features)
+    if split is None:
+        ds.save_to_disk(str(folder))
+    else:
+        other = ds.select(range(3))
+        datasets.DatasetDict({split: ds, "other": other}).save_to_disk(str(folder))
+    return folder
+
+
+def test_hf_dataset_gives_the_folders_table(in_ws, tmp_path):
+    saved = hf_dataset(in_ws, tmp_path / "ds")
+    moved = tmp_path / "moved"
+    shutil.move(saved, moved)  # the images are in the dataset's own files, not read from the pool
+    assert rows(score(in_ws, moved, "--id-column", "id", "-o", "-")) == \
+        folder_rows(in_ws)
+
+
+def test_a_class_label_feature_names_the_classes(in_ws, tmp_path):
+    saved = hf_dataset(in_ws, tmp_path / "ds")
+    result = runner.invoke(app, ["score", str(saved), "-m", "model.pt", "-c", str(in_ws.config),
+                                 "-b", "1", "-q", "--id-column", "id", "-o", "-"])
+    assert result.exit_code == 0, result.stderr
+    assert rows(result) == folder_rows(in_ws)  # pred and label: a, b, c, as the class folders
+
+
+def test_hf_dataset_dict_needs_a_split_and_scores_the_one_named(in_ws, tmp_path):
+    saved = hf_dataset(in_ws, tmp_path / "dd", split="train")
+    assert rows(score(in_ws, saved, "--split", "train", "--id-column", "id", "-o", "-")) == \
+        folder_rows(in_ws)
+    assert_one_error(score(in_ws, saved, "-o", "-", ok=False), "--split", "no split")
+    assert_one_error(score(in_ws, saved, "--split", "test", "-o", "-", ok=False), "'test'",
+                     "no such split")
+
+
+# --- bad tables ---------------------------------------------------------------------------------
+
+def test_a_missing_column_names_it_and_the_columns_there_are(in_ws, tmp_path):
+    table = bytes_table(in_ws, tmp_path / "pool.parquet")
+    result = score(in_ws, table, "--id-column", "name", "-o", "-", ok=False)
+    assert_one_error(result, "no id column 'name' (columns: id, image, label)", "id column")
+    result = score(in_ws, table, "--image-column", "img", "-o", "-", ok=False)
+    assert_one_error(result, "no image column 'img' (columns: id, image, label)", "image column")
+    plain = write_parquet(tmp_path / "plain.parquet", {"id": ["x"], "value": [1.5]})
+    assert_one_error(score(in_ws, plain, "-o", "-", ok=False),
+                     "no image column 'image' and no text column 'text' (columns: id, value)",
+                     "neither")
+
+
+def test_a_wrongly_typed_column_names_it_and_its_type(in_ws, tmp_path):
+    table = bytes_table(in_ws, tmp_path / "pool.parquet", number=list(range(14)),
+                        score=[0.5] * 14)
+    assert_one_error(score(in_ws, table, "--image-column", "number", "-o", "-", ok=False),
+                     "the image column 'number' holds int64", "image type")
+    assert_one_error(score(in_ws, table, "--label-column", "score", "-o", "-", ok=False),
+                     "the label column 'score' holds double", "label type")
+
+
+def test_a_file_that_is_not_parquet_is_one_sentence(in_ws, tmp_path):
+    table = bytes_table(in_ws, tmp_path / "pool.parquet")
+    cut = tmp_path / "cut.parquet"
+    cut.write_bytes(table.read_bytes()[:-100])  # the footer is gone
+    assert_one_error(score(in_ws, cut, "-o", "-", ok=False),
+                     f"table {cut} cannot be read as Parquet", "truncated")
+
+
+def test_parquet_read_by_two_loader_workers_gives_the_folders_table(in_ws, tmp_path):
+    """Each worker opens the file itself (the pool is pickled without its open handles)."""
+    table = bytes_table(in_ws, tmp_path / "pool.parquet")
+    assert rows(score(in_ws, table, "--id-column", "id", "--workers", "2", "-o", "-")) == \
+        folder_rows(in_ws)
+
+
+TEXTS = ["the cat sat on the mat", "a dog ran fast", "big red bird flew away and then stopped",
+         "small", "the blue bird sat on a big mat and then flew away"]
+
+
+def test_a_text_table_gives_the_jsonl_pools_table(tmp_path):
+    pytest.importorskip("transformers")
+    import json
+    import hf_models
+    import torch
+    torch.manual_seed(0)
+    tok = hf_models.tokenizer(tmp_path / "bert")
+    hf_models.bert(len(hf_models.VOCAB)).save_pretrained(tmp_path / "bert")
+    tok.save_pretrained(tmp_path / "bert")
+    ids, labels = [f"t{i}" for i in range(len(TEXTS))], [i % 3 for i in range(len(TEXTS))]
+    (tmp_path / "texts.jsonl").write_text("".join(
+        json.dumps({"id": i, "text": t, "label": y}) + "\n" for i, t, y in zip(ids, TEXTS, labels)))
+    write_parquet(tmp_path / "texts.parquet", {"id": ids, "sentence": TEXTS, "label": labels}, 2)
+
+    def table(pool, *args):
+        result = runner.invoke(app, ["score", str(tmp_path / pool), "-m", str(tmp_path / "bert"),
+                                     "-b", "1", "-q", "-o", "-", *args])
+        assert result.exit_code == 0, result.stderr
+        return rows(result)
+    assert table("texts.parquet", "--text-column", "sentence", "--id-column", "id") == \
+        table("texts.jsonl")
+
+
+# --- WebDataset shards --------------------------------------------------------------------------
+
+def write_shards(ws, folder: Path, per_shard: int = 5, spoil: str | None = None) -> list[Path]:
+    """The images as samples `KEY.png` (or .jpg, .bmp) + `KEY.cls`, `per_shard` to a tar; the
+    member of `spoil` holds a cut PNG. Also `manifest.csv`: the same pool as files, ids = keys."""
+    import tarfile
+    folder.mkdir()
+    everything = image_rows(ws)
+    shards = []
+    for s in range(0, len(everything), per_shard):
+        shards.append(folder / f"pool-{s // per_shard:06d}.tar")
+        with tarfile.open(shards[-1], "w") as tar:
+            for rel, data, label in everything[s:s + per_shard]:
+                key, ext = rel.rsplit(".", 1)
+                if rel == spoil:
+                    data = data[:20]
+                for name, content in ((f"{key}.{ext}", data), (f"{key}.cls", str(label).encode())):
+                    info = tarfile.TarInfo(name)
+                    info.size = len(content)
+                    tar.addfile(info, io.BytesIO(content))
+    with open(folder / "manifest.csv", "w") as f:
+        f.write("id,path,label\n" + "".join(f"{rel.rsplit('.', 1)[0]},{ws.images[rel][0]},{label}\n"
+                                            for rel, _, label in everything))
+    return shards
+
+
+def test_shards_by_brace_pattern_and_by_list_give_the_files_table(in_ws, tmp_path):
+    shards = write_shards(in_ws, tmp_path / "wds")
+    assert len(shards) == 3
+    files = rows(score(in_ws, tmp_path / "wds" / "manifest.csv", "-o", "-"))
+    assert rows(score(in_ws, tmp_path / "wds" / "pool-{000000..000002}.tar", "-o", "-")) == files
+    assert rows(score(in_ws, *shards, "-o", "-")) == files
+    part = rows(score(in_ws, tmp_path / "wds" / "pool-{000000..000002}.tar", "--shard", "1/2",
+                      "-o", "-"))
+    assert part == rows(score(in_ws, tmp_path / "wds" / "manifest.csv", "--shard", "1/2", "-o", "-"))
+    assert 0 < len(part) < 14
+
+
+def test_a_corrupt_member_is_an_error_row_and_the_rest_scores_as_before(in_ws, tmp_path):
+    write_shards(in_ws, tmp_path / "wds", spoil="c/img05.jpg")
+    out = tmp_path / "scores.csv"
+    score(in_ws, tmp_path / "wds" / "pool-{000000..000002}.tar", "-o", out)
+    errors = parse_csv((tmp_path / "scores.csv.errors.csv").read_text())
+    assert [e["id"] for e in errors] == ["c/img05"]
+    assert "pool-000002.tar" in errors[0]["error"] and "no image format" in errors[0]["error"]
+    files = [r for r in rows(score(in_ws, tmp_path / "wds" / "manifest.csv", "-o", "-"))
+             if r["id"] != "c/img05"]
+    without_rank = lambda t: [{k: v for k, v in r.items() if k != "rank"} for r in t]
+    assert without_rank(rows(out)) == without_rank(files)
+
+
+def test_bad_shards_are_one_sentence(in_ws, tmp_path):
+    shards = write_shards(in_ws, tmp_path / "wds")
+    pattern = tmp_path / "wds" / "pool-{000000..000003}.tar"
+    assert_one_error(score(in_ws, pattern, "-o", "-", ok=False),
+                     f"shard {tmp_path / 'wds' / 'pool-000003.tar'} does not exist", "missing shard")
+    cut = tmp_path / "cut.tar"
+    for at, culprit in ((1200, f"shard {cut} is truncated or corrupt after byte 1024"),  # a header
+                        (560, f"shard {cut}: member a/deep/img09.png is truncated")):  # a member
+        cut.write_bytes(shards[0].read_bytes()[:at])
+        assert_one_error(score(in_ws, cut, "-o", "-", ok=False), culprit, f"cut at {at}")
+    again = tmp_path / "again.tar"
+    again.write_bytes(shards[0].read_bytes())
+    assert_one_error(score(in_ws, shards[0], again, "-o", "-", ok=False),
+                     "has the sample a/deep/img09, which another shard has too", "same key twice")
