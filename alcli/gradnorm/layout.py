@@ -97,6 +97,12 @@ class _DataDependentShapes(TorchDispatchMode):
         self.stack = stack
         self.op = self.where = self.what = None
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # this mode never runs under torch.compile; wrapping it to skip compilation would import
+        # torch._dynamo on the first probe (about 3 s of every run's start-up)
+        return False
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if self.op is None:
             if torch.Tag.dynamic_output_shape in func.tags and not _integer_indexing(func, args):
