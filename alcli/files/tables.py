@@ -113,14 +113,8 @@ class TablePool(Pool):
         self.name, self.kind, self.column = name, kind, column
         self.ids, self.labels, self.chunks, self.starts = ids, labels, chunks, starts
         self.has_labels = any(label >= 0 for label in labels)
-        self.decode = opts.decode
         self._cells: tuple[int, list] | None = None  # (chunk, its cells): the one last read
-        if kind == "images":
-            self.transform = image_transform(opts.transform, opts.channels)
-            self.to_float = self.transform.to_float
-            self.decode_jpegs = self.transform.decode_jpegs if opts.decode == "gpu" else None
-        else:
-            self.tokenize = opts.tokenizer()
+        set_decoding(self, kind, opts)
 
     def __getstate__(self):
         return {**self.__dict__, "_cells": None}
@@ -155,6 +149,18 @@ class TablePool(Pool):
         return image_item(self.ids[i], self.labels[i], data, self.transform, self.decode,
                           where + (f" ({path})" if path else ""),
                           None if path is None else str(path))
+
+
+def set_decoding(pool, kind: str, opts: PoolOptions) -> None:
+    """What a table or shard pool of `kind` needs to turn its cells into inputs: the image
+    transform (and, with --decode gpu, the device decoder), or the tokenizer."""
+    pool.decode = opts.decode
+    if kind == "images":
+        pool.transform = image_transform(opts.transform, opts.channels)
+        pool.to_float = pool.transform.to_float
+        pool.decode_jpegs = pool.transform.decode_jpegs if opts.decode == "gpu" else None
+    else:
+        pool.tokenize = opts.tokenizer()
 
 
 def image_item(id_: str, label: int, data: bytes, transform, decode: str, where: str,

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 from ..errors import PoolError, first_line
-from .pool import Item, Pool, PoolOptions, Text, _label, check_unique_ids, image_transform
-from .tables import image_item
+from .pool import Item, Pool, PoolOptions, Text, _label, check_unique_ids
+from .tables import image_item, set_decoding
 
 IMAGE_KEYS = ("jpg", "jpeg", "png", "webp", "bmp", "tif", "tiff")
 BRACE = re.compile(r"\{([^{}]*)\}")
@@ -54,14 +54,8 @@ class ShardPool(Pool):
         self.name, self.kind, self.shards = name, kind, shards
         self.ids, self.members, self.labels = ids, members, labels
         self.has_labels = any(label >= 0 for label in labels)
-        self.decode = opts.decode
         self._file: tuple[int, object] | None = None  # (shard, its open file): the one last read
-        if kind == "images":
-            self.transform = image_transform(opts.transform, opts.channels)
-            self.to_float = self.transform.to_float
-            self.decode_jpegs = self.transform.decode_jpegs if opts.decode == "gpu" else None
-        else:
-            self.tokenize = opts.tokenizer()
+        set_decoding(self, kind, opts)
 
     def __getstate__(self):  # each worker opens the shards itself
         return {**self.__dict__, "_file": None}

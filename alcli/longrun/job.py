@@ -154,7 +154,8 @@ def _score_to_file(ctx, session: Session, todo: Pool, shard, settings: Settings,
             with _signals_raise(partial_path, resumable, f" while writing {_shown(dest)}"):
                 result = _write(ctx, settings, dest, partial_path, full, todo, key,
                                 shard_text if not ctx else None, stats, log.resumed, log.run_id,
-                                exclusion.left_out if exclusion else None)
+                                exclusion.left_out if exclusion else None,
+                                factors=embeddings is not None)
                 if result is not None and embeddings is not None:
                     result.embeddings_file = _write_embeddings(
                         settings, dest, result, embeddings, partial_path.parent if resumable else None)
@@ -357,7 +358,8 @@ def _signals_raise(partial_path: Path, resumable: bool = True, doing: str = ""):
 
 def _write(ctx, settings: Settings, dest: str, partial_path: Path, full: Pool, todo: Pool,
            key: dict, shard: str | None, stats: RunStats, resumed: int,
-           run_id: str, left_out: list[dict] | None = None) -> JobResult | None:
+           run_id: str, left_out: list[dict] | None = None,
+           factors: bool = False) -> JobResult | None:
     """The final table (rank 0 under torchrun, after gathering every rank's rows)."""
     sources = [partial_path]
     with contextlib.ExitStack() as stack:
@@ -374,7 +376,8 @@ def _write(ctx, settings: Settings, dest: str, partial_path: Path, full: Pool, t
                     raise AlcliError("rank 0 could not write the table")
                 return None
         try:
-            finished = finish(sources, dest, settings.format, null=settings.null, factors=True)
+            finished = finish(sources, dest, settings.format, null=settings.null,
+                              factors=factors)
             files = [] if writes_stream(dest) else write_sidecars(dest, finished, {
                 "format": "alcli-table", "version": META_VERSION, "alcli_version": __version__, "table_format": settings.format,
                 "shard": shard, "pool": full.name, "pool_size": len(full),
