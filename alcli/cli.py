@@ -234,13 +234,13 @@ LabelsFromFolders = Annotated[bool, typer.Option(
                                   "like torchvision's ImageFolder).")]
 Strategy = Annotated[Optional[str], typer.Option(
     "--strategy", "-s", metavar="NAME", help="One of egl, gradnorm, loss, entropy, "
-    "margin, least-confidence, random. [default: egl]")]
+    "margin, least-confidence, random; uncertain-boxes (detection). [default: egl]")]
 TopClasses = Annotated[Optional[int], typer.Option(
     metavar="K", help="egl: sum over the K most probable classes; 0 = all classes, exact. "
     "[default: 10 for models with more than 10 classes, else all]")]
 Task = Annotated[Optional[str], typer.Option(
     metavar="TASK", help="What one example's output is: auto (read from the model), "
-    "classification, multilabel, segmentation, token-classification or regression. "
+    "classification, multilabel, segmentation, token-classification, regression or detection. "
     "[default: auto]")]
 EglSamples = Annotated[Optional[str], typer.Option(
     metavar="S|pseudo", help="egl on multilabel, segmentation and token classification: S label "
@@ -250,6 +250,9 @@ Aggregate = Annotated[Optional[str], typer.Option(
     metavar="mean|max|top:Q", help="How per-position (per-label) entropy, margin and "
     "least-confidence make one score per example; top:Q = the mean of the top fraction Q. "
     "[default: mean]")]
+BoxThreshold = Annotated[Optional[float], typer.Option(
+    metavar="P", help="Detection: predicted boxes scoring at least P are the pseudo-labels of "
+    "gradnorm and loss, and the table's boxes. [default: 0.5]")]
 Decode = Annotated[Optional[str], typer.Option(
     metavar="cpu|gpu", help="Where JPEG images are decoded: by PIL in the loader (cpu), or as "
     "file bytes decoded, resized and cropped on the device (gpu: nvJPEG on CUDA). [default: cpu]")]
@@ -515,7 +518,7 @@ def score(
     labels_from_folders: LabelsFromFolders = False, resize: Resize = None,
     center_crop: CenterCrop = None, grayscale: Grayscale = None, normalize: Normalize = None,
     strategy: Strategy = None, task: Task = None, egl_samples: EglSamples = None,
-    aggregate: Aggregate = None,
+    aggregate: Aggregate = None, box_threshold: BoxThreshold = None,
     top_classes: TopClasses = None, layers: Layers = None, method: Method = None,
     precision: Precision = None, decode: Decode = None, batch_size: BatchSize = None,
     device: Device = None,
@@ -620,7 +623,7 @@ def select(
     labels_from_folders: LabelsFromFolders = False, resize: Resize = None,
     center_crop: CenterCrop = None, grayscale: Grayscale = None, normalize: Normalize = None,
     strategy: Strategy = None, task: Task = None, egl_samples: EglSamples = None,
-    aggregate: Aggregate = None,
+    aggregate: Aggregate = None, box_threshold: BoxThreshold = None,
     top_classes: TopClasses = None, layers: Layers = None, method: Method = None,
     precision: Precision = None, decode: Decode = None, batch_size: BatchSize = None,
     device: Device = None,
@@ -689,7 +692,7 @@ def select(
 # `select` options that only matter when it scores the pool itself
 _SCORING_FLAGS = ("arch", "arch_kwargs", "trust_checkpoint", "trust_remote_code", "ema",
                   "text_column", "image_column", "id_column", "label_column", "split", "max_length", "text_width", "labels_from_folders", "strategy",
-                  "task", "egl_samples", "aggregate",
+                  "task", "egl_samples", "aggregate", "box_threshold",
                   "top_classes", "layers", "method", "precision", "decode", "batch_size", "device",
                   "workers", "resize", "center_crop", "grayscale", "normalize")
 

@@ -15,12 +15,12 @@ from .errors import CheckpointError, ConfigError, PoolError
 from .files import hf
 from .files.checkpoint import load_model
 from .files.classnames import id2label_names, read_class_names
-from .files.config import Settings
+from .files.config import Settings, Transform
 from .files.pool import Pool, PoolOptions, names_source, tensor_pool
 from .files.sources import open_pool
 from .files.webdataset import is_shard_spec
 from .gradnorm import select_params
-from .score import preflight, tasks
+from .score import detection, preflight, tasks
 
 
 @dataclass
@@ -87,18 +87,34 @@ def pool_for(settings: Settings, model: nn.Module, pool=None, stdin=None) -> Poo
         what = "pool=" if settings.from_api else "POOL:"
         raise ConfigError(f"no pool given; pass {what} a folder of images, a .csv/.jsonl manifest, "
                           f"a .pt/.npy/.npz tensor file, or - for image paths on stdin")
-    opts = PoolOptions(settings.labels_from_folders, settings.transform, model_channels(model),
+    task = settings.task if settings.task != "auto" else tasks.from_model(model) or "auto"
+    detection.check_task(task, model)  # before anything is said of the transform
+    transform = detector_transform(settings) if task == "detection" else settings.transform
+    opts = PoolOptions(settings.labels_from_folders, transform, model_channels(model),
                        settings.null, decode=settings.decode, class_names=names,
-                       class_names_file=names_file,
-                       task=settings.task if settings.task != "auto" else tasks.from_model(model) or "auto")
+                       class_names_file=names_file, task=task)
     hf_options(opts, settings, model)
     if isinstance(settings.pool, str) and settings.pool != "-" and not Path(settings.pool).exists() \
             and not is_shard_spec(settings.pool):  # shards: each named in its own error
         raise PoolError(f"pool {settings.pool}{from_config(settings, 'pool')} does not exist")
     opened_pool = named(open_pool(settings.pool, opts, stdin), names, names_file)
-    if opened_pool.kind == "images" and opts.transform.normalize is None:
+    opened_pool.keeps_sizes = task == "detection"
+    if opened_pool.kind == "images" and opts.transform.normalize is None and task != "detection":
         warn_unnormalised(settings, model)
     return opened_pool
+
+
+def detector_transform(settings: Settings) -> Transform:
+    """Detection: images as they are (a detector resizes and normalises them itself, and its
+    boxes are in the image's own pixels); a configured resize, crop or normalize is left out,
+    with a warning."""
+    t = settings.transform
+    unused = [k for k in ("resize", "center_crop", "normalize") if getattr(t, k) is not None]
+    if unused:
+        warnings.warn(f"transform.{', transform.'.join(unused)} ({settings.where('transform')}) "
+                      f"is not applied for detection: the detector resizes and normalises "
+                      f"images itself")
+    return Transform(grayscale=t.grayscale)
 
 
 def class_names_for(settings: Settings, model: nn.Module) -> tuple[list[str] | None, str | None]:

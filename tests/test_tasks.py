@@ -65,7 +65,7 @@ def case(name):
 
 
 def test_task_names_are_the_registry():
-    assert TASK_NAMES == ("auto", *tasks.TASKS)
+    assert TASK_NAMES == ("auto", *tasks.TASKS, "detection")
 
 
 @pytest.mark.parametrize("name,method", list(itertools.product(CASES, METHODS)))

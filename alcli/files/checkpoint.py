@@ -282,9 +282,10 @@ def build_arch(spec: str, kwargs: dict, *, trust: bool = False,
         import torchvision  # only for torchvision: archs; its import takes about 2 s
         if name not in torchvision.models.list_models():
             raise CheckpointError(f"arch '{spec}': torchvision has no model named '{name}'")
-        # segmentation models would fetch ImageNet backbone weights unless told not to
+        # segmentation and detection models would fetch ImageNet backbone weights unless told not to
         no_download = {"weights": None}
-        if name in torchvision.models.list_models(torchvision.models.segmentation):
+        if name in torchvision.models.list_models(torchvision.models.segmentation) + \
+                torchvision.models.list_models(torchvision.models.detection):
             no_download["weights_backbone"] = None
         factory = lambda **kw: torchvision.models.get_model(name, **{**no_download, **kw})  # noqa: E731
     elif source == "timm":

@@ -32,12 +32,14 @@ PATH_KEYS = ("model", "pool", "output", "scores", "embeddings_file", "exclude", 
 PER_CLASS_MODES = ("proportional", "equal")
 # the names the strategy registry (alcli.score.strategies) and the engine (alcli.gradnorm.METHODS)
 # define, listed here so that reading a config does not import torch; a test keeps them equal
-STRATEGY_NAMES = ("egl", "gradnorm", "loss", "entropy", "margin", "least-confidence", "random")
+STRATEGY_NAMES = ("egl", "gradnorm", "loss", "entropy", "margin", "least-confidence", "random",
+                  "uncertain-boxes")
 METHOD_NAMES = ("auto", "ghost", "replicate", "vmap", "loop")
 PRECISIONS = ("fp32", "bf16", "fp16")
-# the labeling tasks (alcli.score.tasks.TASKS, plus auto: read from the model); a test keeps them equal
+# the labeling tasks (alcli.score.tasks.TASKS, plus auto: read from the model, and detection:
+# alcli.score.detection); a test keeps them equal
 TASK_NAMES = ("auto", "classification", "multilabel", "segmentation", "token-classification",
-              "regression")
+              "regression", "detection")
 DECODERS = ("cpu", "gpu")  # where image files are decoded: the loader's workers, or the device
 DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 MAX_SIDE = 4096  # pixels per side an image may be resized or cropped to (a model directory's
@@ -85,6 +87,8 @@ class Settings:
     egl_samples: int | str = 8       # egl on multilabel/segmentation/token tasks: S sampled label
                                      # sets, or "pseudo" (the predicted labels, one set)
     aggregate: str = "mean"          # per-position utilities -> one per example: mean | max | top:Q
+    box_threshold: float = 0.5       # detection: predicted boxes at least this confident are the
+                                     # pseudo-labels and the table's boxes
     layers: list[str] | None = None
     method: str = "auto"
     decode: str = "cpu"  # cpu: PIL in the DataLoader's workers; gpu: JPEG bytes decoded on the device
@@ -276,6 +280,18 @@ def _aggregate(v):
     return f"top:{float(m.group(1)):g}"
 
 
+def _probability(v):
+    """A number from 0 to 1."""
+    if isinstance(v, str):
+        try:
+            v = float(v)
+        except ValueError:
+            pass
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
+        raise ValueError("must be a number from 0 to 1")
+    return float(v)
+
+
 def _mapping(v):
     if isinstance(v, str):  # --arch-kwargs '{"num_classes": 10}'
         try:
@@ -428,6 +444,7 @@ CHECKS: dict[str, Callable[[Any], Any]] = {
     "pool": _pool, "null": _bool, "labels_from_folders": _bool, "transform": _transform,
     "strategy": _choice(STRATEGY_NAMES), "top_classes": _opt(_int(0)), "layers": _layers,
     "task": _choice(TASK_NAMES), "egl_samples": _egl_samples, "aggregate": _aggregate,
+    "box_threshold": _probability,
     "method": _choice(METHOD_NAMES), "precision": _choice(PRECISIONS), "decode": _choice(DECODERS), "batch_size": _int(1),
     "device": _device, "workers": _opt(_workers),
     "seed": _int(0), "output": _opt_str, "format": _choice(FORMATS), "scores": _opt_str,

@@ -97,6 +97,8 @@ class Pool(Dataset):
                                       # (images: uint8 -> normalized float); None: as they are
     decode_jpegs: Callable | None = None  # --decode gpu: (JPEG bytes, device) -> (uint8 images
                                           # [B', C, H, W], {position: reason} of those that fail)
+    keeps_sizes: bool = False  # detection: images keep their own sizes, a batch holds a list of
+                               # them (collate_sized)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -186,6 +188,15 @@ def collate(items: list[Item]) -> Batch:
     paths = [it.path for it in good] if first.path is not None else None
     return Batch([it.id for it in good], torch.stack([it.input for it in good]),
                  torch.tensor([it.label for it in good], dtype=torch.long), errors, mismatch, paths)
+
+
+def collate_sized(items: list[Item]) -> Batch:
+    """The readable items' inputs as a list, each of its own size (detectors take them so)."""
+    good = [it for it in items if it.error is None]
+    errors = [(it.id, it.error) for it in items if it.error is not None]
+    paths = [it.path for it in good] if good and good[0].path is not None else None
+    return Batch([it.id for it in good], [it.input for it in good],
+                 torch.tensor([it.label for it in good], dtype=torch.long), errors, None, paths)
 
 
 # --- images -------------------------------------------------------------------------------------
@@ -284,8 +295,8 @@ def _decode_each(decode_jpeg, datas: list[torch.Tensor], mode, device
 def decoded(batch: Batch, pool: Pool, device: torch.device) -> Batch:
     """--decode gpu: the batch's JPEG bytes -> uint8 images [B, C, H, W] on `device`; a file the
     decoder refuses becomes one of the batch's errors, as an unreadable file does in the loader."""
-    if not isinstance(batch.inputs, list):
-        return batch
+    if not isinstance(batch.inputs, list) or not batch.inputs or batch.inputs[0].dim() != 1:
+        return batch  # not JPEG bytes (1-D): a tensor, or images of their own sizes (collate_sized)
     images, failed = pool.decode_jpegs(batch.inputs, device)
     keep = [i for i in range(len(batch.ids)) if i not in failed]
     errors = batch.errors + [(batch.ids[i], f"cannot read image {batch.paths[i]} ({failed[i]})")

@@ -232,7 +232,8 @@ def run_key(settings: Settings, full: Pool, net: nn.Module) -> dict:
             # settings that change the numbers, recorded when they are not the default
             **{k: getattr(settings, k) for k, default in (("decode", "cpu"), ("precision", "fp32"),
                                                           ("task", "auto"), ("egl_samples", 8),
-                                                          ("aggregate", "mean"))
+                                                          ("aggregate", "mean"),
+                                                          ("box_threshold", 0.5))
                if getattr(settings, k) != default}}
 
 

@@ -50,6 +50,7 @@ class SubPool(Pool):
         self.name, self.kind = pool.name, pool.kind
         self.has_labels, self.classes = pool.has_labels, pool.classes
         self.to_float, self.decode_jpegs = pool.to_float, pool.decode_jpegs
+        self.keeps_sizes = pool.keeps_sizes
         self.ids = [pool.ids[i] for i in indices]
         if hasattr(pool, "paths"):  # image pools: the files, for exports that need them
             self.paths = [pool.paths[i] for i in indices]

@@ -12,9 +12,9 @@ import torch
 from torch import nn
 
 from ..files.config import Settings
-from ..errors import ConfigError, PoolError, RunError
-from ..files.pool import Pool, check_unique_ids, collate, decoded
-from . import tasks
+from ..errors import ConfigError, PoolError, RunError, first_line
+from ..files.pool import Pool, check_unique_ids, collate, collate_sized, decoded
+from . import detection, tasks
 from .runner import forward, to_model
 
 PROBE_TRIES = 64  # readable examples looked for before the model's output size is left unknown
@@ -38,6 +38,8 @@ def check_pool(pool: Pool) -> None:
 def model_classes(model: nn.Module, pool: Pool, device: torch.device, task: str = "auto") -> int | None:
     """The model's number of classes (labels), from a forward pass on the first readable example,
     after the task is found and checked against its output (None for regression)."""
+    if task == "detection" or (task == "auto" and tasks.from_model(model) == "detection"):
+        return _detector_classes(model, pool, device)
     for i in range(min(len(pool), PROBE_TRIES)):
         batch = decoded(collate([pool[i]]), pool, device)  # --decode gpu: decoded there
         if not batch.errors:
@@ -51,6 +53,22 @@ def model_classes(model: nn.Module, pool: Pool, device: torch.device, task: str 
             tasks.check(task, logits)
             return tasks.classes(task, logits)
     return None
+
+
+def _detector_classes(model: nn.Module, pool: Pool, device: torch.device) -> int | None:
+    """A detector's class count, after one forward on the first readable image shows it runs."""
+    detection.check_task("detection", model)
+    for i in range(min(len(pool), PROBE_TRIES)):
+        batch = collate_sized([pool[i]])
+        if not batch.errors:
+            images = to_model(batch.inputs, model, device, pool.to_float)
+            try:
+                detection.predict(model, images)
+            except Exception as err:  # noqa: BLE001 - shape errors etc. from the model
+                raise RunError(f"the detector cannot run on image {batch.ids[0]} of {pool.name} "
+                               f"({first_line(err)})") from None
+            break
+    return detection.classes(model)
 
 
 def _labels(pool: Pool) -> list[int] | None:

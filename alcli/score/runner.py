@@ -21,9 +21,9 @@ from .embeddings import EmbeddingRecorder, record
 from ..errors import PoolError, RunError, first_line
 from ..gradnorm import UnsupportedModel, auto_choice, batch_slice, call_model, logits_of, map_batch, model_dtype
 from ..files.classnames import class_name
-from ..files.pool import Batch, Pool, collate, decoded
+from ..files.pool import Batch, Pool, collate, collate_sized, decoded
 from ..files.table import clip_text
-from . import labels as task_labels, tasks
+from . import detection, labels as task_labels, tasks
 from .strategies import DEFAULT_TOP_CLASSES, STRATEGIES, StrategyInputs, loss_at_targets
 
 
@@ -38,11 +38,12 @@ def make_loader(pool: Pool, batch_size: int, workers: int | None, device: torch.
     """Batches in pool order; workers read and decode ahead; pinned memory on CUDA.
     `batches` (lists of pool indices) replaces the plain consecutive batches (resume uses it)."""
     workers = default_workers(device) if workers is None else workers
+    collate_fn = collate_sized if pool.keeps_sizes else collate
     if batches is not None:
-        return DataLoader(pool, batch_sampler=batches, num_workers=workers, collate_fn=collate,
+        return DataLoader(pool, batch_sampler=batches, num_workers=workers, collate_fn=collate_fn,
                           pin_memory=device.type == "cuda", persistent_workers=False)
     return DataLoader(pool, batch_size=batch_size, shuffle=False, num_workers=workers,
-                      collate_fn=collate, pin_memory=device.type == "cuda",
+                      collate_fn=collate_fn, pin_memory=device.type == "cuda",
                       persistent_workers=False)
 
 
@@ -52,6 +53,8 @@ def to_model(inputs: torch.Tensor | dict, model: nn.Module, device: torch.device
     there by the pool's `to_float` (images: uint8 -> normalized float), floating inputs in the
     model's dtype (tensor pools may be float64); channels-last images for CUDA convolutions.
     A dict (tokenized text: input_ids, attention_mask) goes tensor by tensor."""
+    if isinstance(inputs, list) and inputs and inputs[0].dim() == 3:  # detection: images of their sizes
+        return [to_model(x, model, device, to_float) for x in inputs]
     if isinstance(inputs, list):  # --decode gpu: JPEG files' bytes, decoded on the device
         inputs = to_float(inputs, device)
     elif not isinstance(inputs, torch.Tensor):
@@ -110,6 +113,10 @@ def score_batch(model: nn.Module, batch: Batch, settings: Settings, device: torc
             return forward(model, inputs, pool_name)
 
     task = tasks.resolve(settings.task, model, plain_logits)  # found by the pre-flight forward already
+    if task == "detection":
+        if embeddings is not None and embeddings.skipped is None:
+            embeddings.skipped = "a detector's rows have no BADGE embeddings"
+        return _detection_rows(model, batch, settings, device, pool, inputs)
     words = _words(task, batch, pool, inputs)  # (token -> word [B, T], word counts) or None
     word_ids = None if words is None else words[0]
     logits = None  # gradient strategies take the logits from the engine's own forward
@@ -167,6 +174,16 @@ def score_batch(model: nn.Module, batch: Batch, settings: Settings, device: torc
         if batch.texts is not None:
             row["text"] = clip_text(batch.texts[i], settings.text_width)
         rows.append(row)
+    return rows
+
+
+def _detection_rows(model: nn.Module, batch: Batch, settings: Settings, device: torch.device,
+                    pool: Pool, images: list[torch.Tensor]) -> list[dict]:
+    """A detector's rows (alcli.score.detection), with each image's path."""
+    with autocast(settings.precision, device):
+        rows = detection.rows(model, images, batch.ids, settings, pool.classes)
+    for row, path in zip(rows, batch.paths or []):
+        row["path"] = path
     return rows
 
 
@@ -284,7 +301,9 @@ def _check_labels(logits: torch.Tensor, labels: torch.Tensor, ids: list[str], po
 
 def _part(batch: Batch, start: int, size: int) -> Batch:
     stop = start + size
-    return Batch(batch.ids[start:stop], batch_slice(batch.inputs, start, stop), batch.labels[start:stop], [],
+    inputs = batch.inputs[start:stop] if isinstance(batch.inputs, list) else \
+        batch_slice(batch.inputs, start, stop)
+    return Batch(batch.ids[start:stop], inputs, batch.labels[start:stop], [],
                  paths=None if batch.paths is None else batch.paths[start:stop],
                  texts=None if batch.texts is None else batch.texts[start:stop])
 
@@ -421,7 +440,9 @@ def run(model: nn.Module, pool: Pool, settings: Settings, device: torch.device, 
     stats.seconds = time.perf_counter() - start
     stats.micro_batch = micro.limit
     stats.task = tasks.known(settings.task, model) or tasks.from_model(model)  # known without a forward
-    if STRATEGIES[settings.strategy].gradients:
+    if stats.task == "detection" and settings.strategy in detection.GRADIENT_UTILITIES:
+        stats.method, stats.method_reason = "loop", detection.METHOD_REASON
+    elif STRATEGIES[settings.strategy].gradients:
         stats.method, stats.method_reason = engine_method(model, settings)
     if mass_left:
         k = settings.top_classes or DEFAULT_TOP_CLASSES

@@ -260,3 +260,10 @@ def random(s: StrategyInputs) -> Columns:
     """A seeded random number per example (a baseline)."""
     return {"score": torch.tensor([seeded_uniform(s.seed, i) for i in s.ids], dtype=exact_dtype(s.logits),
                                   device=s.logits.device)}
+
+
+@strategy("uncertain-boxes")
+def uncertain_boxes(s: StrategyInputs) -> Columns:
+    """Detection: how many predicted boxes score below --box-threshold."""
+    raise RunError(f"--strategy uncertain-boxes counts a detector's boxes, and this is a {s.task} "
+                   f"model; use it with --task detection")

@@ -154,7 +154,7 @@ _found: "weakref.WeakKeyDictionary[nn.Module, str]" = weakref.WeakKeyDictionary(
 def from_model(model: nn.Module) -> str | None:
     """The task a model's class or config names: Hugging Face `*ForTokenClassification` and
     `config.problem_type` (a one-label sequence classifier is a regression, as HF treats it),
-    torchvision's segmentation models; None when it does not say."""
+    torchvision's segmentation and detection models; None when it does not say."""
     kind, module = type(model).__name__, type(model).__module__
     if kind.endswith("ForTokenClassification"):
         return "token-classification"
@@ -168,6 +168,8 @@ def from_model(model: nn.Module) -> str | None:
         return "regression"
     if module.startswith("torchvision.models.segmentation"):
         return "segmentation"
+    if module.startswith("torchvision.models.detection"):
+        return "detection"  # alcli.score.detection
     return None
 
 

@@ -1,0 +1,235 @@
+"""Object detection: torchvision's detectors (Faster R-CNN, RetinaNet, FCOS, SSD), one row per image.
+
+A detector takes a list of images [3, H_i, W_i] in [0, 1] of any sizes (it resizes and normalises
+them itself) and returns, per image, {boxes [K, 4] (x0, y0, x1, y1 in the image's pixels),
+labels [K], scores [K]}; in training mode it takes targets of that form and returns its loss terms.
+
+The per-image loss ℓ(x, T) is the detector's own training loss (the sum of its terms) for the
+image alone: a batch of one, so its own resize and padding, and the terms torchvision normalises
+over a batch (R-CNN's sampled anchors and proposals, FCOS's foreground count) normalised over this
+image; normalisation layers and dropout as in inference; R-CNN's random choice of anchors and
+proposals drawn from a generator fixed by (--seed, id), so a row is the same in any batch, shard
+or resume. The utilities (`--strategy`):
+
+- gradnorm: ||∇θ ℓ(x, T̂)||, T̂ the predicted boxes scoring at least --box-threshold;
+- egl: the mean over S label sets T_s of ||∇θ ℓ(x, T_s)||, T_s keeping each predicted box j with
+  its predicted class with probability p_j (its score), independently, as drawn from the model's
+  own predictive distribution (exact for the sigmoid heads of RetinaNet and FCOS; for the softmax
+  heads of R-CNN and SSD the other classes' mass counts as background); `--egl-samples pseudo` is T̂;
+- loss: ℓ(x, T̂);
+- entropy, margin: each predicted box's binary entropy H(p_j) or 1 - |2 p_j - 1|, aggregated over
+  the image's boxes by --aggregate (0 for an image without boxes);
+- least-confidence: 1 - max_j p_j (1 without boxes); uncertain-boxes: how many predicted boxes
+  score below --box-threshold.
+
+The gradient utilities run one forward and one backward per image and label set (a loop: the
+detectors' losses are not per-example functions of a batch, so the engine's batched methods do
+not apply); the predictions come from one no-grad forward per group of same-sized images, which
+a batch of one would give.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+from typing import Callable
+
+import torch
+from torch import nn
+
+from ..errors import RunError
+from ..files.classnames import class_name
+from . import tasks
+
+DETECTOR_CLASSES = ("GeneralizedRCNN", "RetinaNet", "FCOS", "SSD")  # torchvision's, by class name
+UTILITIES = ("egl", "gradnorm", "loss", "entropy", "margin", "least-confidence", "uncertain-boxes",
+             "random")
+GRADIENT_UTILITIES = ("egl", "gradnorm")
+METHOD_REASON = "a detector's loss is not a per-example function of its batch: a backward per image"
+
+
+def is_detector(model: nn.Module) -> bool:
+    return type(model).__module__.startswith("torchvision.models.detection") and any(
+        k.__name__ in DETECTOR_CLASSES for k in type(model).__mro__)
+
+
+def check_task(task: str, model: nn.Module) -> None:
+    """A RunError when a detector is given another task, or detection a model that is not one."""
+    if task == "detection" and not is_detector(model):
+        raise RunError(f"--task detection needs one of torchvision's object detectors (Faster R-CNN, "
+                       f"RetinaNet, FCOS, SSD: --arch torchvision:NAME), and the model is a "
+                       f"{type(model).__name__}")
+    if task not in ("auto", "detection") and is_detector(model):
+        raise RunError(f"the model is an object detector ({type(model).__name__}), which --task "
+                       f"{task} cannot score; use --task detection (or auto)")
+
+
+def classes(model: nn.Module) -> int | None:
+    """How many classes the detector scores (R-CNN and SSD count the background as class 0)."""
+    predictor = getattr(getattr(model, "roi_heads", None), "box_predictor", None)  # R-CNN
+    if predictor is not None:
+        return predictor.cls_score.out_features
+    head = getattr(getattr(model, "head", None), "classification_head", None)
+    return getattr(head, "num_classes", getattr(head, "num_columns", None))
+
+
+# --- predictions ------------------------------------------------------------------------------
+
+def predict(model: nn.Module, images: list[torch.Tensor]) -> list[dict]:
+    """One no-grad forward per group of same-sized images (no padding from a larger neighbour:
+    each image's boxes are those it gets alone) -> per image {boxes, labels, scores}."""
+    groups: dict[tuple, list[int]] = {}
+    for i, img in enumerate(images):
+        groups.setdefault(tuple(img.shape), []).append(i)
+    out: list[dict | None] = [None] * len(images)
+    with torch.no_grad():
+        for members in groups.values():
+            for i, found in zip(members, model([images[i] for i in members])):
+                out[i] = {k: v.detach() for k, v in found.items()}
+    return out
+
+
+def _proper(boxes: torch.Tensor) -> torch.Tensor:
+    """[K] bool: a positive width and height (a training target must have them)."""
+    return (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
+
+
+def kept(found: dict, threshold: float) -> dict:
+    """The proper predicted boxes scoring at least `threshold`: the pseudo-labels, as a training
+    target {boxes [K, 4], labels [K]} (and their scores)."""
+    keep = (found["scores"] >= threshold) & _proper(found["boxes"])
+    return {k: found[k][keep] for k in ("boxes", "labels", "scores")}
+
+
+def sampled_targets(found: dict, id_, samples: int, seed: int) -> list[dict]:
+    """S target sets: box j kept with its class with probability p_j, fixed by (seed, id)."""
+    boxes = found["boxes"]
+    ok = _proper(boxes)
+    k = boxes.shape[0]
+    u = tasks.uniforms([id_], max(k, 1), samples, seed, boxes.device)[:, 0, :k]  # [S, K]
+    p = found["scores"].to(u.dtype)
+    return [{"boxes": boxes[(u_s < p) & ok], "labels": found["labels"][(u_s < p) & ok]} for u_s in u]
+
+
+# --- the per-image loss and its gradient norm ----------------------------------------------------
+
+@contextlib.contextmanager
+def loss_mode(model: nn.Module):
+    """Training mode (the detector returns its losses) with normalisation layers and dropout as
+    in inference; eval mode again after."""
+    model.train()
+    for module in model.modules():
+        if isinstance(module, (nn.modules.batchnorm._BatchNorm, nn.Dropout)):
+            module.eval()
+    try:
+        yield
+    finally:
+        model.eval()
+
+
+def image_seed(seed: int, id_) -> int:
+    """The seed of an image's anchor and proposal sampling: fixed by (--seed, id)."""
+    digest = hashlib.blake2b(f"boxes\0{seed}\0{id_}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1
+
+
+def image_loss(model: nn.Module, image: torch.Tensor, target: dict, seed: int) -> torch.Tensor:
+    """ℓ(x, T): the detector's summed training loss for the image alone (in loss_mode)."""
+    devices = [image.device] if image.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        terms = model([image], [target])
+    return sum(terms.values())
+
+
+def grad_norm(model: nn.Module, image: torch.Tensor, target: dict, seed: int,
+              params: list[torch.Tensor]) -> tuple[float, float]:
+    """(||∇θ ℓ(x, T)||, ℓ(x, T)), the squares summed in float64."""
+    loss = image_loss(model, image, target, seed)
+    grads = torch.autograd.grad(loss, params, allow_unused=True)
+    squared = sum(g.detach().to(torch.float64).square().sum() for g in grads if g is not None)
+    return math.sqrt(float(squared)), float(loss.detach())
+
+
+# --- the utilities -------------------------------------------------------------------------------
+
+def _binary_entropy(p: torch.Tensor) -> torch.Tensor:
+    return -(torch.special.xlogy(p, p) + torch.special.xlogy(1 - p, 1 - p))
+
+
+def _per_box(values: Callable[[torch.Tensor], torch.Tensor], found: list[dict], how: str) -> list[float]:
+    """A value per predicted box, aggregated per image over its boxes (0 without boxes)."""
+    k = max((f["scores"].numel() for f in found), default=0)
+    p = torch.zeros(len(found), max(k, 1), dtype=torch.float64)
+    valid = torch.zeros_like(p, dtype=torch.bool)
+    for i, f in enumerate(found):
+        n = f["scores"].numel()
+        p[i, :n] = f["scores"].detach().to(torch.float64).cpu()
+        valid[i, :n] = True
+    return tasks.aggregate(values(p), valid, how).tolist()
+
+
+def utility(strategy: str, model: nn.Module, images: list[torch.Tensor], found: list[dict],
+            ids: list, settings) -> tuple[list[float], list[float] | None]:
+    """(score per image, loss per image or None) for `strategy`."""
+    threshold = settings.box_threshold
+    if strategy == "entropy":
+        return _per_box(_binary_entropy, found, settings.aggregate), None
+    if strategy == "margin":
+        return _per_box(lambda p: 1 - (2 * p - 1).abs(), found, settings.aggregate), None
+    if strategy == "least-confidence":
+        return [1.0 - float(f["scores"].max()) if f["scores"].numel() else 1.0 for f in found], None
+    if strategy == "uncertain-boxes":
+        return [float((f["scores"] < threshold).sum()) for f in found], None
+    if strategy == "random":
+        from .strategies import seeded_uniform
+        return [seeded_uniform(settings.seed, i) for i in ids], None
+    params = [p for p in model.parameters() if p.requires_grad]
+    scores, losses = [], []
+    with loss_mode(model):
+        for img, f, id_ in zip(images, found, ids):
+            seed = image_seed(settings.seed, id_)
+            pseudo = {k: v for k, v in kept(f, threshold).items() if k != "scores"}
+            if strategy == "loss":
+                with torch.no_grad():
+                    value = float(image_loss(model, img, pseudo, seed))
+                scores.append(value)
+                losses.append(value)
+            elif strategy == "gradnorm" or settings.egl_samples == "pseudo":
+                norm, value = grad_norm(model, img, pseudo, seed, params)
+                scores.append(norm)
+                losses.append(value)
+            else:
+                sets = sampled_targets(f, id_, int(settings.egl_samples), settings.seed)
+                scores.append(sum(grad_norm(model, img, t, seed, params)[0] for t in sets) / len(sets))
+                losses.append(math.nan)
+    return scores, (None if strategy == "egl" and settings.egl_samples != "pseudo" else losses)
+
+
+def rows(model: nn.Module, images: list[torch.Tensor], ids: list, settings, names) -> list[dict]:
+    """One row per image: score, pred (the classes of its pseudo-labels, by name where named),
+    confidence (their mean score), loss (gradient utilities at the pseudo-labels), uncertain (boxes
+    below the threshold), and `boxes` ([x0, y0, x1, y1, class, score] per pseudo-label, JSON, in
+    the image's pixels) with its `width` and `height`."""
+    if settings.strategy not in UTILITIES:
+        raise RunError(f"--strategy {settings.strategy} is not defined for --task detection; "
+                       f"use one of {', '.join(UTILITIES)}")
+    found = predict(model, images)
+    scores, losses = utility(settings.strategy, model, images, found, ids, settings)
+    out = []
+    for i, (img, f, id_) in enumerate(zip(images, found, ids)):
+        pseudo = kept(f, settings.box_threshold)
+        boxes = [[*map(float, b), int(c), float(s)] for b, c, s in
+                 zip(pseudo["boxes"].tolist(), pseudo["labels"].tolist(), pseudo["scores"].tolist())]
+        classes_seen = sorted({b[4] for b in boxes})
+        score = scores[i] if math.isfinite(scores[i]) else math.nan
+        row = {"id": id_, "score": score,
+               "pred": "|".join(str(class_name(c, names)) for c in classes_seen),
+               "confidence": sum(b[5] for b in boxes) / len(boxes) if boxes else None}
+        if losses is not None:
+            row["loss"] = losses[i]
+        row.update({"uncertain": int((f["scores"] < settings.box_threshold).sum()), "boxes": json.dumps(boxes),
+                    "width": int(img.shape[-1]), "height": int(img.shape[-2])})
+        out.append(row)
+    return out
