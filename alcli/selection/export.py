@@ -174,10 +174,12 @@ def _rectangles(row, n, tag, names, ref) -> list[dict]:
 
 def _number(row, n, tag, names, ref) -> list[dict]:
     """Regression with one output: the predicted value in a `<Number>` tag (several: none)."""
-    value = _plain(row.get("pred"))
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    value = _plain(row.get("pred"))  # a table read back holds it as text ("-1.5")
+    try:
+        number = float(value) if not isinstance(value, bool) else math.nan
+    except (TypeError, ValueError):  # several outputs ("0.5|2"), or none
         return []
-    return [tag.region(f"alcli-{n}", "number", {"number": float(value)})]
+    return [tag.region(f"alcli-{n}", "number", {"number": number})] if math.isfinite(number) else []
 
 
 def _nothing(row, n, tag, names, ref) -> list[dict]:
