@@ -294,12 +294,18 @@ def write_batch(rows: list[dict], dest: str | None, settings: Settings,
     table's `meta` names, else --model's; `texts` (a text pool's, one per row) go in data.text;
     `class_names` name integer preds."""
     task = task or export_task(settings, meta or {}, rows)
+    config = _config(settings, task, class_names, texts is not None)  # refused before any output
     if settings.format != "labelstudio":
         write_table(rows, dest, settings.format, settings.null)
     else:
         _write_tasks(rows, dest, settings, meta, texts, class_names, task)
-    if settings.labelstudio_config:
-        _write_config(settings, task, class_names, texts is not None)
+    if config is not None:
+        try:
+            write_text(config, settings.labelstudio_config)
+        except OSError as err:
+            raise ConfigError(f"{settings.where('labelstudio_config')} "
+                              f"{settings.labelstudio_config}: cannot write it "
+                              f"({err.strerror or err})") from None
     if not writes_stream(dest):
         remove_sidecars(dest)  # a batch written over an earlier table: its files go with it
 
@@ -322,18 +328,17 @@ def _write_tasks(rows: list[dict], dest: str | None, settings: Settings, meta: d
         raise TableError(f"cannot write output {dest} ({err.strerror or err})") from None
 
 
-def _write_config(settings: Settings, task: str, class_names: list[str] | None, text: bool) -> None:
-    """--labelstudio-config FILE: the labeling config the tasks' pre-labels fit."""
-    where = f"{settings.where('labelstudio_config')} {settings.labelstudio_config}"
+def _config(settings: Settings, task: str, class_names: list[str] | None, text: bool) -> str | None:
+    """--labelstudio-config FILE: the labeling config the tasks' pre-labels fit (None: not asked)."""
+    if not settings.labelstudio_config:
+        return None
     try:
-        config = labeling_config(task, class_names, "text" if text else "image",
-                                 settings.from_name or "label", settings.to_name)
-        write_text(config, settings.labelstudio_config)
+        return labeling_config(task, class_names, "text" if text else "image",
+                               settings.from_name or "label", settings.to_name)
     except ValueError as err:
-        raise ConfigError(f"{where}: {_sentence(err)}; pass "
-                          f"{settings.option('class_names', 'FILE')}, one name per line") from None
-    except OSError as err:
-        raise ConfigError(f"{where}: cannot write it ({err.strerror or err})") from None
+        raise ConfigError(f"{settings.where('labelstudio_config')} {settings.labelstudio_config}: "
+                          f"{_sentence(err)}; pass {settings.option('class_names', 'FILE')}, one "
+                          f"name per line") from None
 
 
 def export_task(settings: Settings, meta: dict, rows: list[dict]) -> str:
