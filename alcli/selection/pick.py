@@ -203,7 +203,7 @@ def pick(settings: Settings, rows: list[dict], plan: SelectPlan, *, embeddings=N
     picked.task = export_task(settings, plan.meta, chosen)
     if settings.format == "labelstudio":
         picked.notes.extend(_unnamed(chosen, picked.class_names, picked.task, settings))
-    handoff = settings.contact_sheet or settings.format == "labelstudio"
+    handoff = settings.contact_sheet or settings.format == "labelstudio" or settings.labelstudio_config
     if handoff and is_text(chosen, pool, plan.meta):
         picked.texts, more = whole_texts(chosen, settings, pool, plan.meta)
         picked.notes.extend(more)
