@@ -219,11 +219,15 @@ def ner(tmp_path_factory):
     torch.manual_seed(1)
     with torch.no_grad():  # a head that does not predict one class everywhere
         model.classifier.weight.normal_(0, 2.0)
-    model.save_pretrained(root / "ner")
-    (root / "ner" / "vocab.txt").write_text("\n".join(vocab) + "\n")
     from transformers import BertTokenizerFast
-    vocab_file = str(root / "ner" / "vocab.txt")
-    BertTokenizerFast(vocab_file=vocab_file, vocab=vocab_file, model_max_length=64).save_pretrained(root / "ner")
+    for name in ("ner", "ner_named"):  # ner_named: the same model, its id2label the tags
+        if name == "ner_named":
+            model.config.id2label = dict(enumerate(TAGS))
+            model.config.label2id = {t: i for i, t in enumerate(TAGS)}
+        model.save_pretrained(root / name)
+        (root / name / "vocab.txt").write_text("\n".join(vocab) + "\n")
+        vocab_file = str(root / name / "vocab.txt")
+        BertTokenizerFast(vocab_file=vocab_file, vocab=vocab_file, model_max_length=64).save_pretrained(root / name)
     with open(root / "texts.jsonl", "w") as f:
         for i, text in enumerate(TEXTS):
             f.write(json.dumps({"id": f"t{i}", "text": text}) + "\n")
@@ -276,6 +280,21 @@ def test_pred_words_of_a_real_token_model_and_their_spans(ner, max_length):
     assert [e.get("value") for e in control] == ["ANIMAL"] and control.get("toName") == "text"
     bare = run(ner, "select", out, "-n", 2, "--no-diverse", "-f", "labelstudio")
     assert "Label Studio tasks carry predicted classes without a name" in bare.stderr
+
+
+def test_names_from_the_models_id2label_reach_pred_words_spans_and_config(ner):
+    run(ner, "score", "texts.jsonl", "--model", "ner", "-s", "entropy", "-o", "plain.csv", "-q")
+    run(ner, "score", "texts.jsonl", "--model", "ner_named", "-s", "entropy", "-o", "named.csv", "-q")
+    plain = {r["id"]: json.loads(r["pred_words"]) for r in parse_csv((ner / "plain.csv").read_text())}
+    named = {r["id"]: json.loads(r["pred_words"]) for r in parse_csv((ner / "named.csv").read_text())}
+    assert named == {i: [TAGS[t] for t in tags] for i, tags in plain.items()}
+    picked = run(ner, "select", "named.csv", "-n", 2, "--no-diverse", "-f", "labelstudio",
+                 "--labelstudio-config", "named.xml")
+    assert "without a name" not in picked.stderr
+    spans = [r for t in json.loads(picked.stdout) for r in t["predictions"][0]["result"]]
+    assert spans and {r["value"]["labels"][0] for r in spans} <= {"ANIMAL"}
+    control = ET.fromstring((ner / "named.xml").read_text()).find("Labels")
+    assert [e.get("value") for e in control] == ["ANIMAL"]
 
 
 # --- the labeling config ------------------------------------------------------------------------
