@@ -108,6 +108,7 @@ def test_detection_boxes_are_rectanglelabels_in_percent_of_the_image(tmp_path):
     ("{not json", (10, 10), "boxes is not a JSON list"),
     ('[[1, 2, 3, 4, 1, NaN]]', (10, 10), "box 1 is not"),
     ("[]", (0, 10), "width 0 is not an image size"),
+    ("[[5, 1, 2, 9, 1, 0.5]]", (10, 10), "box 1 ends before it starts"),
 ])
 def test_bad_detection_rows_are_one_sentence(tmp_path, boxes, size, culprit):
     rows = [{"id": "ok.jpg", "score": 0.9, "width": 8, "height": 8, "boxes": "[]"},

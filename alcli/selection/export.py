@@ -160,6 +160,9 @@ def _rectangles(row, n, tag, names, ref) -> list[dict]:
             raise ValueError(f"row {n} (id '{row.get('id')}'): box {k + 1} is not [x0, y0, x1, "
                              f"y1, class_index, score] of finite numbers")
         x0, y0, x1, y1, index, score = box
+        if x1 < x0 or y1 < y0:
+            raise ValueError(f"row {n} (id '{row.get('id')}'): box {k + 1} ends before it starts "
+                             f"(x1 < x0 or y1 < y0); boxes are [x0, y0, x1, y1, ...]")
         name = _named(int(index), names) if float(index).is_integer() else None
         if name is None:
             continue
