@@ -326,6 +326,9 @@ FromName = Annotated[Optional[str], typer.Option(
 ToName = Annotated[Optional[str], typer.Option(
     "--to-name", metavar="NAME", help="-f labelstudio: the name of the Image or Text tag it "
     "labels. [default: image, or text for text pools]")]
+LabelStudioConfig = Annotated[Optional[str], typer.Option(
+    "--labelstudio-config", metavar="XML", help="Also write the Label Studio labeling config "
+    "the tasks' pre-labels fit (class names from the model or --class-names).")]
 ScoreExclude = Annotated[Optional[List[str]], typer.Option(
     "--exclude", metavar="FILE", help="Skip the examples FILE names (labeled ones) before scoring: "
     "no row, not read (the files select --exclude reads; repeatable).")]
@@ -633,6 +636,7 @@ def select(
     embeddings_file: ReadEmbeddings = None, per_class: PerClass = None, exclude: Exclude = None,
     image_root: ImageRoot = None, contact_sheet: ContactSheet = None, image_dir: ImageDir = None,
     from_name: FromName = None, to_name: ToName = None,
+    labelstudio_config: LabelStudioConfig = None,
     quiet: Quiet = False, verbose: Verbose = False, log_format: LogFormat = None,
     progress_every: ProgressEvery = None,
 ):
@@ -666,7 +670,10 @@ def select(
     if from_terminal:
         r.warn(f"no table given: scoring the pool {_shown_list(settings.pool)} of "
                f"{settings.config_file or 'the settings'} first")
-    unused = [key for key in _SCORING_FLAGS if flags.get(key) not in (None, False)]
+    # --task also names what a table's rows predict, for the Label Studio pre-labels
+    unused = [key for key in _SCORING_FLAGS if flags.get(key) not in (None, False)
+              and not (key == "task" and (settings.format == "labelstudio"
+                                          or settings.labelstudio_config))]
     if not score_first and unused:
         more = f" (and {len(unused) - 1} more scoring options)" if len(unused) > 1 else ""
         r.warn(f"{flag(unused[0])}{more} has no effect: the scores are read from "
@@ -676,7 +683,7 @@ def select(
         picked = api.run_select(settings, scores=None if score_first else (source or "-"),
                                 on_start=on_start, on_batch=on_batch)
     api.write_batch(picked.rows, settings.output or "-", settings, picked.meta,
-                    texts=picked.texts, class_names=picked.class_names)
+                    texts=picked.texts, class_names=picked.class_names, task=picked.task)
     if len(picked.rows) < settings.budget:
         r.warn(f"the budget is {settings.budget} but only {picked.available} rows are left to "
                f"choose from; selected them all")
@@ -687,6 +694,8 @@ def select(
     if settings.contact_sheet:
         what = "texts" if picked.texts is not None else "images"
         r.info(f"wrote a contact sheet of {len(picked.rows)} {what} to {settings.contact_sheet}")
+    if settings.labelstudio_config:
+        r.info(f"wrote the Label Studio labeling config to {settings.labelstudio_config}")
 
 
 # `select` options that only matter when it scores the pool itself

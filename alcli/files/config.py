@@ -28,7 +28,7 @@ FORMATS = ("csv", "jsonl", "paths", "ids", "labelstudio")  # labelstudio: `selec
 LOG_FORMATS = ("text", "json")
 # keys holding a file or folder: in a config file, relative to the config file's folder
 PATH_KEYS = ("model", "pool", "output", "scores", "embeddings_file", "exclude", "image_dir",
-             "contact_sheet", "class_names")
+             "contact_sheet", "class_names", "labelstudio_config")
 PER_CLASS_MODES = ("proportional", "equal")
 # the names the strategy registry (alcli.score.strategies) and the engine (alcli.gradnorm.METHODS)
 # define, listed here so that reading a config does not import torch; a test keeps them equal
@@ -116,6 +116,7 @@ class Settings:
     from_name: str | None = None          # `select -f labelstudio`: the Choices tag of the prediction
     to_name: str | None = None            # ... and the object tag it labels (default: image or text)
     contact_sheet: str | None = None      # `select`: PNG grid of the selected images
+    labelstudio_config: str | None = None  # `select`: the Label Studio labeling config (XML) written
     # long runs (`score`): OUTPUT.partial flushed every N examples, resume it, shards, bad examples
     checkpoint_every: int | str = "30s"   # OUTPUT.partial saved every N examples or a duration
     resume: bool = False
@@ -457,6 +458,7 @@ CHECKS: dict[str, Callable[[Any], Any]] = {
     "ema": _bool, "text_column": _str, "max_length": _opt(_int(1)),
     "image_column": _opt_str, "id_column": _opt_str, "label_column": _opt_str, "split": _opt_str,
     "class_names": _opt_str, "text_width": _int(0), "from_name": _opt_str, "to_name": _opt_str,
+    "labelstudio_config": _opt_str,
 }
 assert set(CHECKS) == set(KEYS)
 

@@ -6,6 +6,7 @@ one collated batch in, one row per example out, nothing else touched.
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import time
@@ -148,13 +149,15 @@ def score_batch(model: nn.Module, batch: Batch, settings: Settings, device: torc
     columns = {"score": score, "pred": pred, "confidence": conf,
                **({"loss": loss} if loss is not None else {}), **cols}
     pending = embeddings.pending() if embeddings else []
-    lists, extras = _home(list(columns.values()), pending + pred_sets)
+    per_word = [] if words is None else [s.logits.argmax(-1), word_ids]  # [B, T] each
+    lists, extras = _home(list(columns.values()), pending + pred_sets + per_word)
     if embeddings is not None:
         embeddings.keep(extras[:len(pending)])
     values = dict(zip(columns, lists))
     names = pool.classes
     values["pred"] = _pred_values(task, values["pred"], extras[len(pending):], names)
     labels_home = batch.labels.tolist() if has_labels else None
+    word_preds = _word_preds(*extras[-2:], words[1], names) if per_word else None
     rows = []
     for i, id_ in enumerate(batch.ids):
         pred = values["pred"][i]
@@ -169,6 +172,8 @@ def score_batch(model: nn.Module, batch: Batch, settings: Settings, device: torc
             row["label"] = class_name(labels_home[i], names) if labels_home[i] >= 0 else None
         for key in list(columns)[3:]:
             row[key] = values[key][i]
+        if word_preds is not None:
+            row["pred_words"] = word_preds[i]
         if batch.paths is not None:
             row["path"] = batch.paths[i]
         if batch.texts is not None:
@@ -223,6 +228,21 @@ def _given(task: str, pool: Pool, ids: list[str], words):
     if task == "classification" or not task_labels.has(pool):
         return None
     return lambda logits: task_labels.targets(task, pool, ids, logits, words)
+
+
+def _word_preds(labels: torch.Tensor, word_ids: torch.Tensor, counts: list[int], names) -> list[str]:
+    """Token classification on a text: each whitespace word's predicted label, the one at its
+    first token (where its given label goes too), by name where the classes are named -> one JSON
+    list per example, null for a word past the model's tokens (truncated)."""
+    out = []
+    for tokens, words, count in zip(labels.tolist(), word_ids.tolist(), counts):
+        first: dict[int, int] = {}
+        for label, w in zip(tokens, words):
+            if w >= 0:
+                first.setdefault(w, label)
+        out.append(json.dumps([class_name(first[w], names) if w in first else None
+                               for w in range(count)], ensure_ascii=False))
+    return out
 
 
 def _pred_values(task: str, preds: list[float], extras: list[torch.Tensor], names) -> list:

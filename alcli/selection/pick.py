@@ -31,8 +31,8 @@ from ..files.table import (LINE_FORMATS, MORE, SIDECARS, read_meta, remove_sidec
                            write_table)
 from .choose import choose
 from .exclusions import Exclusions, ExclusionsError, excluded_ids, read_exclusion_files
-from .export import (ImageRootError, contact_sheet, model_version_from, predicted_name, text_sheet,
-                     to_labelstudio, write_json)
+from .export import (ImageRootError, contact_sheet, labeling_config, model_version_from, text_sheet,
+                     to_labelstudio, unnamed, write_json, write_text)
 from .rank import is_scored, rank
 
 
@@ -56,6 +56,7 @@ class Picked:
     meta: dict = field(default_factory=dict)  # the table's meta.json, for the hand-offs
     texts: list[str] | None = None  # the whole text of each row, for a text pool's hand-offs
     class_names: list[str] | None = None  # names of the classes `pred` indexes, where known
+    task: str = "classification"  # what the rows predict, for the Label Studio pre-labels
 
 
 # --- select ---------------------------------------------------------------------------------------
@@ -101,7 +102,7 @@ def prepare(settings: Settings, source: str | None, score_first: bool,
                           f"-f {settings.format} has no such records")
     if settings.contact_sheet == "-":
         raise ConfigError(f"{settings.where('contact_sheet')} needs a PNG file name, not stdout")
-    for key in ("contact_sheet", "output"):
+    for key in ("contact_sheet", "output", "labelstudio_config"):
         target = getattr(settings, key)
         if target and target != "-":
             make_folder(Path(target).parent, f"{settings.where(key)} {target}")
@@ -109,6 +110,9 @@ def prepare(settings: Settings, source: str | None, score_first: bool,
     check_not_input(settings.output, settings.where("output"), inputs, beside=SIDECARS)
     check_not_input(settings.contact_sheet, settings.where("contact_sheet"),
                     [*inputs, ("the batch written", settings.output)])
+    check_not_input(settings.labelstudio_config, settings.where("labelstudio_config"),
+                    [*inputs, ("the batch written", settings.output),
+                     ("the contact sheet", settings.contact_sheet)])
     if settings.contact_sheet and score_first and isinstance(settings.pool, str) and \
             Path(settings.pool).suffix.lower() in (".pt", ".pth", ".npy", ".npz"):
         raise ConfigError(f"{settings.where('contact_sheet')} draws images, but the pool "
@@ -196,9 +200,10 @@ def pick(settings: Settings, rows: list[dict], plan: SelectPlan, *, embeddings=N
         raise ConfigError(_sentence(err)) from None
     picked = Picked(chosen, len(eligible), notes, plan.meta)
     picked.class_names = class_names(settings, plan.meta)
+    picked.task = export_task(settings, plan.meta, chosen)
     if settings.format == "labelstudio":
-        picked.notes.extend(_unnamed(chosen, picked.class_names, settings))
-    handoff = settings.contact_sheet or settings.format == "labelstudio"
+        picked.notes.extend(_unnamed(chosen, picked.class_names, picked.task, settings))
+    handoff = settings.contact_sheet or settings.format == "labelstudio" or settings.labelstudio_config
     if handoff and is_text(chosen, pool, plan.meta):
         picked.texts, more = whole_texts(chosen, settings, pool, plan.meta)
         picked.notes.extend(more)
@@ -282,25 +287,37 @@ def _sentence(err: Exception) -> str:
 
 def write_batch(rows: list[dict], dest: str | None, settings: Settings,
                 meta: dict | None = None, *, texts: list[str] | None = None,
-                class_names: list[str] | None = None) -> None:
-    """The batch to `dest` ('-' or None = stdout) as csv, jsonl, paths, ids or Label Studio tasks.
-    Label Studio's model_version is the checkpoint the table's `meta` names, else --model's;
-    `texts` (a text pool's, one per row) go in data.text; `class_names` name integer preds."""
+                class_names: list[str] | None = None, task: str | None = None) -> None:
+    """The batch to `dest` ('-' or None = stdout) as csv, jsonl, paths, ids or Label Studio tasks
+    (pre-labelled as `task`'s predictions, by default the one `export_task` finds), and the
+    labeling config to --labelstudio-config. Label Studio's model_version is the checkpoint the
+    table's `meta` names, else --model's; `texts` (a text pool's, one per row) go in data.text;
+    `class_names` name integer preds."""
+    task = task or export_task(settings, meta or {}, rows)
+    config = _config(settings, task, class_names, texts is not None)  # refused before any output
     if settings.format != "labelstudio":
         write_table(rows, dest, settings.format, settings.null)
     else:
-        _write_tasks(rows, dest, settings, meta, texts, class_names)
+        _write_tasks(rows, dest, settings, meta, texts, class_names, task)
+    if config is not None:
+        try:
+            write_text(config, settings.labelstudio_config)
+        except OSError as err:
+            raise ConfigError(f"{settings.where('labelstudio_config')} "
+                              f"{settings.labelstudio_config}: cannot write it "
+                              f"({err.strerror or err})") from None
     if not writes_stream(dest):
         remove_sidecars(dest)  # a batch written over an earlier table: its files go with it
 
 
 def _write_tasks(rows: list[dict], dest: str | None, settings: Settings, meta: dict | None,
-                 texts: list[str] | None, class_names: list[str] | None) -> None:
+                 texts: list[str] | None, class_names: list[str] | None, task: str) -> None:
     model = (meta or {}).get("model_file") or settings.model
     version = model_version_from(model) if model else "unknown"
     try:
         write_json(to_labelstudio(rows, settings.image_root, version, texts=texts,
-                                  class_names=class_names, from_name=settings.from_name or "label",
+                                  class_names=class_names, task=task,
+                                  from_name=settings.from_name or "label",
                                   to_name=settings.to_name), dest or "-")
     except ImageRootError as err:
         raise ConfigError(f"{settings.where('image_root')} {settings.image_root}: "
@@ -309,6 +326,34 @@ def _write_tasks(rows: list[dict], dest: str | None, settings: Settings, meta: d
         raise TableError(f"cannot write Label Studio tasks: {_sentence(err)}") from None
     except OSError as err:
         raise TableError(f"cannot write output {dest} ({err.strerror or err})") from None
+
+
+def _config(settings: Settings, task: str, class_names: list[str] | None, text: bool) -> str | None:
+    """--labelstudio-config FILE: the labeling config the tasks' pre-labels fit (None: not asked)."""
+    if not settings.labelstudio_config:
+        return None
+    try:
+        return labeling_config(task, class_names, "text" if text else "image",
+                               settings.from_name or "label", settings.to_name)
+    except ValueError as err:
+        raise ConfigError(f"{settings.where('labelstudio_config')} {settings.labelstudio_config}: "
+                          f"{_sentence(err)}; pass {settings.option('class_names', 'FILE')}, one "
+                          f"name per line") from None
+
+
+def export_task(settings: Settings, meta: dict, rows: list[dict]) -> str:
+    """The task the rows predict: --task when given, else the one the table's meta.json (or this
+    process's run) records, else what the rows carry: `boxes` (detection), `pred_words` (token
+    classification); else classification."""
+    if settings.task not in (None, "auto"):
+        return settings.task
+    if isinstance(meta.get("task"), str):
+        return meta["task"]
+    if rows and all("boxes" in r for r in rows):
+        return "detection"
+    if rows and all("pred_words" in r for r in rows):
+        return "token-classification"
+    return "classification"
 
 
 def image_files(rows: list[dict], settings: Settings, pool=None, meta: dict | None = None
@@ -383,13 +428,16 @@ def class_names(settings: Settings, meta: dict) -> list[str] | None:
     return names if isinstance(names, list) and all(isinstance(n, str) for n in names) else None
 
 
-def _unnamed(rows: list[dict], names: list[str] | None, settings: Settings) -> list[str]:
-    """A warning when Label Studio tasks go without a pre-annotation for want of class names."""
-    bare = sum(1 for r in rows if r.get("pred") is not None and predicted_name(r, names) is None)
+def _unnamed(rows: list[dict], names: list[str] | None, task: str, settings: Settings) -> list[str]:
+    """A warning when Label Studio tasks go without (some of) their pre-labels for want of class
+    names."""
+    bare = unnamed(rows, names, task)
     if not bare:
         return []
-    return [f"{bare} of the {len(rows)} Label Studio tasks carry no predicted class: the table's "
-            f"pred is a class index and no class names are known (pass "
+    what = ("no predicted class" if task == "classification" else
+            "predicted classes without a name, left out")
+    return [f"{bare} of the {len(rows)} Label Studio tasks carry {what}: the table gives class "
+            f"indices and no class names are known (pass "
             f"{settings.option('class_names', 'FILE')}, one name per line)"]
 
 

@@ -1,0 +1,312 @@
+"""A real Label Studio round trip: `alcli select -f labelstudio --labelstudio-config` for each task,
+a Label Studio server on localhost (its own SQLite data folder), a project per task made from that
+config, the tasks imported through its HTTP API, the pre-labels read back as the tasks' predictions
+(and checked against the config by Label Studio's own SDK), two annotations submitted, the project
+exported as JSON, and the export given to `alcli select --exclude`: the next batch leaves out
+exactly the labeled examples.
+
+Label Studio pins its own Django, numpy and pyarrow, so it lives in a virtual environment of its
+own: the test finds its `label-studio` executable through ALCLI_LABEL_STUDIO, else PATH, and skips
+without one (README: "Label Studio round trip"). The first run migrates a database once (about two
+minutes on two cores) into a template under .pytest_cache; later runs copy it and start in ~20 s.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from alcli.cli import app
+
+pytestmark = pytest.mark.labelstudio
+
+TOKEN = "a1c11ab5e1a5700a1c11ab5e1a5700a1c11ab5e1"
+USER, PASSWORD = "alcli@example.com", "alcli-round-trip"
+NAMES = ["cat", "dog", "bird"]
+TAGS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
+TEXTS = ["Ann Lee met Bob in Oslo", "  Paris   is far  ", "Zoë and Émile Zola live in São Paulo",
+         "nobody here", "Bob", "Oslo and Bergen", "Lee Lee", "in New York City"]
+runner = CliRunner()
+
+
+def executable() -> str | None:
+    return os.environ.get("ALCLI_LABEL_STUDIO") or shutil.which("label-studio")
+
+
+def log(msg: str) -> None:
+    print(f"[labelstudio {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+# --- the server ----------------------------------------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env(data_dir: Path) -> dict:
+    return {**os.environ, "LABEL_STUDIO_BASE_DATA_DIR": str(data_dir),
+            "LATEST_VERSION_CHECK": "false", "COLLECT_ANALYTICS": "false",
+            "DJANGO_DB": "sqlite", "PYTHONPATH": ""}
+
+
+def _start(exe: str, data_dir: Path, port: int, out: Path) -> subprocess.Popen:
+    with open(out, "ab") as f:
+        return subprocess.Popen(
+            [exe, "start", "--no-browser", "--internal-host", "127.0.0.1", "-p", str(port),
+             "--username", USER, "--password", PASSWORD, "--user-token", TOKEN,
+             "--enable-legacy-api-token"],
+            env=_env(data_dir), stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _wait(proc: subprocess.Popen, port: int, limit: float, out: Path) -> None:
+    end = time.monotonic() + limit
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            pytest.fail(f"label-studio exited ({proc.returncode}): {out.read_text()[-2000:]}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except (OSError, urllib.error.URLError):
+            pass
+        time.sleep(0.5)
+    pytest.fail(f"label-studio did not answer within {limit:.0f} s: {out.read_text()[-2000:]}")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """The server and the workers it started (its own process group, started here)."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _template(exe: str, cache: Path, out: Path) -> Path:
+    """A migrated data folder with the test user, made once per label-studio install."""
+    done = cache / "template"
+    if (done / "label_studio.sqlite3").is_file():
+        return done
+    work = cache / f"making-{os.getpid()}"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    t0 = time.monotonic()
+    proc = _start(exe, work, _free_port(), out)
+    try:
+        _wait(proc, int(proc.args[proc.args.index("-p") + 1]), 900, out)
+    finally:
+        _stop(proc)
+    log(f"migrated a template database in {time.monotonic() - t0:.1f} s ({done})")
+    shutil.rmtree(done, ignore_errors=True)
+    work.rename(done)
+    return done
+
+
+class Server:
+    def __init__(self, port: int, exe: str):
+        self.base = f"http://127.0.0.1:{port}"
+        self.python = Path(exe).parent / "python"  # the venv's, for its SDK's validator
+
+    def call(self, method: str, path: str, body=None):
+        req = urllib.request.Request(
+            self.base + path, method=method,
+            data=None if body is None else json.dumps(body).encode(),
+            headers={"Authorization": f"Token {TOKEN}", "Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=120) as r:
+                return json.loads(r.read() or b"null")
+        except urllib.error.HTTPError as err:
+            raise AssertionError(f"{method} {path}: {err.code} {err.read()[:800]!r}") from None
+
+
+@pytest.fixture(scope="module")
+def server(request, tmp_path_factory):
+    exe = executable()
+    if not exe:
+        pytest.skip("label-studio is not installed (set ALCLI_LABEL_STUDIO to its executable; "
+                    "README: Label Studio round trip)")
+    key = hashlib.sha1(os.path.realpath(exe).encode()).hexdigest()[:12]
+    cache = Path(request.config.cache.mkdir(f"label-studio-{key}"))
+    root = tmp_path_factory.mktemp("labelstudio")
+    out = root / "server.log"
+    template = _template(exe, cache, out)
+    data = root / "data"
+    shutil.copytree(template, data)
+    port = _free_port()
+    t0 = time.monotonic()
+    proc = _start(exe, data, port, out)
+    try:
+        _wait(proc, port, 300, out)
+        log(f"server up on port {port} in {time.monotonic() - t0:.1f} s")
+        yield Server(port, exe)
+    finally:
+        _stop(proc)
+
+
+# --- alcli's side --------------------------------------------------------------------------------
+
+def cli(cwd: Path, *args) -> str:
+    old = os.getcwd()
+    os.chdir(cwd)
+    try:
+        result = runner.invoke(app, [str(a) for a in args])
+    finally:
+        os.chdir(old)
+    assert result.exit_code == 0, result.stderr + result.stdout
+    return result.stdout
+
+
+def _rows(task: str) -> list[dict]:
+    """Eight hand-written rows of a table `alcli score` would write for `task` (best first)."""
+    rows = []
+    for i in range(8):
+        row = {"rank": i + 1, "id": f"{task}/{i:02d}.png", "score": round(1.0 - i / 10, 3)}
+        if task == "classification":
+            row["pred"] = NAMES[i % 3]
+        elif task == "multilabel":
+            row["pred"] = "|".join(NAMES[k] for k in range(3) if (i >> k) & 1)
+        elif task == "regression":
+            row["pred"] = 0.25 * i - 1
+        elif task == "detection":  # the detection contract: boxes in pixels, the image's size
+            w, h = 320 + 16 * i, 240
+            boxes = [[4.0 * k + i, 8.0 * k, 100.0 + 20 * k + i, 90.0 + 10 * k, 1 + (i + k) % 3,
+                      0.9 - 0.2 * k] for k in range(i % 3)]
+            row.update(boxes=json.dumps(boxes), width=w, height=h)
+        elif task == "token-classification":
+            words = TEXTS[i].split()
+            tags = [("B-PER" if w in ("Ann", "Bob", "Zoë", "Émile", "Lee") else
+                     "I-PER" if w in ("Lee", "Zola") else
+                     "B-LOC" if w in ("Oslo", "Paris", "São", "New", "Bergen") else
+                     "I-LOC" if w in ("Paulo", "York", "City") else "O") for w in words]
+            row["id"] = f"t{i:02d}"
+            row.update(pred="|".join(sorted(set(tags))), text=TEXTS[i], pred_words=json.dumps(tags))
+        rows.append(row)
+    return rows
+
+
+def _write_table(folder: Path, task: str) -> Path:
+    rows = _rows(task)
+    columns = list(dict.fromkeys(k for r in rows for k in r))
+    import csv
+    table = folder / f"{task}.csv"
+    with open(table, "w", newline="") as f:
+        w = csv.DictWriter(f, columns)
+        w.writeheader()
+        w.writerows(rows)
+    names = TAGS if task == "token-classification" else None if task == "regression" else \
+        (["background", *NAMES] if task == "detection" else NAMES)
+    meta = {"task": task, "class_names": names}
+    if task == "token-classification":
+        meta["pool_kind"] = "text"
+    (folder / f"{task}.csv.meta.json").write_text(json.dumps(meta))
+    return table
+
+
+def _validate(server: Server, config: str, predictions: list[dict]) -> list[list[str]]:
+    """Label Studio's own SDK checks each prediction against the labeling config."""
+    if not server.python.is_file():
+        return [[] for _ in predictions]
+    script = ("import json, sys\nfrom label_studio_sdk.label_interface import LabelInterface\n"
+              "doc = json.load(sys.stdin)\nli = LabelInterface(doc['config'])\n"
+              "print(json.dumps([li.validate_prediction(p, return_errors=True) for p in doc['predictions']]))")
+    done = subprocess.run([str(server.python), "-c", script], input=json.dumps(
+        {"config": config, "predictions": predictions}), capture_output=True, text=True,
+        env={**os.environ, "PYTHONPATH": ""}, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout)
+
+
+def _edited(result: list[dict], task: str) -> list[dict]:
+    """An annotator's change to a pre-label: another class, or one region fewer."""
+    if not result:
+        return result
+    first = json.loads(json.dumps(result[0]))
+    value = first["value"]
+    if task == "classification":
+        value["choices"] = ["bird" if value["choices"] != ["bird"] else "cat"]
+    elif task == "multilabel":
+        value["choices"] = value["choices"][:1]
+    elif task == "regression":
+        value["number"] += 1.0
+    return [first] if task in ("classification", "multilabel", "regression") else result[1:]
+
+
+TASKS = ["classification", "multilabel", "token-classification", "detection", "regression",
+         "segmentation"]
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_round_trip(server, tmp_path, task):
+    t0 = time.monotonic()
+    table = _write_table(tmp_path, task)
+    cli(tmp_path, "select", table, "-n", 4, "--no-diverse", "-f", "labelstudio", "-o", "tasks.json",
+        "--labelstudio-config", "config.xml", "--image-root", "http://images.example/")
+    tasks = json.loads((tmp_path / "tasks.json").read_text())
+    config = (tmp_path / "config.xml").read_text()
+    assert len(tasks) == 4
+
+    project = server.call("POST", "/api/projects", {"title": f"alcli {task}", "label_config": config})
+    imported = server.call("POST", f"/api/projects/{project['id']}/import", tasks)
+    assert imported["task_count"] == 4 and imported["prediction_count"] == 4
+
+    stored = server.call("GET", f"/api/tasks?project={project['id']}&fields=all&page_size=100")["tasks"]
+    by_id = {t["data"]["alcli_id"]: t for t in stored}
+    assert set(by_id) == {t["data"]["alcli_id"] for t in tasks}
+    for sent in tasks:
+        got = by_id[sent["data"]["alcli_id"]]
+        assert len(got["predictions"]) == 1
+        pred = got["predictions"][0]
+        assert pred["result"] == sent["predictions"][0]["result"]
+        assert pred["score"] == pytest.approx(sent["predictions"][0]["score"])
+        assert pred["model_version"] == sent["predictions"][0]["model_version"]
+        assert got["data"] == sent["data"]
+    regions = sum(len(t["predictions"][0]["result"]) for t in tasks)
+    if task != "segmentation":
+        assert regions > 0
+    errors = _validate(server, config, [{"result": by_id[t["data"]["alcli_id"]]["predictions"][0]["result"]}
+                                        for t in tasks])
+    assert errors == [[]] * 4
+
+    # the first task's pre-labels accepted as they are, the third's changed; then export
+    labeled = [tasks[0]["data"]["alcli_id"], tasks[2]["data"]["alcli_id"]]
+    submitted = {}
+    for n, alcli_id in enumerate(labeled):
+        result = by_id[alcli_id]["predictions"][0]["result"]
+        result = result if n == 0 else _edited(result, task)
+        server.call("POST", f"/api/tasks/{by_id[alcli_id]['id']}/annotations", {"result": result})
+        submitted[alcli_id] = result
+    export = server.call("GET", f"/api/projects/{project['id']}/export?exportType=JSON")
+    assert sorted(t["data"]["alcli_id"] for t in export) == sorted(labeled)
+    for t in export:
+        assert [a["result"] for a in t["annotations"]] == [submitted[t["data"]["alcli_id"]]]
+    if task == "token-classification":
+        for t in export:
+            for region in t["annotations"][0]["result"]:
+                v = region["value"]
+                assert t["data"]["text"][v["start"]:v["end"]] == v["text"]
+    (tmp_path / "export.json").write_text(json.dumps(export))
+
+    # the next batch: the best four of what was not labeled
+    ranked = [r["id"] for r in _rows(task)]
+    following = cli(tmp_path, "select", table, "-n", 4, "--no-diverse", "-f", "ids",
+                    "--exclude", "export.json").split()
+    assert following == [i for i in ranked if i not in labeled][:4]
+    log(f"{task}: {len(tasks)} tasks, {regions} pre-label regions imported and read back, "
+        f"{len(labeled)} annotated, exported, next batch {following} "
+        f"({time.monotonic() - t0:.1f} s)")
