@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import csv
-import io
 import json
 import math
 import subprocess
