@@ -13,7 +13,7 @@ from .files.pool import Batch, collate, decoded
 from .gradnorm import (EngineFallback, UnsupportedModel, auto_choice, grad_norms_per_target,
                        rule_names, select_params)
 from .gradnorm.plan import ghost_plan_for
-from .score import tasks
+from .score import detection, tasks
 from .score.runner import forward, to_model
 from .session import check_layers, model_channels, model_for, pool_for
 
@@ -59,6 +59,9 @@ def inspect_model(settings: Settings, *, model: nn.Module | None = None, pool=No
             info.modules.append(ModuleInfo(name or "(root)", type(module).__name__,
                                            sum(p.numel() for p in own),
                                            any(id(p) in chosen for p in own), rules.get(name, "-")))
+    if info.task == "detection":  # alcli.score.detection: its own loop, not the engine's methods
+        info.method, info.reason = "loop", detection.METHOD_REASON
+        return info
     if settings.method != "auto" and settings.pool is None and pool is None:
         info.method, info.reason = settings.method, "asked for with --method"
         return info

@@ -145,11 +145,12 @@ def image_loss(model: nn.Module, image: torch.Tensor, target: dict, seed: int) -
 
 def grad_norm(model: nn.Module, image: torch.Tensor, target: dict, seed: int,
               params: list[torch.Tensor]) -> tuple[float, float]:
-    """(||∇θ ℓ(x, T)||, ℓ(x, T)), the squares summed in float64."""
+    """(||∇θ ℓ(x, T)||, ℓ(x, T)): each parameter's gradient norm in its own dtype (one fused
+    kernel), their squares summed in float64."""
     loss = image_loss(model, image, target, seed)
-    grads = torch.autograd.grad(loss, params, allow_unused=True)
-    squared = sum(g.detach().to(torch.float64).square().sum() for g in grads if g is not None)
-    return math.sqrt(float(squared)), float(loss.detach())
+    grads = [g for g in torch.autograd.grad(loss, params, allow_unused=True) if g is not None]
+    norms = torch.stack(torch._foreach_norm(grads)).to(torch.float64) if grads else torch.zeros(1)
+    return math.sqrt(float(norms.square().sum())), float(loss.detach())
 
 
 # --- the utilities -------------------------------------------------------------------------------
