@@ -313,6 +313,13 @@ Diverse = Annotated[Optional[bool], typer.Option(
 DiverseCandidates = Annotated[Optional[str], typer.Option(
     "--diverse-candidates", metavar="M", help="--diverse picks among the M best-scoring examples "
     "(per class with --per-class), or 'all' for classic BADGE. [default: 10 x budget]")]
+Sampling = Annotated[Optional[str], typer.Option(
+    "--sampling", metavar="top|power|softmax", help="top: the best scores; power or softmax: a "
+    "batch drawn from the scores, P ∝ score^β or exp(β score), seeded (Kirsch et al. 2023), for "
+    "large batches at any pool size; not with --diverse. [default: top]")]
+SamplingBeta = Annotated[Optional[float], typer.Option(
+    "--sampling-beta", metavar="B", help="β of --sampling power/softmax: larger is closer to "
+    "top. [default: 1]")]
 PerClass = Annotated[Optional[str], typer.Option(
     "--per-class", metavar="MODE", help="proportional or equal: spread the budget over the "
     "predicted classes in proportion to their counts, or equally.")]
@@ -634,6 +641,7 @@ def select(
     format: SelectFormat = None, null: Null = False, diverse: Diverse = None,
     diverse_candidates: DiverseCandidates = None,
     embeddings_file: ReadEmbeddings = None, per_class: PerClass = None, exclude: Exclude = None,
+    sampling: Sampling = None, sampling_beta: SamplingBeta = None,
     image_root: ImageRoot = None, contact_sheet: ContactSheet = None, image_dir: ImageDir = None,
     from_name: FromName = None, to_name: ToName = None,
     labelstudio_config: LabelStudioConfig = None,

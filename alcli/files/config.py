@@ -30,6 +30,7 @@ LOG_FORMATS = ("text", "json")
 PATH_KEYS = ("model", "pool", "output", "scores", "embeddings_file", "exclude", "image_dir",
              "contact_sheet", "class_names", "labelstudio_config")
 PER_CLASS_MODES = ("proportional", "equal")
+SAMPLINGS = ("top", "power", "softmax")  # alcli.selection.sampling.SAMPLINGS; a test keeps them equal
 # the names the strategy registry (alcli.score.strategies) and the engine (alcli.gradnorm.METHODS)
 # define, listed here so that reading a config does not import torch; a test keeps them equal
 STRATEGY_NAMES = ("egl", "gradnorm", "loss", "entropy", "margin", "least-confidence", "random",
@@ -110,6 +111,8 @@ class Settings:
     diverse_candidates: int | str | None = None  # `select --diverse`: shortlist size or "all"
                                                  # (default 10 x budget)
     per_class: str | None = None          # `select`: proportional | equal quotas per predicted class
+    sampling: str = "top"                 # `select`: top | power | softmax (alcli.selection.sampling)
+    sampling_beta: float = 1.0            # `select`: β of power / softmax sampling
     exclude: list[str] | None = None      # `select`: files of ids never to select
     image_root: str | None = None         # `select -f labelstudio`: URL/path prefix for data.image
     image_dir: str | None = None          # `select --contact-sheet`: folder the image ids are under
@@ -279,6 +282,18 @@ def _aggregate(v):
     if not m or not 0 < float(m.group(1)) <= 1:
         raise ValueError(what)
     return f"top:{float(m.group(1)):g}"
+
+
+def _positive(v):
+    """A finite number above 0."""
+    if isinstance(v, str):
+        try:
+            v = float(v)
+        except ValueError:
+            pass
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf:
+        raise ValueError("must be a number above 0")
+    return float(v)
 
 
 def _probability(v):
@@ -451,7 +466,8 @@ CHECKS: dict[str, Callable[[Any], Any]] = {
     "seed": _int(0), "output": _opt_str, "format": _choice(FORMATS), "scores": _opt_str,
     "budget": _opt(_int(1)), "quiet": _bool,
     "embeddings": _opt(_bool), "embeddings_file": _opt_str, "diverse": _opt(_bool), "diverse_candidates": _candidates,
-    "per_class": _opt(_choice(PER_CLASS_MODES)), "exclude": _files, "image_root": _opt_str,
+    "per_class": _opt(_choice(PER_CLASS_MODES)), "sampling": _choice(SAMPLINGS),
+    "sampling_beta": _positive, "exclude": _files, "image_root": _opt_str,
     "image_dir": _opt_str, "contact_sheet": _opt_str,
     "checkpoint_every": _checkpoint, "resume": _bool, "restart": _bool, "strict": _bool,
     "shard": _shard, "verbose": _bool, "progress_every": _seconds, "log_format": _choice(LOG_FORMATS),

@@ -8,23 +8,26 @@ import torch
 from .balance import per_class_quota
 from .diverse import select_diverse
 from .rank import order_key
+from .sampling import sample
 
 
 def choose(rows: list[dict], budget: int, *, per_class: str | None = None, factors=None,
-           seed: int = 0, candidates: int | str | None = None) -> list[dict]:
+           seed: int = 0, candidates: int | str | None = None, sampling: str = "top",
+           beta: float = 1.0) -> list[dict]:
     """The labeling batch from ranked, already filtered `rows`, best score first (ties by id).
 
     per_class: None, "proportional" or "equal": quotas per predicted class (`pred`) from
     balance.py, best scores first within a class. factors: (a [N, C], b [N, D]) BADGE factors
     aligned with `rows` for diverse selection (diverse.select_diverse, among the `candidates`
     best; default 10 x the budget; "all": classic BADGE over every row), per class when both are
-    asked for. Rows keep
-    their `rank` (their place in the whole table). A ValueError names what is wrong.
+    asked for. sampling: "top" (the best scores), or "power" / "softmax": drawn from the scores
+    (sampling.py), within each class's quota. Rows keep their `rank` (their place in the whole
+    table). A ValueError names what is wrong.
     """
     if budget < 1:
         raise ValueError("budget must be at least 1")
     if per_class is None and factors is None:
-        return sorted(rows, key=order_key)[:budget]
+        return sample(rows, budget, sampling, beta, seed)
     if isinstance(candidates, int) and candidates < budget:
         raise ValueError(f"--diverse-candidates {candidates} is smaller than the budget {budget}; "
                          f"diverse selection picks the batch among that many best-scoring examples")
@@ -47,7 +50,7 @@ def choose(rows: list[dict], budget: int, *, per_class: str | None = None, facto
         if quota[c] == 0:
             continue
         if factors is None:
-            chosen.extend(sorted((rows[i] for i in members), key=order_key)[:quota[c]])
+            chosen.extend(sample([rows[i] for i in members], quota[c], sampling, beta, seed))
             continue
         take = torch.tensor(members, dtype=torch.long)
         ids = [str(rows[i]["id"]) for i in members]

@@ -78,7 +78,11 @@ def prepare(settings: Settings, source: str | None, score_first: bool,
     if exclude_ids is not None:
         plan.exclusions.append(Exclusions("argument exclude= (ids)",
                                           [str(i) for i in exclude_ids]))
-    plan.diverse = settings.diverse is not False  # by default, when the embeddings are at hand
+    if settings.sampling != "top" and settings.diverse:
+        raise ConfigError(f"{settings.where('sampling')} {settings.sampling} draws the batch from "
+                          f"the scores, and {settings.where('diverse')} picks it by BADGE; choose one")
+    # diverse by default, when the embeddings are at hand (and the batch is not drawn)
+    plan.diverse = settings.diverse is not False and settings.sampling == "top"
     if plan.diverse and not score_first:
         path = settings.embeddings_file or (embeddings_path(str(source))
                                             if source not in (None, "-") else None)
@@ -195,7 +199,8 @@ def pick(settings: Settings, rows: list[dict], plan: SelectPlan, *, embeddings=N
     factors = _factors(settings, eligible, plan, embeddings) if diverse else None
     try:
         chosen = choose(eligible, settings.budget, per_class=settings.per_class, factors=factors,
-                        seed=settings.seed, candidates=settings.diverse_candidates)
+                        seed=settings.seed, candidates=settings.diverse_candidates,
+                        sampling=settings.sampling, beta=settings.sampling_beta)
     except ValueError as err:
         raise ConfigError(_sentence(err)) from None
     picked = Picked(chosen, len(eligible), notes, plan.meta)
