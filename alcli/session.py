@@ -89,11 +89,12 @@ def pool_for(settings: Settings, model: nn.Module, pool=None, stdin=None) -> Poo
                           f"a .pt/.npy/.npz tensor file, or - for image paths on stdin")
     task = settings.task if settings.task != "auto" else tasks.from_model(model) or "auto"
     detection.check_task(task, model)  # before anything is said of the transform
-    transform = detector_transform(settings) if task == "detection" else settings.transform
-    opts = PoolOptions(settings.labels_from_folders, transform, model_channels(model),
+    opts = PoolOptions(settings.labels_from_folders, settings.transform, model_channels(model),
                        settings.null, decode=settings.decode, class_names=names,
                        class_names_file=names_file, task=task)
     hf_options(opts, settings, model)
+    if task == "detection":
+        opts.transform = detector_transform(opts.transform, settings, detection.is_hf(model))
     if isinstance(settings.pool, str) and settings.pool != "-" and not Path(settings.pool).exists() \
             and not is_shard_spec(settings.pool):  # shards: each named in its own error
         raise PoolError(f"pool {settings.pool}{from_config(settings, 'pool')} does not exist")
@@ -104,17 +105,18 @@ def pool_for(settings: Settings, model: nn.Module, pool=None, stdin=None) -> Poo
     return opened_pool
 
 
-def detector_transform(settings: Settings) -> Transform:
-    """Detection: images as they are (a detector resizes and normalises them itself, and its
-    boxes are in the image's own pixels); a configured resize, crop or normalize is left out,
-    with a warning."""
-    t = settings.transform
-    unused = [k for k in ("resize", "center_crop", "normalize") if getattr(t, k) is not None]
-    if unused:
+def detector_transform(t: Transform, settings: Settings, normalised_outside: bool) -> Transform:
+    """Detection: images at their own size (boxes are in the image's pixels); torchvision's
+    detectors resize and normalise them themselves, a Hugging Face detector takes them normalised
+    (its processor's or the config's mean and std). A configured resize or crop, or a normalize
+    torchvision's would apply twice, is left out with a warning."""
+    unused = [k for k in ("resize", "center_crop", "normalize")
+              if getattr(t, k) is not None and not (k == "normalize" and normalised_outside)]
+    if unused and "transform" in settings.sources:  # a processor's resize is left out unsaid
         warnings.warn(f"transform.{', transform.'.join(unused)} ({settings.where('transform')}) "
-                      f"is not applied for detection: the detector resizes and normalises "
-                      f"images itself")
-    return Transform(grayscale=t.grayscale)
+                      f"is not applied for detection: images keep their own size"
+                      f"{'' if normalised_outside else ', and the detector normalises them itself'}")
+    return Transform(grayscale=t.grayscale, normalize=t.normalize if normalised_outside else None)
 
 
 def class_names_for(settings: Settings, model: nn.Module) -> tuple[list[str] | None, str | None]:

@@ -240,3 +240,64 @@ def test_a_detector_given_another_task_is_one_sentence(detector_files):
                  json.dumps(CLI_KWARGS), "--task", "classification", cwd=root)
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+# --- Hugging Face DETR-style detectors ------------------------------------------------------------
+
+def tiny_detr(dtype=torch.float64):
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("scipy")  # its loss matches queries to boxes with the Hungarian method
+    torch.manual_seed(0)
+    cfg = transformers.DetrConfig(
+        use_timm_backbone=True, backbone="resnet18", use_pretrained_backbone=False, num_queries=8,
+        d_model=32, encoder_layers=1, decoder_layers=1, encoder_ffn_dim=32, decoder_ffn_dim=32,
+        encoder_attention_heads=2, decoder_attention_heads=2, num_labels=3, auxiliary_loss=False,
+        id2label={0: "cat", 1: "dog", 2: "cow"}, label2id={"cat": 0, "dog": 1, "cow": 2})
+    return transformers.DetrForObjectDetection(cfg).to(dtype).eval()
+
+
+def detr_oracle(model, image, boxes, labels, dtype) -> float:
+    """The model's own loss for the image alone, boxes as (cx, cy, w, h) / image size."""
+    m = copy.deepcopy(model).to(dtype).eval()
+    h, w = image.shape[-2:]
+    xyxy = torch.tensor(boxes, dtype=dtype).reshape(-1, 4)
+    cxcywh = torch.stack([(xyxy[:, 0] + xyxy[:, 2]) / 2 / w, (xyxy[:, 1] + xyxy[:, 3]) / 2 / h,
+                          (xyxy[:, 2] - xyxy[:, 0]) / w, (xyxy[:, 3] - xyxy[:, 1]) / h], 1)
+    loss = m(pixel_values=image.to(dtype)[None],
+             labels=[{"class_labels": torch.tensor(labels, dtype=torch.long), "boxes": cxcywh}]).loss
+    grads = torch.autograd.grad(loss, [p for p in m.parameters() if p.requires_grad], allow_unused=True)
+    return math.sqrt(sum(float(g.double().square().sum()) for g in grads if g is not None))
+
+
+def test_a_hugging_face_detr_is_the_per_image_loop():
+    """In float32: Hugging Face's DETR loss does not run in float64 (its class weights are a
+    float32 buffer)."""
+    model, imgs = tiny_detr(torch.float32), images(torch.float32)
+    rows = detection.rows(model, imgs, IDS, Settings("gradnorm", box_threshold=0.1), ["cat", "dog", "cow"])
+    assert any(json.loads(r["boxes"]) for r in rows)
+    for row, img in zip(rows, imgs):
+        boxes = json.loads(row["boxes"])
+        want = detr_oracle(model, img, [b[:4] for b in boxes], [b[4] for b in boxes], torch.float32)
+        assert row["score"] == pytest.approx(want, rel=1e-5)
+        with torch.no_grad():
+            probs = model(pixel_values=img[None]).logits.softmax(-1)[0, :, :-1]
+        assert sorted(b[5] for b in boxes) == pytest.approx(sorted(p for p in probs.max(-1).values.tolist() if p >= 0.1))
+
+
+def test_score_reads_a_detr_directory(tmp_path):
+    model = tiny_detr(torch.float32)
+    model.save_pretrained(tmp_path / "detr")
+    (tmp_path / "imgs").mkdir()
+    rng = np.random.default_rng(0)
+    for name, (h, w) in [("a.png", (60, 80)), ("b.png", (50, 50))]:
+        Image.fromarray((rng.random((h, w, 3)) * 255).astype(np.uint8)).save(tmp_path / "imgs" / name)
+    done = alcli("score", "imgs", "--model", "detr", "--strategy", "gradnorm", "--box-threshold", "0.1",
+                 "-o", "scores.csv", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    rows = list(csv.DictReader(open(tmp_path / "scores.csv")))
+    for row in rows:
+        x = torch.from_numpy(np.array(Image.open(tmp_path / "imgs" / row["id"]))).permute(2, 0, 1).float() / 255
+        boxes = json.loads(row["boxes"])
+        assert set(row["pred"].split("|")) <= {"cat", "dog", "cow", ""}
+        want = detr_oracle(model, x, [b[:4] for b in boxes], [b[4] for b in boxes], torch.float32)
+        assert float(row["score"]) == pytest.approx(want, rel=1e-5)

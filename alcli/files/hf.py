@@ -61,7 +61,8 @@ def refuse_remote_code(path: Path, trust_remote_code: bool, names=("config.json"
 
 
 def load_model(path: Path, trust_remote_code: bool = False) -> nn.Module:
-    """The classification (or token classification) model saved in `path`, in eval mode."""
+    """The classification (token classification, object detection) model saved in `path`, in
+    eval mode."""
     refuse_remote_code(path, trust_remote_code)
     tf = transformers()
     try:
@@ -70,7 +71,8 @@ def load_model(path: Path, trust_remote_code: bool = False) -> nn.Module:
     except Exception as err:  # noqa: BLE001 - a malformed config.json raises many types
         raise CheckpointError(f"model directory {path} has no readable config.json "
                               f"({first_line(err)})") from None
-    auto = (tf.AutoModelForImageClassification if _is_image_model(tf, config)
+    auto = (tf.AutoModelForObjectDetection if _names(config, "ForObjectDetection")
+            else tf.AutoModelForImageClassification if _is_image_model(tf, config)
             else tf.AutoModelForTokenClassification if _is_token_model(config)
             else tf.AutoModelForSequenceClassification)
     try:
@@ -81,9 +83,14 @@ def load_model(path: Path, trust_remote_code: bool = False) -> nn.Module:
     return model.eval()
 
 
+def _names(config, kind: str) -> bool:
+    """Does the config's `architectures` name a model of this kind (a class name ending)?"""
+    return any(n.endswith(kind) for n in config.architectures or [])
+
+
 def _is_token_model(config) -> bool:
     """A token classifier (NER, tagging), as the config's architectures name it."""
-    return any(n.endswith("ForTokenClassification") for n in config.architectures or [])
+    return _names(config, "ForTokenClassification")
 
 
 def _is_image_model(tf, config) -> bool:

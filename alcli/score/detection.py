@@ -49,17 +49,26 @@ GRADIENT_UTILITIES = ("egl", "gradnorm")
 METHOD_REASON = "a detector's loss is not a per-example function of its batch: a backward per image"
 
 
+HF_MIN_SCORE = 0.05  # a DETR-style model's queries whose best class scores less predict no box
+
+
+def is_hf(model: nn.Module) -> bool:
+    """A Hugging Face `*ForObjectDetection` (DETR-style: queries of class logits and boxes)."""
+    return type(model).__name__.endswith("ForObjectDetection") and \
+        type(model).__module__.startswith("transformers")
+
+
 def is_detector(model: nn.Module) -> bool:
-    return type(model).__module__.startswith("torchvision.models.detection") and any(
-        k.__name__ in DETECTOR_CLASSES for k in type(model).__mro__)
+    return is_hf(model) or (type(model).__module__.startswith("torchvision.models.detection") and any(
+        k.__name__ in DETECTOR_CLASSES for k in type(model).__mro__))
 
 
 def check_task(task: str, model: nn.Module) -> None:
     """A RunError when a detector is given another task, or detection a model that is not one."""
     if task == "detection" and not is_detector(model):
-        raise RunError(f"--task detection needs one of torchvision's object detectors (Faster R-CNN, "
-                       f"RetinaNet, FCOS, SSD: --arch torchvision:NAME), and the model is a "
-                       f"{type(model).__name__}")
+        raise RunError(f"--task detection needs an object detector (torchvision's Faster R-CNN, "
+                       f"RetinaNet, FCOS or SSD, --arch torchvision:NAME; or a Hugging Face "
+                       f"*ForObjectDetection directory), and the model is a {type(model).__name__}")
     if task not in ("auto", "detection") and is_detector(model):
         raise RunError(f"the model is an object detector ({type(model).__name__}), which --task "
                        f"{task} cannot score; use --task detection (or auto)")
@@ -67,6 +76,8 @@ def check_task(task: str, model: nn.Module) -> None:
 
 def classes(model: nn.Module) -> int | None:
     """How many classes the detector scores (R-CNN and SSD count the background as class 0)."""
+    if is_hf(model):
+        return model.config.num_labels  # its "no object" class comes after them
     predictor = getattr(getattr(model, "roi_heads", None), "box_predictor", None)  # R-CNN
     if predictor is not None:
         return predictor.cls_score.out_features
@@ -85,9 +96,32 @@ def predict(model: nn.Module, images: list[torch.Tensor]) -> list[dict]:
     out: list[dict | None] = [None] * len(images)
     with torch.no_grad():
         for members in groups.values():
-            for i, found in zip(members, model([images[i] for i in members])):
+            group = [images[i] for i in members]
+            for i, found in zip(members, _hf_predict(model, group) if is_hf(model) else model(group)):
                 out[i] = {k: v.detach() for k, v in found.items()}
     return out
+
+
+def _hf_predict(model: nn.Module, images: list[torch.Tensor]) -> list[dict]:
+    """Same-sized images -> each query's best class (no object left out) and its probability,
+    and its box in pixels, for the queries scoring at least HF_MIN_SCORE."""
+    h, w = images[0].shape[-2:]
+    out = model(pixel_values=torch.stack(images))
+    probs = out.logits.softmax(-1)[..., :-1]                 # [B, Q, C]: no object dropped
+    scores, labels = probs.max(-1)
+    scale = torch.tensor([w, h, w, h], dtype=out.pred_boxes.dtype, device=out.pred_boxes.device)
+    boxes = _corners(out.pred_boxes) * scale                # [B, Q, 4] pixels
+    keep = scores >= HF_MIN_SCORE
+    return [{"boxes": b[k], "labels": c[k], "scores": p[k]} for b, c, p, k in zip(boxes, labels, scores, keep)]
+
+
+def _corners(cxcywh: torch.Tensor) -> torch.Tensor:
+    c, size = cxcywh[..., :2], cxcywh[..., 2:]
+    return torch.cat([c - size / 2, c + size / 2], -1)
+
+
+def _centres(xyxy: torch.Tensor) -> torch.Tensor:
+    return torch.cat([(xyxy[..., :2] + xyxy[..., 2:]) / 2, xyxy[..., 2:] - xyxy[..., :2]], -1)
 
 
 def _proper(boxes: torch.Tensor) -> torch.Tensor:
@@ -116,8 +150,12 @@ def sampled_targets(found: dict, id_, samples: int, seed: int) -> list[dict]:
 
 @contextlib.contextmanager
 def loss_mode(model: nn.Module):
-    """Training mode (the detector returns its losses) with normalisation layers and dropout as
-    in inference; eval mode again after."""
+    """Training mode (a torchvision detector returns its losses only then) with normalisation
+    layers and dropout as in inference; eval mode again after. A Hugging Face detector gives its
+    loss in eval mode (its dropout is functional, on in training mode): it stays there."""
+    if is_hf(model):
+        yield
+        return
     model.train()
     for module in model.modules():
         if isinstance(module, (nn.modules.batchnorm._BatchNorm, nn.Dropout)):
@@ -136,6 +174,11 @@ def image_seed(seed: int, id_) -> int:
 
 def image_loss(model: nn.Module, image: torch.Tensor, target: dict, seed: int) -> torch.Tensor:
     """ℓ(x, T): the detector's summed training loss for the image alone (in loss_mode)."""
+    if is_hf(model):  # boxes as (cx, cy, w, h) in [0, 1]; the Hungarian matching draws nothing
+        h, w = image.shape[-2:]
+        scale = torch.tensor([w, h, w, h], dtype=image.dtype, device=image.device)
+        labels = [{"class_labels": target["labels"], "boxes": _centres(target["boxes"].to(image.dtype)) / scale}]
+        return model(pixel_values=image.unsqueeze(0), labels=labels).loss
     devices = [image.device] if image.device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)

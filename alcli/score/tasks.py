@@ -168,7 +168,7 @@ def from_model(model: nn.Module) -> str | None:
         return "regression"
     if module.startswith("torchvision.models.segmentation"):
         return "segmentation"
-    if module.startswith("torchvision.models.detection"):
+    if module.startswith("torchvision.models.detection") or kind.endswith("ForObjectDetection"):
         return "detection"  # alcli.score.detection
     return None
 
