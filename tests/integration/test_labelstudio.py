@@ -253,8 +253,39 @@ TASKS = ["classification", "multilabel", "token-classification", "detection", "r
 
 @pytest.mark.parametrize("task", TASKS)
 def test_round_trip(server, tmp_path, task):
-    t0 = time.monotonic()
     table = _write_table(tmp_path, task)
+    round_trip(server, tmp_path, task, table, [r["id"] for r in _rows(task)])
+
+
+def test_round_trip_of_a_real_detector(server, tmp_path):
+    """`alcli score` with a torchvision detector, its boxes as pre-labels, the same round trip."""
+    import numpy as np
+    import torch
+    import torchvision
+    from PIL import Image
+    rng = np.random.default_rng(0)
+    (tmp_path / "imgs").mkdir()
+    for i, (h, w) in enumerate([(60, 80), (50, 50), (70, 40), (64, 64), (48, 96), (60, 80)]):
+        Image.fromarray((rng.random((h, w, 3)) * 255).astype(np.uint8)).save(tmp_path / "imgs" / f"{i}.png")
+    kwargs = {"num_classes": 4, "min_size": 64, "max_size": 96}
+    torch.manual_seed(0)
+    model = torchvision.models.get_model("fasterrcnn_mobilenet_v3_large_320_fpn", weights=None,
+                                         weights_backbone=None, **kwargs)
+    torch.save(model.state_dict(), tmp_path / "det.pt")
+    (tmp_path / "names.txt").write_text("background\n" + "\n".join(NAMES) + "\n")
+    cli(tmp_path, "score", "imgs", "--model", "det.pt", "--arch",
+        "torchvision:fasterrcnn_mobilenet_v3_large_320_fpn", "--arch-kwargs", json.dumps(kwargs),
+        "--strategy", "gradnorm", "--box-threshold", "0.2", "--class-names", "names.txt",
+        "-o", "scores.csv")
+    import csv
+    ranked = [r["id"] for r in csv.DictReader(open(tmp_path / "scores.csv"))]
+    round_trip(server, tmp_path, "detection", tmp_path / "scores.csv", ranked)
+
+
+def round_trip(server, tmp_path, task, table, ranked):
+    """select -f labelstudio -> import -> predictions read back and valid -> two annotations ->
+    export -> select --exclude gives the best four of the rest of `ranked` (the table's ids)."""
+    t0 = time.monotonic()
     cli(tmp_path, "select", table, "-n", 4, "--no-diverse", "-f", "labelstudio", "-o", "tasks.json",
         "--labelstudio-config", "config.xml", "--image-root", "http://images.example/")
     tasks = json.loads((tmp_path / "tasks.json").read_text())
@@ -303,7 +334,6 @@ def test_round_trip(server, tmp_path, task):
     (tmp_path / "export.json").write_text(json.dumps(export))
 
     # the next batch: the best four of what was not labeled
-    ranked = [r["id"] for r in _rows(task)]
     following = cli(tmp_path, "select", table, "-n", 4, "--no-diverse", "-f", "ids",
                     "--exclude", "export.json").split()
     assert following == [i for i in ranked if i not in labeled][:4]
