@@ -284,28 +284,23 @@ def _aggregate(v):
     return f"top:{float(m.group(1)):g}"
 
 
-def _positive(v):
-    """A finite number above 0."""
-    if isinstance(v, str):
-        try:
-            v = float(v)
-        except ValueError:
-            pass
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf:
-        raise ValueError("must be a number above 0")
-    return float(v)
+def _number_in(low: float, high: float, *, low_allowed: bool, what: str):
+    """A finite number (or its text) from `low` (itself only if `low_allowed`) to `high`."""
+    def check(v):
+        if isinstance(v, str):
+            try:
+                v = float(v)
+            except ValueError:
+                pass
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or \
+                not (low <= v if low_allowed else low < v) or v > high:
+            raise ValueError(f"must be a number {what}")
+        return float(v)
+    return check
 
 
-def _probability(v):
-    """A number from 0 to 1."""
-    if isinstance(v, str):
-        try:
-            v = float(v)
-        except ValueError:
-            pass
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
-        raise ValueError("must be a number from 0 to 1")
-    return float(v)
+_positive = _number_in(0, math.inf, low_allowed=False, what="above 0")
+_probability = _number_in(0, 1, low_allowed=True, what="from 0 to 1")
 
 
 def _mapping(v):
