@@ -1,0 +1,105 @@
+"""RetinaNet through the gradient engine: its loss splits by image (a focal loss and an L1 box loss
+per image, each over that image's own foreground count, no sampling), so for images of one size
+(padded alike, as each would be alone) the per-image losses are a per-example function of one
+batched forward of the backbone and head, which the engine's batched methods differentiate.
+
+    Heads(model)(x [B, 3, H, W] transformed)  -> out [B, A, C + 4]   (class logits, box deltas)
+    dense_targets(...)                        -> t   [B, A, C + 6]   (one-hot class, box targets,
+                                                                      valid, foreground)
+    per_image_loss(out, t)                    -> [B] = focal(valid) / n_fg + L1(foreground) / n_fg
+
+This is the per-image loss of alcli.score.detection (the image alone); tests/test_detection.py
+compares the two.
+"""
+from __future__ import annotations
+
+import weakref
+
+import torch
+from torch import nn
+from torchvision.models.detection.transform import resize_boxes
+from torchvision.ops import box_iou, sigmoid_focal_loss
+
+
+def servable(model: nn.Module) -> bool:
+    """torchvision's RetinaNet with its default L1 box loss (v2's GIoU is left to the loop)."""
+    return type(model).__name__ == "RetinaNet" and \
+        getattr(model.head.regression_head, "_loss_type", None) == "l1"
+
+
+class Heads(nn.Module):
+    """A RetinaNet's backbone and head on a transformed batch -> [B, A, C + 4]; the feature maps'
+    sizes of the last call are kept, for the anchors."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.backbone, self.head = model.backbone, model.head
+        self.sizes: list[tuple[int, int]] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        features = list(self.backbone(x).values())
+        self.sizes = [tuple(f.shape[-2:]) for f in features]
+        out = self.head(features)
+        return torch.cat([out["cls_logits"], out["bbox_regression"]], -1)
+
+
+def dense_targets(model: nn.Module, image_list, sizes, originals, targets: list[dict], dtype) -> torch.Tensor:
+    """Per image and anchor: the one-hot class target, the encoded box target, and whether the
+    anchor counts (not between the IoU thresholds) and is foreground -> [B, A, C + 6]."""
+    x = image_list.tensors
+    maps = [torch.empty(0, 0, h, w, dtype=x.dtype, device=x.device) for h, w in sizes]
+    anchors = model.anchor_generator(image_list, maps)
+    classes = model.head.classification_head.num_classes
+    rows = []
+    for a, target, original, size in zip(anchors, targets, originals, image_list.image_sizes):
+        out = torch.zeros(a.shape[0], classes + 6, dtype=dtype, device=a.device)
+        boxes = resize_boxes(target["boxes"].to(a.dtype), original, size)
+        if boxes.numel() == 0:
+            matched = torch.full((a.shape[0],), -1, dtype=torch.long, device=a.device)
+        else:
+            matched = model.proposal_matcher(box_iou(boxes, a))
+        fg = matched >= 0
+        out[fg, target["labels"][matched[fg]]] = 1.0
+        out[fg, classes:classes + 4] = model.box_coder.encode_single(boxes[matched[fg]], a[fg]).to(dtype)
+        out[:, classes + 4] = (matched != model.proposal_matcher.BETWEEN_THRESHOLDS).to(dtype)
+        out[:, classes + 5] = fg.to(dtype)
+        rows.append(out)
+    return torch.stack(rows)
+
+
+def per_image_loss(out: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """[B]: the focal loss over the anchors that count plus the L1 loss of the foreground's box
+    deltas, each over the image's foreground count (at least 1), as torchvision's heads sum them."""
+    classes = out.shape[-1] - 4
+    valid, fg = t[..., classes + 4], t[..., classes + 5]
+    count = fg.sum(1).clamp_min(1)
+    focal = sigmoid_focal_loss(out[..., :classes], t[..., :classes], reduction="none").sum(-1)
+    l1 = (out[..., classes:] - t[..., classes:classes + 4]).abs().sum(-1)
+    return ((focal * valid).sum(1) + (l1 * fg).sum(1)) / count
+
+
+_heads: "weakref.WeakKeyDictionary[nn.Module, Heads]" = weakref.WeakKeyDictionary()
+
+
+def norms(model: nn.Module, images: list[torch.Tensor], target_sets: list[list[dict]], method: str
+          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Same-sized images and K target sets (each a target per image) -> ([K, B] gradient norms,
+    [K, B] losses), through one forward and the engine's backward."""
+    from ..gradnorm import grad_norms_per_target
+    image_list, _ = model.transform(images)
+    heads = _heads.get(model)
+    if heads is None:  # one per model: the engine keeps what it learned of a module (its probes)
+        heads = _heads[model] = Heads(model)
+    originals = [tuple(img.shape[-2:]) for img in images]
+    dense: list[torch.Tensor] = []
+
+    def targets_for(out: torch.Tensor) -> list[torch.Tensor]:
+        dense[:] = [dense_targets(model, image_list, heads.sizes, originals, ts, out.dtype)
+                    for ts in target_sets]
+        return dense
+
+    grads, out = grad_norms_per_target(heads, image_list.tensors, targets_for, method=method,
+                                       loss_fn=per_image_loss)
+    with torch.no_grad():
+        losses = torch.stack([per_image_loss(out, t) for t in dense])
+    return grads, losses
