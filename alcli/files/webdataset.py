@@ -3,7 +3,8 @@ first dot of the file name; the rest is the member's extension): `.jpg`/`.png`/.
 `.txt` a text, `.cls` an integer label; `.json` and other members are ignored. A sample's key is
 its id. Opening reads the tar headers (and the small `.cls` members) of every shard; an item is
 read by seeking to its member, so shards spread over DataLoader workers and --shard without
-reading one another. Shards are named one by one, or by a brace pattern: `pool-{000..009}.tar`.
+reading one another. Shards are named one by one, or by a brace pattern: `pool-{000..009}.tar`,
+as paths or object-store URLs (remote.py; a remote shard is read ahead in blocks of 8 MiB).
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from ..errors import PoolError, first_line
+from . import remote
 from .pool import Item, Pool, PoolOptions, Text, _label, check_unique_ids
 from .tables import image_item, set_decoding
 
@@ -49,7 +51,7 @@ class Member(NamedTuple):
 
 
 class ShardPool(Pool):
-    def __init__(self, name: str, kind: str, shards: list[Path], ids: list[str],
+    def __init__(self, name: str, kind: str, shards: list, ids: list[str],
                  members: list[Member | None], labels: list[int], opts: PoolOptions):
         self.name, self.kind, self.shards = name, kind, shards
         self.ids, self.members, self.labels = ids, members, labels
@@ -69,7 +71,7 @@ class ShardPool(Pool):
         where += f" of {self.shards[member.shard]}"
         try:
             data = self._read(member)
-        except OSError as err:
+        except Exception as err:  # noqa: BLE001 - a file or store that fails: an error row
             return Item(self.ids[i], None, self.labels[i],
                         f"cannot read {where} ({first_line(err)})")
         if self.kind == "text":
@@ -86,7 +88,8 @@ class ShardPool(Pool):
             if self._file is not None:
                 self._file[1].close()
             self._file = None
-            self._file = (member.shard, open(self.shards[member.shard], "rb"))
+            self._file = (member.shard, remote.open_binary(self.shards[member.shard],
+                                                           remote.TAR_BLOCK))
         f = self._file[1]
         f.seek(member.offset)
         data = f.read(member.size)
@@ -102,11 +105,13 @@ def _split_name(name: str) -> tuple[str, str]:
     return (f"{folder}/{stem}" if folder else stem), ext.lower() if dot else ""
 
 
-def _scan(shard: Path, index: int, samples: dict, order: list[str]) -> None:
-    """Each member of the tar -> samples[key][ext] = Member; .cls contents read now."""
-    size = shard.stat().st_size
+def _scan(shard, index: int, samples: dict, order: list[str]) -> None:
+    """Each member of the tar (a Path or remote.Remote) -> samples[key][ext] = Member; .cls
+    contents read now."""
     try:
-        with tarfile.open(shard, "r:") as tar:
+        size = remote.size(shard)
+        with remote.open_binary(shard, remote.TAR_BLOCK) as f, \
+                tarfile.open(fileobj=f, mode="r:") as tar:
             for info in tar:
                 if not info.isfile():
                     continue
@@ -127,9 +132,12 @@ def _scan(shard: Path, index: int, samples: dict, order: list[str]) -> None:
                 else:
                     samples[key][ext] = Member(index, info.offset_data, info.size)
             _check_end(shard, tar.fileobj, tar.offset, size)
+    except PoolError:
+        raise
     except tarfile.TarError as err:
         raise PoolError(f"shard {shard} cannot be read as a tar file ({first_line(err)})") from None
-    except OSError as err:
+    except Exception as err:  # noqa: BLE001 - OSError, or the store's own
+        remote.raise_store_error("shard", shard, err)
         raise PoolError(f"shard {shard} cannot be read ({first_line(err)})") from None
 
 
@@ -143,19 +151,24 @@ def _check_end(shard: Path, f, offset: int, size: int) -> None:
                         f"with zero blocks; this one has {size - offset} other bytes there)")
 
 
+def _exists(shard) -> bool:
+    return shard.fs.exists(shard.path) if isinstance(shard, remote.Remote) else shard.exists()
+
+
 def from_shards(specs: list[str], opts: PoolOptions) -> Pool:
     """Tar shards named one by one or by brace patterns, in the order named."""
     names = [name for spec in specs for name in expand_braces(spec)]
-    shards = [Path(n) for n in names]
+    shards = [remote.locate(n) if remote.is_url(n) else Path(n) for n in names]
     for shard in shards:
-        if not shard.is_file():
-            raise PoolError(f"shard {shard} does not exist" if not shard.exists() else
-                            f"shard {shard} is not a file")
+        with remote.reading("shard", shard):
+            if not remote.is_file(shard):
+                raise PoolError(f"shard {shard} does not exist" if not _exists(shard) else
+                                f"shard {shard} is not a file")
     samples: dict[str, dict] = {}
     order: list[str] = []
     for index, shard in enumerate(shards):
         _scan(shard, index, samples, order)
-    name = specs[0] if len(specs) == 1 else f"of {len(shards)} shards"
+    name = remote.shown(specs[0]) if len(specs) == 1 else f"of {len(shards)} shards"
     if not order:
         raise PoolError(f"shard pool {name} holds no samples")
     has_images = any(ext in s for s in samples.values() for ext in IMAGE_KEYS)
