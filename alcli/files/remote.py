@@ -33,7 +33,7 @@ class Remote(NamedTuple):
     path: str   # its path, without the scheme
 
     def __str__(self) -> str:
-        return self.fs.unstrip_protocol(self.path)
+        return shown(self.fs.unstrip_protocol(self.path))
 
     @property
     def name(self) -> str:
@@ -78,13 +78,20 @@ def reading(what: str, url, error=PoolError):
 
 def raise_store_error(what: str, url, err: Exception, error=PoolError) -> None:
     """One sentence for a missing, forbidden or unreachable `url` (a URL or Remote); nothing for
-    the errors of reading a file's content (OSError, ValueError) or for a local file."""
-    if not isinstance(url, Remote) and not is_url(url):
-        return
+    the errors of reading a file's content (OSError, ValueError), nor, but a missing one, for a
+    local file."""
+    local = not isinstance(url, Remote) and not is_url(url)
+    cause = err.__cause__
+    if isinstance(err, FileNotFoundError) and isinstance(cause, OSError) \
+            and not isinstance(cause, FileNotFoundError):  # fsspec's http: unreachable, as this
+        raise error(f"cannot read {what} {shown(url)} ({shown(str(cause) or first_line(cause))})") \
+            from None
     if isinstance(err, FileNotFoundError):
-        bucket = "bucket" in str(err).lower()
+        bucket = not local and "bucket" in str(err).lower()
         raise error(f"{what} {shown(url)} does not exist"
                     + (" (there is no such bucket)" if bucket else "")) from None
+    if local:
+        return
     if isinstance(err, PermissionError):
         raise error(f"{what} {shown(url)}: access denied ({shown(first_line(err))}); check the "
                     f"credentials the store's tools use (for S3: AWS_ACCESS_KEY_ID, AWS_PROFILE, "
@@ -109,8 +116,13 @@ def size(file) -> int:
     return file.fs.size(file.path) if isinstance(file, Remote) else file.stat().st_size
 
 
-def is_file(file) -> bool:
-    return file.fs.isfile(file.path) if isinstance(file, Remote) else file.is_file()
+def kind(file) -> str:
+    """'file', 'directory' (or another kind); FileNotFoundError when there is nothing."""
+    if isinstance(file, Remote):
+        return file.fs.info(file.path)["type"]
+    if not file.exists():
+        raise FileNotFoundError(str(file))
+    return "file" if file.is_file() else "directory" if file.is_dir() else "other"
 
 
 def read_bytes(file) -> bytes:

@@ -8,7 +8,7 @@ from pathlib import Path
 from ..errors import ConfigError
 from .pool import Pool, PoolOptions
 from .pool import open_pool as open_file_pool
-from .remote import is_url, locate, reading, shown
+from .remote import is_url, kind, locate, reading, shown
 from .tables import TABLE_EXTS, from_hf_dataset, from_parquet, is_hf_dataset, is_parquet_folder
 from .webdataset import from_shards, is_shard_spec
 
@@ -48,9 +48,7 @@ def _remote(specs: list[str], opts: PoolOptions) -> Pool:
         raise ConfigError(f"pool {shown(specs[0])}: several URLs must all name .tar shards")
     with reading("pool", specs[0]):
         table = locate(specs[0])
-        if not table.fs.exists(table.path):
-            raise FileNotFoundError(table.path)
-        if table.fs.isdir(table.path) or table.path.lower().endswith(TABLE_EXTS):
+        if kind(table) == "directory" or table.path.lower().endswith(TABLE_EXTS):
             return _no_folders(opts) or from_parquet(table, opts)
     raise ConfigError(f"pool {shown(specs[0])}: an object-store pool is a .parquet file, a folder "
                       f"of them, or .tar shards")

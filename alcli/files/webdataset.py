@@ -151,19 +151,14 @@ def _check_end(shard: Path, f, offset: int, size: int) -> None:
                         f"with zero blocks; this one has {size - offset} other bytes there)")
 
 
-def _exists(shard) -> bool:
-    return shard.fs.exists(shard.path) if isinstance(shard, remote.Remote) else shard.exists()
-
-
 def from_shards(specs: list[str], opts: PoolOptions) -> Pool:
     """Tar shards named one by one or by brace patterns, in the order named."""
     names = [name for spec in specs for name in expand_braces(spec)]
     shards = [remote.locate(n) if remote.is_url(n) else Path(n) for n in names]
     for shard in shards:
         with remote.reading("shard", shard):
-            if not remote.is_file(shard):
-                raise PoolError(f"shard {shard} does not exist" if not _exists(shard) else
-                                f"shard {shard} is not a file")
+            if remote.kind(shard) != "file":
+                raise PoolError(f"shard {shard} is not a file")
     samples: dict[str, dict] = {}
     order: list[str] = []
     for index, shard in enumerate(shards):
