@@ -20,9 +20,10 @@ from typing import NamedTuple
 
 from ..errors import AlcliError, PoolError, first_line
 
-# scheme -> the package that reads it (fsspec picks the implementation)
-SCHEMES = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs",
-           "abfs": "adlfs", "abfss": "adlfs", "http": "aiohttp", "https": "aiohttp"}
+# scheme -> the package that reads it (fsspec picks the implementation) and alcli's extra for it
+SCHEMES = {"s3": ("s3fs", "s3"), "s3a": ("s3fs", "s3"), "gs": ("gcsfs", "gcs"),
+           "gcs": ("gcsfs", "gcs"), "az": ("adlfs", "azure"), "abfs": ("adlfs", "azure"),
+           "abfss": ("adlfs", "azure"), "http": ("aiohttp", "http"), "https": ("aiohttp", "http")}
 URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]*@")
 TAR_BLOCK = 8 << 20  # bytes fetched at once when a tar is read in order
@@ -57,8 +58,9 @@ def locate(url: str, error=PoolError) -> Remote:
         import fsspec
         fs, path = fsspec.core.url_to_fs(url)
     except ImportError:
-        raise error(f"{shown(url)}: reading {scheme}:// URLs needs {SCHEMES[scheme]}; pip install "
-                    f"'alcli[remote]'") from None
+        package, extra = SCHEMES[scheme]
+        raise error(f"{shown(url)}: reading {scheme}:// URLs needs {package}; pip install "
+                    f"'alcli[{extra}]'") from None
     except Exception as err:  # noqa: BLE001 - a malformed URL, a bad option in the environment
         raise error(f"{shown(url)} cannot be opened ({shown(first_line(err))})") from None
     return Remote(fs, path)
