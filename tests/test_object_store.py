@@ -93,6 +93,10 @@ def test_parquet_shards_and_checkpoint_by_url_give_the_local_tables(in_ws, tmp_p
     out = tmp_path / "scores.csv"
     score(in_ws, "s3://pools/wds/pool-{000000..000002}.tar", "-m", model, "-o", out)
     assert rows(out) == local_shards
+    # two loader workers, each a forked process that connects anew
+    assert rows(score(in_ws, url, "--id-column", "id", "--workers", "2", "-o", "-")) == local
+    assert rows(score(in_ws, "s3://pools/wds/pool-{000000..000002}.tar", "--workers", "2",
+                      "-o", "-")) == local_shards
     meta = json.loads(Path(f"{out}.meta.json").read_text())
     assert meta["pool_path"] == "s3://pools/wds/pool-{000000..000002}.tar"
     assert meta["model_file"] == model and "testing" not in json.dumps(meta)

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import os
 import re
 import shutil
 import tempfile
 from pathlib import Path
-from typing import NamedTuple
-
 from ..errors import AlcliError, PoolError, first_line
 
 # scheme -> the package that reads it (fsspec picks the implementation) and alcli's extra for it
@@ -29,9 +28,25 @@ USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]*@")
 TAR_BLOCK = 8 << 20  # bytes fetched at once when a tar is read in order
 
 
-class Remote(NamedTuple):
-    fs: object  # an fsspec filesystem
-    path: str   # its path, without the scheme
+class Remote:
+    """A file or folder in an object store: its fsspec filesystem and its path (no scheme)."""
+
+    def __init__(self, fs, path: str):
+        self._fs, self.path = fs, path
+
+    @property
+    def fs(self):
+        """The filesystem, made anew in a forked process (a DataLoader worker), as fsspec's
+        asynchronous ones serve only the process that made them."""
+        if getattr(self._fs, "_pid", os.getpid()) != os.getpid():
+            self._fs = type(self._fs)(**self._fs.storage_options)
+        return self._fs
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Remote) and str(self) == str(other)
+
+    def __hash__(self) -> int:
+        return hash(str(self))
 
     def __str__(self) -> str:
         return shown(self.fs.unstrip_protocol(self.path))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import bisect
 import io
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -56,6 +57,7 @@ class ParquetChunks:
     def __init__(self, files: list, groups: list[tuple[int, int]]):
         self.files, self.groups = files, groups
         self._open: dict[int, object] = {}
+        self._pid = os.getpid()  # the process _open belongs to (a forked worker opens its own)
 
     def __getstate__(self):  # each worker opens the files itself
         return {**self.__dict__, "_open": {}}
@@ -70,8 +72,8 @@ class ParquetChunks:
     def column(self, k: int, name: str) -> list:
         import pyarrow.parquet as pq
         f, g = self.groups[k]
-        if f not in self._open:
-            self._open = {f: _parquet_file(self.files[f])}  # one file open at a time
+        if f not in self._open or self._pid != os.getpid():
+            self._open, self._pid = {f: _parquet_file(self.files[f])}, os.getpid()  # one at a time
         return self._open[f].read_row_group(g, columns=[name]).column(0).to_pylist()
 
 

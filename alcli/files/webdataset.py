@@ -8,6 +8,7 @@ as paths or object-store URLs (remote.py; a remote shard is read ahead in blocks
 """
 from __future__ import annotations
 
+import os
 import re
 import tarfile
 from pathlib import Path
@@ -56,7 +57,7 @@ class ShardPool(Pool):
         self.name, self.kind, self.shards = name, kind, shards
         self.ids, self.members, self.labels = ids, members, labels
         self.has_labels = any(label >= 0 for label in labels)
-        self._file: tuple[int, object] | None = None  # (shard, its open file): the one last read
+        self._file: tuple[int, object, int] | None = None  # (shard, its open file, the process)
         set_decoding(self, kind, opts)
 
     def __getstate__(self):  # each worker opens the shards itself
@@ -84,12 +85,12 @@ class ShardPool(Pool):
         return image_item(self.ids[i], self.labels[i], data, self.transform, self.decode, where)
 
     def _read(self, member: Member) -> bytes:
-        if self._file is None or self._file[0] != member.shard:
-            if self._file is not None:
+        if self._file is None or self._file[0] != member.shard or self._file[2] != os.getpid():
+            if self._file is not None and self._file[2] == os.getpid():
                 self._file[1].close()
-            self._file = None
+            self._file = None  # a forked worker opens its own: an offset shared would race
             self._file = (member.shard, remote.open_binary(self.shards[member.shard],
-                                                           remote.TAR_BLOCK))
+                                                           remote.TAR_BLOCK), os.getpid())
         f = self._file[1]
         f.seek(member.offset)
         data = f.read(member.size)
