@@ -167,6 +167,7 @@ def test_missing_forbidden_and_unreachable_stores_are_one_sentence(in_ws, tmp_pa
                                                                    monkeypatch):
     table = bytes_table(in_ws, tmp_path / "pool.parquet")
     upload(store, table, "tables/pool.parquet")
+    upload(store, table, "other/pool.bin")
     store.create_bucket(Bucket="locked")
     store.upload_file(str(table), "locked", "pool.parquet")
     store.put_bucket_policy(Bucket="locked", Policy=json.dumps({"Statement": [{
@@ -175,7 +176,8 @@ def test_missing_forbidden_and_unreachable_stores_are_one_sentence(in_ws, tmp_pa
     for url, culprit in (("s3://pools/tables/nope.parquet", "s3://pools/tables/nope.parquet does not exist"),
                          ("s3://no-such-bucket/pool.parquet", "there is no such bucket"),
                          ("s3://pools/wds/nope-{0..1}.tar", "shard s3://pools/wds/nope-0.tar does not exist"),
-                         ("s3://locked/pool.parquet", "s3://locked/pool.parquet: access denied")):
+                         ("s3://locked/pool.parquet", "s3://locked/pool.parquet: access denied"),
+                         ("s3://pools/other/", "s3://pools/other holds no .parquet files")):
         assert_one_error(score(in_ws, url, "-o", "-", ok=False), culprit, url)
     assert_one_error(score(in_ws, "pool", "--labels-from-folders", "-m", "s3://pools/no.pt",
                            "-o", "-", ok=False), "model s3://pools/no.pt does not exist", "model")

@@ -328,6 +328,9 @@ def from_parquet(spec, opts: PoolOptions) -> Pool:
             is_dir = spec.fs.isdir(spec.path)
             files = remote.files_under(spec, ".parquet") if is_dir else [spec]
         spec = str(spec)
+        if not files:
+            raise PoolError(f"folder {spec} holds no .parquet files (a pool in an object store is "
+                            f"a .parquet file, a folder of them, or .tar shards)")
     else:
         root = Path(spec)
         files = sorted(root.rglob("*.parquet")) if root.is_dir() else [root]
