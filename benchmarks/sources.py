@@ -13,7 +13,7 @@ and each process tree's peak PSS (psutil, sampled every 0.2 s; children run with
 MALLOC_MMAP_THRESHOLD_=65536 so freed memory returns to the OS). The pools are written once under
 --dir and kept (a later run reuses them).
 
-    python benchmarks/sources.py --rows 100000 1000000 [--files-max 100000] [--e2e-rows 20000]
+    python benchmarks/sources.py --rows 100000 1000000 [--files-max 100000] [--e2e-rows 2000]
 """
 from __future__ import annotations
 
@@ -164,7 +164,7 @@ def main() -> None:
     ap.add_argument("--rows", type=int, nargs="+", default=[100_000, 1_000_000])
     ap.add_argument("--files-max", type=int, default=100_000,
                     help="largest pool also written as a folder of files")
-    ap.add_argument("--e2e-rows", type=int, default=20_000)
+    ap.add_argument("--e2e-rows", type=int, default=2_000)
     ap.add_argument("--dir", default="/tmp/alcli_sources_bench")
     ap.add_argument("--child", nargs="+")
     args = ap.parse_args()
