@@ -166,6 +166,7 @@ def main() -> None:
                     help="largest pool also written as a folder of files")
     ap.add_argument("--e2e-rows", type=int, default=2_000)
     ap.add_argument("--dir", default="/tmp/alcli_sources_bench")
+    ap.add_argument("--sources", nargs="+", default=["parquet", "webdataset", "files"])
     ap.add_argument("--child", nargs="+")
     args = ap.parse_args()
     if args.child:
@@ -180,6 +181,8 @@ def main() -> None:
         print(f"# {n} rows written in {time.perf_counter() - t:.0f} s", flush=True)
         k = max(1, round(n / args.e2e_rows))
         for name, spec in pools.items():
+            if name not in args.sources:
+                continue
             for mode in ("data", "e2e"):
                 out = Path(args.dir) / str(n) / f"scores-{name}.csv"
                 child = ["data", spec] if mode == "data" else ["e2e", spec, f"0/{k}", str(out)]
