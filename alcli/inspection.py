@@ -10,6 +10,7 @@ from torch import nn
 from .errors import PoolError, RunError
 from .files.config import Settings
 from .files.pool import Batch, collate, decoded
+from .files.remote import shown
 from .gradnorm import (EngineFallback, UnsupportedModel, auto_choice, grad_norms_per_target,
                        rule_names, select_params)
 from .gradnorm.plan import ghost_plan_for
@@ -46,7 +47,7 @@ def inspect_model(settings: Settings, *, model: nn.Module | None = None, pool=No
     net = model_for(settings, model).eval()
     check_layers(net, settings.layers)
     chosen = {id(p) for p in select_params(net, settings.layers).params}
-    info = Inspection(model=settings.model or type(net).__name__,
+    info = Inspection(model=shown(settings.model) if settings.model else type(net).__name__,
                       total_params=sum(p.numel() for p in net.parameters()),
                       selected_params=sum(p.numel() for p in net.parameters() if id(p) in chosen),
                       channels=model_channels(net))

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from .errors import CheckpointError, ConfigError, PoolError
-from .files import hf
+from .files import hf, remote
 from .files.checkpoint import load_model
 from .files.classnames import id2label_names, read_class_names
 from .files.config import Settings, Transform
@@ -62,11 +62,14 @@ def model_for(settings: Settings, model: nn.Module | None = None) -> nn.Module:
     if settings.model is None:
         raise ConfigError(f"no model given; pass {settings.option('model', 'PATH')} (or set model: "
                           f"in a config)")
-    if not Path(settings.model).exists():
+    path = settings.model
+    if remote.is_url(path):  # copied once; longrun.job hashes the same copy
+        path = remote.local_copy(path, CheckpointError)
+    elif not Path(path).exists():
         raise CheckpointError(f"model file {settings.model}{from_config(settings, 'model')} does "
                               f"not exist")
     config_dir = Path(settings.config_file).parent if settings.config_file else None
-    return load_model(settings.model, arch=settings.arch, arch_kwargs=settings.arch_kwargs,
+    return load_model(path, arch=settings.arch, arch_kwargs=settings.arch_kwargs,
                       trust=settings.trust_checkpoint, ema=settings.ema,
                       trust_remote_code=settings.trust_remote_code, config_dir=config_dir)
 
@@ -96,7 +99,7 @@ def pool_for(settings: Settings, model: nn.Module, pool=None, stdin=None) -> Poo
     if task == "detection":
         opts.transform = detector_transform(opts.transform, settings, detection.is_hf(model))
     if isinstance(settings.pool, str) and settings.pool != "-" and not Path(settings.pool).exists() \
-            and not is_shard_spec(settings.pool):  # shards: each named in its own error
+            and not is_shard_spec(settings.pool) and not remote.is_url(settings.pool):  # shards: each named in its own error
         raise PoolError(f"pool {settings.pool}{from_config(settings, 'pool')} does not exist")
     opened_pool = named(open_pool(settings.pool, opts, stdin), names, names_file)
     opened_pool.keeps_sizes = task == "detection"

@@ -119,6 +119,30 @@ def test_a_corrupt_image_cell_is_an_error_row_and_the_rest_scores_as_before(in_w
     assert without_rank(rows(out)) == without_rank(folder)
 
 
+def test_a_corrupt_row_group_found_mid_run_lists_its_rows_and_the_rest_scores_as_before(in_ws,
+                                                                                         tmp_path):
+    """The image column of row group 1 is overwritten: opening reads the ids (intact), the run
+    finds the group unreadable when it reaches it; its 4 rows go to errors.csv, as unreadable
+    files do, and the other rows score as the folder's."""
+    table = bytes_table(in_ws, tmp_path / "pool.parquet")
+    chunk = pq.ParquetFile(table).metadata.row_group(1).column(1)  # the image column
+    assert chunk.path_in_schema == "image"
+    start = chunk.dictionary_page_offset or chunk.data_page_offset
+    data = bytearray(table.read_bytes())
+    data[start:start + chunk.total_compressed_size] = b"\xff" * chunk.total_compressed_size
+    table.write_bytes(bytes(data))
+    out = tmp_path / "scores.csv"
+    result = score(in_ws, table, "--id-column", "id", "-o", out)
+    lost = sorted(in_ws.images)[4:8]
+    errors = parse_csv((tmp_path / "scores.csv.errors.csv").read_text())
+    assert [e["id"] for e in errors] == lost
+    assert all(f"cannot read row group 1 of {table}" in e["error"] for e in errors)
+    assert "skipped 4 unreadable examples" in result.stderr
+    without_rank = lambda t: [{k: v for k, v in r.items() if k != "rank"} for r in t]
+    assert without_rank(rows(out)) == without_rank([r for r in folder_rows(in_ws)
+                                                    if r["id"] not in lost])
+
+
 def test_shard_of_a_parquet_pool_is_the_folders_shard(in_ws, tmp_path):
     table = bytes_table(in_ws, tmp_path / "pool.parquet")
     for k in range(2):

@@ -22,6 +22,7 @@ from typing import Any, Callable
 import yaml
 
 from ..errors import ConfigError
+from .remote import is_url
 
 DEFAULT_CONFIG = Path("configs") / "default.yaml"  # used by the CLI when neither --config nor --model
 FORMATS = ("csv", "jsonl", "paths", "ids", "labelstudio")  # labelstudio: `select` only
@@ -547,7 +548,8 @@ def _relative_to(folder: Path, values: dict) -> dict:
     """The config's relative paths (PATH_KEYS) joined to the config file's folder; `-` (stdin or
     stdout) and absolute paths as they are. Values of the wrong type are left for the checks."""
     def join(v):
-        if isinstance(v, str) and v and v != "-" and not Path(v).expanduser().is_absolute():
+        if isinstance(v, str) and v and v != "-" and not Path(v).expanduser().is_absolute() \
+                and not is_url(v):  # an object-store URL as it is
             return os.path.normpath(folder / v)  # configs/../data -> data
         return v
     out = dict(values)

@@ -5,6 +5,7 @@ import os
 
 from ..errors import ConfigError
 from .atomic import writes_stream
+from .remote import is_url, shown
 
 
 def check_not_input(output: str | None, option: str, inputs: list[tuple[str, object]],
@@ -15,6 +16,7 @@ def check_not_input(output: str | None, option: str, inputs: list[tuple[str, obj
     FIFOs) are never replaced, so they are not compared."""
     if output is None or writes_stream(output):
         return
+    refuse_remote(output, option)
     for what, paths in inputs:
         for path in paths if isinstance(paths, (list, tuple)) else [paths]:
             if not isinstance(path, (str, os.PathLike)) or str(path) == "-":
@@ -26,6 +28,13 @@ def check_not_input(output: str | None, option: str, inputs: list[tuple[str, obj
                 if _same(f"{output}.{suffix}", path):
                     raise ConfigError(f"{option} {output} would remove {output}.{suffix}, which "
                                       f"is {what}; choose another output file")
+
+
+def refuse_remote(output: str | None, option: str) -> None:
+    """Outputs are local files: a table is written whole (temp + rename) and resumed in place."""
+    if is_url(output):
+        raise ConfigError(f"{option} {shown(output)} is an object-store URL; alcli writes its "
+                          f"outputs to local files (copy the table up afterwards)")
 
 
 def _same(a, b) -> bool:

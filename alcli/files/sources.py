@@ -1,5 +1,6 @@
 """Which source opens a pool: Parquet tables and Hugging Face datasets (tables.py), WebDataset tar
-shards (webdataset.py), else the folders, manifests, texts and tensors of pool.py."""
+shards (webdataset.py), else the folders, manifests, texts and tensors of pool.py. Tables and
+shards may also be object-store URLs (remote.py)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,6 +8,7 @@ from pathlib import Path
 from ..errors import ConfigError
 from .pool import Pool, PoolOptions
 from .pool import open_pool as open_file_pool
+from .remote import is_url, kind, locate, reading, shown
 from .tables import TABLE_EXTS, from_hf_dataset, from_parquet, is_hf_dataset, is_parquet_folder
 from .webdataset import from_shards, is_shard_spec
 
@@ -15,11 +17,15 @@ def open_pool(spec: str | list[str], opts: PoolOptions, stdin=None) -> Pool:
     """Open the pool `spec` names (a path, '-' for stdin, a brace pattern of tar shards, or a
     list of image files or of tar shards)."""
     if isinstance(spec, list):
+        if any(is_url(s) for s in spec):
+            return _remote(spec, opts)
         if spec and all(is_shard_spec(s) for s in spec):
             return _no_folders(opts) or from_shards(spec, opts)
         return open_file_pool(spec, opts, stdin)
     if spec == "-":
         return open_file_pool(spec, opts, stdin)
+    if is_url(spec):
+        return _remote([spec], opts)
     path = Path(spec)
     if is_shard_spec(spec):
         return _no_folders(opts) or from_shards([spec], opts)
@@ -29,6 +35,23 @@ def open_pool(spec: str | list[str], opts: PoolOptions, stdin=None) -> Pool:
                                                        and path.is_file()):
         return _no_folders(opts) or from_parquet(spec, opts)
     return open_file_pool(spec, opts, stdin)
+
+
+def _remote(specs: list[str], opts: PoolOptions) -> Pool:
+    """Tar shards or a Parquet file or folder at object-store URLs."""
+    if not all(is_url(s) for s in specs):
+        raise ConfigError(f"pool {shown(specs[0])}: object-store URLs and local files cannot be "
+                          f"mixed in one pool")
+    if all(is_shard_spec(s) for s in specs):
+        return _no_folders(opts) or from_shards(specs, opts)
+    if len(specs) > 1:
+        raise ConfigError(f"pool {shown(specs[0])}: several URLs must all name .tar shards")
+    with reading("pool", specs[0]):
+        table = locate(specs[0])
+        if kind(table) == "directory" or table.path.lower().endswith(TABLE_EXTS):
+            return _no_folders(opts) or from_parquet(table, opts)
+    raise ConfigError(f"pool {shown(specs[0])}: an object-store pool is a .parquet file, a folder "
+                      f"of them, or .tar shards")
 
 
 def _no_folders(opts: PoolOptions) -> None:

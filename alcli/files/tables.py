@@ -12,12 +12,14 @@ from __future__ import annotations
 import bisect
 import io
 import json
+import os
 from pathlib import Path
 
 import torch
 from PIL import Image, UnidentifiedImageError
 
 from ..errors import ConfigError, PoolError, first_line
+from . import remote
 from .pool import (IMAGE_EXTS, Item, JpegBytes, Pool, PoolOptions, Text, _label, _named_label,
                    check_unique_ids, image_transform)
 from .regular import check_regular
@@ -49,17 +51,19 @@ def _names(path: Path) -> list[str]:
 # --- readers: chunk k of a column -> its cells as Python values --------------------------------
 
 class ParquetChunks:
-    """Row groups of Parquet files; chunk k is row group groups[k] = (file index, group)."""
+    """Row groups of Parquet files (local Paths or remote.Remote); chunk k is row group
+    groups[k] = (file index, group)."""
 
-    def __init__(self, files: list[Path], groups: list[tuple[int, int]]):
+    def __init__(self, files: list, groups: list[tuple[int, int]]):
         self.files, self.groups = files, groups
         self._open: dict[int, object] = {}
+        self._pid = os.getpid()  # the process _open belongs to (a forked worker opens its own)
 
     def __getstate__(self):  # each worker opens the files itself
         return {**self.__dict__, "_open": {}}
 
-    def folder(self, k: int) -> Path:
-        return self.files[self.groups[k][0]].parent
+    def folder(self, k: int):
+        return remote.parent(self.files[self.groups[k][0]])
 
     def where(self, k: int) -> str:
         f, g = self.groups[k]
@@ -68,8 +72,8 @@ class ParquetChunks:
     def column(self, k: int, name: str) -> list:
         import pyarrow.parquet as pq
         f, g = self.groups[k]
-        if f not in self._open:
-            self._open = {f: pq.ParquetFile(self.files[f])}  # one file open at a time
+        if f not in self._open or self._pid != os.getpid():
+            self._open, self._pid = {f: _parquet_file(self.files[f])}, os.getpid()  # one at a time
         return self._open[f].read_row_group(g, columns=[name]).column(0).to_pylist()
 
 
@@ -96,6 +100,11 @@ class ArrowChunks:
 
     def column(self, k: int, name: str) -> list:
         return self.table().column(name).slice(k * HF_CHUNK, HF_CHUNK).to_pylist()
+
+
+def _parquet_file(file):
+    import pyarrow.parquet as pq
+    return pq.ParquetFile(remote.open_binary(file) if isinstance(file, remote.Remote) else file)
 
 
 def _arrow_table(files: list[Path]):
@@ -136,13 +145,14 @@ class TablePool(Pool):
             return Item(self.ids[i], Text(cell, self.tokenize), self.labels[i], None)
         return self._image(i, cell, self.chunks.folder(k))
 
-    def _image(self, i: int, cell, folder: Path) -> Item:
+    def _image(self, i: int, cell, folder) -> Item:
         where = f"row {i} of {self.name}"
         try:
             data, path = _image_cell(cell, folder)
             if data is None:
-                check_regular(path)
-                data = path.read_bytes()
+                if not isinstance(path, remote.Remote):
+                    check_regular(path)
+                data = remote.read_bytes(path)
         except Exception as err:  # noqa: BLE001 - any unreadable cell becomes an error row
             return Item(self.ids[i], None, self.labels[i],
                         f"cannot read the image in {where} ({first_line(err)})")
@@ -183,8 +193,9 @@ def image_item(id_: str, label: int, data: bytes, transform, decode: str, where:
     return Item(id_, x, label, None, path)
 
 
-def _image_cell(cell, folder: Path) -> tuple[bytes | None, Path | None]:
-    """(the encoded image, or None to read it from the path; the path, or None)."""
+def _image_cell(cell, folder) -> tuple[bytes | None, object]:
+    """(the encoded image, or None to read it from the path; the path (a Path, or a
+    remote.Remote in a remote table's folder), or None)."""
     if isinstance(cell, dict):
         if cell.get("bytes"):
             return cell["bytes"], None
@@ -192,6 +203,8 @@ def _image_cell(cell, folder: Path) -> tuple[bytes | None, Path | None]:
     if isinstance(cell, (bytes, bytearray)):
         return bytes(cell), None
     if isinstance(cell, str) and cell:
+        if isinstance(folder, remote.Remote):  # a remote table's files are in its store
+            return None, remote.join(folder, cell)
         path = Path(cell)
         return None, path if path.is_absolute() else folder / path
     raise ValueError("the cell is empty")
@@ -306,16 +319,27 @@ def _pyarrow(what: str, extra: str):
     return pq
 
 
-def from_parquet(spec: str, opts: PoolOptions) -> Pool:
-    """A .parquet file, or a folder of them (read in sorted order, subfolders included)."""
-    pq = _pyarrow(f"table pool {spec}", "tables")
-    root = Path(spec)
-    files = sorted(root.rglob("*.parquet")) if root.is_dir() else [root]
+def from_parquet(spec, opts: PoolOptions) -> Pool:
+    """A .parquet file, or a folder of them (read in sorted order, subfolders included); `spec`
+    a path or a remote.Remote."""
+    _pyarrow(f"table pool {spec}", "tables")
+    if isinstance(spec, remote.Remote):
+        with remote.reading("table pool", spec):
+            is_dir = spec.fs.isdir(spec.path)
+            files = remote.files_under(spec, ".parquet") if is_dir else [spec]
+        spec = str(spec)
+        if not files:
+            raise PoolError(f"folder {spec} holds no .parquet files (a pool in an object store is "
+                            f"a .parquet file, a folder of them, or .tar shards)")
+    else:
+        root = Path(spec)
+        files = sorted(root.rglob("*.parquet")) if root.is_dir() else [root]
     metas, schema = [], None
     for f in files:
         try:
-            meta = pq.ParquetFile(f)
+            meta = _parquet_file(f)
         except Exception as err:  # noqa: BLE001 - not Parquet, truncated, unreadable
+            remote.raise_store_error("table", f, err)
             raise PoolError(f"table {f} cannot be read as Parquet ({first_line(err)})") from None
         if schema is None:
             schema = meta.schema_arrow

@@ -1,19 +1,24 @@
-"""WebDataset shards: tar files whose members are grouped into samples by key (`dir/name` up to the
-first dot of the file name; the rest is the member's extension): `.jpg`/`.png`/... an image,
-`.txt` a text, `.cls` an integer label; `.json` and other members are ignored. A sample's key is
-its id. Opening reads the tar headers (and the small `.cls` members) of every shard; an item is
+"""WebDataset shards: tar files whose consecutive members are grouped into samples by key
+(`dir/name` up to the first dot of the file name; the rest is the member's extension):
+`.jpg`/`.png`/... an image, `.txt` a text, `.cls` an integer label; `.json` and other members are
+ignored. A sample's key is its id. Opening reads the tar headers (and the small `.cls` members) of
+every shard into flat arrays (about 40 bytes a sample besides its id); an item is
 read by seeking to its member, so shards spread over DataLoader workers and --shard without
-reading one another. Shards are named one by one, or by a brace pattern: `pool-{000..009}.tar`.
+reading one another. Shards are named one by one, or by a brace pattern: `pool-{000..009}.tar`,
+as paths or object-store URLs (remote.py; a remote shard is read ahead in blocks of 8 MiB).
 """
 from __future__ import annotations
 
+import os
 import re
 import tarfile
+from array import array
 from pathlib import Path
 from typing import NamedTuple
 
 from ..errors import PoolError, first_line
-from .pool import Item, Pool, PoolOptions, Text, _label, check_unique_ids
+from . import remote
+from .pool import Item, Pool, PoolOptions, Text, _label
 from .tables import image_item, set_decoding
 
 IMAGE_KEYS = ("jpg", "jpeg", "png", "webp", "bmp", "tif", "tiff")
@@ -48,28 +53,61 @@ class Member(NamedTuple):
     size: int
 
 
+class Samples:
+    """Every sample of the shards, in order: its key, shard, label, and its image and text
+    members (offset of the data in the tar, -1 for none; size)."""
+
+    def __init__(self):
+        self.keys: list[str] = []
+        self.labels: list[int] = []
+        self.shard = array("i")
+        self.image, self.image_size, self.image_rank = array("q"), array("q"), array("b")
+        self.text, self.text_size = array("q"), array("q")
+
+    def start(self, key: str, shard: int) -> None:
+        self.keys.append(key)
+        self.labels.append(-1)
+        for column, value in ((self.shard, shard), (self.image, -1), (self.image_size, 0),
+                              (self.image_rank, len(IMAGE_KEYS)), (self.text, -1),
+                              (self.text_size, 0)):
+            column.append(value)
+
+    def add(self, ext: str, info: tarfile.TarInfo) -> None:
+        """The member `info` with extension `ext` into the last sample (an image: the first of
+        IMAGE_KEYS it has)."""
+        if ext in IMAGE_KEYS and IMAGE_KEYS.index(ext) < self.image_rank[-1]:
+            self.image[-1], self.image_size[-1] = info.offset_data, info.size
+            self.image_rank[-1] = IMAGE_KEYS.index(ext)
+        elif ext == "txt":
+            self.text[-1], self.text_size[-1] = info.offset_data, info.size
+
+    def members(self, kind: str) -> tuple[array, array]:
+        """(offsets, sizes) of the image or text members."""
+        return (self.image, self.image_size) if kind == "images" else (self.text, self.text_size)
+
+
 class ShardPool(Pool):
-    def __init__(self, name: str, kind: str, shards: list[Path], ids: list[str],
-                 members: list[Member | None], labels: list[int], opts: PoolOptions):
+    def __init__(self, name: str, kind: str, shards: list, samples: Samples, opts: PoolOptions):
         self.name, self.kind, self.shards = name, kind, shards
-        self.ids, self.members, self.labels = ids, members, labels
-        self.has_labels = any(label >= 0 for label in labels)
-        self._file: tuple[int, object] | None = None  # (shard, its open file): the one last read
+        self.ids, self.labels, self.shard_of = samples.keys, samples.labels, samples.shard
+        self.offsets, self.sizes = samples.members(kind)
+        self.has_labels = any(label >= 0 for label in self.labels)
+        self._file: tuple[int, object, int] | None = None  # (shard, its open file, the process)
         set_decoding(self, kind, opts)
 
     def __getstate__(self):  # each worker opens the shards itself
         return {**self.__dict__, "_file": None}
 
     def __getitem__(self, i: int) -> Item:
-        member = self.members[i]
         what = "image" if self.kind == "images" else "text"
         where = f"sample {self.ids[i]}"
-        if member is None:
+        if self.offsets[i] < 0:
             return Item(self.ids[i], None, self.labels[i], f"{where} has no {what} member")
+        member = Member(self.shard_of[i], self.offsets[i], self.sizes[i])
         where += f" of {self.shards[member.shard]}"
         try:
             data = self._read(member)
-        except OSError as err:
+        except Exception as err:  # noqa: BLE001 - a file or store that fails: an error row
             return Item(self.ids[i], None, self.labels[i],
                         f"cannot read {where} ({first_line(err)})")
         if self.kind == "text":
@@ -82,11 +120,12 @@ class ShardPool(Pool):
         return image_item(self.ids[i], self.labels[i], data, self.transform, self.decode, where)
 
     def _read(self, member: Member) -> bytes:
-        if self._file is None or self._file[0] != member.shard:
-            if self._file is not None:
+        if self._file is None or self._file[0] != member.shard or self._file[2] != os.getpid():
+            if self._file is not None and self._file[2] == os.getpid():
                 self._file[1].close()
-            self._file = None
-            self._file = (member.shard, open(self.shards[member.shard], "rb"))
+            self._file = None  # a forked worker opens its own: an offset shared would race
+            self._file = (member.shard, remote.open_binary(self.shards[member.shard],
+                                                           remote.TAR_BLOCK), os.getpid())
         f = self._file[1]
         f.seek(member.offset)
         data = f.read(member.size)
@@ -102,11 +141,13 @@ def _split_name(name: str) -> tuple[str, str]:
     return (f"{folder}/{stem}" if folder else stem), ext.lower() if dot else ""
 
 
-def _scan(shard: Path, index: int, samples: dict, order: list[str]) -> None:
-    """Each member of the tar -> samples[key][ext] = Member; .cls contents read now."""
-    size = shard.stat().st_size
+def _scan(shard, index: int, samples: Samples) -> None:
+    """The members of the tar (a Path or remote.Remote) into `samples`, a new sample where the
+    key changes; .cls contents read now."""
     try:
-        with tarfile.open(shard, "r:") as tar:
+        size = remote.size(shard)
+        with remote.open_binary(shard, remote.TAR_BLOCK) as f, \
+                tarfile.open(fileobj=f, mode="r:") as tar:
             for info in tar:
                 if not info.isfile():
                     continue
@@ -115,21 +156,20 @@ def _scan(shard: Path, index: int, samples: dict, order: list[str]) -> None:
                                     f"{info.size} bytes, the file holds "
                                     f"{max(0, size - info.offset_data)})")
                 key, ext = _split_name(info.name)
-                if key not in samples:
-                    samples[key] = {}
-                    order.append(key)
-                elif "#shard" in samples[key] and samples[key]["#shard"] != index:
-                    raise PoolError(f"shard {shard} has the sample {key}, which another shard "
-                                    f"has too")
-                samples[key]["#shard"] = index
+                if not samples.keys or samples.keys[-1] != key or samples.shard[-1] != index:
+                    samples.start(key, index)
                 if ext == "cls":
-                    samples[key][ext] = tar.extractfile(info).read().decode("utf-8", "replace")
+                    text = tar.extractfile(info).read().decode("utf-8", "replace")
+                    samples.labels[-1] = _label(text.strip() or None, f"sample {key} of {shard}")
                 else:
-                    samples[key][ext] = Member(index, info.offset_data, info.size)
+                    samples.add(ext, info)
             _check_end(shard, tar.fileobj, tar.offset, size)
+    except PoolError:
+        raise
     except tarfile.TarError as err:
         raise PoolError(f"shard {shard} cannot be read as a tar file ({first_line(err)})") from None
-    except OSError as err:
+    except Exception as err:  # noqa: BLE001 - OSError, or the store's own
+        remote.raise_store_error("shard", shard, err)
         raise PoolError(f"shard {shard} cannot be read ({first_line(err)})") from None
 
 
@@ -146,20 +186,19 @@ def _check_end(shard: Path, f, offset: int, size: int) -> None:
 def from_shards(specs: list[str], opts: PoolOptions) -> Pool:
     """Tar shards named one by one or by brace patterns, in the order named."""
     names = [name for spec in specs for name in expand_braces(spec)]
-    shards = [Path(n) for n in names]
+    shards = [remote.locate(n) if remote.is_url(n) else Path(n) for n in names]
     for shard in shards:
-        if not shard.is_file():
-            raise PoolError(f"shard {shard} does not exist" if not shard.exists() else
-                            f"shard {shard} is not a file")
-    samples: dict[str, dict] = {}
-    order: list[str] = []
+        with remote.reading("shard", shard):
+            if remote.kind(shard) != "file":
+                raise PoolError(f"shard {shard} is not a file")
+    samples = Samples()
     for index, shard in enumerate(shards):
-        _scan(shard, index, samples, order)
-    name = specs[0] if len(specs) == 1 else f"of {len(shards)} shards"
-    if not order:
+        _scan(shard, index, samples)
+    name = remote.shown(specs[0]) if len(specs) == 1 else f"of {len(shards)} shards"
+    if not samples.keys:
         raise PoolError(f"shard pool {name} holds no samples")
-    has_images = any(ext in s for s in samples.values() for ext in IMAGE_KEYS)
-    has_texts = any("txt" in s for s in samples.values())
+    has_images = max(samples.image) >= 0
+    has_texts = max(samples.text) >= 0
     if not has_images and not has_texts:
         raise PoolError(f"shard pool {name} has no samples with an image "
                         f"(.{', .'.join(IMAGE_KEYS)}) or a text (.txt)")
@@ -167,9 +206,22 @@ def from_shards(specs: list[str], opts: PoolOptions) -> Pool:
     if kind == "text" and opts.tokenizer is None:
         raise PoolError(f"text pool {name} needs a tokenizer: pass --model a Hugging Face model "
                         f"directory that holds one")
-    check_unique_ids(name, order)
-    wanted = IMAGE_KEYS if kind == "images" else ("txt",)
-    members = [next((samples[k][e] for e in wanted if e in samples[k]), None) for k in order]
-    labels = [_label(samples[k].get("cls", "").strip() or None,
-                     f"sample {k} of {shards[samples[k]['#shard']]}") for k in order]
-    return ShardPool(name, kind, shards, order, members, labels, opts)
+    _check_unique(samples, shards)
+    return ShardPool(name, kind, shards, samples, opts)
+
+
+def _check_unique(samples: Samples, shards: list) -> None:
+    """A key twice: in two shards, or apart in one (WebDataset keeps a sample's members
+    together)."""
+    if len(set(samples.keys)) == len(samples.keys):
+        return
+    seen: dict[str, int] = {}
+    for i, key in enumerate(samples.keys):
+        if key in seen:
+            first, again = samples.shard[seen[key]], samples.shard[i]
+            if first != again:
+                raise PoolError(f"shard {shards[again]} has the sample {key}, which another "
+                                f"shard has too")
+            raise PoolError(f"shard {shards[again]} has the members of sample {key} apart; a "
+                            f"sample's members follow one another in a shard")
+        seen[key] = i

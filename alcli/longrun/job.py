@@ -26,10 +26,11 @@ from typing import Callable
 from torch import nn
 
 from ..version import __version__
-from ..errors import AlcliError, ConfigError, PoolError
+from ..errors import AlcliError, CheckpointError, ConfigError, PoolError
 from ..files.atomic import check_writable, make_folder, writes_stream
 from ..files.config import Settings
-from ..files.outputs import check_not_input
+from ..files import remote
+from ..files.outputs import check_not_input, refuse_remote
 from ..files.pool import Pool
 from ..files.table import FORMATS as TABLE_FORMATS, check_records, sidecar
 from ..files.embeddings import destination, encode_factors
@@ -200,6 +201,8 @@ def _check_options(settings: Settings, ctx, dest: str | None) -> None:
     if settings.resume and settings.restart:
         raise ConfigError("--resume and --restart contradict each other: --resume continues the "
                           "unfinished run, --restart discards it")
+    refuse_remote(dest, settings.where("output"))
+    refuse_remote(settings.embeddings_file, settings.where("embeddings_file"))
     if not writes_stream(dest):
         folder = Path(dest).parent
         make_folder(folder, f"output {dest}")
@@ -255,6 +258,8 @@ def _model_key(settings: Settings, net: nn.Module) -> str:
     if settings.model is None:
         return type(net).__name__
     path = Path(settings.model)
+    if remote.is_url(settings.model):  # the copy session.model_for loaded, named as the URL ends
+        path = remote.local_copy(settings.model, CheckpointError)
     digest = hashlib.blake2b(digest_size=8)
     files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
     size = sum(p.stat().st_size for p in files)
@@ -421,7 +426,10 @@ def described(full: Pool, settings: Settings) -> dict:
 
 
 def _absolute(path) -> str | None:
-    """A file setting as an absolute path (what `select` reads back from OUTPUT.meta.json)."""
+    """A file setting as an absolute path (what `select` reads back from OUTPUT.meta.json); a
+    URL without its credentials."""
+    if remote.is_url(path):
+        return remote.shown(path)
     return os.path.abspath(path) if isinstance(path, str) and path != "-" else None
 
 
