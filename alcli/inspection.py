@@ -61,7 +61,7 @@ def inspect_model(settings: Settings, *, model: nn.Module | None = None, pool=No
                                            sum(p.numel() for p in own),
                                            any(id(p) in chosen for p in own), rules.get(name, "-")))
     if info.task == "detection":  # alcli.score.detection: its own loop, not the engine's methods
-        info.method, info.reason = "loop", detection.METHOD_REASON
+        info.method, info.reason = detection.method(net, settings.method)
         return info
     if settings.method != "auto" and settings.pool is None and pool is None:
         info.method, info.reason = settings.method, "asked for with --method"

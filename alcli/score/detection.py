@@ -40,13 +40,15 @@ from torch import nn
 
 from ..errors import RunError
 from ..files.classnames import class_name
-from . import tasks
+from ..gradnorm import auto_choice
+from . import retinanet, tasks
 
 DETECTOR_CLASSES = ("GeneralizedRCNN", "RetinaNet", "FCOS", "SSD")  # torchvision's, by class name
 UTILITIES = ("egl", "gradnorm", "loss", "entropy", "margin", "least-confidence", "uncertain-boxes",
              "random")
 GRADIENT_UTILITIES = ("egl", "gradnorm")
-METHOD_REASON = "a detector's loss is not a per-example function of its batch: a backward per image"
+METHOD_REASON = ("a detector's loss is not a per-example function of its batch: a backward per image "
+                 "(RetinaNet's is, and goes through the engine batched)")
 
 
 HF_MIN_SCORE = 0.05  # a DETR-style model's queries whose best class scores less predict no box
@@ -229,26 +231,62 @@ def utility(strategy: str, model: nn.Module, images: list[torch.Tensor], found: 
     if strategy == "random":
         from .strategies import seeded_uniform
         return [seeded_uniform(settings.seed, i) for i in ids], None
+    if strategy == "loss":
+        with loss_mode(model), torch.no_grad():
+            values = [float(image_loss(model, img, _target(kept(f, threshold)), image_seed(settings.seed, id_)))
+                      for img, f, id_ in zip(images, found, ids)]
+        return values, values
+    single = strategy == "gradnorm" or settings.egl_samples == "pseudo"
+    sets = [[_target(kept(f, threshold))] if single else
+            sampled_targets(f, id_, int(settings.egl_samples), settings.seed) for f, id_ in zip(found, ids)]
+    norms, losses = gradient_norms(model, images, sets, ids, settings)
+    scores = [sum(n) / len(n) for n in norms]
+    return scores, ([v[0] for v in losses] if single else None)
+
+
+def _target(found: dict) -> dict:
+    return {"boxes": found["boxes"], "labels": found["labels"]}
+
+
+def gradient_norms(model: nn.Module, images: list[torch.Tensor], sets: list[list[dict]], ids: list,
+                   settings) -> tuple[list[list[float]], list[list[float]]]:
+    """Each image's K target sets -> its K gradient norms and losses: RetinaNet's same-sized
+    images through the engine in one batch (alcli.score.retinanet), else one image at a time."""
+    if settings.method != "loop" and retinanet.servable(model):
+        return _batched(model, images, sets, settings.method)
     params = [p for p in model.parameters() if p.requires_grad]
-    scores, losses = [], []
+    norms, losses = [], []
     with loss_mode(model):
-        for img, f, id_ in zip(images, found, ids):
-            seed = image_seed(settings.seed, id_)
-            pseudo = {k: v for k, v in kept(f, threshold).items() if k != "scores"}
-            if strategy == "loss":
-                with torch.no_grad():
-                    value = float(image_loss(model, img, pseudo, seed))
-                scores.append(value)
-                losses.append(value)
-            elif strategy == "gradnorm" or settings.egl_samples == "pseudo":
-                norm, value = grad_norm(model, img, pseudo, seed, params)
-                scores.append(norm)
-                losses.append(value)
-            else:
-                sets = sampled_targets(f, id_, int(settings.egl_samples), settings.seed)
-                scores.append(sum(grad_norm(model, img, t, seed, params)[0] for t in sets) / len(sets))
-                losses.append(math.nan)
-    return scores, (None if strategy == "egl" and settings.egl_samples != "pseudo" else losses)
+        for img, targets, id_ in zip(images, sets, ids):
+            pairs = [grad_norm(model, img, t, image_seed(settings.seed, id_), params) for t in targets]
+            norms.append([n for n, _ in pairs])
+            losses.append([v for _, v in pairs])
+    return norms, losses
+
+
+def _batched(model, images, sets, method) -> tuple[list[list[float]], list[list[float]]]:
+    groups: dict[tuple, list[int]] = {}
+    for i, img in enumerate(images):
+        groups.setdefault(tuple(img.shape), []).append(i)
+    norms: list = [None] * len(images)
+    losses: list = [None] * len(images)
+    k = len(sets[0])
+    for members in groups.values():
+        per_set = [[sets[i][j] for i in members] for j in range(k)]
+        grads, values = retinanet.norms(model, [images[i] for i in members], per_set, method)
+        for col, i in enumerate(members):
+            norms[i], losses[i] = grads[:, col].tolist(), values[:, col].tolist()
+    return norms, losses
+
+
+def method(model: nn.Module, setting: str) -> tuple[str, str]:
+    """(the method the gradient utilities ran with, why) for the summary and `alcli inspect`."""
+    if setting != "loop" and retinanet.servable(model):
+        choice = auto_choice(retinanet.heads(model), None) if setting == "auto" else None
+        name = choice[0] if choice else setting
+        return name, ("RetinaNet's loss splits by image: images of one size go through the engine "
+                      "in one batch")
+    return "loop", METHOD_REASON
 
 
 def rows(model: nn.Module, images: list[torch.Tensor], ids: list, settings, names) -> list[dict]:

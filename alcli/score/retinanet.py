@@ -17,8 +17,6 @@ import weakref
 
 import torch
 from torch import nn
-from torchvision.models.detection.transform import resize_boxes
-from torchvision.ops import box_iou, sigmoid_focal_loss
 
 
 def servable(model: nn.Module) -> bool:
@@ -46,6 +44,8 @@ class Heads(nn.Module):
 def dense_targets(model: nn.Module, image_list, sizes, originals, targets: list[dict], dtype) -> torch.Tensor:
     """Per image and anchor: the one-hot class target, the encoded box target, and whether the
     anchor counts (not between the IoU thresholds) and is foreground -> [B, A, C + 6]."""
+    from torchvision.models.detection.transform import resize_boxes  # a detector's run has it loaded
+    from torchvision.ops import box_iou
     x = image_list.tensors
     maps = [torch.empty(0, 0, h, w, dtype=x.dtype, device=x.device) for h, w in sizes]
     anchors = model.anchor_generator(image_list, maps)
@@ -70,6 +70,7 @@ def dense_targets(model: nn.Module, image_list, sizes, originals, targets: list[
 def per_image_loss(out: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     """[B]: the focal loss over the anchors that count plus the L1 loss of the foreground's box
     deltas, each over the image's foreground count (at least 1), as torchvision's heads sum them."""
+    from torchvision.ops import sigmoid_focal_loss
     classes = out.shape[-1] - 4
     valid, fg = t[..., classes + 4], t[..., classes + 5]
     count = fg.sum(1).clamp_min(1)
@@ -81,24 +82,30 @@ def per_image_loss(out: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
 _heads: "weakref.WeakKeyDictionary[nn.Module, Heads]" = weakref.WeakKeyDictionary()
 
 
+def heads(model: nn.Module) -> Heads:
+    """The model's Heads, one per model: the engine keeps what it learned of a module (its probes)."""
+    if model not in _heads:
+        _heads[model] = Heads(model)
+    return _heads[model]
+
+
 def norms(model: nn.Module, images: list[torch.Tensor], target_sets: list[list[dict]], method: str
           ) -> tuple[torch.Tensor, torch.Tensor]:
     """Same-sized images and K target sets (each a target per image) -> ([K, B] gradient norms,
     [K, B] losses), through one forward and the engine's backward."""
     from ..gradnorm import grad_norms_per_target
     image_list, _ = model.transform(images)
-    heads = _heads.get(model)
-    if heads is None:  # one per model: the engine keeps what it learned of a module (its probes)
-        heads = _heads[model] = Heads(model)
+    heads_ = heads(model)
     originals = [tuple(img.shape[-2:]) for img in images]
     dense: list[torch.Tensor] = []
 
     def targets_for(out: torch.Tensor) -> list[torch.Tensor]:
-        dense[:] = [dense_targets(model, image_list, heads.sizes, originals, ts, out.dtype)
+        dense[:] = [dense_targets(model, image_list, heads_.sizes, originals, ts, out.dtype)
                     for ts in target_sets]
-        return dense
+        # the engine runs a batch of one as two copies (gradnorm.api.ONE_EXAMPLE_BUG)
+        return [t.repeat(out.shape[0] // t.shape[0], 1, 1) for t in dense]
 
-    grads, out = grad_norms_per_target(heads, image_list.tensors, targets_for, method=method,
+    grads, out = grad_norms_per_target(heads_, image_list.tensors, targets_for, method=method,
                                        loss_fn=per_image_loss)
     with torch.no_grad():
         losses = torch.stack([per_image_loss(out, t) for t in dense])

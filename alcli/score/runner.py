@@ -461,7 +461,7 @@ def run(model: nn.Module, pool: Pool, settings: Settings, device: torch.device, 
     stats.micro_batch = micro.limit
     stats.task = tasks.known(settings.task, model) or tasks.from_model(model)  # known without a forward
     if stats.task == "detection" and settings.strategy in detection.GRADIENT_UTILITIES:
-        stats.method, stats.method_reason = "loop", detection.METHOD_REASON
+        stats.method, stats.method_reason = detection.method(model, settings.method)
     elif STRATEGIES[settings.strategy].gradients:
         stats.method, stats.method_reason = engine_method(model, settings)
     if mass_left:
