@@ -55,19 +55,21 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--only", nargs="*", default=DETECTORS)
+    ap.add_argument("--method", default="auto", help="auto (RetinaNet batched through the engine) or loop")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     g = torch.Generator().manual_seed(0)
     images = [torch.rand(3, args.size, args.size, generator=g) for _ in range(args.batch)]
     ids = [f"img{i}" for i in range(args.batch)]
-    print(f"batch {args.batch} x {args.size}px, {args.threads} threads, median of {args.rounds}")
+    print(f"batch {args.batch} x {args.size}px, {args.threads} threads, median of {args.rounds}, --method {args.method}")
     print("| detector | floor (s) | predict | gradnorm | gradnorm ÷ floor | egl-4 ÷ floor | boxes/image |")
     print("|---|---|---|---|---|---|---|")
     for name in args.only:
         model = build(name, args.size)
         found = detection.predict(model, images)
         targets = [{k: v for k, v in detection.kept(f, 0.05).items() if k != "scores"} for f in found]
-        settings = SimpleNamespace(box_threshold=0.05, aggregate="mean", seed=0, egl_samples=4)
+        settings = SimpleNamespace(box_threshold=0.05, aggregate="mean", seed=0, egl_samples=4,
+                                   method=args.method)
         t_floor = timed(lambda: floor(model, images, targets), args.rounds)
         t_pred = timed(lambda: detection.predict(model, images), args.rounds)
         t_grad = timed(lambda: detection.utility("gradnorm", model, images, detection.predict(model, images),
@@ -75,7 +77,7 @@ def main() -> None:
         t_egl = timed(lambda: detection.utility("egl", model, images, detection.predict(model, images),
                                                 ids, settings), max(1, args.rounds // 2))
         boxes = statistics.mean(len(t["boxes"]) for t in targets)
-        print(f"| {name} | {t_floor:.3f} | {t_pred:.3f} | {t_grad:.3f} | {t_grad / t_floor:.2f}x | "
+        print(f"| {name} ({detection.method(model, args.method)[0]}) | {t_floor:.3f} | {t_pred:.3f} | {t_grad:.3f} | {t_grad / t_floor:.2f}x | "
               f"{t_egl / t_floor:.2f}x | {boxes:.0f} |", flush=True)
 
 

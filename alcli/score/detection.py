@@ -22,10 +22,11 @@ or resume. The utilities (`--strategy`):
 - least-confidence: 1 - max_j p_j (1 without boxes); uncertain-boxes: how many predicted boxes
   score below --box-threshold.
 
-The gradient utilities run one forward and one backward per image and label set (a loop: the
-detectors' losses are not per-example functions of a batch, so the engine's batched methods do
-not apply); the predictions come from one no-grad forward per group of same-sized images, which
-a batch of one would give.
+RetinaNet's loss splits by image, so its same-sized images go through the engine in one batch
+(alcli.score.retinanet); the other detectors' gradient utilities run one forward and one backward
+per image and label set (a loop: their losses are not per-example functions of a batch). The
+predictions come from one no-grad forward per group of same-sized images, which a batch of one
+would give.
 """
 from __future__ import annotations
 
@@ -282,7 +283,7 @@ def _batched(model, images, sets, method) -> tuple[list[list[float]], list[list[
 def method(model: nn.Module, setting: str) -> tuple[str, str]:
     """(the method the gradient utilities ran with, why) for the summary and `alcli inspect`."""
     if setting != "loop" and retinanet.servable(model):
-        choice = auto_choice(retinanet.heads(model), None) if setting == "auto" else None
+        choice = auto_choice(retinanet.heads(model), None, retinanet.per_image_loss) if setting == "auto" else None
         name = choice[0] if choice else setting
         return name, ("RetinaNet's loss splits by image: images of one size go through the engine "
                       "in one batch")
