@@ -208,8 +208,9 @@ def run_select(settings: Settings, *, scores=None, model: nn.Module | None = Non
         return pick(settings, scores, plan, embeddings=carried)
     if scores is None:
         scored = run_score(settings, model=model, pool=pool, stdin=stdin, on_start=on_start,
-                           on_batch=on_batch, embeddings=False if settings.diverse is False
-                           else settings.diverse or settings.embeddings)
+                           on_batch=on_batch, embeddings=settings.typical or (
+                               False if settings.diverse is False
+                               else settings.diverse or settings.embeddings))
         plan.meta = {"task": scored.stats.task, "class_names": scored.pool.classes, **plan.meta}
         return pick(settings, scored.rows, plan, embeddings=scored.embeddings, pool=scored.pool)
     rows = scores if isinstance(scores, list) else read_table(source)
