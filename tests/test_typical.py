@@ -138,3 +138,9 @@ def test_cli_typical_without_embeddings_or_with_another_mode_is_one_sentence(wor
     both = alcli("select", table, "-n", 3, "--typical", "--sampling", "power", cwd=tmp_path)
     assert both.returncode == 1 and both.stderr.count("\n") == 1
     assert "--typical" in both.stderr and "--sampling" in both.stderr
+
+
+def test_identical_rows_still_fill_the_budget_in_row_order():
+    """Fewer distinct rows than clusters: empty clusters are skipped, the batch is still full."""
+    x = torch.ones(6, 3)
+    assert select_typical(x, torch.ones(1, 3), 3, seed=0) == [0, 1, 2]

@@ -19,6 +19,8 @@ sample of SAMPLE_CAP members, measured against that sample (as TypiClust caps it
 """
 from __future__ import annotations
 
+import heapq
+
 import numpy as np
 import torch
 
@@ -59,8 +61,9 @@ def kmeans(x, k: int, seed: int, *, chunk: int = 4096) -> torch.Tensor:
         if total > 0:
             nxt = int(np.searchsorted(np.cumsum(d2.numpy()), rng.random() * total, side="right"))
             nxt = min(nxt, n - 1)
-        else:  # fewer distinct rows than k: any unchosen row
-            nxt = next(i for i in range(n) if i not in set(centers))
+        else:  # fewer distinct rows than k: the lowest unchosen row
+            taken = set(centers)
+            nxt = next(i for i in range(n) if i not in taken)
         centers.append(nxt)
         d2 = torch.minimum(d2, (x - x[nxt]).pow(2).sum(1))
     c = x[centers].clone()
@@ -114,19 +117,19 @@ def select_typical(features, labeled, budget: int, seed: int) -> list[int]:
     cand_of = clusters[:n]
     covered = torch.bincount(clusters[n:], minlength=k).tolist()
     size = torch.bincount(cand_of, minlength=k).tolist()
-    first = [n] * k
-    for i, c in enumerate(cand_of.tolist()):
-        first[c] = min(first[c], i)
-    members: dict[int, list[int]] = {}  # cluster -> candidate positions, most typical first
+    by_cluster = torch.argsort(cand_of, stable=True).split(size)  # each cluster's positions, in order
+    # the next cluster to draw from: fewest labeled (and picked), largest, first member first
+    heap = [(covered[c], -size[c], int(by_cluster[c][0]), c) for c in range(k) if size[c] > 0]
+    heapq.heapify(heap)
+    members: dict[int, list[int]] = {}  # cluster -> candidate positions, most typical last
     picks: list[int] = []
     while len(picks) < budget:
-        open_ = [c for c in range(k) if size[c] > 0]
-        c = min(open_, key=lambda c: (covered[c], -size[c], first[c]))
+        cov, neg_size, first, c = heapq.heappop(heap)
         if c not in members:
-            members[c] = _by_typicality(feats, (cand_of == c).nonzero().flatten(), seed)
-        picks.append(members[c].pop(0))
-        covered[c] += 1
-        size[c] -= 1
+            members[c] = _by_typicality(feats, by_cluster[c], seed)[::-1]
+        picks.append(members[c].pop())
+        if neg_size < -1:
+            heapq.heappush(heap, (cov + 1, neg_size + 1, first, c))
     return picks
 
 
