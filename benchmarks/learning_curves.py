@@ -63,6 +63,7 @@ METHODS = {**{s: (s, False, False) for s in STRATEGIES},
            "typical": ("margin", False, False),   # --typical (TypiClust); scores are not used
            "random": ("random", False, False)}
 QUICK_METHODS = ("egl", "egl+div", "margin+div", "typical", "random")
+COLD_LABELS = 50  # the cold-start table's early AUC: label counts up to this
 COLD_VS = ("egl", "egl+div", "margin", "margin+div", "random")  # typical's opponents, per round
 TARGETS = (50, 100, 200, 300)        # label counts reported (the nearest evaluated count)
 DEFAULT_OUT = os.path.join(ROOT, "benchmarks", "results", "learning-curves-cpu-2core")
@@ -359,7 +360,8 @@ def cold_start(curves: dict) -> list[str]:
     """typical (TypiClust) minus each opponent at every label count after the start: mean
     difference in points over seeds, '+'/'-' where the paired t-test gives p < 0.05; and, per
     opponent, the label count from which typical is no longer ahead ('behind from': mean
-    difference <= 0 there and at every later count: where to switch)."""
+    difference <= 0 there and at every later count: where to switch); the paired difference of
+    the AUC over the counts up to COLD_LABELS (after the start) and over all of them."""
     lines = ["## Cold start: accuracy(typical) - accuracy(X) in points at each label count, mean "
              "over seeds ('+'/'-': paired t-test p < 0.05)", ""]
     for setting, pm in curves.items():
@@ -368,8 +370,9 @@ def cold_start(curves: dict) -> list[str]:
         labels = pm["typical"][0]["labels"]
         ty = acc_matrix(pm["typical"])
         lines.append(f"{setting}: {len(pm['typical'])} seeds")
+        early = [r for r in range(1, len(labels)) if labels[r] <= COLD_LABELS]
         lines.append(f"  {'vs':<12}" + "".join(f"{'@' + str(n):>9}" for n in labels[1:])
-                     + f"{'behind from':>13}")
+                     + f"{'behind from':>13}{'AUC<=' + str(COLD_LABELS):>16}{'AUC all':>16}")
         for other in (m for m in COLD_VS if m in pm):
             cells, diffs = "", []
             for r in range(1, len(labels)):
@@ -378,7 +381,12 @@ def cold_start(curves: dict) -> list[str]:
                 cells += f"{d:+7.1f}{'+' if d > 0 and p < 0.05 else '-' if d < 0 and p < 0.05 else ' '} "
             behind = [i for i in range(len(diffs)) if all(x <= 0 for x in diffs[i:])]
             until = f"{labels[1 + behind[0]]}" if behind else "never"
-            lines.append(f"  {other:<12}{cells}{until:>12}")
+            sums = ""
+            for cols in (early, list(range(1, len(labels)))):
+                d, p = paired_t(ty[:, cols].mean(1), acc_matrix(pm[other])[:, cols].mean(1))
+                sums += f"{d:+7.2f} p={p:.3f}" if cols else f"{'':>15}"
+                sums += " "
+            lines.append(f"  {other:<12}{cells}{until:>12} {sums}")
     return lines
 
 
