@@ -123,6 +123,13 @@ def test_cli_score_then_select_typical_matches_the_oracle_on_the_table_embedding
                 cwd=tmp_path)
     assert one.returncode == 0, one.stderr
     assert {r["id"] for r in csv.DictReader(one.stdout.splitlines())} == got
+    # by the scores with 2 labeled examples: the note that points to --typical (measured rule)
+    classes = len({r["pred"] for r in rows})
+    plain = alcli("select", table, "-n", 5, "--exclude", tmp_path / "labeled.txt", cwd=tmp_path)
+    assert plain.returncode == 0 and classes >= 2
+    assert (f"names 2 labeled examples, fewer than 6 per class for the {classes} classes "
+            f"predicted") in plain.stderr and "--typical" in plain.stderr
+    assert "--typical" not in out.stderr + one.stderr
 
 
 def test_cli_typical_without_embeddings_or_with_another_mode_is_one_sentence(workspace, tmp_path):

@@ -37,6 +37,11 @@ from .rank import is_scored, order_key, rank
 from .typical import select_typical
 
 
+# below this many labeled examples per class --typical is the better batch (README, cold start:
+# measured with benchmarks/learning_curves.py)
+COLD_START_PER_CLASS = 6
+
+
 @dataclass
 class SelectPlan:
     """What `prepare` checked before any scoring: the exclusions and the embeddings file."""
@@ -205,6 +210,8 @@ def pick(settings: Settings, rows: list[dict], plan: SelectPlan, *, embeddings=N
         chosen, available = _typical(settings, plan, ranked, kept, embeddings), len(kept)
     else:
         chosen, available = _chosen(settings, plan, kept, notes, embeddings)
+        if plan.exclusions:
+            notes.extend(_cold_start_note(settings, ranked, len(excluded)))
     picked = Picked(chosen, available, notes, plan.meta)
     picked.class_names = class_names(settings, plan.meta)
     picked.task = export_task(settings, plan.meta, chosen)
@@ -220,6 +227,18 @@ def pick(settings: Settings, rows: list[dict], plan: SelectPlan, *, embeddings=N
         paths = image_files(chosen, settings, pool, plan.meta)
         picked.notes.extend(draw_sheet(chosen, paths, settings))
     return picked
+
+
+def _cold_start_note(settings: Settings, ranked: list[dict], labeled: int) -> list[str]:
+    """A note when --exclude names fewer labeled examples than COLD_START_PER_CLASS per predicted
+    class: there --typical beat the score-based batches in benchmarks/learning_curves.py."""
+    classes = {r.get("pred") for r in ranked if isinstance(r.get("pred"), (int, str))}
+    if len(classes) < 2 or labeled >= COLD_START_PER_CLASS * len(classes):
+        return []
+    return [f"{settings.where('exclude')} names {labeled} labeled examples, fewer than "
+            f"{COLD_START_PER_CLASS} per class for the {len(classes)} classes predicted: at "
+            f"that stage --typical picked better first batches than the scores (see README, "
+            f"cold start)"]
 
 
 def _chosen(settings: Settings, plan: SelectPlan, kept: list[dict], notes: list[str],
