@@ -210,7 +210,7 @@ def pick(settings: Settings, rows: list[dict], plan: SelectPlan, *, embeddings=N
         chosen, available = _typical(settings, plan, ranked, kept, embeddings), len(kept)
     else:
         chosen, available = _chosen(settings, plan, kept, notes, embeddings)
-        if plan.exclusions:
+        if plan.exclusions and not settings.quiet:  # advice, not a problem: -q drops it
             notes.extend(_cold_start_note(settings, ranked, len(excluded)))
     picked = Picked(chosen, available, notes, plan.meta)
     picked.class_names = class_names(settings, plan.meta)
