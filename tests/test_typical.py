@@ -151,3 +151,13 @@ def test_identical_rows_still_fill_the_budget_in_row_order():
     """Fewer distinct rows than clusters: empty clusters are skipped, the batch is still full."""
     x = torch.ones(6, 3)
     assert select_typical(x, torch.ones(1, 3), 3, seed=0) == [0, 1, 2]
+
+
+def test_kmeans_ends_at_a_fixed_point_of_lloyd():
+    """Each row is nearest (numpy float64) to the mean of its own cluster, on data with no
+    planted answer: the seeding alone does not get there."""
+    x = np.random.default_rng(5).normal(size=(300, 3))
+    labels = kmeans(torch.tensor(x), 7, seed=1, chunk=64).numpy()
+    means = np.stack([x[labels == c].mean(0) for c in range(7)])
+    d = ((x[:, None, :] - means[None]) ** 2).sum(-1)
+    assert (d.argmin(1) == labels).all()
