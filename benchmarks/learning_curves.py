@@ -14,7 +14,9 @@ indices here). Until 300 labels. Methods: each strategy top-N (`egl`, `gradnorm`
 `entropy`, `margin`, `least-confidence`), the same with `diverse=True` (`+div`: BADGE k-means++
 among the 10 x budget best), classic BADGE (`badge-margin`: `strategy=margin, diverse=True,
 diverse_candidates=len(unlabeled)`, i.e. k-means++ over the whole pool, first pick = smallest
-margin) and `random`. Within a seed every method starts from the same 20 labels and the same
+margin), `typical` (`select --typical`: TypiClust over the whole pool, the labeled examples
+passed as exclude= so their clusters count as covered; a per-label-count table of its paired
+differences, for the cold-start rule) and `random`. Within a seed every method starts from the same 20 labels and the same
 initial model, and the model at a given label count is initialised with the same torch seed, so
 comparisons across methods are paired.
 
