@@ -118,7 +118,8 @@ def select(scores=None, budget: int | None = None, *, pool=None, model=None, con
 
     Selection options are the config keys: diverse=True (rows from score_pool(...,
     embeddings=True) carry their embeddings; a table reads TABLE.emb.npz, or embeddings_file=FILE),
-    diverse_candidates=M or "all", per_class="proportional"|"equal", contact_sheet="sheet.png"
+    diverse_candidates=M or "all", per_class="proportional"|"equal", typical=True (TypiClust cold
+    start; the excluded ids are the labeled examples), contact_sheet="sheet.png"
     (written), seed, exclude= ids never to select (any iterable: a set, list, tuple, generator),
     and exclude_files= exclusion files (a path or a list of them, as `select --exclude` reads)."""
     _refuse_file_options(options, "select", "`alcli select -o FILE -f FORMAT` or alcli.api.write_batch")
@@ -208,8 +209,9 @@ def run_select(settings: Settings, *, scores=None, model: nn.Module | None = Non
         return pick(settings, scores, plan, embeddings=carried)
     if scores is None:
         scored = run_score(settings, model=model, pool=pool, stdin=stdin, on_start=on_start,
-                           on_batch=on_batch, embeddings=False if settings.diverse is False
-                           else settings.diverse or settings.embeddings)
+                           on_batch=on_batch, embeddings=settings.typical or (
+                               False if settings.diverse is False
+                               else settings.diverse or settings.embeddings))
         plan.meta = {"task": scored.stats.task, "class_names": scored.pool.classes, **plan.meta}
         return pick(settings, scored.rows, plan, embeddings=scored.embeddings, pool=scored.pool)
     rows = scores if isinstance(scores, list) else read_table(source)

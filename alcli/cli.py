@@ -317,6 +317,11 @@ Sampling = Annotated[Optional[str], typer.Option(
     "--sampling", metavar="top|power|softmax", help="top: the best scores; power or softmax: a "
     "batch drawn from the scores, P ∝ score^β or exp(β score), seeded (Kirsch et al. 2023), for "
     "large batches at any pool size; not with --diverse. [default: top]")]
+Typical = Annotated[bool, typer.Option(
+    "--typical", help="Cold start (TypiClust): cluster the rows' embeddings into labeled + budget "
+    "clusters and pick the most typical row of each of the largest clusters no --exclude'd "
+    "(labeled) row is in; ignores the scores. For the first rounds: below about 6 labels per class "
+    "it beat egl and margin on digits (README, cold start).")]
 SamplingBeta = Annotated[Optional[float], typer.Option(
     "--sampling-beta", metavar="B", help="β of --sampling power/softmax: larger is closer to "
     "top. [default: 1]")]
@@ -641,7 +646,7 @@ def select(
     format: SelectFormat = None, null: Null = False, diverse: Diverse = None,
     diverse_candidates: DiverseCandidates = None,
     embeddings_file: ReadEmbeddings = None, per_class: PerClass = None, exclude: Exclude = None,
-    sampling: Sampling = None, sampling_beta: SamplingBeta = None,
+    sampling: Sampling = None, sampling_beta: SamplingBeta = None, typical: Typical = False,
     image_root: ImageRoot = None, contact_sheet: ContactSheet = None, image_dir: ImageDir = None,
     from_name: FromName = None, to_name: ToName = None,
     labelstudio_config: LabelStudioConfig = None,

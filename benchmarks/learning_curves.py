@@ -14,7 +14,9 @@ indices here). Until 300 labels. Methods: each strategy top-N (`egl`, `gradnorm`
 `entropy`, `margin`, `least-confidence`), the same with `diverse=True` (`+div`: BADGE k-means++
 among the 10 x budget best), classic BADGE (`badge-margin`: `strategy=margin, diverse=True,
 diverse_candidates=len(unlabeled)`, i.e. k-means++ over the whole pool, first pick = smallest
-margin) and `random`. Within a seed every method starts from the same 20 labels and the same
+margin), `typical` (`select --typical`: TypiClust over the whole pool, the labeled examples
+passed as exclude= so their clusters count as covered; a per-label-count table of its paired
+differences, for the cold-start rule) and `random`. Within a seed every method starts from the same 20 labels and the same
 initial model, and the model at a given label count is initialised with the same torch seed, so
 comparisons across methods are paired.
 
@@ -60,8 +62,11 @@ STRATEGIES = ("egl", "gradnorm", "loss", "entropy", "margin", "least-confidence"
 METHODS = {**{s: (s, False, False) for s in STRATEGIES},
            **{s + "+div": (s, True, False) for s in STRATEGIES},
            "badge-margin": ("margin", True, True),
+           "typical": ("margin", False, False),   # --typical (TypiClust); scores are not used
            "random": ("random", False, False)}
-QUICK_METHODS = ("egl", "egl+div", "margin+div", "random")
+QUICK_METHODS = ("egl", "egl+div", "margin+div", "typical", "random")
+COLD_LABELS = 50  # the cold-start table's early AUC: label counts up to this
+COLD_VS = ("egl", "egl+div", "margin", "margin+div", "random")  # typical's opponents, per round
 TARGETS = (50, 100, 200, 300)        # label counts reported (the nearest evaluated count)
 DEFAULT_OUT = os.path.join(ROOT, "benchmarks", "results", "learning-curves-cpu-2core")
 
@@ -150,6 +155,16 @@ def select_batch(method: str, net: nn.Module, x_unlabeled: torch.Tensor, budget:
     return [int(r["id"]) for r in rows]
 
 
+def select_typical(net: nn.Module, x_pool: torch.Tensor, labeled: np.ndarray, budget: int,
+                   seed: int) -> list[int]:
+    """Positions in `x_pool` (the whole pool) of `select --typical --exclude LABELED`'s batch:
+    the labeled examples are scored too, so their clusters count as covered."""
+    rows = alcli.select(pool=x_pool, model=net, budget=budget, typical=True, strategy="margin",
+                        exclude={str(i) for i in labeled}, batch_size=512, device="cpu",
+                        seed=seed, quiet=True)
+    return [int(r["id"]) for r in rows]
+
+
 def run_curve(data: Data, kind: str, method: str, batch: int, seed: int, args,
               start: dict) -> dict:
     """One learning curve. `start` caches the shared first model per (data, model, seed)."""
@@ -166,10 +181,15 @@ def run_curve(data: Data, kind: str, method: str, batch: int, seed: int, args,
         k = min(batch, args.max_labels - len(labeled))
         unlabeled = np.setdiff1d(data.pool, labeled)
         t0 = time.perf_counter()
-        picks = select_batch(method, net, data.x[unlabeled], k, seed * 1000 + len(labeled))
+        if method == "typical":
+            chosen = data.pool[select_typical(net, data.x[data.pool], np.searchsorted(
+                data.pool, labeled), k, seed * 1000 + len(labeled))]
+        else:
+            chosen = unlabeled[select_batch(method, net, data.x[unlabeled], k,
+                                            seed * 1000 + len(labeled))]
         curve["t_score"].append(time.perf_counter() - t0)
-        chosen = unlabeled[picks]
-        assert len(set(chosen.tolist())) == k, f"{method} returned {len(set(picks))} of {k}"
+        assert len(set(chosen.tolist()) - set(labeled.tolist())) == k, \
+            f"{method} returned {len(set(chosen.tolist()))} new of {k}"
         curve["classes"].append(len(set(data.y[chosen].tolist())))
         labeled = np.sort(np.concatenate([labeled, chosen]))
         t0 = time.perf_counter()
@@ -338,6 +358,40 @@ def head_to_head(curves: dict, pairs: list[tuple[str, str]]) -> list[str]:
     return lines
 
 
+def cold_start(curves: dict) -> list[str]:
+    """typical (TypiClust) minus each opponent at every label count after the start: mean
+    difference in points over seeds, '+'/'-' where the paired t-test gives p < 0.05; and, per
+    opponent, the label count from which typical is no longer ahead ('behind from': mean
+    difference <= 0 there and at every later count: where to switch); the paired difference of
+    the AUC over the counts up to COLD_LABELS (after the start) and over all of them."""
+    lines = ["## Cold start: accuracy(typical) - accuracy(X) in points at each label count, mean "
+             "over seeds ('+'/'-': paired t-test p < 0.05)", ""]
+    for setting, pm in curves.items():
+        if "typical" not in pm:
+            continue
+        labels = pm["typical"][0]["labels"]
+        ty = acc_matrix(pm["typical"])
+        lines.append(f"{setting}: {len(pm['typical'])} seeds")
+        early = [r for r in range(1, len(labels)) if labels[r] <= COLD_LABELS]
+        lines.append(f"  {'vs':<12}" + "".join(f"{'@' + str(n):>9}" for n in labels[1:])
+                     + f"{'behind from':>13}{'AUC<=' + str(COLD_LABELS):>16}{'AUC all':>16}")
+        for other in (m for m in COLD_VS if m in pm):
+            cells, diffs = "", []
+            for r in range(1, len(labels)):
+                d, p = paired_t(ty[:, r], acc_matrix(pm[other])[:, r])
+                diffs.append(d)
+                cells += f"{d:+7.1f}{'+' if d > 0 and p < 0.05 else '-' if d < 0 and p < 0.05 else ' '} "
+            behind = [i for i in range(len(diffs)) if all(x <= 0 for x in diffs[i:])]
+            until = f"{labels[1 + behind[0]]}" if behind else "never"
+            sums = ""
+            for cols in (early, list(range(1, len(labels)))):
+                d, p = paired_t(ty[:, cols].mean(1), acc_matrix(pm[other])[:, cols].mean(1))
+                sums += f"{d:+7.2f} p={p:.3f}" if cols else f"{'':>15}"
+                sums += " "
+            lines.append(f"  {other:<12}{cells}{until:>12} {sums}")
+    return lines
+
+
 def win_table(curves: dict, methods: list[str]) -> list[str]:
     if min(len(pm[methods[0]]) for pm in curves.values()) < 2:
         return ["## Win matrix: needs at least 2 seeds (skipped)"]
@@ -440,6 +494,8 @@ def report(results: dict) -> str:
     lines += head_to_head(curves, [("egl+div", "egl"), ("margin+div", "egl"),
                                    ("margin+div", "egl+div"), ("badge-margin", "egl"),
                                    ("egl", "random")]) + [""]
+    if "typical" in methods:
+        lines += cold_start(curves) + [""]
     lines += win_table(curves, methods) + [""]
     lines += timing_table(curves, methods) + [""]
     for setting, pm in curves.items():
@@ -480,6 +536,8 @@ def plot(results: dict, path: str) -> str | None:
                     style.update(color="black", ls=":", lw=1.8)
                 if meth == "random":
                     style.update(color="grey", lw=1.0)
+                if meth == "typical":
+                    style.update(color="crimson", lw=2.0)
                 ax.plot(cs[0]["labels"], acc_matrix(cs).mean(0) - base, label=meth, **style)
             ax.set_title(f"{row}, batch {col[1:]}", fontsize=10)
             ax.set_xlabel("labels")

@@ -11,7 +11,7 @@ BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 def test_learning_curves_quick(tmp_path):
     pytest.importorskip("sklearn")
     out = tmp_path / "lc"
-    # --quick's settings (2 seeds, batch 50, cnn, 4 methods) on a 200-example pool, 2 rounds, 5
+    # --quick's settings (2 seeds, batch 50, cnn, 5 methods) on a 200-example pool, 2 rounds, 5
     # epochs: every step of the loop and the report, at a fifth of the quick run's time
     proc = subprocess.run([sys.executable, str(BENCH / "learning_curves.py"), "--quick",
                            "--pool-size", "200", "--max-labels", "120", "--epochs", "5",
@@ -25,6 +25,7 @@ def test_learning_curves_quick(tmp_path):
     for line in table.splitlines()[1:]:  # method, per-setting columns, mean, - random, - egl
         parts = line.split()
         auc[parts[0]] = parts[1:]
-    assert set(auc) == {"egl", "egl+div", "margin+div", "random"}
+    assert set(auc) == {"egl", "egl+div", "margin+div", "typical", "random"}
+    assert "Cold start: accuracy(typical) - accuracy(X)" in text and "behind from" in text
     assert auc["egl"] != auc["egl+div"]  # the two variants really differ (diverse is explicit)
     assert "egl = egl+div" not in text

@@ -113,6 +113,7 @@ class Settings:
                                                  # (default 10 x budget)
     per_class: str | None = None          # `select`: proportional | equal quotas per predicted class
     sampling: str = "top"                 # `select`: top | power | softmax (alcli.selection.sampling)
+    typical: bool = False                 # `select`: TypiClust cold start (alcli.selection.typical)
     sampling_beta: float = 1.0            # `select`: β of power / softmax sampling
     exclude: list[str] | None = None      # `select`: files of ids never to select
     image_root: str | None = None         # `select -f labelstudio`: URL/path prefix for data.image
@@ -463,7 +464,7 @@ CHECKS: dict[str, Callable[[Any], Any]] = {
     "budget": _opt(_int(1)), "quiet": _bool,
     "embeddings": _opt(_bool), "embeddings_file": _opt_str, "diverse": _opt(_bool), "diverse_candidates": _candidates,
     "per_class": _opt(_choice(PER_CLASS_MODES)), "sampling": _choice(SAMPLINGS),
-    "sampling_beta": _positive, "exclude": _files, "image_root": _opt_str,
+    "typical": _bool,    "sampling_beta": _positive, "exclude": _files, "image_root": _opt_str,
     "image_dir": _opt_str, "contact_sheet": _opt_str,
     "checkpoint_every": _checkpoint, "resume": _bool, "restart": _bool, "strict": _bool,
     "shard": _shard, "verbose": _bool, "progress_every": _seconds, "log_format": _choice(LOG_FORMATS),

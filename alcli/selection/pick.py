@@ -33,7 +33,13 @@ from .choose import choose
 from .exclusions import Exclusions, ExclusionsError, excluded_ids, read_exclusion_files
 from .export import (ImageRootError, contact_sheet, labeling_config, model_version_from, text_sheet,
                      to_labelstudio, unnamed, write_json, write_text)
-from .rank import is_scored, rank
+from .rank import is_scored, order_key, rank
+from .typical import select_typical
+
+
+# below this many labeled examples per class --typical is the better batch (README, cold start:
+# measured with benchmarks/learning_curves.py)
+COLD_START_PER_CLASS = 6
 
 
 @dataclass
@@ -81,14 +87,18 @@ def prepare(settings: Settings, source: str | None, score_first: bool,
     if settings.sampling != "top" and settings.diverse:
         raise ConfigError(f"{settings.where('sampling')} {settings.sampling} draws the batch from "
                           f"the scores, and {settings.where('diverse')} picks it by BADGE; choose one")
+    if settings.typical:
+        _check_typical(settings)
     # diverse by default, when the embeddings are at hand (and the batch is not drawn)
-    plan.diverse = settings.diverse is not False and settings.sampling == "top"
-    if plan.diverse and not score_first:
+    plan.diverse = settings.diverse is not False and settings.sampling == "top" and \
+        not settings.typical
+    asked = _embeddings_flag(settings)  # the flag that needs the embeddings, if one does
+    if (plan.diverse or settings.typical) and not score_first:
         path = settings.embeddings_file or (embeddings_path(str(source))
                                             if source not in (None, "-") else None)
         if source is None and path is None:
-            if settings.diverse:
-                raise ConfigError(f"{settings.where('diverse')} needs the embeddings of the rows, "
+            if asked:
+                raise ConfigError(f"{settings.where(asked)} needs the embeddings of the rows, "
                                   f"and rows in memory have none: pass "
                                   f"{settings.option('embeddings_file', 'FILE')}")
             plan.diverse = False
@@ -134,6 +144,22 @@ def _inputs(settings: Settings, source: str | None, score_first: bool) -> list[t
     return inputs
 
 
+def _embeddings_flag(settings: Settings) -> str | None:
+    """The option that asks for the rows' embeddings (so their absence is an error), or None."""
+    return "typical" if settings.typical else "diverse" if settings.diverse else None
+
+
+def _check_typical(settings: Settings) -> None:
+    """--typical chooses the whole batch itself: no other way of choosing beside it."""
+    others = [key for key, given in (("diverse", settings.diverse),
+                                     ("per_class", settings.per_class),
+                                     ("sampling", settings.sampling != "top")) if given]
+    if others:
+        raise ConfigError(f"{settings.where('typical')} picks the batch by typicality among "
+                          f"clusters, and {settings.where(others[0])} chooses it another way; "
+                          f"choose one")
+
+
 def _check_same_run(settings: Settings, plan: SelectPlan, source: str | None) -> None:
     """The embeddings file and the table must come from one `score` run: both record its run id
     (files without one, from an older alcli or the Python API, are matched by their ids only).
@@ -148,12 +174,12 @@ def _check_same_run(settings: Settings, plan: SelectPlan, source: str | None) ->
     problem = (f"the embeddings file {plan.embeddings_file} was written by another run than the "
                f"table {source} (the run ids in it and in {sidecar(source, 'meta.json').name} "
                f"differ)")
-    if settings.diverse is None and not settings.embeddings_file:
+    if settings.diverse is None and not settings.embeddings_file and not settings.typical:
         plan.diverse, plan.embeddings_file = False, None
         plan.notes.append(f"selected the best scores without --diverse: {problem}; score again "
                           f"to write matching ones")
         return
-    key = "embeddings_file" if settings.embeddings_file else "diverse"
+    key = "embeddings_file" if settings.embeddings_file else _embeddings_flag(settings)
     raise ConfigError(f"{settings.where(key)}: {problem}; score the table again to write its "
                       f"own embeddings")
 
@@ -180,6 +206,44 @@ def pick(settings: Settings, rows: list[dict], plan: SelectPlan, *, embeddings=N
                           f"rows; nothing is left to select")
     if plan.look_up:
         _look_up(settings, plan, ranked, notes)
+    if settings.typical:
+        chosen, available = _typical(settings, plan, ranked, kept, embeddings), len(kept)
+    else:
+        chosen, available = _chosen(settings, plan, kept, notes, embeddings)
+        if plan.exclusions and not settings.quiet:  # advice, not a problem: -q drops it
+            notes.extend(_cold_start_note(settings, ranked, len(excluded)))
+    picked = Picked(chosen, available, notes, plan.meta)
+    picked.class_names = class_names(settings, plan.meta)
+    picked.task = export_task(settings, plan.meta, chosen)
+    if settings.format == "labelstudio":
+        picked.notes.extend(_unnamed(chosen, picked.class_names, picked.task, settings))
+    handoff = settings.contact_sheet or settings.format == "labelstudio" or settings.labelstudio_config
+    if handoff and is_text(chosen, pool, plan.meta):
+        picked.texts, more = whole_texts(chosen, settings, pool, plan.meta)
+        picked.notes.extend(more)
+    if settings.contact_sheet and picked.texts is not None:
+        draw_text_sheet(chosen, picked.texts, settings)
+    elif settings.contact_sheet:
+        paths = image_files(chosen, settings, pool, plan.meta)
+        picked.notes.extend(draw_sheet(chosen, paths, settings))
+    return picked
+
+
+def _cold_start_note(settings: Settings, ranked: list[dict], labeled: int) -> list[str]:
+    """A note when --exclude names fewer labeled examples than COLD_START_PER_CLASS per predicted
+    class: there --typical beat the score-based batches in benchmarks/learning_curves.py."""
+    classes = {r.get("pred") for r in ranked if isinstance(r.get("pred"), (int, str))}
+    if len(classes) < 2 or labeled >= COLD_START_PER_CLASS * len(classes):
+        return []
+    return [f"{settings.where('exclude')} names {labeled} labeled examples, fewer than "
+            f"{COLD_START_PER_CLASS} per class for the {len(classes)} classes predicted: at "
+            f"that stage --typical picked better first batches than the scores (see README, "
+            f"cold start)"]
+
+
+def _chosen(settings: Settings, plan: SelectPlan, kept: list[dict], notes: list[str],
+            embeddings) -> tuple[list[dict], int]:
+    """The batch by the scores (top, drawn, per class, diverse) and how many rows it came from."""
     diverse = plan.diverse and (embeddings is not None or plan.embeddings_file is not None)
     if plan.diverse and not diverse and settings.diverse:
         raise ConfigError(f"{settings.where('diverse')} needs the examples' embeddings, and none "
@@ -203,21 +267,37 @@ def pick(settings: Settings, rows: list[dict], plan: SelectPlan, *, embeddings=N
                         sampling=settings.sampling, beta=settings.sampling_beta)
     except ValueError as err:
         raise ConfigError(_sentence(err)) from None
-    picked = Picked(chosen, len(eligible), notes, plan.meta)
-    picked.class_names = class_names(settings, plan.meta)
-    picked.task = export_task(settings, plan.meta, chosen)
-    if settings.format == "labelstudio":
-        picked.notes.extend(_unnamed(chosen, picked.class_names, picked.task, settings))
-    handoff = settings.contact_sheet or settings.format == "labelstudio" or settings.labelstudio_config
-    if handoff and is_text(chosen, pool, plan.meta):
-        picked.texts, more = whole_texts(chosen, settings, pool, plan.meta)
-        picked.notes.extend(more)
-    if settings.contact_sheet and picked.texts is not None:
-        draw_text_sheet(chosen, picked.texts, settings)
-    elif settings.contact_sheet:
-        paths = image_files(chosen, settings, pool, plan.meta)
-        picked.notes.extend(draw_sheet(chosen, paths, settings))
-    return picked
+    return chosen, len(eligible)
+
+
+def _typical(settings: Settings, plan: SelectPlan, ranked: list[dict], kept: list[dict],
+             embeddings) -> list[dict]:
+    """--typical: TypiClust over every kept row (scored or not); the excluded rows with an
+    embedding are the labeled ones, whose clusters count as covered."""
+    if embeddings is None and plan.embeddings_file is None:
+        raise ConfigError(f"{settings.where('typical')} needs the examples' embeddings, and none "
+                          f"were recorded (the model has no nn.Linear classification head)")
+    if embeddings is not None:
+        file_ids, b = embeddings.ids, embeddings.b
+    else:
+        try:
+            file_ids, _, b = load_embeddings(plan.embeddings_file)
+        except EmbeddingsError as err:
+            raise ConfigError(_sentence(err)) from None
+    index = {i: n for n, i in enumerate(file_ids)}
+    kept_ids = {str(r["id"]) for r in kept}
+    missing = next((str(r["id"]) for r in kept if str(r["id"]) not in index), None)
+    if missing is not None:
+        raise ConfigError(f"the row '{missing}' has no embedding in "
+                          f"{plan.embeddings_file or 'those recorded when the rows were scored'}; "
+                          f"score the table again to write its own embeddings")
+    labeled = [index[str(r["id"])] for r in ranked
+               if str(r["id"]) not in kept_ids and str(r["id"]) in index]
+    b = torch.as_tensor(b)
+    take = torch.tensor([index[str(r["id"])] for r in kept], dtype=torch.long)
+    picks = select_typical(b[take], b[torch.tensor(labeled, dtype=torch.long)], settings.budget,
+                           settings.seed)
+    return sorted((kept[p] for p in picks), key=order_key)
 
 
 def _look_up(settings: Settings, plan: SelectPlan, rows: list[dict], notes: list[str]) -> None:
@@ -235,9 +315,11 @@ def _look_up(settings: Settings, plan: SelectPlan, rows: list[dict], notes: list
     else:
         problem = (f"the table has no embeddings file {plan.look_up} (scored with "
                    f"--no-embeddings, or by a model without an nn.Linear classification head)")
-    if settings.diverse:
-        raise ConfigError(f"{settings.where('diverse')} needs the table's embeddings: {problem}; "
-                          f"pass {settings.option('embeddings_file', 'FILE')}")
+    if _embeddings_flag(settings):
+        write = "; score with --embeddings to write them" if settings.typical else ""
+        raise ConfigError(f"{settings.where(_embeddings_flag(settings))} needs the table's "
+                          f"embeddings: {problem}; pass "
+                          f"{settings.option('embeddings_file', 'FILE')}{write}")
     plan.diverse = False
     notes.append(f"selected the best scores without --diverse: {problem}; pass "
                  f"{settings.option('embeddings_file', 'FILE')}")
