@@ -262,7 +262,7 @@ def detection_table(device, dry: bool, say):
     g = torch.Generator().manual_seed(0)
     images = [torch.rand(3, size, size, generator=g).to(device) for _ in range(n)]
     ids = [str(i) for i in range(n)]
-    settings = SimpleNamespace(box_threshold=0.05, aggregate="mean", seed=0, egl_samples=4)
+    settings = SimpleNamespace(box_threshold=0.05, aggregate="mean", seed=0, egl_samples=4, method="auto")
     for name in names:
         kw = {} if name.startswith("ssd") else {"min_size": size, "max_size": size}
         model = torchvision.models.get_model(name, weights=None, weights_backbone=None, num_classes=5, **kw)

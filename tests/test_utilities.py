@@ -32,7 +32,8 @@ def loop_norm(model, x, target):
 
 
 def test_registry_is_uniform():
-    assert set(STRATEGIES) == {"egl", "gradnorm", "loss", "entropy", "margin", "least-confidence", "random"}
+    assert set(STRATEGIES) == {"egl", "gradnorm", "loss", "entropy", "margin", "least-confidence", "random",
+                               "uncertain-boxes"}
     for s in STRATEGIES.values():
         assert list(inspect.signature(s.fn).parameters) == ["s"] and s.help
     assert {n for n, s in STRATEGIES.items() if s.gradients} == {"egl", "gradnorm"}
