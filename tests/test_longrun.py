@@ -18,15 +18,14 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
-from PIL import Image
 from typer.testing import CliRunner
 
 from alcli.cli import app
 from alcli.files.embeddings import embeddings_run_id, load_embeddings
 from conftest import parse_csv
+from interrupted import data_lines, start_score, wait_for_rows
 
 runner = CliRunner()
 
@@ -68,26 +67,9 @@ def same_scores(a: list[dict], b: list[dict], rel=1e-5):
 
 # --- kill -9, SIGTERM, resume -------------------------------------------------------------------
 
-def _data_lines(path: Path) -> int:
-    try:
-        return max(0, path.read_bytes().count(b"\n") - 1)  # minus the header
-    except FileNotFoundError:
-        return 0
-
-
 def _start(ws, pool, out, *more):
-    return subprocess.Popen([sys.executable, "-m", "alcli", "score", str(pool), "-m", "model.pt",
-                             "-c", "config.yaml", "-b", "8", "-o", str(out), "-q", *more],
-                            cwd=ws.root, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-
-
-def _wait_for_rows(proc, partial: Path, rows: int, timeout=60.0):
-    deadline = time.monotonic() + timeout
-    while _data_lines(partial) < rows:
-        assert proc.poll() is None, f"the run ended before it could be stopped: {proc.communicate()}"
-        assert time.monotonic() < deadline, "no rows reached the partial file"
-        time.sleep(0.005)
+    return start_score(ws.root, pool, "-m", "model.pt", "-c", "config.yaml", "-b", "8", "-o", out,
+                       "-q", *more)
 
 
 def test_sigterm_and_sigkill_then_resume_give_the_uninterrupted_table(in_ws, tmp_path):
@@ -101,12 +83,12 @@ def test_sigterm_and_sigkill_then_resume_give_the_uninterrupted_table(in_ws, tmp
 
     out.write_text("the old table\n")
     first = _start(in_ws, pool, out, "--checkpoint-every", "96")
-    _wait_for_rows(first, partial, 200)
+    wait_for_rows(first, partial, 200)
     first.send_signal(signal.SIGTERM)
     _, err = first.communicate(timeout=60)
     assert first.returncode == 128 + signal.SIGTERM, err
     assert "SIGTERM" in err and "--resume" in err and str(partial) in err
-    saved = _data_lines(partial)
+    saved = data_lines(partial)
     assert saved % 8 == 0 and 200 <= saved < n  # whole batches
 
     # a partial file is never overwritten by accident, nor resumed with other settings
@@ -118,12 +100,12 @@ def test_sigterm_and_sigkill_then_resume_give_the_uninterrupted_table(in_ws, tmp
     one_sentence(other, "strategy", "egl", "entropy")
 
     second = _start(in_ws, pool, out, "--resume", "--checkpoint-every", "40")
-    _wait_for_rows(second, partial, saved + 300)
+    wait_for_rows(second, partial, saved + 300)
     second.kill()  # SIGKILL: no handler runs
     second.communicate(timeout=60)
     assert second.returncode == -signal.SIGKILL
     assert out.read_text() == "the old table\n"  # the table is the old file or the complete new one
-    killed_at = _data_lines(partial)
+    killed_at = data_lines(partial)
     assert saved + 300 <= killed_at < n
 
     third = _start(in_ws, pool, out, "--resume")
@@ -470,7 +452,7 @@ def test_kill_9_at_random_moments_loses_at_most_the_checkpoint_interval(in_ws, t
         proc.kill()
         proc.wait(timeout=60)
         reader.join(timeout=10)
-        saved = _data_lines(partial)
+        saved = data_lines(partial)
         slack = 0.3 + max(b[0] - a[0] for a, b in zip(progress, progress[1:] + [(killed_at, 0)]))
         finished_before = max([done for t, done in progress if t <= killed_at - interval - slack],
                               default=0)

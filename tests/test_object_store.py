@@ -7,7 +7,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -22,6 +21,7 @@ from typer.testing import CliRunner
 
 from alcli.cli import app
 from cli_errors import assert_one_error
+from interrupted import kill_when_saved, start_score
 from test_sources import bytes_table, rows, score, write_parquet, write_shards
 
 pytest.importorskip("s3fs")
@@ -138,20 +138,9 @@ def test_kill_and_resume_from_the_object_store_equal_the_uninterrupted_run(in_ws
     partial = Path(f"{out}.partial")
 
     def start(dest, *more):
-        return subprocess.Popen([sys.executable, "-m", "alcli", "score", url, "-m", model,
-                                 "-c", "config.yaml", "-b", "8", "--id-column", "id", "-o", str(dest),
-                                 "-q", "--checkpoint-every", "32", *more], cwd=in_ws.root,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env={**os.environ, "OMP_NUM_THREADS": "1",
-                                     "PYTHONWARNINGS": "ignore"})
-    first = start(out)
-    deadline = time.monotonic() + 120
-    while not partial.exists() or partial.read_bytes().count(b"\n") < 80:
-        assert first.poll() is None and time.monotonic() < deadline, first.communicate()
-        time.sleep(0.005)
-    first.send_signal(signal.SIGKILL)
-    first.communicate(timeout=60)
-    saved = partial.read_bytes().count(b"\n") - 1
+        return start_score(in_ws.root, url, "-m", model, "-c", "config.yaml", "-b", "8",
+                           "--id-column", "id", "-o", dest, "-q", "--checkpoint-every", "32", *more)
+    saved = kill_when_saved(start(out), partial, 80)
     assert 0 < saved < n
     second = start(out, "--resume")
     _, err = second.communicate(timeout=300)

@@ -6,11 +6,7 @@ one sentence."""
 from __future__ import annotations
 
 import io
-import os
 import shutil
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +16,7 @@ from typer.testing import CliRunner
 
 from alcli.cli import app
 from cli_errors import assert_one_error
+from interrupted import kill_when_saved, start_score
 from conftest import parse_csv
 
 pa = pytest.importorskip("pyarrow")
@@ -165,20 +162,9 @@ def test_kill_and_resume_on_a_parquet_pool_equal_the_uninterrupted_run(in_ws, tm
     partial = Path(f"{out}.partial")
 
     def start(dest, *more):
-        return subprocess.Popen([sys.executable, "-m", "alcli", "score", str(table), "-m", "model.pt",
-                                 "-c", "config.yaml", "-b", "8", "--id-column", "id", "-o", str(dest),
-                                 "-q", "--checkpoint-every", "64", *more], cwd=in_ws.root,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env={**os.environ, "OMP_NUM_THREADS": "1",
-                                     "PYTHONWARNINGS": "ignore"})
-    first = start(out)
-    deadline = time.monotonic() + 120
-    while not partial.exists() or partial.read_bytes().count(b"\n") < 200:
-        assert first.poll() is None and time.monotonic() < deadline, first.communicate()
-        time.sleep(0.005)
-    first.kill()
-    first.communicate(timeout=60)
-    saved = partial.read_bytes().count(b"\n") - 1
+        return start_score(in_ws.root, table, "-m", "model.pt", "-c", "config.yaml", "-b", "8",
+                           "--id-column", "id", "-o", dest, "-q", "--checkpoint-every", "64", *more)
+    saved = kill_when_saved(start(out), partial, 200)
     assert 0 < saved < n
     second = start(out, "--resume")
     _, err = second.communicate(timeout=300)
