@@ -23,12 +23,12 @@ import argparse
 import json
 import os
 import resource
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
+
+from _memory import run_measured
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -121,45 +121,17 @@ def child_compute(args) -> dict:
 
 def run_child(mode: str, args, ws: dict, size: int, out: Path | None = None) -> dict:
     """One fresh subprocess; its process tree's peak PSS/RSS sampled every 0.2 s."""
-    import psutil
     cmd = [sys.executable, __file__, "--child", mode, "--pool", ws["pool"], "--model", ws["model"],
            "--config", ws["config"], "--strategy", args.strategy, "--batch-size", str(args.batch_size),
            "--workers", str(args.workers), "--engine-examples", str(args.engine_examples)]
     if out is not None:
         cmd += ["--out", str(out)]
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "PYTHONWARNINGS": "ignore"}
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            cwd=REPO)
-    peak = {"pss": 0, "rss": 0}
-    done = threading.Event()
-
-    def sample():
-        root = psutil.Process(proc.pid)
-        while not done.is_set():
-            pss = rss = 0
-            try:
-                for p in [root, *root.children(recursive=True)]:
-                    try:
-                        info = p.memory_full_info()
-                        pss += info.pss
-                        rss += info.rss
-                    except (psutil.NoSuchProcess, psutil.AccessDenied):
-                        pass
-            except psutil.NoSuchProcess:
-                return
-            peak["pss"] = max(peak["pss"], pss)
-            peak["rss"] = max(peak["rss"], rss)
-            done.wait(0.2)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    stdout, stderr = proc.communicate()
-    done.set()
-    sampler.join()
-    if proc.returncode != 0:
-        raise SystemExit(f"{mode} child for {size} failed:\n{stderr}")
-    result = json.loads(stdout.strip().splitlines()[-1])
-    result.update(peak_pss_mib=peak["pss"] / 2**20, peak_rss_mib=peak["rss"] / 2**20)
+    done, pss, rss = run_measured(cmd, env, REPO)
+    if done.returncode != 0:
+        raise SystemExit(f"{mode} child for {size} failed:\n{done.stderr}")
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result.update(peak_pss_mib=pss / 2**20, peak_rss_mib=rss / 2**20)
     return result
 
 

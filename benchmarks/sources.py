@@ -20,12 +20,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tarfile
-import threading
 import time
 from pathlib import Path
+
+from _memory import run_measured
 
 REPO = Path(__file__).resolve().parents[1]
 PER_SHARD = 10_000
@@ -126,37 +126,12 @@ def child_e2e(spec: str, shard: str, out: str) -> dict:
 
 def run_child(args: list[str]) -> dict:
     """A fresh process; its process tree's peak PSS sampled every 0.2 s."""
-    import psutil
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "PYTHONWARNINGS": "ignore",
            "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, __file__, "--child", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
-    peak = [0]
-    done = threading.Event()
-
-    def sample():
-        root = psutil.Process(proc.pid)
-        while not done.is_set():
-            total = 0
-            try:
-                for p in [root, *root.children(recursive=True)]:
-                    try:
-                        total += p.memory_full_info().pss
-                    except (psutil.NoSuchProcess, psutil.AccessDenied):
-                        pass
-            except psutil.NoSuchProcess:
-                return
-            peak[0] = max(peak[0], total)
-            done.wait(0.2)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    stdout, stderr = proc.communicate()
-    done.set()
-    sampler.join()
-    if proc.returncode != 0:
-        raise SystemExit(f"child {args} failed:\n{stderr}")
-    return {**json.loads(stdout.strip().splitlines()[-1]), "peak_pss_mib": peak[0] / 2**20}
+    done, pss, _ = run_measured([sys.executable, __file__, "--child", *args], env, REPO)
+    if done.returncode != 0:
+        raise SystemExit(f"child {args} failed:\n{done.stderr}")
+    return {**json.loads(done.stdout.strip().splitlines()[-1]), "peak_pss_mib": pss / 2**20}
 
 
 def main() -> None:

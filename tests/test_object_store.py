@@ -4,7 +4,6 @@ s3:// URL through the CLI they give the local files' table byte for byte, a kill
 the store, and a missing, forbidden or unreachable bucket is one sentence."""
 from __future__ import annotations
 
-import io
 import json
 import os
 import socket
@@ -13,16 +12,14 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
-from PIL import Image
 
 from typer.testing import CliRunner
 
 from alcli.cli import app
 from cli_errors import assert_one_error
 from interrupted import kill_when_saved, start_score
-from test_sources import bytes_table, rows, score, write_parquet, write_shards
+from test_sources import bytes_table, random_png_table, rows, score, write_parquet, write_shards
 
 pytest.importorskip("s3fs")
 boto3 = pytest.importorskip("boto3")
@@ -123,15 +120,8 @@ def test_parquet_with_paths_relative_to_a_remote_table(in_ws, tmp_path, store):
 
 
 def test_kill_and_resume_from_the_object_store_equal_the_uninterrupted_run(in_ws, tmp_path, store):
-    rng = np.random.default_rng(5)
     n = 300
-    datas = []
-    for _ in range(n):
-        buf = io.BytesIO()
-        Image.fromarray(rng.integers(0, 256, (6, 6, 3), dtype=np.uint8)).save(buf, "PNG")
-        datas.append(buf.getvalue())
-    table = write_parquet(tmp_path / "big.parquet",
-                          {"id": [f"ex{i:05d}" for i in range(n)], "image": datas}, 128)
+    table = random_png_table(tmp_path / "big.parquet", n, 5, 128)
     url = upload(store, table, "big/big.parquet")
     model = upload(store, in_ws.model, "big/model.pt")
     full, out = tmp_path / "full.csv", tmp_path / "resumed.csv"

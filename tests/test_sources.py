@@ -148,16 +148,20 @@ def test_shard_of_a_parquet_pool_is_the_folders_shard(in_ws, tmp_path):
         assert 0 < len(part) < 14
 
 
-def test_kill_and_resume_on_a_parquet_pool_equal_the_uninterrupted_run(in_ws, tmp_path):
-    rng = np.random.default_rng(3)
-    n = 800
+def random_png_table(path: Path, n: int, seed: int, row_group: int) -> Path:
+    """n random 6x6 PNGs as a Parquet table (id ex00000..., image bytes) in row groups."""
+    rng = np.random.default_rng(seed)
     datas = []
     for _ in range(n):
         buf = io.BytesIO()
         Image.fromarray(rng.integers(0, 256, (6, 6, 3), dtype=np.uint8)).save(buf, "PNG")
         datas.append(buf.getvalue())
-    table = write_parquet(tmp_path / "big.parquet",
-                          {"id": [f"ex{i:05d}" for i in range(n)], "image": datas}, 256)
+    return write_parquet(path, {"id": [f"ex{i:05d}" for i in range(n)], "image": datas}, row_group)
+
+
+def test_kill_and_resume_on_a_parquet_pool_equal_the_uninterrupted_run(in_ws, tmp_path):
+    n = 800
+    table = random_png_table(tmp_path / "big.parquet", n, 3, 256)
     full, out = tmp_path / "full.csv", tmp_path / "resumed.csv"
     partial = Path(f"{out}.partial")
 
