@@ -170,3 +170,16 @@ def test_missing_forbidden_and_unreachable_stores_are_one_sentence(in_ws, tmp_pa
     assert_one_error(score(in_ws, "s3://pools/tables/pool.parquet", "-o", "-", ok=False),
                      "Could not connect to the endpoint URL", "unreachable")
     s3fs.S3FileSystem.clear_instance_cache()
+
+
+def test_an_image_manifest_by_url_gives_the_local_manifests_table(in_ws, tmp_path, store):
+    """A .csv manifest in the store, its images beside it there (paths relative to it)."""
+    for rel, (path, _) in in_ws.images.items():
+        upload(store, path, f"manifest/pool/{rel}")
+    url = upload(store, in_ws.manifest, "manifest/manifest.csv")
+    local = rows(score(in_ws, in_ws.manifest, "-o", "-"))
+    remote_rows = rows(score(in_ws, url, "-o", "-"))
+    assert remote_rows == local and len(local) == len(in_ws.images)
+    store.delete_object(Bucket="pools", Key=f"manifest/pool/{sorted(in_ws.images)[0]}")
+    gone = score(in_ws, url, "-o", "-")  # an image missing in the store: an error row, not a stop
+    assert [r["id"] for r in rows(gone)] == [r["id"] for r in local if r["id"] != sorted(in_ws.images)[0]]

@@ -10,6 +10,7 @@ item carries the error instead, so a DataLoader worker can hand it back and the 
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 import sys
@@ -26,6 +27,7 @@ from torch.utils.data import Dataset
 from .config import Transform
 from ..errors import ConfigError, PoolError, first_line
 from .jsonl import json_objects
+from . import remote
 from .regular import check_regular
 
 IMAGE_EXTS = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".tiff")
@@ -125,8 +127,7 @@ class ImagePool(Pool):
         if self.decode == "gpu":
             return self._jpeg_bytes(i)
         try:
-            check_regular(self.paths[i])  # a FIFO would block Image.open forever
-            with Image.open(self.paths[i]) as img:
+            with Image.open(_opened(self.paths[i])) as img:
                 x = self.transform(img)
         except Exception as err:  # noqa: BLE001 - any unreadable file becomes an error row
             return Item(self.ids[i], None, self.labels[i],
@@ -135,8 +136,7 @@ class ImagePool(Pool):
 
     def _jpeg_bytes(self, i: int) -> Item:
         try:
-            check_regular(self.paths[i])
-            data = Path(self.paths[i]).read_bytes()
+            data = _image_bytes(self.paths[i])
         except OSError as err:
             return Item(self.ids[i], None, self.labels[i],
                         f"cannot read image {self.paths[i]} ({first_line(err)})")
@@ -145,6 +145,22 @@ class ImagePool(Pool):
                         f"file (--decode gpu decodes JPEGs only)")
         return Item(self.ids[i], JpegBytes(torch.frombuffer(bytearray(data), dtype=torch.uint8)),
                     self.labels[i], None, str(self.paths[i]))
+
+
+def _opened(path):
+    """What Image.open reads: a local file (only a regular one: a FIFO would block it forever),
+    or an object-store file's bytes (a manifest's image at a URL)."""
+    if isinstance(path, remote.Remote):
+        return io.BytesIO(remote.read_bytes(path))
+    check_regular(path)
+    return path
+
+
+def _image_bytes(path) -> bytes:
+    if isinstance(path, remote.Remote):
+        return remote.read_bytes(path)
+    check_regular(path)
+    return Path(path).read_bytes()
 
 
 class TensorPool(Pool):
@@ -504,13 +520,15 @@ def _label(value, where: str) -> int:
     return label
 
 
-def from_manifest(spec: str, opts: PoolOptions) -> Pool:
-    """A .csv or .jsonl with `path` (relative to the manifest), optional `id` and `label`."""
-    path = Path(spec)
+def from_manifest(spec, opts: PoolOptions) -> Pool:
+    """A .csv or .jsonl with `path` (relative to the manifest), optional `id` and `label`; the
+    manifest may be an object-store file (a remote.Remote), its images then beside it there."""
+    path = spec if isinstance(spec, remote.Remote) else Path(spec)
+    base = remote.parent(path)
     records: list[tuple[int, dict]] = []  # (line number, record)
     try:
-        with open(path, newline="", encoding="utf-8-sig") as f:
-            if path.suffix.lower() == ".csv":
+        with _text_of(path) as f:
+            if str(path).lower().endswith(".csv"):
                 reader = csv.DictReader(f)
                 if not reader.fieldnames or "path" not in reader.fieldnames:
                     raise PoolError(f"manifest {path} has no 'path' column "
@@ -527,15 +545,32 @@ def from_manifest(spec: str, opts: PoolOptions) -> Pool:
         where = f"manifest {path} line {n}"
         if not row.get("path"):
             raise PoolError(f"{where} has no path")
-        p = Path(str(row["path"]))
-        full = p if p.is_absolute() else path.parent / p
+        full = _image_path(str(row["path"]), base)
         id_ = row.get("id")
-        raw = _task_label(row, opts, path.parent)
+        raw = _task_label(row, opts, base)
         rows.append((str(id_) if id_ not in (None, "") else str(row["path"]), full,
                      -1 if raw is not None else _label(_named_label(row.get("label"), where, opts), where)))
         if raw is not None:
             task_labels[rows[-1][0]] = (where, raw)
     return _with_task_labels(_image_pool(str(path), rows, opts), task_labels)
+
+
+def _text_of(path):
+    """A manifest open as text (UTF-8, a BOM dropped), local or in an object store."""
+    if isinstance(path, remote.Remote):
+        return io.StringIO(remote.read_bytes(path).decode("utf-8-sig"), newline="")
+    return open(path, newline="", encoding="utf-8-sig")
+
+
+def _image_path(value: str, base):
+    """A manifest's image: a URL, an absolute path, or a path relative to the manifest's folder
+    (in its object store for a remote manifest)."""
+    if remote.is_url(value):
+        return remote.locate(value)
+    if isinstance(base, remote.Remote):
+        return remote.join(base, value)
+    p = Path(value)
+    return p if p.is_absolute() else base / p
 
 
 def _task_label(row: dict, opts: PoolOptions, base: Path):

@@ -1,12 +1,12 @@
 """Which source opens a pool: Parquet tables and Hugging Face datasets (tables.py), WebDataset tar
-shards (webdataset.py), else the folders, manifests, texts and tensors of pool.py. Tables and
-shards may also be object-store URLs (remote.py)."""
+shards (webdataset.py), else the folders, manifests, texts and tensors of pool.py. Tables, shards
+and image manifests may also be object-store URLs (remote.py)."""
 from __future__ import annotations
 
 from pathlib import Path
 
 from ..errors import ConfigError
-from .pool import Pool, PoolOptions
+from .pool import Pool, PoolOptions, from_manifest
 from .pool import open_pool as open_file_pool
 from .remote import is_url, kind, locate, reading, shown
 from .tables import TABLE_EXTS, from_hf_dataset, from_parquet, is_hf_dataset, is_parquet_folder
@@ -47,11 +47,13 @@ def _remote(specs: list[str], opts: PoolOptions) -> Pool:
     if len(specs) > 1:
         raise ConfigError(f"pool {shown(specs[0])}: several URLs must all name .tar shards")
     with reading("pool", specs[0]):
-        table = locate(specs[0])
-        if kind(table) == "directory" or table.path.lower().endswith(TABLE_EXTS):
-            return _no_folders(opts) or from_parquet(table, opts)
+        found = locate(specs[0])
+        if kind(found) == "directory" or found.path.lower().endswith(TABLE_EXTS):
+            return _no_folders(opts) or from_parquet(found, opts)
+        if found.path.lower().endswith((".csv", ".jsonl")):  # an image manifest, its images by URL
+            return from_manifest(found, opts)
     raise ConfigError(f"pool {shown(specs[0])}: an object-store pool is a .parquet file, a folder "
-                      f"of them, or .tar shards")
+                      f"of them, .tar shards, or a .csv/.jsonl manifest of images")
 
 
 def _no_folders(opts: PoolOptions) -> None:
