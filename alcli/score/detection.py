@@ -93,16 +93,21 @@ def classes(model: nn.Module) -> int | None:
 def predict(model: nn.Module, images: list[torch.Tensor]) -> list[dict]:
     """One no-grad forward per group of same-sized images (no padding from a larger neighbour:
     each image's boxes are those it gets alone) -> per image {boxes, labels, scores}."""
-    groups: dict[tuple, list[int]] = {}
-    for i, img in enumerate(images):
-        groups.setdefault(tuple(img.shape), []).append(i)
     out: list[dict | None] = [None] * len(images)
     with torch.no_grad():
-        for members in groups.values():
+        for members in same_size(images):
             group = [images[i] for i in members]
             for i, found in zip(members, _hf_predict(model, group) if is_hf(model) else model(group)):
                 out[i] = {k: v.detach() for k, v in found.items()}
     return out
+
+
+def same_size(images: list[torch.Tensor]) -> list[list[int]]:
+    """The positions of the images of each size, in order of first appearance."""
+    groups: dict[tuple, list[int]] = {}
+    for i, img in enumerate(images):
+        groups.setdefault(tuple(img.shape), []).append(i)
+    return list(groups.values())
 
 
 def _hf_predict(model: nn.Module, images: list[torch.Tensor]) -> list[dict]:
@@ -266,13 +271,10 @@ def gradient_norms(model: nn.Module, images: list[torch.Tensor], sets: list[list
 
 
 def _batched(model, images, sets, method) -> tuple[list[list[float]], list[list[float]]]:
-    groups: dict[tuple, list[int]] = {}
-    for i, img in enumerate(images):
-        groups.setdefault(tuple(img.shape), []).append(i)
     norms: list = [None] * len(images)
     losses: list = [None] * len(images)
     k = len(sets[0])
-    for members in groups.values():
+    for members in same_size(images):
         per_set = [[sets[i][j] for i in members] for j in range(k)]
         grads, values = retinanet.norms(model, [images[i] for i in members], per_set, method)
         for col, i in enumerate(members):
