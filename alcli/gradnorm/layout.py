@@ -7,9 +7,8 @@ dim whose size goes 1 -> 2 in an input or output is that tensor's batch dim; a t
 changing dim is shared by all examples. A dim that changes any other way (the batch merged with
 another dim, [B*T, d] or packed tokens) is recorded as MERGED, and rules that need the batch
 refuse it; at the full batch every batch dim must have size B. Sizes can still coincide (packed
-tokens with one token in each of the first two examples), so the full batch is also run
-reversed, rotated by one and with its first two examples swapped: a true batch dim holds the
-same values, moved the same way. Because the result is cached
+tokens with one token in each of the first two examples), so three examples of the batch are
+also run reversed, rotated by one and with their first two swapped: a true batch dim holds the same values, moved the same way. Because the result is cached
 per model, hooked modules and example shape, a forward whose shapes depend on the data (an op
 such as nonzero or boolean masking) is refused: a later batch could lay out differently.
 
@@ -40,6 +39,7 @@ from .model_io import (
     first_n,
     logits_of,
     map_batch,
+    tensors,
 )
 from .uses import ModuleStack
 
@@ -137,22 +137,29 @@ def _integer_indexing(func, args) -> bool:
                                  for i in indices)
 
 
+REORDER_EXAMPLES = 3  # the reordering probes' examples (all of a smaller batch)
+
+
 def _mark_unreversed(model, inputs, modules, layouts):
     """A batch dim whose rows are not the examples' own becomes MERGED (blocks: None): when the
-    batch is reversed, rotated by one, or has its first two examples swapped, its rows (blocks of
+    examples are reversed, rotated by one, or have their first two swapped, its rows (blocks of
     k rows) must move the same way, each unchanged. A rotation and a swap generate every
-    reordering, so a model that reorders the examples inside cannot pass (for B >= 3; a pair's
+    reordering, so a model that reorders the examples inside cannot pass (for n >= 3; a pair's
     one reordering commutes with itself, and a pair's layout serves only pairs).
 
+    The probes take n = min(B, 3) examples of the batch, distinct ones where it has them (copies
+    would hide a reordering): which rows a fixed reordering moves does not depend on the batch
+    size, and reorderings that depend on the values (sorts) were refused by the first probe.
     Values are compared through a fingerprint per batch row (a fixed random projection of the
-    row), so the check holds [B] numbers per tensor, not the activations."""
-    batch = batch_size(inputs)
-    forward = _record(model, inputs, modules, lambda tree: _fingerprints(tree, batch))
-    orders = {tuple(range(batch - 1, -1, -1)), tuple(torch.arange(batch).roll(1).tolist()),
-              (1, 0, *range(2, batch))}  # one order for B = 2
+    row), so the check holds a few numbers per tensor, not the activations."""
+    probe = map_batch(inputs, lambda t: t[_distinct_rows(inputs).to(t.device)])
+    n = batch_size(probe)
+    forward = _record(model, probe, modules, lambda tree: _fingerprints(tree, n))
+    orders = {tuple(range(n - 1, -1, -1)), tuple(torch.arange(n).roll(1).tolist()),
+              (1, 0, *range(2, n))}  # one order for n = 2
     for order in map(torch.tensor, sorted(orders)):
-        moved = _record(model, map_batch(inputs, lambda t: t[order.to(t.device)]), modules,
-                        lambda tree: _fingerprints(tree, batch))
+        moved = _record(model, map_batch(probe, lambda t: t[order.to(t.device)]), modules,
+                        lambda tree: _fingerprints(tree, n))
         for name in modules:
             if len(forward[name]) != len(moved[name]):
                 raise UnsupportedModel(f"module '{name}' is called a different number of times for "
@@ -167,14 +174,29 @@ def _mark_unreversed(model, inputs, modules, layouts):
                             blocks[i] = None
 
 
+def _distinct_rows(inputs) -> torch.Tensor:
+    """Indices of the first min(B, 3) examples whose inputs differ (the first ones where fewer
+    differ)."""
+    batch = batch_size(inputs)
+    n = min(batch, REORDER_EXAMPLES)
+    prints = torch.stack([_fingerprint(t, 0) for t in tensors(inputs)], 1).cpu()  # [B, tensors]
+    chosen = []
+    for row in range(batch):
+        if all(not torch.equal(prints[row], prints[c]) for c in chosen):
+            chosen.append(row)
+            if len(chosen) == n:
+                return torch.tensor(chosen)
+    return torch.arange(n)
+
+
 def _rows_follow(block, f, m, order) -> bool:
-    """Does dim d, of size B*k with the batch as its outer factor (k = 1: a plain batch dim), hold
-    in the reordered run (`m`) the blocks of k rows of the first run (`f`) in the new order?"""
+    """Does dim d, of size n*k with the examples as its outer factor (k = 1: a plain batch dim),
+    hold in the reordered run (`m`) the blocks of k rows of the first run (`f`) in the new order?"""
     d, k = block
-    batch = order.shape[0]
-    if f is None or m is None or d not in f or d not in m or f[d].shape[0] != batch * k:
+    n = order.shape[0]
+    if f is None or m is None or d not in f or d not in m or f[d].shape[0] != n * k:
         return False
-    return _same(f[d].view(batch, k)[order.to(f[d].device)].reshape(-1), m[d])
+    return _same(f[d].view(n, k)[order.to(f[d].device)].reshape(-1), m[d])
 
 
 def _mark_broadcast(model, inputs, modules, layouts, shapes):
