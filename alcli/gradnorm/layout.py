@@ -1,14 +1,15 @@
 """Where the batch dimension lives in every tensor a module call sees.
 
 It cannot be read off one shape: a seq-first transformer feeds its Linear layers [T, B, d], and
-when T == B no size tells the two apart. So the model is run on its first example and on its
-first two (real examples, so data-dependent sizes show), and for every hooked module call the one
-dim whose size goes 1 -> 2 in an input or output is that tensor's batch dim; a tensor with no
-changing dim is shared by all examples. A dim that changes any other way (the batch merged with
-another dim, [B*T, d] or packed tokens) is recorded as MERGED, and rules that need the batch
-refuse it; at the full batch every batch dim must have size B. Sizes can still coincide (packed
-tokens with one token in each of the first two examples), so three examples of the batch are
-also run reversed, rotated by one and with their first two swapped: a true batch dim holds the same values, moved the same way. Because the result is cached
+when T == B no size tells the two apart. So the model is run on its first example and on n =
+min(B, 3) distinct examples of the batch (real examples, so data-dependent sizes show), and for
+every hooked module call the one dim whose size goes 1 -> n in an input or output is that
+tensor's batch dim; a tensor with no changing dim is shared by all examples. A dim that changes
+any other way (the batch merged with another dim, [B*T, d] or packed tokens) is recorded as
+MERGED, and rules that need the batch refuse it; at the full batch every batch dim must have
+size B. Sizes can still coincide (packed tokens with one token in each example), so the n
+examples are also run rotated by one and with their first two swapped: a true batch dim holds
+the same values, moved the same way. Because the result is cached
 per model, hooked modules and example shape, a forward whose shapes depend on the data (an op
 such as nonzero or boolean masking) is refused: a later batch could lay out differently.
 
@@ -72,19 +73,26 @@ def call_layouts(model, inputs: torch.Tensor, modules: dict) -> dict[str, list[L
         if watch.op is not None:
             raise UnsupportedModel(f"{watch.where} {watch.what} ({watch.op}), so where the batch lies "
                                    "can change from batch to batch")
-        pair = first_n(inputs, 2)
-        two = _record_shapes(model, pair, modules)
+        # the probe: n = min(B, 3) distinct examples of the batch (two copies of a lone one);
+        # its shapes against the one example's give the batch dims, its fingerprints are the
+        # reordering check's reference
+        probe = first_n(inputs, 2) if batch_size(inputs) == 1 else map_batch(
+            inputs, lambda t: t[_distinct_rows(inputs).to(t.device)])
+        n = batch_size(probe)
+        seen = _record(model, probe, modules, lambda tree: (_shapes(tree), _fingerprints(tree, n)))
+        many = {name: [(i[0], o[0]) for i, o in calls] for name, calls in seen.items()}
         layouts = {}
         for name in modules:
-            if len(one[name]) != len(two[name]):
+            if len(one[name]) != len(many[name]):
                 raise UnsupportedModel(f"module '{name}' is called a different number of times for "
                                        "different batch sizes")
-            layouts[name] = [Layout(_dims(a_in, b_in), _dims(a_out, b_out),
-                                    in_blocks=_blocks(a_in, b_in), out_blocks=_blocks(a_out, b_out))
-                             for (a_in, a_out), (b_in, b_out) in zip(one[name], two[name])]
+            layouts[name] = [Layout(_dims(a_in, b_in, n), _dims(a_out, b_out, n),
+                                    in_blocks=_blocks(a_in, b_in, n), out_blocks=_blocks(a_out, b_out, n))
+                             for (a_in, a_out), (b_in, b_out) in zip(one[name], many[name])]
         if batch_size(inputs) > 1:
-            _mark_unreversed(model, inputs, modules, layouts)
-        _mark_broadcast(model, inputs, modules, layouts, two)
+            prints = {name: [(i[1], o[1]) for i, o in calls] for name, calls in seen.items()}
+            _mark_unreversed(model, probe, modules, layouts, prints)
+        _mark_broadcast(model, inputs, modules, layouts, many)
         per_model[key] = layouts
     return per_model[key]
 
@@ -140,23 +148,21 @@ def _integer_indexing(func, args) -> bool:
 REORDER_EXAMPLES = 3  # the reordering probes' examples (all of a smaller batch)
 
 
-def _mark_unreversed(model, inputs, modules, layouts):
+def _mark_unreversed(model, probe, modules, layouts, forward):
     """A batch dim whose rows are not the examples' own becomes MERGED (blocks: None): when the
-    examples are reversed, rotated by one, or have their first two swapped, its rows (blocks of
-    k rows) must move the same way, each unchanged. A rotation and a swap generate every
-    reordering, so a model that reorders the examples inside cannot pass (for n >= 3; a pair's
-    one reordering commutes with itself, and a pair's layout serves only pairs).
+    probe's n examples (`forward`: their fingerprints per call) are rotated by one, or have their
+    first two swapped, its rows (blocks of k rows) must move the same way, each unchanged. A
+    rotation and a swap generate every reordering, so a model that reorders the examples inside
+    cannot pass (for n >= 3; a pair's one reordering commutes with itself, and a pair's layout
+    serves only pairs).
 
-    The probes take n = min(B, 3) examples of the batch, distinct ones where it has them (copies
-    would hide a reordering): which rows a fixed reordering moves does not depend on the batch
-    size, and reorderings that depend on the values (sorts) were refused by the first probe.
+    The probe holds n = min(B, 3) distinct examples of the batch (copies would hide a
+    reordering): which rows a fixed reordering moves does not depend on the batch size, and
+    reorderings that depend on the values (sorts) were refused by the one-example run.
     Values are compared through a fingerprint per batch row (a fixed random projection of the
     row), so the check holds a few numbers per tensor, not the activations."""
-    probe = map_batch(inputs, lambda t: t[_distinct_rows(inputs).to(t.device)])
     n = batch_size(probe)
-    forward = _record(model, probe, modules, lambda tree: _fingerprints(tree, n))
-    orders = {tuple(range(n - 1, -1, -1)), tuple(torch.arange(n).roll(1).tolist()),
-              (1, 0, *range(2, n))}  # one order for n = 2
+    orders = {tuple(torch.arange(n).roll(1).tolist()), (1, 0, *range(2, n))}  # one order for n = 2
     for order in map(torch.tensor, sorted(orders)):
         moved = _record(model, map_batch(probe, lambda t: t[order.to(t.device)]), modules,
                         lambda tree: _fingerprints(tree, n))
@@ -328,29 +334,31 @@ def _shapes(tree) -> list:
     return [tuple(leaf.shape) if isinstance(leaf, torch.Tensor) else None for leaf in tree_flatten(tree)[0]]
 
 
-def _dims(one: list, two: list) -> list:
+def _dims(one: list, many: list, n: int) -> list:
+    """Per leaf, the one dim whose size goes 1 -> n from one example to n, None when no dim
+    changes, MERGED when it changes any other way."""
     dims = []
-    for a, b in zip(one, two):
+    for a, b in zip(one, many):
         if a is None or b is None:
             dims.append(None)
             continue
         changed = [d for d in range(len(a)) if len(a) != len(b) or a[d] != b[d]]
         if not changed:
             dims.append(None)
-        elif len(a) == len(b) and len(changed) == 1 and a[changed[0]] == 1 and b[changed[0]] == 2:
+        elif len(a) == len(b) and len(changed) == 1 and a[changed[0]] == 1 and b[changed[0]] == n:
             dims.append(changed[0])
         else:
             dims.append(MERGED)
     return dims
 
 
-def _blocks(one: list, two: list) -> list:
-    """Per leaf, (d, k) when only dim d changed, from k > 1 to 2k: the batch may be its outer
-    factor (confirmed on the batch reversed); else None."""
+def _blocks(one: list, many: list, n: int) -> list:
+    """Per leaf, (d, k) when only dim d changed, from k > 1 to n*k: the batch may be its outer
+    factor (confirmed on the examples reordered); else None."""
     blocks = []
-    for a, b in zip(one, two):
+    for a, b in zip(one, many):
         changed = [] if a is None or b is None or len(a) != len(b) else [d for d in range(len(a)) if a[d] != b[d]]
-        ok = len(changed) == 1 and a[changed[0]] > 1 and b[changed[0]] == 2 * a[changed[0]]
+        ok = len(changed) == 1 and a[changed[0]] > 1 and b[changed[0]] == n * a[changed[0]]
         blocks.append((changed[0], a[changed[0]]) if ok else None)
     return blocks
 

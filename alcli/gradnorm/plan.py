@@ -10,7 +10,7 @@ from .layout import call_layouts
 from .model_io import batch_slice
 from .params import ParamSelection
 from .rules import GENERIC, rule_for
-from .uses import ancestor_uses
+from .uses import outside_uses
 
 
 @dataclass
@@ -35,11 +35,14 @@ def ghost_plan_for(model, selection: ParamSelection, inputs) -> HookPlan:
     the first example, once per selection."""
     if "ghost" not in selection.plans:
         plan = plan_for(model, selection)
-        lifted = ancestor_uses(model, covering_modules(plan), batch_slice(inputs, 0, 1))
-        lifted = {pid: name for pid, name in lifted.items() if _generic(model, name)}
+        outside = outside_uses(model, covering_modules(plan), batch_slice(inputs, 0, 1))
+        lifted = {pid: name for pid, name in (outside or {}).items() if name and _generic(model, name)}
         if lifted:
             plan = make_plan(model, selection, lifted)
         selection.plans["ghost"] = _lift_shared(model, selection, inputs, plan, lifted)
+        # no parameter used outside its modules, and the plan as it was: the ghost forward
+        # need not watch for such uses (uses.UseWatch) again
+        selection.plans["uses checked"] = outside == {} and selection.plans["ghost"] is plan_for(model, selection)
     return selection.plans["ghost"]
 
 

@@ -62,10 +62,11 @@ def _shallow_tensors(args, kwargs):
             yield from (v for v in value if isinstance(v, torch.Tensor))
 
 
-def ancestor_uses(model, covered: dict, inputs) -> dict[int, str]:
+def outside_uses(model, covered: dict, inputs) -> dict[int, str | None] | None:
     """parameter id -> name of the module whose own forward uses the parameter with none of its
     covering modules running: the innermost running module that is an ancestor of all of them
-    (never the root). Parameters used so in two such modules are left out."""
+    (never the root), or None for a use in the root or in two such modules. Every outside use
+    is there, so {} means there is none; None means the forward failed."""
     found: dict[int, str | None] = {}
 
     def record(pid, entry):
@@ -80,8 +81,8 @@ def ancestor_uses(model, covered: dict, inputs) -> dict[int, str]:
         except torch.OutOfMemoryError:
             raise
         except Exception:  # the ghost forward will meet it again and say what it is
-            return {}
-    return {pid: name for pid, name in found.items() if name is not None}
+            return None
+    return found
 
 
 class ModuleStack:
