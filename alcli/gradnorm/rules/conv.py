@@ -16,8 +16,10 @@ from .registry import register
 def unfold_patches(module, x):
     """x [B, C_in, *S] -> patches [B, groups, C_in/groups * K, T], rows ordered like weight.flatten(1)."""
     batch, spatial = x.shape[0], len(module.kernel_size)
-    if spatial == 2 and module.padding_mode == "zeros" and not isinstance(module.padding, str):
-        # one im2col kernel: [B, C_in * K, T]
+    if (spatial == 2 and module.padding_mode == "zeros" and not isinstance(module.padding, str)
+            and x.device.type == "cuda" and module.kernel_size != (1, 1)):
+        # one im2col kernel: [B, C_in * K, T]. Elsewhere the strided copy below is 1.4-3x faster
+        # (CPU, torch 2.14), and a 1x1 kernel's patches are a view of x
         patches = F.unfold(x, module.kernel_size, module.dilation, module.padding, module.stride)
         return patches.reshape(batch, module.groups, -1, patches.shape[-1])
     mode = "constant" if module.padding_mode == "zeros" else module.padding_mode
