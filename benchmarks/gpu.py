@@ -7,7 +7,10 @@
    seed's SimpleModel;
 3. bf16 against fp32 scores: Spearman rank correlation and overlap of the top 10%, on zoo models
    and the shipped demo;
-4. `alcli score` end to end on a folder of JPEGs it writes.
+4. `alcli score` end to end on a folder of JPEGs it writes;
+5. the cost that is not arithmetic (benchmarks/call_cost.py): first call ÷ steady call, aten ops
+   per call (kernels) beside the plain pass, and a steady call's time in and out of aten ops, on
+   the seed's model, resnet18 and BERT-small.
 
     python benchmarks/gpu.py              # writes benchmarks/results/gpu-<device>.txt
     python benchmarks/gpu.py --dry-run    # the whole script on the CPU, tiny sizes, < 1 minute
@@ -15,7 +18,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import subprocess
 import sys
@@ -314,10 +316,28 @@ def main():
     precision_table(device, args.dry_run, say)
     detection_table(device, args.dry_run, say)
     end_to_end(device, args.dry_run, say)
+    call_cost_table(device, args.dry_run, say)
     say(f"\n(total {time.perf_counter() - start:.0f} s)")
     out = args.out or (None if args.dry_run else ROOT / "benchmarks" / "results" / f"gpu-{device.type}.txt")
     if out:
         Path(out).write_text("\n".join(lines) + "\n")
+
+
+def call_cost_table(device, dry: bool, say):
+    """Issue 23's figures where launches cost most: first/steady, kernels per call, time outside ops."""
+    from call_cost import first_vs_steady, norms_fn, op_counts, where_time_goes
+    from gradnorm import build_case, floor_fn
+    say("\n## The cost that is not arithmetic (first call ÷ steady; aten ops per call; us per steady call)")
+    say(f"{'model':<12} {'first/steady':>12} {'kernels plain':>13} {'kernels alcli':>13} "
+        f"{'wall plain':>10} {'wall alcli':>10} {'outside ops alcli':>17}")
+    for name in ("simple",) if dry else ("simple", "resnet18", "bert-small"):
+        case = build_case(name, device)
+        timing = first_vs_steady(case, device, 2 if dry else 5)
+        plain_k, _ = op_counts(floor_fn(case))
+        ours_k, _ = op_counts(norms_fn(case, case.model))
+        plain, ours = where_time_goes(floor_fn(case), device), where_time_goes(norms_fn(case, case.model), device)
+        say(f"{name:<12} {timing['first_x_steady']:>11.2f}x {plain_k:>13} {ours_k:>13} "
+            f"{plain['wall']:>10.0f} {ours['wall']:>10.0f} {ours['rest (Python, dispatch)']:>17.0f}")
 
 
 if __name__ == "__main__":

@@ -348,6 +348,10 @@ _LOW = (torch.float16, torch.bfloat16)
 
 def _float32(tree):
     """Half-precision tensors in a pytree as float32 (the tree itself when there are none)."""
+    args, kwargs, grad_out = tree
+    if (not kwargs and isinstance(grad_out, torch.Tensor) and grad_out.dtype not in _LOW
+            and all(isinstance(a, torch.Tensor) and a.dtype not in _LOW for a in args)):
+        return tree  # the common call: tensors in float32 or float64, no pytree walk
     leaves, spec = tree_flatten(tree)
     if not any(isinstance(t, torch.Tensor) and t.dtype in _LOW for t in leaves):
         return tree

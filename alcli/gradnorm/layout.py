@@ -93,8 +93,13 @@ def call_layouts(model, inputs: torch.Tensor, modules: dict) -> dict[str, list[L
             prints = {name: [(i[1], o[1]) for i, o in calls] for name, calls in seen.items()}
             _mark_unreversed(model, probe, modules, layouts, prints)
         _mark_broadcast(model, inputs, modules, layouts, many)
+        if len(per_model) >= CACHED_LAYOUTS:  # text of many lengths: the oldest layout goes
+            del per_model[next(iter(per_model))]
         per_model[key] = layouts
     return per_model[key]
+
+
+CACHED_LAYOUTS = 64  # per model: example shapes (text lengths, image sizes) whose layouts are kept
 
 
 class _DataDependentShapes(TorchDispatchMode):
