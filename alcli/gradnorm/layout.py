@@ -79,7 +79,8 @@ def call_layouts(model, inputs: torch.Tensor, modules: dict) -> dict[str, list[L
         probe = first_n(inputs, 2) if batch_size(inputs) == 1 else map_batch(
             inputs, lambda t: t[_distinct_rows(inputs).to(t.device)])
         n = batch_size(probe)
-        seen = _record(model, probe, modules, lambda tree: (_shapes(tree), _fingerprints(tree, n)))
+        probe_logits: list = []
+        seen = _record(model, probe, modules, lambda tree: (_shapes(tree), _fingerprints(tree, n)), probe_logits)
         many = {name: [(i[0], o[0]) for i, o in calls] for name, calls in seen.items()}
         layouts = {}
         for name in modules:
@@ -92,7 +93,7 @@ def call_layouts(model, inputs: torch.Tensor, modules: dict) -> dict[str, list[L
         if batch_size(inputs) > 1:
             prints = {name: [(i[1], o[1]) for i, o in calls] for name, calls in seen.items()}
             _mark_unreversed(model, probe, modules, layouts, prints)
-        _mark_broadcast(model, inputs, modules, layouts, many)
+        _mark_broadcast(model, probe, probe_logits[0], modules, layouts, many)
         if len(per_model) >= CACHED_LAYOUTS:  # text of many lengths: the oldest layout goes
             del per_model[next(iter(per_model))]
         per_model[key] = layouts
@@ -210,22 +211,20 @@ def _rows_follow(block, f, m, order) -> bool:
     return _same(f[d].view(n, k)[order.to(f[d].device)].reshape(-1), m[d])
 
 
-def _mark_broadcast(model, inputs, modules, layouts, shapes):
+def _mark_broadcast(model, probe, plain, modules, layouts, shapes):
     """Mark the shared [1, ...] calls (see the module docstring) called with a tensor as their
-    first positional input, when expanding their outputs to three examples (two in a batch of
-    two, which may be all that fits in memory) keeps the
-    model's output, and each expanded row reaches its own example alone: changing one row (by
-    random signs) changes that example's output and no other's."""
+    first positional input, when expanding their outputs to the probe's examples (three, or two
+    in a batch of two, which may be all that fits in memory; `plain`: the probe's logits) keeps
+    the model's output, and each expanded row reaches its own example alone: changing one row
+    (by random signs) changes that example's output and no other's."""
     candidates = {(name, i) for name in modules for i, (layout, (ins, out)) in
                   enumerate(zip(layouts[name], shapes[name]))
                   if layout.in_dims[:1] == [None] and layout.out_dims == [None]
                   and ins and ins[0] and ins[0][0] == 1 and out[0] and out[0][0] == 1}
     if not candidates:
         return
-    rows = max(2, min(batch_size(inputs), 3))  # no more than the batch: it may be all that fits
-    probe = first_n(inputs, rows)
-    plain = logits_of(call_model(model, probe)).detach()
-    if plain.dim() == 0 or plain.shape[0] != rows:
+    rows = batch_size(probe)
+    if plain is None or plain.dim() == 0 or plain.shape[0] != rows:
         return
     expanded, calls = _expanded_logits(model, probe, modules, candidates, None)
     if (calls and expanded is not None and expanded.shape == plain.shape and _same(plain, expanded)
@@ -304,8 +303,9 @@ def _record_shapes(model, inputs, modules) -> dict[str, list]:
     return _record(model, inputs, modules, _shapes)
 
 
-def _record(model, inputs, modules, what) -> dict[str, list]:
-    """module name -> [(what(inputs), what(output)) per call] for one forward of `inputs`.
+def _record(model, inputs, modules, what, logits: list | None = None) -> dict[str, list]:
+    """module name -> [(what(inputs), what(output)) per call] for one forward of `inputs`; the
+    model's logits (detached; None if its output holds none) appended to `logits` if given.
 
     `inputs` is a part of the batch, or the batch in another order: a model that cannot take
     that (pack_padded_sequence with enforce_sorted=True) is refused, naming where it failed."""
@@ -322,7 +322,7 @@ def _record(model, inputs, modules, what) -> dict[str, list]:
             handles.append(module.register_forward_hook(hook(name), with_kwargs=True))
         with ModuleStack(model) as stack:
             try:
-                call_model(model, inputs)  # with grad enabled, so modules take the same code paths as the real pass
+                output = call_model(model, inputs)  # with grad enabled, so modules take the same code paths as the real pass
             except (torch.OutOfMemoryError, UnsupportedModel):
                 raise
             except Exception as err:  # the model's own forward, on data it was not given
@@ -332,7 +332,16 @@ def _record(model, inputs, modules, what) -> dict[str, list]:
     finally:
         for handle in handles:
             handle.remove()
+    if logits is not None:
+        logits.append(_logits_or_none(output))
     return shapes
+
+
+def _logits_or_none(output):
+    try:
+        return logits_of(output).detach()
+    except Exception:  # no logits in it: the real forward says so
+        return None
 
 
 def _shapes(tree) -> list:
