@@ -687,7 +687,8 @@ def report(results: dict) -> str:
 
 # ----------------------------------------------------------------------------------------- plot
 def plot(results: dict, path: str) -> str | None:
-    """Accuracy minus random's (points, mean over seeds) vs labels, one panel per setting."""
+    """Accuracy minus random's (points, mean over seeds) vs labels, one panel per setting, three
+    to a row (one data set's model per row when it has three batch sizes)."""
     try:
         import matplotlib
     except ImportError:
@@ -696,37 +697,34 @@ def plot(results: dict, path: str) -> str | None:
     import matplotlib.pyplot as plt
     curves = results["curves"]
     settings_ = list(curves)
-    rows = sorted({s.rsplit("/", 1)[0] for s in settings_}, key=lambda r: [s.rsplit("/", 1)[0]
-                                                                            for s in settings_].index(r))
-    cols = sorted({s.rsplit("/", 1)[1] for s in settings_}, key=lambda b: int(b[1:]))
-    fig, axes = plt.subplots(len(rows), len(cols), figsize=(5 * len(cols), 3.6 * len(rows)),
-                             squeeze=False)
+    ncols = min(3, len(settings_))
+    nrows = math.ceil(len(settings_) / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(5 * ncols, 3.6 * nrows), squeeze=False)
     colors = dict(zip(STRATEGIES, plt.get_cmap("tab10").colors))
-    for r, row in enumerate(rows):
-        for c, col in enumerate(cols):
-            ax = axes[r][c]
-            pm = curves.get(f"{row}/{col}")
-            if pm is None:
-                ax.axis("off")
-                continue
-            base = acc_matrix(pm["random"]).mean(0) if "random" in pm else 0.0
-            for meth, cs in pm.items():
-                strategy, diverse, whole, sampling = METHODS[meth]
-                style = dict(color=colors.get(strategy, "black"), lw=1.3,
-                             ls="--" if diverse else "-")
-                if whole:
-                    style.update(color="black", ls=":", lw=1.8)
-                if sampling != "top":
-                    style.update(ls="-.")
-                if meth == "random":
-                    style.update(color="grey", lw=1.0)
-                if meth == "typical":
-                    style.update(color="crimson", lw=2.0)
-                ax.plot(cs[0]["labels"], acc_matrix(cs).mean(0) - base, label=meth, **style)
-            ax.set_title(f"{row}, batch {col[1:]}", fontsize=10)
-            ax.set_xlabel("labels")
-            ax.set_ylabel("accuracy - random (points)")
-            ax.grid(alpha=0.3)
+    for i in range(len(settings_), nrows * ncols):
+        axes[i // ncols][i % ncols].axis("off")
+    for i, setting in enumerate(settings_):
+        row, col = setting.rsplit("/", 1)
+        ax = axes[i // ncols][i % ncols]
+        pm = curves[setting]
+        base = acc_matrix(pm["random"]).mean(0) if "random" in pm else 0.0
+        for meth, cs in pm.items():
+            strategy, diverse, whole, sampling = METHODS[meth]
+            style = dict(color=colors.get(strategy, "black"), lw=1.3,
+                         ls="--" if diverse else "-")
+            if whole:
+                style.update(color="black", ls=":", lw=1.8)
+            if sampling != "top":
+                style.update(ls="-.")
+            if meth == "random":
+                style.update(color="grey", lw=1.0)
+            if meth == "typical":
+                style.update(color="crimson", lw=2.0)
+            ax.plot(cs[0]["labels"], acc_matrix(cs).mean(0) - base, label=meth, **style)
+        ax.set_title(f"{row}, batch {col[1:]}", fontsize=10)
+        ax.set_xlabel("labels")
+        ax.set_ylabel("accuracy - random (points)")
+        ax.grid(alpha=0.3)
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=min(7, len(labels)), fontsize=8)
     fig.tight_layout(rect=(0, 0.04 + 0.02 * math.ceil(len(labels) / 7), 1, 1))

@@ -35,6 +35,7 @@ def _learning_curves_module():
     import importlib.util
     spec = importlib.util.spec_from_file_location("learning_curves", BENCH / "learning_curves.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass looks its module up there
     spec.loader.exec_module(module)
     return module
 
