@@ -535,6 +535,26 @@ def _vs(pm: dict, a: str, b: str) -> str:
     return f"{d:+.2f} {'W' if d > 0 and p < 0.05 else 'L' if d < 0 and p < 0.05 else '='}"
 
 
+def decision_pivot(curves: dict, methods: list[str], default: str) -> list[str]:
+    """Markdown, methods x settings: 'AUC ± std X/Y', X = vs random and Y = vs `default`
+    (W win, L loss, = neither, · itself); the last column the select ms per round."""
+    short = [s.replace("/mlp", "").replace("/cnn", " cnn") for s in curves]
+    lines = ["| method | " + " | ".join(short) + " | select ms/round |",
+             "|" + "---|" * (len(curves) + 2)]
+    mean_auc = {m: np.mean([_auc(pm, m).mean() - _auc(pm, "random").mean()
+                            for pm in curves.values()]) for m in methods}
+    for meth in sorted(methods, key=lambda m: -mean_auc[m]):
+        cells = []
+        for pm in curves.values():
+            auc = _auc(pm, meth)
+            marks = "/".join(_vs(pm, meth, other).split()[-1] for other in ("random", default))
+            cells.append(f"{auc.mean():.1f} ± {auc.std():.1f} {marks}")
+        ms = np.mean([1000 * np.mean([t for c in pm[meth] for t in c["t_score"]])
+                      for pm in curves.values()])
+        lines.append(f"| {meth} | " + " | ".join(cells) + f" | {ms:.0f} |")
+    return lines
+
+
 def decision_table(curves: dict, default: str = "egl+div") -> list[str]:
     """Markdown: per setting x method the AUC (accuracy; balanced accuracy beside it), paired
     AUC tests vs random and vs `default`, ms per round (alcli.select; training); then per method
@@ -563,6 +583,7 @@ def decision_table(curves: dict, default: str = "egl+div") -> list[str]:
             t["w_def"] += vs_def.endswith("W")
             t["l_def"] += vs_def.endswith("L")
     n = len(curves)
+    lines += [""] + decision_pivot(curves, methods, default)
     lines += ["", f"Over the {n} settings (W/L: paired t-test on the per-seed AUC, p < 0.05):", "",
               f"| method | mean AUC - random | wins / losses vs random | wins / losses vs {default} "
               f"| select ms/round (mean over settings) |", "|---|---|---|---|---|"]
