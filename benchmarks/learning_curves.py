@@ -527,11 +527,11 @@ def _auc(pm: dict, meth: str, metric: str = "acc") -> np.ndarray:
     return 100.0 * np.array([c[metric] for c in pm[meth]]).mean(1)
 
 
-def _vs(pm: dict, a: str, b: str) -> str:
+def _vs(pm: dict, a: str, b: str, metric: str = "acc") -> str:
     """AUC(a) - AUC(b), paired t-test over seeds: '+1.23 W' (a wins, p < 0.05), 'L' or '='."""
-    if a == b or b not in pm:
+    if a == b or b not in pm or metric not in pm[a][0]:
         return "·"
-    d, p = paired_t(_auc(pm, a), _auc(pm, b))
+    d, p = paired_t(_auc(pm, a, metric), _auc(pm, b, metric))
     return f"{d:+.2f} {'W' if d > 0 and p < 0.05 else 'L' if d < 0 and p < 0.05 else '='}"
 
 
@@ -561,7 +561,7 @@ def decision_table(curves: dict, default: str = "egl+div") -> list[str]:
     the totals over the settings."""
     methods = [m for m in next(iter(curves.values())) if all(m in pm for pm in curves.values())]
     lines = [f"| setting | method | AUC acc (mean ± std) | AUC bal. acc | vs random | vs {default} "
-             f"| select ms/round | train ms/round |", "|" + "---|" * 8]
+             f"| bal. acc vs {default} | select ms/round | train ms/round |", "|" + "---|" * 9]
     total = {m: {"d_rnd": [], "w_rnd": 0, "l_rnd": 0, "w_def": 0, "l_def": 0, "ms": []}
              for m in methods}
     for setting, pm in curves.items():
@@ -573,7 +573,8 @@ def decision_table(curves: dict, default: str = "egl+div") -> list[str]:
             fit = 1000 * np.mean([t for c in pm[meth] for t in c["t_train"]])
             vs_rnd, vs_def = _vs(pm, meth, "random"), _vs(pm, meth, default)
             lines.append(f"| {setting} ({seeds} seeds) | {meth} | {auc.mean():.2f} ± {auc.std():.2f} "
-                         f"| {bacc} | {vs_rnd} | {vs_def} | {score:.0f} | {fit:.0f} |")
+                         f"| {bacc} | {vs_rnd} | {vs_def} | {_vs(pm, meth, default, 'bacc')} "
+                         f"| {score:.0f} | {fit:.0f} |")
             t = total[meth]
             t["ms"].append(score)
             if "random" in pm:
