@@ -745,7 +745,7 @@ def plot(results: dict, path: str) -> str | None:
             if meth == "random":
                 style.update(color="grey", lw=1.0)
             if meth == "typical":
-                style.update(color="crimson", lw=2.0)
+                style.update(color="magenta", lw=2.0)
             ax.plot(cs[0]["labels"], acc_matrix(cs).mean(0) - base, label=meth, **style)
         ax.set_title(f"{row}, batch {col[1:]}", fontsize=10)
         ax.set_xlabel("labels")
