@@ -313,6 +313,15 @@ Diverse = Annotated[Optional[bool], typer.Option(
 DiverseCandidates = Annotated[Optional[str], typer.Option(
     "--diverse-candidates", metavar="M", help="--diverse picks among the M best-scoring examples "
     "(per class with --per-class), or 'all' for classic BADGE. [default: 10 x budget]")]
+DiverseMode = Annotated[Optional[str], typer.Option(
+    "--diverse-mode", metavar="badge|cluster-margin", help="How --diverse spreads the batch. "
+    "badge: k-means++ on the gradient embeddings, O(candidates x budget) distance rows; "
+    "cluster-margin (Citovsky et al. 2021): k-means of the candidates' penultimate features, "
+    "then one row per cluster, smallest clusters first, for batches of any size. Implies "
+    "--diverse. [default: badge]")]
+DiverseClusters = Annotated[Optional[int], typer.Option(
+    "--diverse-clusters", metavar="M", help="--diverse-mode cluster-margin: the number of "
+    "clusters of the candidates. [default: the budget]")]
 Sampling = Annotated[Optional[str], typer.Option(
     "--sampling", metavar="top|power|softmax", help="top: the best scores; power or softmax: a "
     "batch drawn from the scores, P ∝ score^β or exp(β score), seeded (Kirsch et al. 2023), for "
@@ -644,7 +653,8 @@ def select(
     device: Device = None,
     workers: Workers = None, seed: Seed = None, output: SelectOutput = None,
     format: SelectFormat = None, null: Null = False, diverse: Diverse = None,
-    diverse_candidates: DiverseCandidates = None,
+    diverse_candidates: DiverseCandidates = None, diverse_mode: DiverseMode = None,
+    diverse_clusters: DiverseClusters = None,
     embeddings_file: ReadEmbeddings = None, per_class: PerClass = None, exclude: Exclude = None,
     sampling: Sampling = None, sampling_beta: SamplingBeta = None, typical: Typical = False,
     image_root: ImageRoot = None, contact_sheet: ContactSheet = None, image_dir: ImageDir = None,

@@ -1,0 +1,145 @@
+"""Cluster-Margin (Citovsky et al., NeurIPS 2021): a diverse batch of any size that never holds
+n x k distances.
+
+    shortlist: the k_m best-scoring rows (lowest margin under --strategy margin), k_m =
+               --diverse-candidates (default 10 x budget)
+    clusters:  k-means of their penultimate features b [k_m, D] into m clusters (default m = the
+               budget): k-means++ seeding drawn by `seed`, then Lloyd's iterations until no
+               label changes (at most MAX_ITERS)
+    the batch: the clusters from smallest to largest (ties: the cluster whose best row ranks
+               first), one row per cluster per pass, each cluster's rows best score first, until
+               `budget` rows are picked
+
+The paper clusters the whole pool once by agglomerative clustering (average linkage), which holds
+O(n²) distances. k-means of the shortlist keeps memory at O(k_m·D + m·D + chunk·m): distances
+are computed `chunk` rows at a time, never as a k_m x m matrix; time is O(k_m·m·D) for the
+seeding and per Lloyd iteration. Within a cluster the paper draws a row at random; here the best
+score goes first, so the batch depends on the seed only through the clustering.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from .diverse import DEFAULT_CANDIDATE_FACTOR
+from .rank import score_order
+
+MAX_ITERS = 20  # Lloyd iterations at most (it stops earlier when no label changes)
+
+
+def assign(x: torch.Tensor, centers: torch.Tensor, chunk: int) -> torch.Tensor:
+    """[N] index of each row's nearest center (the lowest index on ties), `chunk` rows at a time:
+    the largest distance block is [chunk, m]."""
+    labels = torch.empty(len(x), dtype=torch.long)
+    c2 = centers.pow(2).sum(1)
+    for s in range(0, len(x), chunk):
+        xs = x[s:s + chunk]
+        d = xs.pow(2).sum(1, keepdim=True) - 2 * xs @ centers.T + c2  # [chunk, m]
+        labels[s:s + chunk] = d.argmin(1)
+    return labels
+
+
+def seeding(x: torch.Tensor, m: int, seed: int) -> list[int]:
+    """k-means++ (Arthur & Vassilvitskii 2007): the first center uniform, each next one drawn with
+    probability ∝ D², the squared distance to the nearest center so far (numpy PCG64 stream:
+    rng.integers(n), then one rng.random() per center). Memory: D² [N]; time O(N·m·D)."""
+    rng = np.random.default_rng(seed)
+    n = len(x)
+    centers = [int(rng.integers(n))]
+    d2 = (x - x[centers[0]]).pow(2).sum(1).double()
+    while len(centers) < m:
+        cum = torch.cumsum(d2, 0)
+        if cum[-1] > 0:
+            nxt = min(int(torch.searchsorted(cum, rng.random() * float(cum[-1]), right=True)), n - 1)
+        else:  # fewer distinct rows than m: the lowest unchosen row
+            taken = set(centers)
+            nxt = next(i for i in range(n) if i not in taken)
+        centers.append(nxt)
+        d2 = torch.minimum(d2, (x - x[nxt]).pow(2).sum(1).double())
+    return centers
+
+
+def kmeans(x, m: int, seed: int, *, chunk: int = 4096, max_iters: int = MAX_ITERS) -> torch.Tensor:
+    """Cluster labels [N] in 0..m-1 of the rows of x [N, D], in x's float dtype (float64 for
+    integers). First centers: m distinct rows drawn by numpy's PCG64 stream seeded by `seed`
+    k-means++ seeding (`seeding`); a cluster that empties keeps its center."""
+    x = torch.as_tensor(x).detach().cpu()
+    x = x if x.is_floating_point() else x.double()
+    x = x - x.mean(0)  # centered: less cancellation in ||x||² − 2x·c + ||c||²
+    n = len(x)
+    if not 1 <= m <= n:
+        raise ValueError(f"k-means needs 1 <= m <= {n} rows; got m = {m}")
+    centers = x[torch.as_tensor(seeding(x, m, seed), dtype=torch.long)].double()  # [m, D] means
+    labels = torch.full((n,), -1, dtype=torch.long)
+    for _ in range(max_iters):
+        new = assign(x, centers.to(x.dtype), chunk)
+        if torch.equal(new, labels):
+            break
+        labels = new
+        counts = torch.bincount(labels, minlength=m)
+        sums = torch.zeros_like(centers).index_add_(0, labels, x.double())
+        filled = counts > 0
+        centers[filled] = sums[filled] / counts[filled].unsqueeze(1)
+    return labels
+
+
+def round_robin(labels: Sequence[int], budget: int) -> list[int]:
+    """Positions picked from clusters `labels` [k_m] (positions in score order, best first):
+    clusters from smallest to largest, ties by their best position; one per cluster per pass.
+
+    A cluster of size s runs out after s passes and, the clusters being sorted by size, the ones
+    left in pass p are a suffix of that order: O(k_m) in all."""
+    members: dict[int, list[int]] = {}
+    for pos, c in enumerate(labels):
+        members.setdefault(int(c), []).append(pos)  # best score first within a cluster
+    order = sorted(members.values(), key=lambda ms: (len(ms), ms[0]))
+    budget = min(budget, len(labels))
+    picks: list[int] = []
+    start, p = 0, 0
+    while len(picks) < budget:
+        while len(order[start]) <= p:
+            start += 1
+        for ms in order[start:]:
+            picks.append(ms[p])
+            if len(picks) == budget:
+                break
+        p += 1
+    return picks
+
+
+def select_cluster_margin(ids: Sequence[str], scores, b, budget: int, seed: int, *,
+                          candidates: int | None = None, clusters: int | None = None,
+                          chunk: int = 4096) -> list[str]:
+    """Cluster-Margin's batch of `budget` ids, best score first (ties by id).
+
+    b [N, D]: the rows' penultimate features (TABLE.emb.npz's b). candidates: k_m, the shortlist
+    (default min(N, 10 x budget)); clusters: m (default the budget, at most k_m). The result does
+    not depend on the input row order."""
+    ids = [str(i) for i in ids]
+    s = np.asarray(torch.as_tensor(scores, dtype=torch.float64).cpu().numpy()).reshape(-1)
+    b = torch.as_tensor(b)
+    n = len(ids)
+    if not (len(s) == n == b.shape[0]) or b.dim() != 2:
+        raise ValueError(f"Cluster-Margin got {n} ids, {len(s)} scores and features of shape "
+                         f"{tuple(b.shape)}; it needs one [N, D] row per id")
+    if not np.all(np.isfinite(s)):
+        bad = ids[int(np.flatnonzero(~np.isfinite(s))[0])]
+        raise ValueError(f"score of id '{bad}' is not a finite number")
+    if len(set(ids)) != n:
+        raise ValueError("Cluster-Margin got the same id twice")
+    budget = min(budget, n)
+    if budget < 1:
+        return []
+    km = min(n, DEFAULT_CANDIDATE_FACTOR * budget) if candidates is None else candidates
+    if not budget <= km <= n:
+        raise ValueError(f"candidates must be between the budget {budget} and the pool size {n}; "
+                         f"got {km}")
+    m = min(budget if clusters is None else clusters, km)
+    if m < 1:
+        raise ValueError(f"--diverse-clusters must be at least 1; got {clusters}")
+    order = sorted(range(n), key=lambda i: score_order(float(s[i]), ids[i]))[:km]
+    labels = kmeans(b[torch.tensor(order, dtype=torch.long)], m, seed, chunk=chunk)
+    picks = sorted(round_robin(labels.tolist(), budget))  # positions in score order
+    return [ids[order[p]] for p in picks]
