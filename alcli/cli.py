@@ -438,20 +438,23 @@ alcli select scores.csv -n 40 --diverse --per-class equal \\
 SIMULATE_EPILOG = """The training command's contract:
 
 \b
-  {labeled}  a CSV it reads: id,label (and path, for image files), the labeled examples so far;
-             only the selected examples' labels are ever written there
-  {model}    the checkpoint it must write, which alcli loads as --model (with --arch)
-  {round} {seed} {strategy} {workdir}  for its logs or seeds, if it wants them
-It runs in a shell, in the current folder; a non-zero exit stops the simulation. Each round's
-labeled.csv and train.log stay in --workdir; checkpoints are removed once used.
+  {labeled}  a CSV it reads: id,label (and path, for image files): the
+             examples labeled so far; only selected examples' labels are
+             ever written there
+  {model}    the checkpoint it must write; alcli loads it as --model
+             (with --arch)
+  {round} {seed} {strategy} {workdir}: for its logs or seeds
+It runs in a shell, in the current folder; a non-zero exit stops the
+simulation. Each round's labeled.csv and train.log stay in --workdir;
+checkpoints are removed once used.
 
 Examples:
 
 \b
 alcli simulate pool/ --labels-from-folders --eval test/ --arch mynet:Net \\
     --train "python train.py --labeled {labeled} --out {model}" \\
-    --init 20 -n 20 --rounds 5 --strategies margin,egl+badge,random --seeds 3 \\
-    -o curves.csv --plot curves.png
+    --init 20 -n 20 --rounds 5 --strategies margin,egl+badge,random \\
+    --seeds 3 -o curves.csv --plot curves.png
 """
 
 INSPECT_EPILOG = """Examples:

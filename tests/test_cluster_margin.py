@@ -17,15 +17,17 @@ from alcli.selection.cluster_margin import kmeans, round_robin, select_cluster_m
 
 # --- the oracle: one row and one center at a time, float64 ----------------------------------------
 
-def oracle_kmeans(x, m, seed, iters=20):
+def oracle_kmeans(x, m, seed, iters=10, seed_rows=4096):
     x = np.asarray(x, dtype=np.float64)
     x = x - x.mean(0)
     rng = np.random.default_rng(seed)
-    chosen = [int(rng.integers(len(x)))]
-    while len(chosen) < m:  # k-means++: D² to the nearest chosen row, one row at a time
-        d2 = np.array([min(float(((row - x[c]) ** 2).sum()) for c in chosen) for row in x])
+    s = max(seed_rows, 2 * m)
+    rows = sorted(rng.choice(len(x), s, replace=False)) if s < len(x) else list(range(len(x)))
+    chosen = [rows[int(rng.integers(len(rows)))]]
+    while len(chosen) < m:  # k-means++ among `rows`: D² to the nearest chosen row, one at a time
+        d2 = np.array([min(float(((x[r] - x[c]) ** 2).sum()) for c in chosen) for r in rows])
         u = rng.random() * d2.sum()
-        chosen.append(next(i for i in range(len(x)) if d2[:i + 1].sum() > u))
+        chosen.append(next(r for i, r in enumerate(rows) if d2[:i + 1].sum() > u))
     centers = x[chosen].copy()
     labels = None
     for _ in range(iters):
@@ -90,6 +92,14 @@ def test_batch_matches_the_oracle_on_planted_clusters(budget, km, m, seed):
                                   torch.tensor(x[perm], dtype=torch.float32), budget, seed,
                                   candidates=km, clusters=m)
     assert again == got
+
+
+@pytest.mark.parametrize("m,seed_rows,seed", [(4, 10, 0), (6, 30, 1), (3, 4096, 2)])
+def test_kmeans_seeded_on_sampled_rows_matches_the_oracle(m, seed_rows, seed):
+    """k-means++ among a seeded sample of the rows (the large-k_m path), then Lloyd on all."""
+    x, _ = planted()
+    got = kmeans(torch.tensor(x), m, seed, seed_rows=seed_rows, chunk=9).tolist()
+    assert got == oracle_kmeans(x, m, seed, seed_rows=seed_rows)
 
 
 def test_planted_blobs_are_found_and_covered_smallest_first():
@@ -184,7 +194,8 @@ def test_cli_bad_input_is_one_sentence(workspace, tmp_path):
     cases = [(("--diverse-mode", "cluster-margin"), "option --diverse-mode needs the table's embeddings"),
              (("--diverse-mode", "kmeans"), "option --diverse-mode must be one of badge, cluster-margin"),
              (("--diverse-mode", "cluster-margin", "--no-diverse"), "turns diverse selection off"),
-             (("--diverse-clusters", "0"), "option --diverse-clusters")]
+             (("--diverse-clusters", "0"), "option --diverse-clusters"),
+             (("--diverse-mode", "cluster-margin", "--sampling", "power"), "picks it by Cluster-Margin")]
     for args, says in cases:
         out = alcli("select", table, "-n", 3, *args, cwd=tmp_path)
         lines = out.stderr.strip().splitlines()

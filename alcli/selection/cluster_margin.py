@@ -4,16 +4,17 @@ n x k distances.
     shortlist: the k_m best-scoring rows (lowest margin under --strategy margin), k_m =
                --diverse-candidates (default 10 x budget)
     clusters:  k-means of their penultimate features b [k_m, D] into m clusters (default m = the
-               budget): k-means++ seeding drawn by `seed`, then Lloyd's iterations until no
-               label changes (at most MAX_ITERS)
+               budget): k-means++ seeding drawn by `seed` among max(4096, 2m) sampled rows,
+               then Lloyd's iterations on all k_m rows until no label changes (at most
+               MAX_ITERS = 10)
     the batch: the clusters from smallest to largest (ties: the cluster whose best row ranks
                first), one row per cluster per pass, each cluster's rows best score first, until
                `budget` rows are picked
 
 The paper clusters the whole pool once by agglomerative clustering (average linkage), which holds
 O(n²) distances. k-means of the shortlist keeps memory at O(k_m·D + m·D + chunk·m): distances
-are computed `chunk` rows at a time, never as a k_m x m matrix; time is O(k_m·m·D) for the
-seeding and per Lloyd iteration. Within a cluster the paper draws a row at random; here the best
+are computed `chunk` rows at a time, never as a k_m x m matrix; time is O(k_m·m·D) per Lloyd
+iteration (a matrix product) and O(m²·D) for the seeding (one mat-vec per center). Within a cluster the paper draws a row at random; here the best
 score goes first, so the batch depends on the seed only through the clustering.
 """
 from __future__ import annotations
@@ -26,7 +27,9 @@ import torch
 from .diverse import DEFAULT_CANDIDATE_FACTOR
 from .rank import score_order
 
-MAX_ITERS = 20  # Lloyd iterations at most (it stops earlier when no label changes)
+MAX_ITERS = 10    # Lloyd iterations at most (it stops earlier when no label changes)
+SEED_ROWS = 4096  # k-means++ seeds among at most max(SEED_ROWS, SEED_FACTOR x m) sampled rows
+SEED_FACTOR = 2
 
 
 def assign(x: torch.Tensor, centers: torch.Tensor, chunk: int) -> torch.Tensor:
@@ -41,13 +44,12 @@ def assign(x: torch.Tensor, centers: torch.Tensor, chunk: int) -> torch.Tensor:
     return labels
 
 
-def seeding(x: torch.Tensor, m: int, seed: int) -> list[int]:
+def seeding(x: torch.Tensor, m: int, rng: np.random.Generator) -> list[int]:
     """k-means++ (Arthur & Vassilvitskii 2007): the first center uniform, each next one drawn with
-    probability ∝ D², the squared distance to the nearest center so far (numpy PCG64 stream:
-    rng.integers(n), then one rng.random() per center). Memory: D² [N]; time O(N·m·D), one
-    mat-vec per center in numpy's einsum, single-threaded: a threaded BLAS mat-vec cost 20 times
-    more in thread wake-ups on a shared CPU."""
-    rng = np.random.default_rng(seed)
+    probability ∝ D², the squared distance to the nearest center so far (rng.integers(n), then
+    one rng.random() per center). Memory: D² [N]; time O(N·m·D), one mat-vec per center in
+    numpy's einsum, single-threaded: a threaded BLAS mat-vec cost 20 times more in thread
+    wake-ups on a shared CPU."""
     xs = x.numpy()
     n = len(xs)
     sq = np.einsum("ij,ij->i", xs, xs, dtype=np.float64)  # ||x_i||²  [N]
@@ -69,17 +71,24 @@ def seeding(x: torch.Tensor, m: int, seed: int) -> list[int]:
             centers.append(next(i for i in range(n) if i not in taken))
 
 
-def kmeans(x, m: int, seed: int, *, chunk: int = 4096, max_iters: int = MAX_ITERS) -> torch.Tensor:
+def kmeans(x, m: int, seed: int, *, chunk: int = 4096, max_iters: int = MAX_ITERS,
+           seed_rows: int | None = None) -> torch.Tensor:
     """Cluster labels [N] in 0..m-1 of the rows of x [N, D], in x's float dtype (float64 for
-    integers). First centers: m distinct rows drawn by numpy's PCG64 stream seeded by `seed`
-    k-means++ seeding (`seeding`); a cluster that empties keeps its center."""
+    integers). First centers: k-means++ (`seeding`) among max(seed_rows (default SEED_ROWS),
+    SEED_FACTOR x m) rows drawn without replacement (rng.choice, then sorted), or among all N
+    when N is no more; numpy's PCG64 stream seeded by `seed`. Then Lloyd's
+    iterations on all N rows; a cluster that empties keeps its center."""
     x = torch.as_tensor(x).detach().cpu()
     x = x if x.is_floating_point() else x.double()
     x = x - x.mean(0)  # centered: less cancellation in ||x||² − 2x·c + ||c||²
     n = len(x)
     if not 1 <= m <= n:
         raise ValueError(f"k-means needs 1 <= m <= {n} rows; got m = {m}")
-    centers = x[torch.as_tensor(seeding(x, m, seed), dtype=torch.long)].double()  # [m, D] means
+    rng = np.random.default_rng(seed)
+    s = max(SEED_ROWS if seed_rows is None else seed_rows, SEED_FACTOR * m)
+    rows = np.sort(rng.choice(n, s, replace=False)) if s < n else np.arange(n)
+    first = rows[seeding(x[torch.as_tensor(rows)], m, rng)]
+    centers = x[torch.as_tensor(first, dtype=torch.long)].double()  # [m, D] means
     labels = torch.full((n,), -1, dtype=torch.long)
     for _ in range(max_iters):
         new = assign(x, centers.to(x.dtype), chunk)

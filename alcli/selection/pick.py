@@ -87,8 +87,10 @@ def prepare(settings: Settings, source: str | None, score_first: bool,
                                           [str(i) for i in exclude_ids]))
     _mode_asks_diverse(settings)
     if settings.sampling != "top" and settings.diverse:
+        how = "Cluster-Margin" if settings.diverse_mode == "cluster-margin" else "BADGE"
         raise ConfigError(f"{settings.where('sampling')} {settings.sampling} draws the batch from "
-                          f"the scores, and {settings.where('diverse')} picks it by BADGE; choose one")
+                          f"the scores, and {settings.where('diverse')} picks it by {how}; "
+                          f"choose one")
     if settings.typical:
         _check_typical(settings)
     # diverse by default, when the embeddings are at hand (and the batch is not drawn)
