@@ -50,6 +50,7 @@ def main() -> None:
     ap.add_argument("--grid", action="store_true", help="time and peak memory per child process")
     ap.add_argument("--grid-n", type=int, nargs="*", default=[100_000, 1_000_000])
     ap.add_argument("--grid-k", type=int, nargs="*", default=[1000, 10_000])
+    ap.add_argument("--grid-methods", nargs="*", default=list(GRID_METHODS))
     ap.add_argument("--child", nargs=3, metavar=("METHOD", "N", "K"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -119,7 +120,7 @@ def grid(args) -> None:
     print("|---|---|---|---|---|")
     for n in args.grid_n:
         for k in args.grid_k:
-            for method in GRID_METHODS:
+            for method in args.grid_methods:
                 cmd = [sys.executable, __file__, "--child", method, str(n), str(k),
                        "--classes", str(args.classes), "--dim", str(args.dim)]
                 done, _, rss = run_measured(cmd, env, Path.cwd())

@@ -12,10 +12,11 @@ n x k distances.
                `budget` rows are picked
 
 The paper clusters the whole pool once by agglomerative clustering (average linkage), which holds
-O(n²) distances. k-means of the shortlist keeps memory at O(k_m·D + m·D + chunk·m): distances
-are computed `chunk` rows at a time, never as a k_m x m matrix; time is O(k_m·m·D) per Lloyd
-iteration (a matrix product) and O(m²·D) for the seeding (one mat-vec per center). Within a cluster the paper draws a row at random; here the best
-score goes first, so the batch depends on the seed only through the clustering.
+O(n²) distances. k-means of the shortlist keeps memory at O(k_m·D + m·D) plus one block of at
+most 4M distances (`chunk` rows, fewer for a large m), never a k_m x m matrix; time is
+O(k_m·m·D) per Lloyd iteration (a matrix product) and O(m²·D) for the seeding (one mat-vec per
+center). Within a cluster the paper draws a row at random; here the best score goes first, so
+the batch depends on the seed only through the clustering.
 """
 from __future__ import annotations
 
@@ -30,17 +31,19 @@ from .rank import score_order
 MAX_ITERS = 10    # Lloyd iterations at most (it stops earlier when no label changes)
 SEED_ROWS = 4096  # k-means++ seeds among at most max(SEED_ROWS, SEED_FACTOR x m) sampled rows
 SEED_FACTOR = 2
+BLOCK = 1 << 22   # distances held at once while assigning rows to centers (16 MB in float32)
 
 
 def assign(x: torch.Tensor, centers: torch.Tensor, chunk: int) -> torch.Tensor:
-    """[N] index of each row's nearest center (the lowest index on ties), `chunk` rows at a time:
-    the largest distance block is [chunk, m]."""
+    """[N] index of each row's nearest center (the lowest index on ties), at most `chunk` rows
+    and BLOCK distances at a time: the one distance block is [min(chunk, BLOCK / m), m]."""
     labels = torch.empty(len(x), dtype=torch.long)
     c2 = centers.pow(2).sum(1)
-    for s in range(0, len(x), chunk):
-        xs = x[s:s + chunk]
-        d = xs.pow(2).sum(1, keepdim=True) - 2 * xs @ centers.T + c2  # [chunk, m]
-        labels[s:s + chunk] = d.argmin(1)
+    rows = max(1, min(chunk, BLOCK // len(centers)))
+    for s in range(0, len(x), rows):
+        # ||x − c||² − ||x||² = ||c||² − 2 x·c: the same order of centers for each row  [rows, m]
+        d = torch.addmm(c2, x[s:s + rows], centers.T, alpha=-2)
+        labels[s:s + rows] = d.argmin(1)
     return labels
 
 
