@@ -162,7 +162,7 @@ def test_clustering_never_holds_a_candidates_x_clusters_block():
 
 def alcli(*args, cwd):
     return subprocess.run([sys.executable, "-m", "alcli", *map(str, args)], cwd=cwd,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=600)
 
 
 def test_cli_score_then_select_cluster_margin_matches_the_oracle(workspace, tmp_path):

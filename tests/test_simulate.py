@@ -67,7 +67,7 @@ def folder(tmp_path):
 def alcli(*args, cwd):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(cwd), os.environ.get("PYTHONPATH", "")])}
     return subprocess.run([sys.executable, "-m", "alcli", *map(str, args)], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=600)
 
 
 TRAIN_CMD = "python train.py {labeled} {model} {workdir}/keep-{strategy}-{seed}-{round}"
