@@ -775,15 +775,17 @@ def simulate(
         "or NAME+badge / NAME+cluster-margin (that diverse batch). [default: margin,egl,random]",
         show_default=False)]
     = "margin,egl,random",
-    seeds: Annotated[int, typer.Option(metavar="N", show_default=False, min=1, help="Runs per strategy, seeds 0..N-1; "
-                                       "a seed's first random examples are the same for every "
-                                       "strategy. [default: 3]")] = 3,
-    init: Annotated[int, typer.Option(metavar="N", show_default=False, min=1, help="Random labeled examples before "
-                                      "the first round. [default: 20]")] = 20,
+    seeds: Annotated[int, typer.Option(
+        metavar="N", show_default=False, min=1, help="Runs per strategy, seeds 0..N-1; a seed's "
+        "first random examples are the same for every strategy. [default: 3]")] = 3,
+    init: Annotated[int, typer.Option(
+        metavar="N", show_default=False, min=1, help="Random labeled examples before the first "
+        "round. [default: 20]")] = 20,
     budget: Annotated[int, typer.Option("--budget", "-n", metavar="N", show_default=False, min=1,
                                         help="Examples selected per round. [default: 20]")] = 20,
-    rounds: Annotated[int, typer.Option(metavar="N", show_default=False, min=0, help="Selections; N + 1 checkpoints "
-                                        "are trained and evaluated. [default: 5]")] = 5,
+    rounds: Annotated[int, typer.Option(
+        metavar="N", show_default=False, min=0, help="Selections; N + 1 checkpoints are trained "
+        "and evaluated. [default: 5]")] = 5,
     output: Annotated[Optional[str], typer.Option(
         "--output", "-o", metavar="FILE", help="The curves CSV (strategy, seed, round, labels, "
         "accuracy), rewritten after every round. [default: stdout, at the end]")] = None,

@@ -112,8 +112,9 @@ class Settings:
                                           # (None: when the table's embeddings are at hand)
     diverse_candidates: int | str | None = None  # `select --diverse`: shortlist size or "all"
                                                  # (default 10 x budget)
-    diverse_mode: str = "badge"           # `select`: badge | cluster-margin (selection/cluster_margin.py)
-    diverse_clusters: int | None = None   # `select --diverse-mode cluster-margin`: clusters (default: budget)
+    diverse_mode: str = "badge"           # `select`: badge | cluster-margin (cluster_margin.py)
+    diverse_clusters: int | None = None   # `select --diverse-mode cluster-margin`: clusters
+                                          # (default: the budget)
     per_class: str | None = None          # `select`: proportional | equal quotas per predicted class
     sampling: str = "top"                 # `select`: top | power | softmax (alcli.selection.sampling)
     typical: bool = False                 # `select`: TypiClust cold start (alcli.selection.typical)

@@ -41,7 +41,7 @@ def assign(x: torch.Tensor, centers: torch.Tensor, chunk: int) -> torch.Tensor:
     c2 = centers.pow(2).sum(1)
     rows = max(1, min(chunk, BLOCK // len(centers)))
     for s in range(0, len(x), rows):
-        # ||x − c||² − ||x||² = ||c||² − 2 x·c: the same order of centers for each row  [rows, m]
+        # ||x − c||² − ||x||² = ||c||² − 2 x·c: the same order of centers  [rows, m]
         d = torch.addmm(c2, x[s:s + rows], centers.T, alpha=-2)
         labels[s:s + rows] = d.argmin(1)
     return labels
@@ -60,7 +60,7 @@ def seeding(x: torch.Tensor, m: int, rng: np.random.Generator) -> list[int]:
     centers = [int(rng.integers(n))]
     while True:
         c = centers[-1]
-        d = sq - 2.0 * np.einsum("ij,j->i", xs, xs[c]).astype(np.float64) + sq[c]  # ||x_i − x_c||²
+        d = sq - 2.0 * np.einsum("ij,j->i", xs, xs[c]).astype(np.float64) + sq[c]  # ||x − x_c||²
         np.minimum(d2, np.maximum(d, 0.0), out=d2)
         d2[c] = 0.0
         if len(centers) == m:
