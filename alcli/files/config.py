@@ -31,6 +31,7 @@ LOG_FORMATS = ("text", "json")
 PATH_KEYS = ("model", "pool", "output", "scores", "embeddings_file", "exclude", "image_dir",
              "contact_sheet", "class_names", "labelstudio_config")
 PER_CLASS_MODES = ("proportional", "equal")
+DIVERSE_MODES = ("badge", "cluster-margin")  # select --diverse-mode (alcli.selection.choose)
 SAMPLINGS = ("top", "power", "softmax")  # alcli.selection.sampling.SAMPLINGS; a test keeps them equal
 # the names the strategy registry (alcli.score.strategies) and the engine (alcli.gradnorm.METHODS)
 # define, listed here so that reading a config does not import torch; a test keeps them equal
@@ -111,6 +112,9 @@ class Settings:
                                           # (None: when the table's embeddings are at hand)
     diverse_candidates: int | str | None = None  # `select --diverse`: shortlist size or "all"
                                                  # (default 10 x budget)
+    diverse_mode: str = "badge"           # `select`: badge | cluster-margin (cluster_margin.py)
+    diverse_clusters: int | None = None   # `select --diverse-mode cluster-margin`: clusters
+                                          # (default: the budget)
     per_class: str | None = None          # `select`: proportional | equal quotas per predicted class
     sampling: str = "top"                 # `select`: top | power | softmax (alcli.selection.sampling)
     typical: bool = False                 # `select`: TypiClust cold start (alcli.selection.typical)
@@ -463,6 +467,7 @@ CHECKS: dict[str, Callable[[Any], Any]] = {
     "seed": _int(0), "output": _opt_str, "format": _choice(FORMATS), "scores": _opt_str,
     "budget": _opt(_int(1)), "quiet": _bool,
     "embeddings": _opt(_bool), "embeddings_file": _opt_str, "diverse": _opt(_bool), "diverse_candidates": _candidates,
+    "diverse_mode": _choice(DIVERSE_MODES), "diverse_clusters": _opt(_int(1)),
     "per_class": _opt(_choice(PER_CLASS_MODES)), "sampling": _choice(SAMPLINGS),
     "typical": _bool,    "sampling_beta": _positive, "exclude": _files, "image_root": _opt_str,
     "image_dir": _opt_str, "contact_sheet": _opt_str,

@@ -1,4 +1,5 @@
-"""Choosing the labeling batch from ranked rows: top-k, per-class quotas, diverse (BADGE), or both."""
+"""Choosing the labeling batch from ranked rows: top-k, per-class quotas, diverse (BADGE or
+Cluster-Margin), or both."""
 from __future__ import annotations
 
 from collections.abc import Hashable
@@ -6,6 +7,7 @@ from collections.abc import Hashable
 import torch
 
 from .balance import per_class_quota
+from .cluster_margin import select_cluster_margin
 from .diverse import select_diverse
 from .rank import order_key
 from .sampling import sample
@@ -13,7 +15,8 @@ from .sampling import sample
 
 def choose(rows: list[dict], budget: int, *, per_class: str | None = None, factors=None,
            seed: int = 0, candidates: int | str | None = None, sampling: str = "top",
-           beta: float = 1.0) -> list[dict]:
+           beta: float = 1.0, diverse_mode: str = "badge",
+           clusters: int | None = None) -> list[dict]:
     """The labeling batch from ranked, already filtered `rows`, best score first (ties by id).
 
     per_class: None, "proportional" or "equal": quotas per predicted class (`pred`) from
@@ -22,7 +25,8 @@ def choose(rows: list[dict], budget: int, *, per_class: str | None = None, facto
     best; default 10 x the budget; "all": classic BADGE over every row), per class when both are
     asked for. sampling: "top" (the best scores), or "power" / "softmax": drawn from the scores
     (sampling.py), within each class's quota. Rows keep their `rank` (their place in the whole
-    table). A ValueError names what is wrong.
+    table). diverse_mode "cluster-margin": cluster_margin.py on the features b instead of BADGE,
+    into `clusters` clusters (default the quota). A ValueError names what is wrong.
     """
     if budget < 1:
         raise ValueError("budget must be at least 1")
@@ -56,8 +60,12 @@ def choose(rows: list[dict], budget: int, *, per_class: str | None = None, facto
         ids = [str(rows[i]["id"]) for i in members]
         m = (None if candidates is None else len(members) if candidates == "all"
              else min(candidates, len(members)))
-        picked = set(select_diverse(ids, [float(rows[i]["score"]) for i in members],
-                                    factors[0][take], factors[1][take], quota[c], seed,
-                                    candidates=m))
+        scores = [float(rows[i]["score"]) for i in members]
+        if diverse_mode == "cluster-margin":
+            picked = set(select_cluster_margin(ids, scores, factors[1][take], quota[c], seed,
+                                               candidates=m, clusters=clusters))
+        else:
+            picked = set(select_diverse(ids, scores, factors[0][take], factors[1][take],
+                                        quota[c], seed, candidates=m))
         chosen.extend(rows[i] for i, id_ in zip(members, ids) if id_ in picked)
     return sorted(chosen, key=order_key)

@@ -1,6 +1,7 @@
 """From a ranked table to a labeling batch and its hand-offs (what `alcli select` does after scoring).
 
-    ranked rows -> drop --exclude ids -> choose (top-k | --per-class | --diverse | both)
+    ranked rows -> drop --exclude ids -> choose (top-k | --per-class | --diverse [badge |
+                   cluster-margin] | both)
                 -> write (csv | jsonl | paths | labelstudio) [+ --contact-sheet PNG]
 
 The algorithms live beside this file: choose.py (top-k, quotas from balance.py, BADGE from
@@ -84,9 +85,12 @@ def prepare(settings: Settings, source: str | None, score_first: bool,
     if exclude_ids is not None:
         plan.exclusions.append(Exclusions("argument exclude= (ids)",
                                           [str(i) for i in exclude_ids]))
+    _mode_asks_diverse(settings)
     if settings.sampling != "top" and settings.diverse:
+        how = "Cluster-Margin" if settings.diverse_mode == "cluster-margin" else "BADGE"
         raise ConfigError(f"{settings.where('sampling')} {settings.sampling} draws the batch from "
-                          f"the scores, and {settings.where('diverse')} picks it by BADGE; choose one")
+                          f"the scores, and {settings.where('diverse')} picks it by {how}; "
+                          f"choose one")
     if settings.typical:
         _check_typical(settings)
     # diverse by default, when the embeddings are at hand (and the batch is not drawn)
@@ -147,6 +151,20 @@ def _inputs(settings: Settings, source: str | None, score_first: bool) -> list[t
 def _embeddings_flag(settings: Settings) -> str | None:
     """The option that asks for the rows' embeddings (so their absence is an error), or None."""
     return "typical" if settings.typical else "diverse" if settings.diverse else None
+
+
+def _mode_asks_diverse(settings: Settings) -> None:
+    """--diverse-mode cluster-margin asks for a diverse batch (as --diverse does); with
+    --no-diverse it is an error. The mode's source then stands for --diverse in messages."""
+    if settings.diverse_mode == "badge" or "diverse_mode" not in settings.sources:
+        return
+    if settings.diverse is False:
+        raise ConfigError(f"{settings.where('diverse_mode')} {settings.diverse_mode} picks a "
+                          f"diverse batch, and {settings.where('diverse')} turns diverse "
+                          f"selection off; choose one")
+    if settings.diverse is None:
+        settings.diverse = True
+        settings.sources["diverse"] = settings.where("diverse_mode")
 
 
 def _check_typical(settings: Settings) -> None:
@@ -264,7 +282,8 @@ def _chosen(settings: Settings, plan: SelectPlan, kept: list[dict], notes: list[
     try:
         chosen = choose(eligible, settings.budget, per_class=settings.per_class, factors=factors,
                         seed=settings.seed, candidates=settings.diverse_candidates,
-                        sampling=settings.sampling, beta=settings.sampling_beta)
+                        sampling=settings.sampling, beta=settings.sampling_beta,
+                        diverse_mode=settings.diverse_mode, clusters=settings.diverse_clusters)
     except ValueError as err:
         raise ConfigError(_sentence(err)) from None
     return chosen, len(eligible)

@@ -1,0 +1,136 @@
+"""`alcli simulate`: learning curves with a training command the test writes (a logistic regression
+in torch), on a 3-class vector table; the label files, the curve rows and the selections checked
+against the test's own float64 computations, and the bad inputs as one sentence."""
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+TOY = """import torch.nn as nn
+
+
+def Net():
+    return nn.Linear(4, 3)  # logistic regression: the features b are the inputs
+"""
+
+# trains on labeled.csv only; keeps a copy of each checkpoint and its own test accuracy (float64)
+TRAIN = """import csv, shutil, sys
+import torch
+from toy import Net
+
+labeled, out, keep = sys.argv[1:4]
+pool = torch.load("pool.pt")
+test = torch.load("test.pt")
+index = {i: n for n, i in enumerate(pool["ids"])}
+rows = list(csv.DictReader(open(labeled)))
+x = pool["x"][[index[r["id"]] for r in rows]]
+y = torch.tensor([int(r["label"]) for r in rows])
+torch.manual_seed(0)
+net = Net()
+opt = torch.optim.SGD(net.parameters(), lr=0.5)
+for _ in range(30):
+    opt.zero_grad()
+    torch.nn.functional.cross_entropy(net(x), y).backward()
+    opt.step()
+torch.save(net.state_dict(), out)
+shutil.copy(out, keep + ".pt")
+w, b = net.weight.detach().double(), net.bias.detach().double()
+acc = ((test["x"].double() @ w.T + b).argmax(1) == test["y"]).double().mean().item()
+open(keep + ".acc", "w").write(repr(acc))
+"""
+
+
+def toy_table(n, seed):
+    """3 classes of 4-d vectors around separated centers, some overlap."""
+    g = torch.Generator().manual_seed(seed)
+    y = torch.arange(n) % 3
+    centers = torch.tensor([[2.0, 0, 0, 0], [0, 2.0, 0, 0], [0, 0, 2.0, 0]])
+    return {"x": centers[y] + 1.2 * torch.randn(n, 4, generator=g), "y": y,
+            "ids": [f"r{i:02d}" for i in range(n)]}
+
+
+@pytest.fixture()
+def folder(tmp_path):
+    torch.save(toy_table(60, 0), tmp_path / "pool.pt")
+    torch.save(toy_table(30, 1), tmp_path / "test.pt")
+    (tmp_path / "toy.py").write_text(TOY)
+    (tmp_path / "train.py").write_text(TRAIN)
+    return tmp_path
+
+
+def alcli(*args, cwd):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(cwd), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, "-m", "alcli", *map(str, args)], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+TRAIN_CMD = "python train.py {labeled} {model} {workdir}/keep-{strategy}-{seed}-{round}"
+
+
+def read(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def test_simulate_curves_labels_and_picks(folder):
+    out = alcli("simulate", "pool.pt", "--eval", "test.pt", "--arch", "toy:Net", "--trust-checkpoint", "--train",
+                TRAIN_CMD, "--init", 6, "-n", 5, "--rounds", 1, "--strategies", "margin,random",
+                "--seeds", 1, "-o", "curves.csv", "--workdir", "runs", cwd=folder)
+    assert out.returncode == 0, out.stderr
+    pool = torch.load(folder / "pool.pt")
+    truth = dict(zip(pool["ids"], pool["y"].tolist()))
+    curves = read(folder / "curves.csv")
+    assert [(r["strategy"], r["round"], r["labels"]) for r in curves] == \
+        [(s, str(r), str(6 + 5 * r)) for s in ("margin", "random") for r in range(2)]
+    for r in curves:  # alcli's accuracy = the training script's own float64 accuracy
+        acc = float((folder / f"runs/keep-{r['strategy']}-0-{r['round']}.acc").read_text())
+        assert float(r["accuracy"]) == pytest.approx(acc, abs=1e-6)
+    labeled = {(s, r): read(folder / f"runs/{s}/seed0/round{r}/labeled.csv")
+               for s in ("margin", "random") for r in range(2)}
+    for rows in labeled.values():  # only labeled ids, each with its true label
+        assert all(int(row["label"]) == truth[row["id"]] for row in rows)
+    start = [row["id"] for row in labeled["margin", 0]]
+    assert start == [row["id"] for row in labeled["random", 0]] and len(start) == 6
+    new = {}
+    for s in ("margin", "random"):
+        for r in (1,):
+            before = [row["id"] for row in labeled[s, r - 1]]
+            now = [row["id"] for row in labeled[s, r]]
+            assert now[:len(before)] == before and len(now) == len(before) + 5
+            new[s, r] = now[len(before):]
+    # margin's picks: the 5 smallest margins p1 - p2 among the unlabeled (float64, by hand)
+    for r in (1,):
+        state = torch.load(folder / f"runs/keep-margin-0-{r - 1}.pt")
+        p = torch.softmax(pool["x"].double() @ state["weight"].double().T + state["bias"].double(), 1)
+        top = p.topk(2, 1).values
+        gap = dict(zip(pool["ids"], (top[:, 0] - top[:, 1]).tolist()))
+        done = {row["id"] for row in labeled["margin", r - 1]}
+        want = sorted((i for i in pool["ids"] if i not in done), key=lambda i: gap[i])[:5]
+        assert set(new["margin", r]) == set(want)
+    assert set(new["random", 1]) != set(new["margin", 1])
+    assert "margin: AULC" in out.stderr and "random: AULC" in out.stderr
+
+
+def test_simulate_bad_input_is_one_sentence(folder):
+    torch.save({"x": torch.randn(20, 4)}, folder / "nolabels.pt")
+    args = ("--eval", "test.pt", "--arch", "toy:Net", "--trust-checkpoint", "--init", 4, "-n", 2, "--rounds", 1,
+            "--seeds", 1, "-o", "c.csv")
+    cases = [(("nolabels.pt", "--train", TRAIN_CMD), "pool nolabels.pt has no labels"),
+             (("pool.pt", "--train", "python -c 'import sys; sys.exit(3)' {model}"),
+              "the training command exited with code 3 in round 0 (strategy margin, seed 0)"),
+             (("pool.pt", "--train", "true {model}"), "the training command wrote no checkpoint"),
+             (("pool.pt", "--train", TRAIN_CMD, "--strategies", "margin+kmeans"),
+              "option --strategies: 'margin+kmeans' is not NAME or NAME+MODE")]
+    for extra, says in cases:
+        strategies = () if "--strategies" in extra else ("--strategies", "margin")
+        out = alcli("simulate", *extra, *args, *strategies, cwd=folder)
+        lines = out.stderr.strip().splitlines()
+        assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+        assert lines[-1].startswith("alcli: error: ") and says in lines[-1], out.stderr
+        assert len([line for line in lines if "error" in line]) == 1
