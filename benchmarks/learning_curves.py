@@ -67,8 +67,10 @@ METHODS = {**{s: (s, False, False, "top") for s in STRATEGIES},
            **{s + "+div": (s, True, False, "top") for s in STRATEGIES},
            "badge-margin": ("margin", True, True, "top"),
            **{s + "+power": (s, False, False, "power") for s in ("egl", "margin")},
+           "margin+cm": ("margin", True, False, "top"),  # --diverse-mode cluster-margin
            "typical": ("margin", False, False, "top"),   # --typical (TypiClust); scores unused
            "random": ("random", False, False, "top")}
+DIVERSE_MODES = {"margin+cm": "cluster-margin"}  # methods whose diverse pick is not BADGE's
 QUICK_METHODS = ("egl", "egl+div", "margin+div", "typical", "random")
 COLD_LABELS = 50  # the cold-start table's early AUC: label counts up to this
 COLD_VS = ("egl", "egl+div", "margin", "margin+div", "random")  # typical's opponents, per round
@@ -252,6 +254,8 @@ def select_batch(method: str, net: nn.Module, x_unlabeled: torch.Tensor, budget:
         options["sampling"] = sampling  # --sampling power: P(i) ∝ score_i (β = 1)
     if whole_pool:
         options["diverse_candidates"] = "all"
+    if method in DIVERSE_MODES:
+        options["diverse_mode"] = DIVERSE_MODES[method]
     rows = alcli.select(pool=x_unlabeled, model=net, budget=budget, **options)
     return [int(r["id"]) for r in rows]
 
@@ -746,6 +750,8 @@ def plot(results: dict, path: str) -> str | None:
                 style.update(color="grey", lw=1.0)
             if meth == "typical":
                 style.update(color="magenta", lw=2.0)
+            if meth in DIVERSE_MODES:
+                style.update(color="olive")
             ax.plot(cs[0]["labels"], acc_matrix(cs).mean(0) - base, label=meth, **style)
         ax.set_title(f"{row}, batch {col[1:]}", fontsize=10)
         ax.set_xlabel("labels")
