@@ -184,12 +184,16 @@ def _rows_in(path: Path) -> int:
         return 0
 
 
-def test_a_stdout_run_keeps_its_partial_under_dot_alcli_and_resumes(in_ws, big_pool, tmp_path):
+def test_a_stdout_run_keeps_its_partial_under_dot_alcli_and_resumes(in_ws, tmp_path):
     work = tmp_path / "work"
     work.mkdir()
     for name in ("model.pt", "config.yaml"):
         shutil.copy(in_ws.root / name, work / name)
-    args = alcli_cmd("score", big_pool, "-m", "model.pt", "-c", "config.yaml", "-b", "8", "-q",
+    # long enough that a loaded machine cannot finish it between the first flushes and SIGINT
+    rows = 4 * BIG
+    torch.save({"x": torch.randn(rows, 3, 6, 6, generator=torch.Generator().manual_seed(2)),
+                "ids": [f"ex{i:05d}" for i in range(rows)]}, tmp_path / "pool.pt")
+    args = alcli_cmd("score", tmp_path / "pool.pt", "-m", "model.pt", "-c", "config.yaml", "-b", "8", "-q",
                      "--checkpoint-every", "96")
     first = subprocess.Popen(args, cwd=work, env=env(), stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
@@ -206,7 +210,7 @@ def test_a_stdout_run_keeps_its_partial_under_dot_alcli_and_resumes(in_ws, big_p
     second = subprocess.run(args + ["--resume"], cwd=work, env=env(), capture_output=True,
                             text=True, timeout=120)
     assert second.returncode == 0, second.stderr
-    assert "resuming: " in second.stderr and len(parse_csv(second.stdout)) == BIG
+    assert "resuming: " in second.stderr and len(parse_csv(second.stdout)) == rows
     assert not (work / m.group(1)).exists()
 
 
