@@ -367,3 +367,19 @@ def test_a_model_sorting_its_examples_is_refused_even_when_the_first_batch_is_al
     full = torch.randint(1, VOCAB, (4, 6))
     with pytest.raises(UnsupportedModel, match="orders the examples by their values"):
         per_example_grad_norms(model, full, torch.tensor([0, 1, 2, 1]), method="ghost")
+
+
+def test_a_reordering_model_is_refused_when_the_batch_starts_with_copies():
+    """The reordering probes take three distinct examples of the batch: on copies of one example
+    (a pool with duplicates) a reversal would move nothing, and the flip would pass unseen."""
+    torch.manual_seed(0)
+    model = FlipInside().double().eval()
+    x = torch.randn(6, 3, dtype=torch.float64)
+    x[1:4] = x[0]  # examples 0-3 are one example; 4 and 5 differ
+    y = torch.tensor([0, 1, 1, 0, 1, 0])
+    with pytest.raises(UnsupportedModel, match="merges the batch"):
+        per_example_grad_norms(model, x, y, method="ghost")
+    expected = per_example_grad_norms(model, x, y, method="loop")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.testing.assert_close(per_example_grad_norms(model, x, y), expected, rtol=1e-10, atol=0)
