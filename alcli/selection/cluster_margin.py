@@ -25,7 +25,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from .diverse import DEFAULT_CANDIDATE_FACTOR
+from .diverse import DEFAULT_CANDIDATE_FACTOR, check_scores_and_ids
 from .rank import score_order
 
 MAX_ITERS = 10    # Lloyd iterations at most (it stops earlier when no label changes)
@@ -144,11 +144,7 @@ def select_cluster_margin(ids: Sequence[str], scores, b, budget: int, seed: int,
     if not (len(s) == n == b.shape[0]) or b.dim() != 2:
         raise ValueError(f"Cluster-Margin got {n} ids, {len(s)} scores and features of shape "
                          f"{tuple(b.shape)}; it needs one [N, D] row per id")
-    if not np.all(np.isfinite(s)):
-        bad = ids[int(np.flatnonzero(~np.isfinite(s))[0])]
-        raise ValueError(f"score of id '{bad}' is not a finite number")
-    if len(set(ids)) != n:
-        raise ValueError("Cluster-Margin got the same id twice")
+    check_scores_and_ids(ids, s, "Cluster-Margin")
     budget = min(budget, n)
     if budget < 1:
         return []

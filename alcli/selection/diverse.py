@@ -174,11 +174,7 @@ def select_diverse(ids: Sequence[str], scores, a, b, budget: int, seed: int, *,
     if not (len(s) == n == a.shape[0] == b.shape[0]):
         raise ValueError(f"select_diverse got {n} ids, {len(s)} scores, {a.shape[0]} rows of a "
                          f"and {b.shape[0]} rows of b; they must agree")
-    if not np.all(np.isfinite(s)):
-        bad = ids[int(np.flatnonzero(~np.isfinite(s))[0])]
-        raise ValueError(f"score of id '{bad}' is not a finite number")
-    if len(set(ids)) != n:
-        raise ValueError("select_diverse got the same id twice")
+    check_scores_and_ids(ids, s, "select_diverse")
     if budget < 0:
         raise ValueError(f"budget must be >= 0; got {budget}")
     order = sorted(range(n), key=lambda i: score_order(float(s[i]), ids[i]))
@@ -193,3 +189,12 @@ def select_diverse(ids: Sequence[str], scores, a, b, budget: int, seed: int, *,
     picks = kmeanspp_factored(a[top], b[top], budget, seed, first=0)
     chosen = sorted(picks)  # positions in the score order == best score first, ties by id
     return [ids[order[p]] for p in chosen]
+
+
+def check_scores_and_ids(ids: list, scores: np.ndarray, who: str):
+    """Every score finite and every id once, or a ValueError naming the first bad id."""
+    if not np.all(np.isfinite(scores)):
+        bad = ids[int(np.flatnonzero(~np.isfinite(scores))[0])]
+        raise ValueError(f"score of id '{bad}' is not a finite number")
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"{who} got the same id twice")
