@@ -24,60 +24,18 @@ import heapq
 import numpy as np
 import torch
 
+from .kmeans import kmeans as shared_kmeans
+
 K_NEIGHBOURS = 20      # TypiClust's K
 SAMPLE_CAP = 20_000    # members of one cluster whose typicality is computed
 MAX_ITERS = 100        # Lloyd iterations at most (it stops when no assignment changes)
 
 
-def _nearest(x: torch.Tensor, centers: torch.Tensor, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(index [N], squared distance [N]) of each row's nearest center, `chunk` rows at a time."""
-    idx = torch.empty(len(x), dtype=torch.long)
-    d2 = torch.empty(len(x), dtype=x.dtype)
-    c2 = centers.pow(2).sum(1)
-    for s in range(0, len(x), chunk):
-        xs = x[s:s + chunk]
-        d = (xs.pow(2).sum(1, keepdim=True) - 2 * xs @ centers.T + c2).clamp_min_(0)  # [n, k]
-        d2[s:s + chunk], idx[s:s + chunk] = d.min(1)
-    return idx, d2
-
-
 def kmeans(x, k: int, seed: int, *, chunk: int = 4096) -> torch.Tensor:
-    """Cluster labels [N] in 0..k-1 of the rows of x [N, D] (float64), seeded.
-
-    k-means++ seeding (first center drawn uniformly, each next one with probability ∝ D², from a
-    numpy PCG64 stream seeded by `seed`), then Lloyd's iterations until no label changes. A
-    cluster that empties keeps its center."""
+    """Cluster labels [N] in 0..k-1 of the rows of x [N, D] (float64), seeded: `kmeans.kmeans`
+    with k-means++ seeding among all N rows and at most MAX_ITERS Lloyd iterations."""
     x = torch.as_tensor(x).detach().cpu().double()
-    x = x - x.mean(0)  # centered: smaller norms, less cancellation in ||x||² − 2x·c + ||c||²
-    n = len(x)
-    if not 1 <= k <= n:
-        raise ValueError(f"k-means needs 1 <= k <= {n} rows; got k = {k}")
-    rng = np.random.default_rng(seed)
-    first = int(rng.integers(n))
-    centers = [first]
-    d2 = (x - x[first]).pow(2).sum(1)
-    while len(centers) < k:
-        total = float(d2.sum())
-        if total > 0:
-            nxt = int(np.searchsorted(np.cumsum(d2.numpy()), rng.random() * total, side="right"))
-            nxt = min(nxt, n - 1)
-        else:  # fewer distinct rows than k: the lowest unchosen row
-            taken = set(centers)
-            nxt = next(i for i in range(n) if i not in taken)
-        centers.append(nxt)
-        d2 = torch.minimum(d2, (x - x[nxt]).pow(2).sum(1))
-    c = x[centers].clone()
-    labels = torch.full((n,), -1, dtype=torch.long)
-    for _ in range(MAX_ITERS):
-        new, _ = _nearest(x, c, chunk)
-        if torch.equal(new, labels):
-            break
-        labels = new
-        counts = torch.bincount(labels, minlength=k)
-        sums = torch.zeros_like(c).index_add_(0, labels, x)
-        filled = counts > 0
-        c[filled] = sums[filled] / counts[filled].unsqueeze(1)
-    return labels
+    return shared_kmeans(x, k, seed, chunk=chunk, max_iters=MAX_ITERS, seed_rows=len(x))
 
 
 def typicality(x, *, k: int = K_NEIGHBOURS, chunk: int = 1024) -> torch.Tensor:
