@@ -18,12 +18,14 @@ position embedding looked up with position ids [1, T]) is marked `broadcast` whe
 output to the batch ([1, T, d] -> [B, T, d], as the model's own broadcasting would) leaves the
 model's output unchanged: ghost then taps the expanded output, so each example's own gradient
 comes back and the layer's rule applies as to any batched call. That each expanded row reaches
-its own example alone is checked too, on three examples (two in a batch of two): changing one
-row of the expansion must change that example's output and leave the others' exactly as they were.
+its own example alone is checked too, on three examples (two in a batch of two), one forward
+per row: changing that row of the expansion must change that example's output, and every other
+example's output must come out exactly the same whichever other row is changed.
 """
 from __future__ import annotations
 
 import weakref
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -42,7 +44,7 @@ from .model_io import (
     map_batch,
     tensors,
 )
-from .uses import ModuleStack
+from .uses import ModuleStack, outside_use_watch
 
 MERGED = -1
 
@@ -68,11 +70,8 @@ def call_layouts(model, inputs: torch.Tensor, modules: dict) -> dict[str, list[L
     key = (tuple(modules), example_key(inputs), min(batch_size(inputs), 3))
     per_model = _cache.setdefault(model, {})
     if key not in per_model:
-        with ModuleStack(model) as stack, _DataDependentShapes(stack) as watch:
-            one = _record_shapes(model, batch_slice(inputs, 0, 1), modules)
-        if watch.op is not None:
-            raise UnsupportedModel(f"{watch.where} {watch.what} ({watch.op}), so where the batch lies "
-                                   "can change from batch to batch")
+        first = _first_runs.pop(model, (None, None))
+        one = first[1] if first[0] == (tuple(modules), example_key(inputs)) else _one_example(model, inputs, modules)[0]
         # the probe: n = min(B, 3) distinct examples of the batch (two copies of a lone one);
         # its shapes against the one example's give the batch dims, its fingerprints are the
         # reordering check's reference
@@ -80,8 +79,8 @@ def call_layouts(model, inputs: torch.Tensor, modules: dict) -> dict[str, list[L
             inputs, lambda t: t[_distinct_rows(inputs).to(t.device)])
         n = batch_size(probe)
         probe_logits: list = []
-        seen = _record(model, probe, modules, lambda tree: (_shapes(tree), _fingerprints(tree, n)), probe_logits)
-        many = {name: [(i[0], o[0]) for i, o in calls] for name, calls in seen.items()}
+        seen = _record(model, probe, modules, probe_logits)
+        many = {name: [(_shapes(i), _shapes(o)) for i, o in calls] for name, calls in seen.items()}
         layouts = {}
         for name in modules:
             if len(one[name]) != len(many[name]):
@@ -91,8 +90,8 @@ def call_layouts(model, inputs: torch.Tensor, modules: dict) -> dict[str, list[L
                                     in_blocks=_blocks(a_in, b_in, n), out_blocks=_blocks(a_out, b_out, n))
                              for (a_in, a_out), (b_in, b_out) in zip(one[name], many[name])]
         if batch_size(inputs) > 1:
-            prints = {name: [(i[1], o[1]) for i, o in calls] for name, calls in seen.items()}
-            _mark_unreversed(model, probe, modules, layouts, prints)
+            _mark_unreversed(model, probe, modules, layouts, _prints(seen, layouts, n))
+        del seen  # the probe's activations: the checks below hold fingerprints only
         _mark_broadcast(model, probe, probe_logits[0], modules, layouts, many)
         if len(per_model) >= CACHED_LAYOUTS:  # text of many lengths: the oldest layout goes
             del per_model[next(iter(per_model))]
@@ -101,6 +100,38 @@ def call_layouts(model, inputs: torch.Tensor, modules: dict) -> dict[str, list[L
 
 
 CACHED_LAYOUTS = 64  # per model: example shapes (text lengths, image sizes) whose layouts are kept
+
+
+def first_example_uses(model, inputs, modules: dict, covered: dict) -> dict[int, str | None] | None:
+    """The parameters the first example's forward uses outside their covering modules
+    (`covered`: plan.covering_modules; see uses.outside_use_watch), from the same forward that
+    gives call_layouts its one-example shapes for `modules` (kept for its next call); None when
+    that forward fails (call_layouts meets it again and says why)."""
+    try:
+        one, found = _one_example(model, inputs, modules, covered)
+    except torch.OutOfMemoryError:
+        raise
+    except Exception:
+        return None
+    _first_runs[model] = ((tuple(modules), example_key(inputs)), one)
+    return found
+
+
+_first_runs: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> (key, shapes)
+
+
+def _one_example(model, inputs, modules: dict, covered: dict | None = None) -> tuple[dict, dict]:
+    """(module name -> [(input shapes, output shapes) per call] for the first example, and with
+    `covered`, its outside uses); refuses a forward whose shapes depend on the data."""
+    with ModuleStack(model) as stack, _DataDependentShapes(stack) as watch:
+        uses, found = outside_use_watch(covered, stack.names) if covered is not None else (nullcontext(), {})
+        with uses:
+            one = {name: [(_shapes(i), _shapes(o)) for i, o in calls]
+                   for name, calls in _record(model, batch_slice(inputs, 0, 1), modules).items()}
+    if watch.op is not None:
+        raise UnsupportedModel(f"{watch.where} {watch.what} ({watch.op}), so where the batch lies "
+                               "can change from batch to batch")
+    return one, found
 
 
 class _DataDependentShapes(TorchDispatchMode):
@@ -166,12 +197,13 @@ def _mark_unreversed(model, probe, modules, layouts, forward):
     reordering): which rows a fixed reordering moves does not depend on the batch size, and
     reorderings that depend on the values (sorts) were refused by the one-example run.
     Values are compared through a fingerprint per batch row (a fixed random projection of the
-    row), so the check holds a few numbers per tensor, not the activations."""
+    row) along the dims that may hold the batch, so the check holds a few numbers per tensor,
+    not the activations."""
     n = batch_size(probe)
     orders = {tuple(torch.arange(n).roll(1).tolist()), (1, 0, *range(2, n))}  # one order for n = 2
     for order in map(torch.tensor, sorted(orders)):
-        moved = _record(model, map_batch(probe, lambda t: t[order.to(t.device)]), modules,
-                        lambda tree: _fingerprints(tree, n))
+        moved = _prints(_record(model, map_batch(probe, lambda t: t[order.to(t.device)]), modules),
+                        layouts, n)
         for name in modules:
             if len(forward[name]) != len(moved[name]):
                 raise UnsupportedModel(f"module '{name}' is called a different number of times for "
@@ -203,7 +235,8 @@ def _distinct_rows(inputs) -> torch.Tensor:
 
 def _rows_follow(block, f, m, order) -> bool:
     """Does dim d, of size n*k with the examples as its outer factor (k = 1: a plain batch dim),
-    hold in the reordered run (`m`) the blocks of k rows of the first run (`f`) in the new order?"""
+    hold in the reordered run (`m`) the blocks of k rows of the first run (`f`) in the new order?
+    `f`, `m`: {dim: fingerprint of the rows along it} of one leaf."""
     d, k = block
     n = order.shape[0]
     if f is None or m is None or d not in f or d not in m or f[d].shape[0] != n * k:
@@ -211,12 +244,35 @@ def _rows_follow(block, f, m, order) -> bool:
     return _same(f[d].view(n, k)[order.to(f[d].device)].reshape(-1), m[d])
 
 
+def _prints(seen: dict, layouts: dict, n: int) -> dict:
+    """`seen` (module name -> [(input leaves, output leaves)] of one run) as fingerprints: per
+    leaf, {dim: fingerprint of the rows along it} for the dims the layouts may hold the batch in
+    (a batch dim of size n, or the outer factor of a MERGED one). A tensor several calls see
+    is fingerprinted once."""
+    done: dict = {}
+
+    def leaf_prints(leaf, d, block):
+        dims = [x for x in (d, block[0] if block else None) if x is not None and x != MERGED]
+        if leaf is None or not dims:
+            return None
+        for x in dims:
+            if (id(leaf), x) not in done and x < leaf.dim() and leaf.shape[x] % n == 0 and leaf.shape[x]:
+                done[id(leaf), x] = _fingerprint(leaf, x)
+        return {x: done[id(leaf), x] for x in dims if (id(leaf), x) in done}
+
+    return {name: [([leaf_prints(*v) for v in zip(i, layout.in_dims, layout.in_blocks)],
+                    [leaf_prints(*v) for v in zip(o, layout.out_dims, layout.out_blocks)])
+                   for layout, (i, o) in zip(layouts[name], calls)]
+            for name, calls in seen.items()}
+
+
 def _mark_broadcast(model, probe, plain, modules, layouts, shapes):
     """Mark the shared [1, ...] calls (see the module docstring) called with a tensor as their
     first positional input, when expanding their outputs to the probe's examples (three, or two
     in a batch of two, which may be all that fits in memory; `plain`: the probe's logits) keeps
     the model's output, and each expanded row reaches its own example alone: changing one row
-    (by random signs) changes that example's output and no other's."""
+    (by random signs) changes that example's output, and every other example's output is
+    exactly the same whichever other row is changed."""
     candidates = {(name, i) for name in modules for i, (layout, (ins, out)) in
                   enumerate(zip(layouts[name], shapes[name]))
                   if layout.in_dims[:1] == [None] and layout.out_dims == [None]
@@ -226,12 +282,21 @@ def _mark_broadcast(model, probe, plain, modules, layouts, shapes):
     rows = batch_size(probe)
     if plain is None or plain.dim() == 0 or plain.shape[0] != rows:
         return
-    expanded, calls = _expanded_logits(model, probe, modules, candidates, None)
-    if (calls and expanded is not None and expanded.shape == plain.shape and _same(plain, expanded)
-            and all(_changes_only(expanded, _expanded_logits(model, probe, modules, calls, row)[0], row)
-                    for row in range(rows))):
-        for name, i in calls:
-            layouts[name][i].broadcast = True
+    # run r: every candidate output expanded to the probe's examples, its row r changed (with
+    # fewer than three rows, also a run with none changed: each row must be unchanged in two)
+    changed, calls = [], candidates
+    for row in [*range(rows), *([None] if rows < 3 else [])]:
+        logits, calls = _expanded_logits(model, probe, modules, calls, row)
+        if not calls or logits is None or logits.shape != plain.shape:
+            return
+        changed.append(logits)
+    for row in range(rows):
+        kept = [logits[row] for r, logits in enumerate(changed) if r != row]
+        if not (_same(plain[row], kept[0]) and all(torch.equal(kept[0], k) for k in kept[1:])
+                and not torch.equal(changed[row][row], kept[0])):
+            return
+    for name, i in calls:
+        layouts[name][i].broadcast = True
 
 
 def _expanded_logits(model, probe, modules, candidates, row):
@@ -269,20 +334,6 @@ def _expanded_logits(model, probe, modules, candidates, row):
             handle.remove()
 
 
-def _changes_only(plain, changed, row: int) -> bool:
-    """Did `row` of the logits change, and every other row stay exactly as it was?"""
-    if changed is None or changed.shape != plain.shape:
-        return False
-    others = [r for r in range(plain.shape[0]) if r != row]
-    return not torch.equal(plain[row], changed[row]) and torch.equal(plain[others], changed[others])
-
-
-def _fingerprints(tree, batch: int) -> list:
-    """Per tensor leaf, {dim whose size is a multiple of B: fingerprint of the rows along that dim}."""
-    return [{d: _fingerprint(leaf, d) for d in range(leaf.dim()) if leaf.shape[d] % batch == 0 and leaf.shape[d]}
-            if isinstance(leaf, torch.Tensor) else None for leaf in tree_flatten(tree)[0]]
-
-
 def _fingerprint(x: torch.Tensor, d: int) -> torch.Tensor:
     rows = torch.nan_to_num(x.detach().movedim(d, 0).reshape(x.shape[d], -1).double())
     gen = torch.Generator(device=rows.device).manual_seed(rows.shape[1])  # same weights for both orders
@@ -293,48 +344,67 @@ def _fingerprint(x: torch.Tensor, d: int) -> torch.Tensor:
 def _same(a, b) -> bool:
     if a.shape != b.shape:
         return False
-    if not a.is_floating_point():
+    if not a.is_floating_point() or torch.equal(a, b):
         return bool(torch.equal(a, b))
     scale = float(torch.nan_to_num(a, nan=0.0, posinf=0.0, neginf=0.0).abs().max()) if a.numel() else 0.0
     return bool(torch.allclose(a, b, rtol=1e-4, atol=1e-6 * (1 + scale), equal_nan=True))
 
 
-def _record_shapes(model, inputs, modules) -> dict[str, list]:
-    return _record(model, inputs, modules, _shapes)
-
-
-def _record(model, inputs, modules, what, logits: list | None = None) -> dict[str, list]:
-    """module name -> [(what(inputs), what(output)) per call] for one forward of `inputs`; the
+def _record(model, inputs, modules, logits: list | None = None) -> dict[str, list]:
+    """module name -> [(leaves of (args, kwargs), leaves of the output) per call] for one forward
+    of `inputs`, each leaf detached (a tensor several calls see is one object) or None; the
     model's logits (detached; None if its output holds none) appended to `logits` if given.
 
     `inputs` is a part of the batch, or the batch in another order: a model that cannot take
     that (pack_padded_sequence with enforce_sorted=True) is refused, naming where it failed."""
-    shapes: dict[str, list] = {name: [] for name in modules}
+    seen: dict[str, list] = {name: [] for name in modules}
+    detached: dict[int, tuple] = {}  # id of a tensor the forward made -> (it, its detached self)
     handles = []
+
+    def leaves(tree) -> list:
+        out = []
+        for leaf in tree_flatten(tree)[0]:
+            if isinstance(leaf, torch.Tensor):
+                if id(leaf) not in detached:
+                    detached[id(leaf)] = (leaf, leaf.detach())
+                out.append(detached[id(leaf)][1])
+            else:
+                out.append(None)
+        return out
 
     def hook(name):
         def record(module, args, kwargs, output):
-            shapes[name].append((what((args, kwargs)), what(output)))
+            seen[name].append((leaves((args, kwargs)), leaves(output)))
         return record
 
     try:
         for name, module in modules.items():
             handles.append(module.register_forward_hook(hook(name), with_kwargs=True))
-        with ModuleStack(model) as stack:
-            try:
-                output = call_model(model, inputs)  # with grad enabled, so modules take the same code paths as the real pass
-            except (torch.OutOfMemoryError, UnsupportedModel):
-                raise
-            except Exception as err:  # the model's own forward, on data it was not given
-                reason = first_line(err)
-                raise UnsupportedModel(f"{stack.where()} fails on part of the batch or the batch in "
-                                       f"another order, which finding the batch dims needs ({reason})") from err
+        try:
+            output = call_model(model, inputs)  # with grad enabled, so modules take the same code paths as the real pass
+        except (torch.OutOfMemoryError, UnsupportedModel):
+            raise
+        except Exception as err:  # the model's own forward, on data it was not given
+            raise UnsupportedModel(f"{_where_it_fails(model, inputs)} fails on part of the batch or the "
+                                   f"batch in another order, which finding the batch dims needs "
+                                   f"({first_line(err)})") from err
     finally:
         for handle in handles:
             handle.remove()
     if logits is not None:
         logits.append(_logits_or_none(output))
-    return shapes
+    return seen
+
+
+def _where_it_fails(model, inputs) -> str:
+    """The module a forward of `inputs` fails in, found by running it again under a ModuleStack
+    (which every forward would pay for, while few fail)."""
+    with ModuleStack(model) as stack:
+        try:
+            call_model(model, inputs)
+        except Exception:
+            return stack.where()
+    return "the model"
 
 
 def _logits_or_none(output):
@@ -344,8 +414,8 @@ def _logits_or_none(output):
         return None
 
 
-def _shapes(tree) -> list:
-    return [tuple(leaf.shape) if isinstance(leaf, torch.Tensor) else None for leaf in tree_flatten(tree)[0]]
+def _shapes(leaves: list) -> list:
+    return [tuple(leaf.shape) if leaf is not None else None for leaf in leaves]
 
 
 def _dims(one: list, many: list, n: int) -> list:

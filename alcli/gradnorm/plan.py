@@ -6,11 +6,9 @@ from dataclasses import dataclass
 import torch
 
 from .errors import UnsupportedModel
-from .layout import call_layouts
-from .model_io import batch_slice
+from .layout import call_layouts, first_example_uses
 from .params import ParamSelection
 from .rules import GENERIC, rule_for
-from .uses import outside_uses
 
 
 @dataclass
@@ -35,7 +33,7 @@ def ghost_plan_for(model, selection: ParamSelection, inputs) -> HookPlan:
     the first example, once per selection."""
     if "ghost" not in selection.plans:
         plan = plan_for(model, selection)
-        outside = outside_uses(model, covering_modules(plan), batch_slice(inputs, 0, 1))
+        outside = first_example_uses(model, inputs, plan.modules, covering_modules(plan))
         lifted = {pid: name for pid, name in (outside or {}).items() if name and _generic(model, name)}
         if lifted:
             plan = make_plan(model, selection, lifted)

@@ -11,7 +11,6 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from .errors import UnsupportedModel
-from .model_io import call_model
 
 
 class UseWatch(TorchFunctionMode):
@@ -62,27 +61,20 @@ def _shallow_tensors(args, kwargs):
             yield from (v for v in value if isinstance(v, torch.Tensor))
 
 
-def outside_uses(model, covered: dict, inputs) -> dict[int, str | None] | None:
-    """parameter id -> name of the module whose own forward uses the parameter with none of its
-    covering modules running: the innermost running module that is an ancestor of all of them
-    (never the root), or None for a use in the root or in two such modules. Every outside use
-    is there, so {} means there is none; None means the forward failed."""
+def outside_use_watch(covered: dict, names: list) -> tuple[UseWatch, dict[int, str | None]]:
+    """A UseWatch that records, in the dict it returns, every parameter used with none of its
+    covering modules running (`names`: a ModuleStack's running modules): parameter id -> name
+    of the module whose own forward uses it, the innermost running module that is an ancestor
+    of all its covering modules (never the root), or None for a use in the root or in two such
+    modules. After a forward under it, {} means there is no outside use."""
     found: dict[int, str | None] = {}
 
     def record(pid, entry):
-        owners = [n for n in stack.names if n and all(m.startswith(n + ".") for m in entry[1])]
+        owners = [n for n in names if n and all(m.startswith(n + ".") for m in entry[1])]
         user = owners[-1] if owners else None
         found[pid] = user if found.get(pid, user) == user else None
 
-    with ModuleStack(model) as stack:
-        try:
-            with UseWatch(covered, stack.names, record):
-                call_model(model, inputs)
-        except torch.OutOfMemoryError:
-            raise
-        except Exception:  # the ghost forward will meet it again and say what it is
-            return None
-    return found
+    return UseWatch(covered, names, record), found
 
 
 class ModuleStack:
