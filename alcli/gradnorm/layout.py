@@ -90,7 +90,8 @@ def call_layouts(model, inputs: torch.Tensor, modules: dict) -> dict[str, list[L
                                     in_blocks=_blocks(a_in, b_in, n), out_blocks=_blocks(a_out, b_out, n))
                              for (a_in, a_out), (b_in, b_out) in zip(one[name], many[name])]
         if batch_size(inputs) > 1:
-            _mark_unreversed(model, probe, modules, layouts, _prints(seen, layouts, n))
+            projections: dict = {}
+            _mark_unreversed(model, probe, modules, layouts, _prints(seen, layouts, n, projections), projections)
         del seen  # the probe's activations: the checks below hold fingerprints only
         _mark_broadcast(model, probe, probe_logits[0], modules, layouts, many)
         if len(per_model) >= CACHED_LAYOUTS:  # text of many lengths: the oldest layout goes
@@ -185,7 +186,7 @@ def _integer_indexing(func, args) -> bool:
 REORDER_EXAMPLES = 3  # the reordering probes' examples (all of a smaller batch)
 
 
-def _mark_unreversed(model, probe, modules, layouts, forward):
+def _mark_unreversed(model, probe, modules, layouts, forward, projections):
     """A batch dim whose rows are not the examples' own becomes MERGED (blocks: None): when the
     probe's n examples (`forward`: their fingerprints per call) are rotated by one, or have their
     first two swapped, its rows (blocks of k rows) must move the same way, each unchanged. A
@@ -203,7 +204,7 @@ def _mark_unreversed(model, probe, modules, layouts, forward):
     orders = {tuple(torch.arange(n).roll(1).tolist()), (1, 0, *range(2, n))}  # one order for n = 2
     for order in map(torch.tensor, sorted(orders)):
         moved = _prints(_record(model, map_batch(probe, lambda t: t[order.to(t.device)]), modules),
-                        layouts, n)
+                        layouts, n, projections)
         for name in modules:
             if len(forward[name]) != len(moved[name]):
                 raise UnsupportedModel(f"module '{name}' is called a different number of times for "
@@ -244,11 +245,11 @@ def _rows_follow(block, f, m, order) -> bool:
     return _same(f[d].view(n, k)[order.to(f[d].device)].reshape(-1), m[d])
 
 
-def _prints(seen: dict, layouts: dict, n: int) -> dict:
+def _prints(seen: dict, layouts: dict, n: int, projections: dict) -> dict:
     """`seen` (module name -> [(input leaves, output leaves)] of one run) as fingerprints: per
     leaf, {dim: fingerprint of the rows along it} for the dims the layouts may hold the batch in
     (a batch dim of size n, or the outer factor of a MERGED one). A tensor several calls see
-    is fingerprinted once."""
+    is fingerprinted once; `projections` holds the fingerprints' weights for the next run."""
     done: dict = {}
 
     def leaf_prints(leaf, d, block):
@@ -257,7 +258,7 @@ def _prints(seen: dict, layouts: dict, n: int) -> dict:
             return None
         for x in dims:
             if (id(leaf), x) not in done and x < leaf.dim() and leaf.shape[x] % n == 0 and leaf.shape[x]:
-                done[id(leaf), x] = _fingerprint(leaf, x)
+                done[id(leaf), x] = _fingerprint(leaf, x, projections)
         return {x: done[id(leaf), x] for x in dims if (id(leaf), x) in done}
 
     return {name: [([leaf_prints(*v) for v in zip(i, layout.in_dims, layout.in_blocks)],
@@ -334,10 +335,17 @@ def _expanded_logits(model, probe, modules, candidates, row):
             handle.remove()
 
 
-def _fingerprint(x: torch.Tensor, d: int) -> torch.Tensor:
+def _fingerprint(x: torch.Tensor, d: int, projections: dict | None = None) -> torch.Tensor:
+    """[rows along d]: each row projected on fixed random weights, seeded by the row's length (the
+    same weights for every order of the examples; kept in `projections` for the next rows)."""
     rows = torch.nan_to_num(x.detach().movedim(d, 0).reshape(x.shape[d], -1).double())
-    gen = torch.Generator(device=rows.device).manual_seed(rows.shape[1])  # same weights for both orders
-    weights = torch.rand(rows.shape[1], generator=gen, dtype=torch.float64, device=rows.device)
+    key = (rows.shape[1], rows.device)
+    weights = None if projections is None else projections.get(key)
+    if weights is None:
+        gen = torch.Generator(device=rows.device).manual_seed(rows.shape[1])
+        weights = torch.rand(rows.shape[1], generator=gen, dtype=torch.float64, device=rows.device)
+        if projections is not None:
+            projections[key] = weights
     return rows @ weights  # [B]
 
 
@@ -363,7 +371,7 @@ def _record(model, inputs, modules, logits: list | None = None) -> dict[str, lis
 
     def leaves(tree) -> list:
         out = []
-        for leaf in tree_flatten(tree)[0]:
+        for leaf in _flat(tree):
             if isinstance(leaf, torch.Tensor):
                 if id(leaf) not in detached:
                     detached[id(leaf)] = (leaf, leaf.detach())
@@ -394,6 +402,16 @@ def _record(model, inputs, modules, logits: list | None = None) -> dict[str, lis
     if logits is not None:
         logits.append(_logits_or_none(output))
     return seen
+
+
+def _flat(tree) -> list:
+    """tree_flatten(tree)'s leaves, without its cost for a tensor and for (tensor args, no kwargs)."""
+    if isinstance(tree, torch.Tensor):
+        return [tree]
+    if (type(tree) is tuple and len(tree) == 2 and type(tree[0]) is tuple and type(tree[1]) is dict
+            and not tree[1] and all(isinstance(a, torch.Tensor) for a in tree[0])):
+        return list(tree[0])
+    return tree_flatten(tree)[0]
 
 
 def _where_it_fails(model, inputs) -> str:
