@@ -245,7 +245,12 @@ def test_names_through_per_class_quotas_and_merge(in_ws, tmp_path):
     ok(cli(in_ws.root, "merge", tmp_path / "p0.csv", tmp_path / "p1.csv", "-o", tmp_path / "m.csv",
            "-q"))
     whole = parse_csv((tmp_path / "whole.csv").read_text())
-    assert parse_csv((tmp_path / "m.csv").read_text()) == whole
+    merged = parse_csv((tmp_path / "m.csv").read_text())
+    floats = ("score", "confidence", "loss")  # a shard's batches differ: float32 rounding may too
+    assert [{k: v for k, v in r.items() if k not in floats} for r in merged] == \
+        [{k: v for k, v in r.items() if k not in floats} for r in whole]
+    for r, w in zip(merged, whole):
+        assert [float(r[k]) for k in floats] == pytest.approx([float(w[k]) for k in floats], rel=1e-5)
     assert json.loads((tmp_path / "m.csv.meta.json").read_text())["class_names"] == ["a", "b", "c"]
     batch = parse_csv(ok(cli(in_ws.root, "select", tmp_path / "whole.csv", "-n", 6, "--per-class",
                              "equal", "--no-diverse")).stdout)
