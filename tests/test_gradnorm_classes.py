@@ -49,3 +49,33 @@ def test_classes_in_one_backward(case_id, dtype):
     torch.testing.assert_close(norms.double(), expected, rtol=rtol, atol=rtol * 1e-3 * float(expected.abs().max()))
     assert _k_mode[model] == ("per target" if (case_id, dtype) in PER_TARGET else "batched"), \
         f"{case_id}: the K target sets went through {_k_mode[model]!r}"
+
+
+@pytest.mark.parametrize("per_backward", [1, 3])
+@pytest.mark.parametrize("case_id", ["simple", "resnet18", "mha_seq_first"])
+def test_large_target_sets_go_through_in_chunks(case_id, per_backward, monkeypatch):
+    """Off CUDA, one vmapped backward takes at most VMAP_ELEMENTS / (the largest tapped output's
+    elements) of the K = 4 target sets: in chunks of 3 (3 + 1) or one per backward, the loop's
+    numbers, in ceil(K / chunk) backwards."""
+    from alcli.gradnorm import ghost
+    case = CASE_BY_ID[case_id]
+    model, inputs, targets = build(case.model)
+    model, inputs = model.double(), as_dtype(inputs, torch.float64)
+    sets = target_sets(model, inputs, targets)
+    largest, backwards = [], []
+    real_chunk, real_backward = ghost._vmap_chunk, ghost._backward
+
+    def chunk(k, taps, device):
+        largest.append(max(t.numel() for t in taps))
+        return real_chunk(k, taps, device)
+
+    monkeypatch.setattr(ghost, "_vmap_chunk", chunk)
+    monkeypatch.setattr(ghost, "_backward", lambda *a, **kw: backwards.append(1) or real_backward(*a, **kw))
+    grad_norms_per_target(model, inputs, sets, method="ghost")
+    assert len(backwards) == 1  # all four in one vmapped backward
+    backwards.clear()
+    monkeypatch.setattr(ghost, "VMAP_ELEMENTS", per_backward * largest[0])
+    norms, _ = grad_norms_per_target(model, inputs, sets, method="ghost")
+    assert len(backwards) == -(-len(sets) // per_backward)
+    expected = oracle(case_id)
+    torch.testing.assert_close(norms, expected, rtol=1e-6, atol=1e-9 * float(expected.abs().max()))

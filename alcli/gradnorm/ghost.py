@@ -155,11 +155,13 @@ def _backwards(model, plan, uses, calls, taps, logits, cotangents, batch) -> tor
 
     if k == 1:
         return backward(cotangents[0], last=True).unsqueeze(0)
-    if _k_mode.get(model) != "per target":
+    chunk = _vmap_chunk(k, taps, cotangents.device)
+    if _k_mode.get(model) != "per target" and chunk > 1:
         try:
             # the graph and the captured inputs are kept, for one backward per target set if a
             # backward op or rule cannot be vmapped (the generic rule's per-example pullback)
-            norms = vmap(lambda g: backward(g, last=False))(cotangents)
+            norms = torch.cat([vmap(lambda g: backward(g, last=False))(cotangents[i:i + chunk])
+                               for i in range(0, k, chunk)])
             _k_mode[model] = "batched"
             return norms
         except torch.OutOfMemoryError:
@@ -168,6 +170,21 @@ def _backwards(model, plan, uses, calls, taps, logits, cotangents, batch) -> tor
             _k_mode[model] = "per target"
             _k_reasons[model] = first_line(err)
     return torch.stack([backward(cotangents[i], last=i + 1 == k) for i in range(k)])
+
+
+def _vmap_chunk(k: int, taps, device) -> int:
+    """How many of the K target sets one vmapped backward takes: all K where the K copies of the
+    largest tapped output stay small; off CUDA, where the backward is bound by memory traffic,
+    fewer (1: one backward per target set). Measured on a 2-core CPU (benchmarks/tasks.py,
+    benchmarks/egl_chunks.py): vmapping 8 label sets of fcn_resnet50 (16x3x128x128) took twice
+    as long as 8 backwards, while a small conv net's 10 classes took 0.8x."""
+    if device.type == "cuda":
+        return k
+    largest = max(t.numel() for t in taps)
+    return max(1, min(k, VMAP_ELEMENTS // largest))
+
+
+VMAP_ELEMENTS = 2 ** 21  # off CUDA: K x the largest tapped output's elements per vmapped backward
 
 
 # model -> "batched" | "per target": how its K target sets go through the backward
