@@ -10,7 +10,10 @@
 4. `alcli score` end to end on a folder of JPEGs it writes;
 5. the cost that is not arithmetic (benchmarks/call_cost.py): first call ÷ steady call, aten ops
    per call (kernels) beside the plain pass, and a steady call's time in and out of aten ops, on
-   the seed's model, resnet18 and BERT-small.
+   the seed's model, resnet18 and BERT-small;
+6. EGL's target sets per vmapped backward (benchmarks/egl_chunks.py): all K at once (what CUDA
+   does now, ghost.VMAP_ELEMENTS_CUDA = None) against chunks and one backward per target set,
+   on resnet18 (10 classes) and fcn_resnet50 (8 label sets, 16x3x128x128).
 
     python benchmarks/gpu.py              # writes benchmarks/results/gpu-<device>.txt
     python benchmarks/gpu.py --dry-run    # the whole script on the CPU, tiny sizes, < 1 minute
@@ -317,6 +320,7 @@ def main():
     detection_table(device, args.dry_run, say)
     end_to_end(device, args.dry_run, say)
     call_cost_table(device, args.dry_run, say)
+    egl_chunks_table(device, args.dry_run, say)
     say(f"\n(total {time.perf_counter() - start:.0f} s)")
     out = args.out or (None if args.dry_run else ROOT / "benchmarks" / "results" / f"gpu-{device.type}.txt")
     if out:
@@ -338,6 +342,13 @@ def call_cost_table(device, dry: bool, say):
         plain, ours = where_time_goes(floor_fn(case), device), where_time_goes(norms_fn(case, case.model), device)
         say(f"{name:<12} {timing['first_x_steady']:>11.2f}x {plain_k:>13} {ours_k:>13} "
             f"{plain['wall']:>10.0f} {ours['wall']:>10.0f} {ours['rest (Python, dispatch)']:>17.0f}")
+
+
+def egl_chunks_table(device, dry: bool, say):
+    """Whether CUDA, like the CPU, should split EGL's K target sets over several backwards."""
+    from egl_chunks import limits_table
+    say("\n## EGL: target sets per vmapped backward (median s per call; 2^v: K x largest tap <= 2^v elements)")
+    limits_table(["simple"] if dry else ["resnet18", "seg:16:128"], [None, 24, 21, 0], 1 if dry else 3, device, say)
 
 
 if __name__ == "__main__":

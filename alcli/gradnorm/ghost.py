@@ -174,17 +174,19 @@ def _backwards(model, plan, uses, calls, taps, logits, cotangents, batch) -> tor
 
 def _vmap_chunk(k: int, taps, device) -> int:
     """How many of the K target sets one vmapped backward takes: all K where the K copies of the
-    largest tapped output stay small; off CUDA, where the backward is bound by memory traffic,
-    fewer (1: one backward per target set). Measured on a 2-core CPU (benchmarks/tasks.py,
-    benchmarks/egl_chunks.py): vmapping 8 label sets of fcn_resnet50 (16x3x128x128) took twice
-    as long as 8 backwards, while a small conv net's 10 classes took 0.8x."""
-    if device.type == "cuda":
+    largest tapped output stay small, fewer where they would not (1: one backward per target
+    set). Measured on a 2-core CPU (benchmarks/egl_chunks.py), where the backward is bound by
+    memory traffic: vmapping 8 label sets of fcn_resnet50 (16x3x128x128) took twice as long as
+    8 backwards, while a small conv net's 10 classes took 0.8x."""
+    limit = VMAP_ELEMENTS_CUDA if device.type == "cuda" else VMAP_ELEMENTS
+    if limit is None:
         return k
     largest = max(t.numel() for t in taps)
-    return max(1, min(k, VMAP_ELEMENTS // largest))
+    return max(1, min(k, limit // largest))
 
 
-VMAP_ELEMENTS = 2 ** 21  # off CUDA: K x the largest tapped output's elements per vmapped backward
+VMAP_ELEMENTS = 2 ** 21  # K x the largest tapped output's elements per vmapped backward
+VMAP_ELEMENTS_CUDA = None  # on CUDA all K at once, until a GPU measures it (benchmarks/gpu.py)
 
 
 # model -> "batched" | "per target": how its K target sets go through the backward
