@@ -375,6 +375,25 @@ def test_a_reordering_model_is_refused_when_the_batch_starts_with_copies():
     _refused_by_ghost_and_auto_equals_the_loop(model, x, y)
 
 
+class RowsInOrder(nn.Module):
+    """Refuses a batch whose first two rows are not in decreasing order of their first value."""
+
+    def forward(self, x):
+        if x.shape[0] > 1 and x[0, 0] < x[1, 0]:
+            raise ValueError("rows out of order")
+        return x
+
+
+def test_a_module_failing_on_the_examples_in_another_order_is_named():
+    """The probes run without a module stack; when one fails, a rerun under it names the module."""
+    model = nn.Sequential(RowsInOrder(), nn.Linear(3, 2)).double().eval()
+    x = torch.randn(5, 3, dtype=torch.float64)
+    x = x[x[:, 0].argsort(descending=True)]
+    with pytest.raises(UnsupportedModel, match=r"^module '0' \(RowsInOrder\) fails on part of the batch "
+                                               r"or the batch in another order.*\(rows out of order\)"):
+        per_example_grad_norms(model, x, torch.tensor([0, 1, 1, 0, 1]), method="ghost")
+
+
 def _refused_by_ghost_and_auto_equals_the_loop(model, x, y):
     with pytest.raises(UnsupportedModel, match="merges the batch"):
         per_example_grad_norms(model, x, y, method="ghost")
