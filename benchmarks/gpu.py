@@ -13,7 +13,9 @@
    the seed's model, resnet18 and BERT-small;
 6. EGL's target sets per vmapped backward (benchmarks/egl_chunks.py): all K at once (what CUDA
    does now, ghost.VMAP_ELEMENTS_CUDA = None) against chunks and one backward per target set,
-   on resnet18 (10 classes) and fcn_resnet50 (8 label sets, 16x3x128x128).
+   on resnet18 (10 classes) and fcn_resnet50 (8 label sets, 16x3x128x128);
+7. issue 18's tasks against the floor (benchmarks/tasks.py): fcn_resnet50 16x3x128x128 and
+   BERT-small token classification 32x64, gradnorm and EGL-8 ÷ the floor and ÷ 8 plain backwards.
 
     python benchmarks/gpu.py              # writes benchmarks/results/gpu-<device>.txt
     python benchmarks/gpu.py --dry-run    # the whole script on the CPU, tiny sizes, < 1 minute
@@ -321,6 +323,7 @@ def main():
     end_to_end(device, args.dry_run, say)
     call_cost_table(device, args.dry_run, say)
     egl_chunks_table(device, args.dry_run, say)
+    tasks_table(device, args.dry_run, say)
     say(f"\n(total {time.perf_counter() - start:.0f} s)")
     out = args.out or (None if args.dry_run else ROOT / "benchmarks" / "results" / f"gpu-{device.type}.txt")
     if out:
@@ -349,6 +352,18 @@ def egl_chunks_table(device, dry: bool, say):
     from egl_chunks import limits_table
     say("\n## EGL: target sets per vmapped backward (median s per call; 2^v: K x largest tap <= 2^v elements)")
     limits_table(["simple"] if dry else ["resnet18", "seg:16:128"], [None, 24, 21, 0], 1 if dry else 3, device, say)
+
+
+def tasks_table(device, dry: bool, say):
+    """Issue 18's speed targets where a GPU is lent: gradnorm ≤ 1.5x the floor per task."""
+    from tasks import measure
+    say("\n## Tasks: seconds per batch; gradnorm and EGL-8 ÷ the floor, EGL-8 ÷ 8 plain backwards")
+    say(f"{'task':22} {'floor':>8} {'gradnorm':>9} {'egl8':>8} {'gn/floor':>9} {'egl/gn':>7} {'egl/(floor x 8)':>16}")
+    for task in ("segmentation", "token-classification"):
+        shape = (2, 32 if task == "segmentation" else 16) if dry else (None, None)
+        t = measure(task, 1 if dry else 5, *shape, device=device)
+        say(f"{task:22} {t['floor']:8.4f} {t['gradnorm']:9.4f} {t['egl8']:8.4f} {t['gradnorm'] / t['floor']:8.2f}x "
+            f"{t['egl8'] / t['gradnorm']:6.2f}x {t['egl8'] / t['floor_s']:15.2f}x")
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's alcli
 
 from alcli.gradnorm import grad_norms_per_target
-from alcli.gradnorm.model_io import call_model, forward_logits, logits_of
+from alcli.gradnorm.model_io import call_model, forward_logits, logits_of, map_batch
 from alcli.score import tasks
 
 
@@ -63,8 +63,10 @@ MODELS = {"segmentation": segmentation, "token-classification": token_classifica
 SAMPLES = 8  # EGL's label sets
 
 
-def measure(task: str, rounds: int, batch: int | None = None, size: int | None = None) -> dict:
+def measure(task: str, rounds: int, batch: int | None = None, size: int | None = None,
+            device: torch.device = torch.device("cpu")) -> dict:
     model, x = MODELS[task](*([batch] if batch else []), *([size] if size and batch else []))
+    model, x = model.to(device), map_batch(x, lambda t: t.to(device))
     loss_fn = tasks.TASKS[task].loss
     with torch.no_grad():
         z = forward_logits(model, x)
@@ -102,6 +104,8 @@ def measure(task: str, rounds: int, batch: int | None = None, size: int | None =
         for name in names[r % len(names):] + names[:r % len(names)]:
             start = time.perf_counter()
             runs[name]()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
             times[name].append(time.perf_counter() - start)
     return {name: statistics.median(t) for name, t in times.items()}
 
