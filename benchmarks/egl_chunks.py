@@ -52,22 +52,24 @@ def limits_table(cases: list[str], limits: list, rounds: int, device: torch.devi
         return "all K" if v is None else f"2^{v}"
     say(f"{'case':14} " + " ".join(f"{label(v):>9}" for v in limits))
     defaults = ghost.VMAP_ELEMENTS, ghost.VMAP_ELEMENTS_CUDA
-    for name in cases:
-        run = egl_call(name, device)
-        reference = run()  # warm-up: ghost's probes
-        times: dict = {v: [] for v in limits}
-        for r in range(rounds):
-            for v in limits[r % len(limits):] + limits[:r % len(limits)]:
-                limit = None if v is None else 2 ** v
-                ghost.VMAP_ELEMENTS = ghost.VMAP_ELEMENTS_CUDA = limit
-                start = time.perf_counter()
-                norms = run()
-                if device.type == "cuda":
-                    torch.cuda.synchronize()
-                times[v].append(time.perf_counter() - start)
-                torch.testing.assert_close(norms, reference, rtol=1e-4, atol=0)
-        say(f"{name:14} " + " ".join(f"{statistics.median(times[v]):9.4f}" for v in limits))
-    ghost.VMAP_ELEMENTS, ghost.VMAP_ELEMENTS_CUDA = defaults
+    try:
+        for name in cases:
+            run = egl_call(name, device)
+            reference = run()  # warm-up: ghost's probes
+            times: dict = {v: [] for v in limits}
+            for r in range(rounds):
+                for v in limits[r % len(limits):] + limits[:r % len(limits)]:
+                    limit = None if v is None else 2 ** v
+                    ghost.VMAP_ELEMENTS = ghost.VMAP_ELEMENTS_CUDA = limit
+                    start = time.perf_counter()
+                    norms = run()
+                    if device.type == "cuda":
+                        torch.cuda.synchronize()
+                    times[v].append(time.perf_counter() - start)
+                    torch.testing.assert_close(norms, reference, rtol=1e-4, atol=0)
+            say(f"{name:14} " + " ".join(f"{statistics.median(times[v]):9.4f}" for v in limits))
+    finally:
+        ghost.VMAP_ELEMENTS, ghost.VMAP_ELEMENTS_CUDA = defaults
 
 
 def main() -> None:

@@ -328,6 +328,16 @@ def test_examples_without_tokens(method, params):
         assert norms is None or torch.equal(norms, torch.zeros(3, dtype=torch.float64))
 
 
+def test_examples_without_tokens_for_several_target_sets():
+    """EGL's target sets on empty taps: the chunking of the vmapped backward sees outputs of no
+    elements and still gives zeros for the embedding."""
+    model = EmbedSum().double().eval()
+    tokens = torch.zeros(3, 0, dtype=torch.long)
+    sets = [torch.tensor([0, 1, 3]), torch.tensor([2, 2, 0])]
+    norms, _ = grad_norms_per_target(model, tokens, sets, params=["emb"], method="ghost")
+    assert torch.equal(norms, torch.zeros(2, 3, dtype=torch.float64))
+
+
 class FlipInside(nn.Module):
     """A Linear that sees the batch reversed (and puts it back): its rows are other examples'."""
 
@@ -364,15 +374,26 @@ def test_a_model_sorting_its_examples_is_refused_even_when_the_first_batch_is_al
         per_example_grad_norms(model, full, torch.tensor([0, 1, 2, 1]), method="ghost")
 
 
-def test_a_reordering_model_is_refused_when_the_batch_starts_with_copies():
+@pytest.mark.parametrize("nan", [False, True], ids=["numbers", "nan"])
+def test_a_reordering_model_is_refused_when_the_batch_starts_with_copies(nan):
     """The reordering probes take three distinct examples of the batch: on copies of one example
-    (a pool with duplicates) a reversal would move nothing, and the flip would pass unseen."""
+    (a pool with duplicates) a reversal would move nothing, and the flip would pass unseen.
+    Copies holding a NaN are copies too (NaN != NaN must not make them look distinct)."""
     torch.manual_seed(0)
     model = FlipInside().double().eval()
+    if nan:
+        model = nn.Sequential(NanToNum(), model)
     x = torch.randn(6, 3, dtype=torch.float64)
+    if nan:
+        x[0, 0] = float("nan")
     x[1:4] = x[0]  # examples 0-3 are one example; 4 and 5 differ
     y = torch.tensor([0, 1, 1, 0, 1, 0])
     _refused_by_ghost_and_auto_equals_the_loop(model, x, y)
+
+
+class NanToNum(nn.Module):
+    def forward(self, x):
+        return torch.nan_to_num(x)
 
 
 class RowsInOrder(nn.Module):

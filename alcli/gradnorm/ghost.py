@@ -181,7 +181,7 @@ def _vmap_chunk(k: int, taps, device) -> int:
     limit = VMAP_ELEMENTS_CUDA if device.type == "cuda" else VMAP_ELEMENTS
     if limit is None:
         return k
-    largest = max(t.numel() for t in taps)
+    largest = max(max(t.numel() for t in taps), 1)  # examples without tokens: empty taps
     return max(1, min(k, limit // largest))
 
 

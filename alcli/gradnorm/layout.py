@@ -69,30 +69,30 @@ def call_layouts(model, inputs: torch.Tensor, modules: dict) -> dict[str, list[L
     # batches of 2 (or one example as two copies) cannot show every reordering: not reused for more
     key = (tuple(modules), example_key(inputs), min(batch_size(inputs), 3))
     per_model = _cache.setdefault(model, {})
+    first = _first_runs.pop(model, None)  # (key, shapes) of the use probe's one-example forward
     if key not in per_model:
-        first = _first_runs.pop(model, (None, None))
-        one = first[1] if first[0] == (tuple(modules), example_key(inputs)) else _one_example(model, inputs, modules)[0]
+        if first is not None and first[0] == (tuple(modules), example_key(inputs)):
+            one = first[1]
+        else:
+            one = _one_example(model, inputs, modules)[0]
         # the probe: n = min(B, 3) distinct examples of the batch (two copies of a lone one);
-        # its shapes against the one example's give the batch dims, its fingerprints are the
-        # reordering check's reference
+        # its shapes against the one example's give the batch dims, its fingerprints along
+        # them are the reordering check's reference
         probe = first_n(inputs, 2) if batch_size(inputs) == 1 else map_batch(
             inputs, lambda t: t[_distinct_rows(inputs).to(t.device)])
         n = batch_size(probe)
+        projections: dict = {}
         probe_logits: list = []
-        seen = _record(model, probe, modules, probe_logits)
-        many = {name: [(_shapes(i), _shapes(o)) for i, o in calls] for name, calls in seen.items()}
-        layouts = {}
+        seen = _record(model, probe, modules, _probe_call(one, n, _fingerprinter(n, projections)), probe_logits)
         for name in modules:
-            if len(one[name]) != len(many[name]):
+            if len(one[name]) != len(seen[name]):
                 raise UnsupportedModel(f"module '{name}' is called a different number of times for "
                                        "different batch sizes")
-            layouts[name] = [Layout(_dims(a_in, b_in, n), _dims(a_out, b_out, n),
-                                    in_blocks=_blocks(a_in, b_in, n), out_blocks=_blocks(a_out, b_out, n))
-                             for (a_in, a_out), (b_in, b_out) in zip(one[name], many[name])]
+        layouts = {name: [layout for _, layout, _ in calls] for name, calls in seen.items()}
+        many = {name: [shapes for shapes, _, _ in calls] for name, calls in seen.items()}
         if batch_size(inputs) > 1:
-            projections: dict = {}
-            _mark_unreversed(model, probe, modules, layouts, _prints(seen, layouts, n, projections), projections)
-        del seen  # the probe's activations: the checks below hold fingerprints only
+            prints = {name: [p for _, _, p in calls] for name, calls in seen.items()}
+            _mark_unreversed(model, probe, modules, layouts, prints, projections)
         _mark_broadcast(model, probe, probe_logits[0], modules, layouts, many)
         if len(per_model) >= CACHED_LAYOUTS:  # text of many lengths: the oldest layout goes
             del per_model[next(iter(per_model))]
@@ -127,8 +127,8 @@ def _one_example(model, inputs, modules: dict, covered: dict | None = None) -> t
     with ModuleStack(model) as stack, _DataDependentShapes(stack) as watch:
         uses, found = outside_use_watch(covered, stack.names) if covered is not None else (nullcontext(), {})
         with uses:
-            one = {name: [(_shapes(i), _shapes(o)) for i, o in calls]
-                   for name, calls in _record(model, batch_slice(inputs, 0, 1), modules).items()}
+            one = _record(model, batch_slice(inputs, 0, 1), modules,
+                          lambda name, i, ins, outs: (_shapes(ins), _shapes(outs)))
     if watch.op is not None:
         raise UnsupportedModel(f"{watch.where} {watch.what} ({watch.op}), so where the batch lies "
                                "can change from batch to batch")
@@ -203,8 +203,8 @@ def _mark_unreversed(model, probe, modules, layouts, forward, projections):
     n = batch_size(probe)
     orders = {tuple(torch.arange(n).roll(1).tolist()), (1, 0, *range(2, n))}  # one order for n = 2
     for order in map(torch.tensor, sorted(orders)):
-        moved = _prints(_record(model, map_batch(probe, lambda t: t[order.to(t.device)]), modules),
-                        layouts, n, projections)
+        moved = _record(model, map_batch(probe, lambda t: t[order.to(t.device)]), modules,
+                        _reordered_call(layouts, _fingerprinter(n, projections)))
         for name in modules:
             if len(forward[name]) != len(moved[name]):
                 raise UnsupportedModel(f"module '{name}' is called a different number of times for "
@@ -224,7 +224,7 @@ def _distinct_rows(inputs) -> torch.Tensor:
     differ)."""
     batch = batch_size(inputs)
     n = min(batch, REORDER_EXAMPLES)
-    firsts = [t[:n] for t in tensors(inputs)]
+    firsts = [torch.nan_to_num(t[:n]) if t.is_floating_point() else t[:n] for t in tensors(inputs)]
     if all(any(not torch.equal(t[i], t[j]) for t in firsts) for i in range(n) for j in range(i)):
         return torch.arange(n)  # the common case: the first n differ
     prints = torch.stack([_fingerprint(t, 0) for t in tensors(inputs)], 1).cpu()  # [B, tensors]
@@ -248,26 +248,58 @@ def _rows_follow(block, f, m, order) -> bool:
     return _same(f[d].view(n, k)[order.to(f[d].device)].reshape(-1), m[d])
 
 
-def _prints(seen: dict, layouts: dict, n: int, projections: dict) -> dict:
-    """`seen` (module name -> [(input leaves, output leaves)] of one run) as fingerprints: per
-    leaf, {dim: fingerprint of the rows along it} for the dims the layouts may hold the batch in
-    (a batch dim of size n, or the outer factor of a MERGED one). A tensor several calls see
-    is fingerprinted once; `projections` holds the fingerprints' weights for the next run."""
-    done: dict = {}
+def _probe_call(one: dict, n: int, prints):
+    """The probe's record of a call: (its shapes, its Layout against the one example's call,
+    its fingerprints along the dims that Layout may hold the batch in)."""
+    def record(name, i, ins, outs):
+        shapes = (_shapes(ins), _shapes(outs))
+        if i >= len(one[name]):  # called more often than for one example: refused after the run
+            return shapes, None, None
+        (a_in, a_out), (b_in, b_out) = one[name][i], shapes
+        layout = Layout(_dims(a_in, b_in, n), _dims(a_out, b_out, n),
+                        in_blocks=_blocks(a_in, b_in, n), out_blocks=_blocks(a_out, b_out, n))
+        return shapes, layout, (prints(ins, layout.in_dims, layout.in_blocks),
+                                prints(outs, layout.out_dims, layout.out_blocks))
+    return record
 
-    def leaf_prints(leaf, d, block):
-        dims = [x for x in (d, block[0] if block else None) if x is not None and x != MERGED]
-        if leaf is None or not dims:
+
+def _reordered_call(layouts: dict, prints):
+    """A reordered run's record of a call: its fingerprints along the dims its Layout holds the
+    batch in (None for a call the probe did not see)."""
+    def record(name, i, ins, outs):
+        if i >= len(layouts[name]):
             return None
-        for x in dims:
-            if (id(leaf), x) not in done and x < leaf.dim() and leaf.shape[x] % n == 0 and leaf.shape[x]:
-                done[id(leaf), x] = _fingerprint(leaf, x, projections)
-        return {x: done[id(leaf), x] for x in dims if (id(leaf), x) in done}
+        layout = layouts[name][i]
+        return prints(ins, layout.in_dims, layout.in_blocks), prints(outs, layout.out_dims, layout.out_blocks)
+    return record
 
-    return {name: [([leaf_prints(*v) for v in zip(i, layout.in_dims, layout.in_blocks)],
-                    [leaf_prints(*v) for v in zip(o, layout.out_dims, layout.out_blocks)])
-                   for layout, (i, o) in zip(layouts[name], calls)]
-            for name, calls in seen.items()}
+
+def _fingerprinter(n: int, projections: dict):
+    """One run's (leaves, dims, blocks) -> per leaf {dim: fingerprint of the rows along it} for
+    the dims that may hold the batch (a batch dim of size n, or the outer factor of n blocks),
+    None for a leaf with none. A tensor several calls see is fingerprinted once; none is kept
+    alive for it (a weak reference tells it is still the same tensor)."""
+    done: dict = {}  # (id of a tensor, dim) -> (weak reference to it, fingerprint)
+
+    def prints(leaves, dims, blocks) -> list:
+        out = []
+        for leaf, d, block in zip(leaves, dims, blocks):
+            wanted = [x for x in (d, block[0] if block else None) if x is not None and x != MERGED]
+            if leaf is None or not wanted:
+                out.append(None)
+                continue
+            found = {}
+            for x in wanted:
+                hit = done.get((id(leaf), x))
+                if hit is None or hit[0]() is not leaf:
+                    if not (x < leaf.dim() and leaf.shape[x] and leaf.shape[x] % n == 0):
+                        continue
+                    hit = done[id(leaf), x] = (weakref.ref(leaf), _fingerprint(leaf, x, projections))
+                found[x] = hit[1]
+            out.append(found)
+        return out
+
+    return prints
 
 
 def _mark_broadcast(model, probe, plain, modules, layouts, shapes):
@@ -312,7 +344,7 @@ def _expanded_logits(model, probe, modules, candidates, row):
     expanded: set = set()
     rows = batch_size(probe)
     handles = []
-    signs = torch.Generator().manual_seed(0)
+    signs = torch.Generator().manual_seed(row or 0)  # each row its own signs (the rows start equal)
 
     def hook(name):
         def expand(module, args, output):
@@ -340,52 +372,51 @@ def _expanded_logits(model, probe, modules, candidates, row):
 
 def _fingerprint(x: torch.Tensor, d: int, projections: dict | None = None) -> torch.Tensor:
     """[rows along d]: each row projected on fixed random weights, seeded by the row's length (the
-    same weights for every order of the examples; kept in `projections` for the next rows)."""
+    same weights for every order of the examples). Short rows' weights are kept in `projections`
+    for the next rows (making them costs more than using them); long rows' are not (they would
+    hold megabytes, and the projection itself costs as much)."""
     rows = torch.nan_to_num(x.detach().movedim(d, 0).reshape(x.shape[d], -1).double())
     key = (rows.shape[1], rows.device)
     weights = None if projections is None else projections.get(key)
     if weights is None:
         gen = torch.Generator(device=rows.device).manual_seed(rows.shape[1])
         weights = torch.rand(rows.shape[1], generator=gen, dtype=torch.float64, device=rows.device)
-        if projections is not None:
+        if projections is not None and rows.shape[1] <= KEPT_PROJECTION:
             projections[key] = weights
     return rows @ weights  # [B]
+
+
+KEPT_PROJECTION = 2 ** 16  # the longest row whose projection weights a call keeps (512 KB)
 
 
 def _same(a, b) -> bool:
     if a.shape != b.shape:
         return False
-    if not a.is_floating_point() or torch.equal(a, b):
-        return bool(torch.equal(a, b))
+    if torch.equal(a, b):
+        return True
+    if not a.is_floating_point():
+        return False
     scale = float(torch.nan_to_num(a, nan=0.0, posinf=0.0, neginf=0.0).abs().max()) if a.numel() else 0.0
     return bool(torch.allclose(a, b, rtol=1e-4, atol=1e-6 * (1 + scale), equal_nan=True))
 
 
-def _record(model, inputs, modules, logits: list | None = None) -> dict[str, list]:
-    """module name -> [(leaves of (args, kwargs), leaves of the output) per call] for one forward
-    of `inputs`, each leaf detached (a tensor several calls see is one object) or None; the
-    model's logits (detached; None if its output holds none) appended to `logits` if given.
+def _record(model, inputs, modules, what, logits: list | None = None) -> dict[str, list]:
+    """module name -> [what(name, index of the call, input leaves, output leaves) per call] for
+    one forward of `inputs` (leaves of (args, kwargs) and of the output, a tensor or None each;
+    `what` keeps what it needs, so the activations go as the forward frees them); the model's
+    logits (detached; None if its output holds none) appended to `logits` if given.
 
     `inputs` is a part of the batch, or the batch in another order: a model that cannot take
     that (pack_padded_sequence with enforce_sorted=True) is refused, naming where it failed."""
     seen: dict[str, list] = {name: [] for name in modules}
-    detached: dict[int, tuple] = {}  # id of a tensor the forward made -> (it, its detached self)
     handles = []
 
     def leaves(tree) -> list:
-        out = []
-        for leaf in _flat(tree):
-            if isinstance(leaf, torch.Tensor):
-                if id(leaf) not in detached:
-                    detached[id(leaf)] = (leaf, leaf.detach())
-                out.append(detached[id(leaf)][1])
-            else:
-                out.append(None)
-        return out
+        return [leaf if isinstance(leaf, torch.Tensor) else None for leaf in _flat(tree)]
 
     def hook(name):
         def record(module, args, kwargs, output):
-            seen[name].append((leaves((args, kwargs)), leaves(output)))
+            seen[name].append(what(name, len(seen[name]), leaves((args, kwargs)), leaves(output)))
         return record
 
     try:
