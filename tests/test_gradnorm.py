@@ -18,7 +18,7 @@ from torch import nn
 from alcli.gradnorm import UnsupportedModel, grad_norms_per_target, per_example_grad_norms
 
 from gradnorm_zoo import one_thread  # noqa: F401  (autouse fixture)
-from gradnorm_zoo import (AUTO_CHOICE, CASE_BY_ID, CASES, DECLINES, VOCAB, ManualRNN, PackedTokens, as_dtype, build, default_loss,
+from gradnorm_zoo import (CASE_BY_ID, CASES, DECLINES, VOCAB, ManualRNN, PackedTokens, as_dtype, build, default_loss,
                           oracle_norms, packed_inputs)
 
 METHODS = ["loop", "auto", "ghost", "vmap", "replicate"]
