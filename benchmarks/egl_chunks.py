@@ -23,7 +23,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's alcli
 
 from alcli.gradnorm import ghost, grad_norms_per_target  # noqa: E402
-from alcli.score import tasks  # noqa: E402
 
 
 def egl_call(name: str, device: torch.device = torch.device("cpu")):
@@ -32,12 +31,8 @@ def egl_call(name: str, device: torch.device = torch.device("cpu")):
         import tasks as task_bench
         kind, batch, size = name.split(":")
         task = {"seg": "segmentation", "tok": "token-classification"}[kind]
-        model, x = task_bench.MODELS[task](int(batch), int(size))
-        model, x = model.to(device), {k: v.to(device) for k, v in x.items()} if isinstance(x, dict) else x.to(device)
-        ids = list(range(int(batch)))
-        return lambda: grad_norms_per_target(
-            model, x, lambda z: tasks.sampled(task, z, tasks.valid_positions(task, z, x), ids, 8, 0),
-            method="ghost", loss_fn=tasks.TASKS[task].loss)[0]
+        model, x = task_bench.build(task, int(batch), int(size), device)
+        return lambda: task_bench.egl_norms(task, model, x)
     from gradnorm import build_case
     case = build_case(name, device)
     return lambda: grad_norms_per_target(case.model, case.inputs,

@@ -34,7 +34,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's alcli
 
 from alcli.gradnorm import grad_norms_per_target
-from alcli.gradnorm.model_io import call_model, forward_logits, logits_of, map_batch
+from alcli.gradnorm.model_io import batch_size, call_model, forward_logits, logits_of, map_batch
 from alcli.score import tasks
 
 
@@ -63,10 +63,24 @@ MODELS = {"segmentation": segmentation, "token-classification": token_classifica
 SAMPLES = 8  # EGL's label sets
 
 
+def build(task: str, batch: int | None = None, size: int | None = None,
+          device: torch.device = torch.device("cpu")):
+    """(model, inputs) of `task` on `device`: the defaults above, or `batch` (and `size`)."""
+    model, x = MODELS[task](*([batch] if batch else []), *([size] if size and batch else []))
+    return model.to(device), map_batch(x, lambda t: t.to(device))
+
+
+def egl_norms(task: str, model, x) -> torch.Tensor:
+    """[SAMPLES, B] ghost norms for SAMPLES label sets drawn from the model's own predictions."""
+    ids = list(range(batch_size(x)))
+    return grad_norms_per_target(
+        model, x, lambda z: tasks.sampled(task, z, tasks.valid_positions(task, z, x), ids, SAMPLES, 0),
+        method="ghost", loss_fn=tasks.TASKS[task].loss)[0]
+
+
 def measure(task: str, rounds: int, batch: int | None = None, size: int | None = None,
             device: torch.device = torch.device("cpu")) -> dict:
-    model, x = MODELS[task](*([batch] if batch else []), *([size] if size and batch else []))
-    model, x = model.to(device), map_batch(x, lambda t: t.to(device))
+    model, x = build(task, batch, size, device)
     loss_fn = tasks.TASKS[task].loss
     with torch.no_grad():
         z = forward_logits(model, x)
@@ -84,8 +98,7 @@ def measure(task: str, rounds: int, batch: int | None = None, size: int | None =
                               method="ghost", loss_fn=loss_fn)
 
     def egl():
-        grad_norms_per_target(model, x, lambda z: tasks.sampled(task, z, tasks.valid_positions(task, z, x), ids, SAMPLES, 0),
-                              method="ghost", loss_fn=loss_fn)
+        egl_norms(task, model, x)
 
     sampled = tasks.sampled(task, z, valid, ids, SAMPLES, 0)
 

@@ -258,8 +258,7 @@ def _probe_call(one: dict, n: int, prints):
         (a_in, a_out), (b_in, b_out) = one[name][i], shapes
         layout = Layout(_dims(a_in, b_in, n), _dims(a_out, b_out, n),
                         in_blocks=_blocks(a_in, b_in, n), out_blocks=_blocks(a_out, b_out, n))
-        return shapes, layout, (prints(ins, layout.in_dims, layout.in_blocks),
-                                prints(outs, layout.out_dims, layout.out_blocks))
+        return shapes, layout, prints(layout, ins, outs)
     return record
 
 
@@ -269,16 +268,16 @@ def _reordered_call(layouts: dict, prints):
     def record(name, i, ins, outs):
         if i >= len(layouts[name]):
             return None
-        layout = layouts[name][i]
-        return prints(ins, layout.in_dims, layout.in_blocks), prints(outs, layout.out_dims, layout.out_blocks)
+        return prints(layouts[name][i], ins, outs)
     return record
 
 
 def _fingerprinter(n: int, projections: dict):
-    """One run's (leaves, dims, blocks) -> per leaf {dim: fingerprint of the rows along it} for
-    the dims that may hold the batch (a batch dim of size n, or the outer factor of n blocks),
-    None for a leaf with none. A tensor several calls see is fingerprinted once; none is kept
-    alive for it (a weak reference tells it is still the same tensor)."""
+    """One run's (Layout, input leaves, output leaves) of a call -> (input prints, output prints):
+    per leaf {dim: fingerprint of the rows along it} for the dims the Layout may hold the batch
+    in (a batch dim of size n, or the outer factor of n blocks), None for a leaf with none. A
+    tensor several calls see is fingerprinted once; none is kept alive for it (a weak reference
+    tells it is still the same tensor)."""
     done: dict = {}  # (id of a tensor, dim) -> (weak reference to it, fingerprint)
 
     def prints(leaves, dims, blocks) -> list:
@@ -299,7 +298,8 @@ def _fingerprinter(n: int, projections: dict):
             out.append(found)
         return out
 
-    return prints
+    return lambda layout, ins, outs: (prints(ins, layout.in_dims, layout.in_blocks),
+                                      prints(outs, layout.out_dims, layout.out_blocks))
 
 
 def _mark_broadcast(model, probe, plain, modules, layouts, shapes):
