@@ -31,7 +31,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from alcli.gradnorm import per_example_grad_norms  # noqa: E402
 from gradnorm import OpCounter, build_case, floor_fn, sync  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 MODELS = ("simple", "simple-conv2", "resnet18", "bert-small", "lstm")
 warnings.filterwarnings("ignore")
@@ -65,21 +64,11 @@ def first_vs_steady(case, device, rounds: int) -> dict:
             "first_x_steady": statistics.median(ratios)}
 
 
-class _AllOps(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.count += 1
-        return func(*args, **(kwargs or {}))
-
-
 def op_counts(fn) -> tuple[int, int]:
     """(kernels, all aten dispatches) of one call after two warm-up calls."""
     fn()
     fn()
-    with OpCounter() as kernels, _AllOps() as every:
+    with OpCounter() as kernels, OpCounter(every=True) as every:
         fn()
     return kernels.count, every.count
 

@@ -555,16 +555,18 @@ def run_memory(device: torch.device) -> dict:
 # ------------------------------------------------------------------------------ ops per batch
 class OpCounter(TorchDispatchMode):
     """Counts aten ops, as a GPU would launch kernels: views (view, _unsafe_view, permute,
-    expand, t, transpose, ...), detach and alias are free and not counted."""
+    expand, t, transpose, ...), detach and alias are free and not counted (with every=True: all
+    dispatches, those too)."""
 
     FREE = {"detach", "alias", "lift_fresh", "_unsafe_view"}
 
-    def __init__(self):
+    def __init__(self, every: bool = False):
         super().__init__()
         self.count = 0
+        self.every = every
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if not func.is_view and func.overloadpacket.__name__ not in self.FREE:
+        if self.every or (not func.is_view and func.overloadpacket.__name__ not in self.FREE):
             self.count += 1
         return func(*args, **(kwargs or {}))
 
