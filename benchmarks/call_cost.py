@@ -9,6 +9,7 @@ benchmarks/gradnorm.py, batches as there):
 - **ops per call**: aten ops a steady call dispatches (all, and those a GPU would launch as
   kernels: views, detach and alias not counted), beside one plain forward+backward of the summed
   loss.
+- **a steady call by phase**: forward with taps, cotangents, backward, rules, combining, the rest.
 - **where a steady call's time goes**: wall time, the time inside aten ops (torch.profiler), and
   the rest (Python: alcli's, nn.Module's, hooks; the dispatcher), for alcli and the plain pass.
 
@@ -96,6 +97,60 @@ def where_time_goes(fn, device, calls: int = 20) -> dict:
     return {"wall": wall, "in aten ops": in_ops, "rest (Python, dispatch)": max(wall - in_ops, 0.0)}
 
 
+def phases(fn, device, calls: int = 50) -> dict:
+    """Microseconds per steady ghost call, by phase (timers around the engine's steps; a call's
+    wall time, without timers, beside them):
+    forward (the model's forward with the hooks and taps), cotangents (the loss gradient at the
+    logits), backward (autograd from the logits into the taps, without the rules run inside it),
+    rules (the layer rules, run as each tap's gradient arrives), combine (squared norms summed
+    into [B] norms) and the rest (entry point, selection, borrowing the model, layout lookup,
+    hook registration, bookkeeping)."""
+    from alcli.gradnorm import ghost
+    spent = dict.fromkeys(("forward", "cotangents", "autograd", "rules", "combine"), 0.0)
+
+    def timed(name, inner):
+        def wrapper(*args, **kwargs):
+            sync(device)
+            start = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                sync(device)
+                spent[name] += time.perf_counter() - start
+        return wrapper
+
+    fn()
+    walls = []
+    for _ in range(5):
+        sync(device)
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        sync(device)
+        walls.append((time.perf_counter() - start) / calls)
+    patches = [(ghost, "forward_logits", "forward"), (ghost, "_cotangents", "cotangents"),
+               (torch.autograd, "grad", "autograd"), (ghost._Pass, "_run", "rules"),
+               (ghost._Pass, "finish", "combine")]
+    saved = [(owner, attr, getattr(owner, attr)) for owner, attr, _ in patches]
+    try:
+        for owner, attr, name in patches:
+            setattr(owner, attr, timed(name, getattr(owner, attr)))
+        fn()
+        spent.update(dict.fromkeys(spent, 0.0))
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        total = time.perf_counter() - start
+    finally:
+        for owner, attr, inner in saved:
+            setattr(owner, attr, inner)
+    per_call = {name: 1e6 * t / calls for name, t in spent.items()}
+    per_call["backward"] = per_call.pop("autograd") - per_call["rules"]  # the rules run inside it
+    per_call["rest"] = 1e6 * total / calls - sum(per_call.values())
+    return {"wall": 1e6 * statistics.median(walls), **{k: per_call[k] for k in
+            ("forward", "cotangents", "backward", "rules", "combine", "rest")}}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", default=",".join(MODELS))
@@ -119,6 +174,13 @@ def main(argv=None) -> int:
               f"{timing['first_x_steady']:>12.2f}x {plain_k:>14} {ours_k:>14} {plain_all:>17} {ours_all:>17}")
         profiles[name] = {"plain": where_time_goes(floor_fn(case), device),
                           "alcli": where_time_goes(norms_fn(case, case.model), device)}
+    print("\na steady ghost call by phase, us per call (timers around the engine's steps; wall: without them)")
+    print(f"{'model':<14} {'wall':>8} " + " ".join(f"{k:>10}" for k in
+          ("forward", "cotangents", "backward", "rules", "combine", "rest")))
+    for name in args.models.split(","):
+        case = build_case(name, device)
+        parts = phases(norms_fn(case, case.model), device)
+        print(f"{name:<14} " + " ".join(f"{v:>{8 if k == 'wall' else 10}.0f}" for k, v in parts.items()))
     print("\nwhere a steady call's time goes, us per call (aten ops: torch.profiler's self time)")
     print(f"{'model':<14} {'':>6} {'wall':>9} {'in aten ops':>12} {'rest (Python, dispatch)':>24}")
     for name, both in profiles.items():

@@ -331,20 +331,27 @@ def main():
 
 
 def call_cost_table(device, dry: bool, say):
-    """Issue 23's figures where launches cost most: first/steady, kernels per call, time outside ops."""
-    from call_cost import first_vs_steady, norms_fn, op_counts, where_time_goes
+    """Issue 23's figures where launches cost most: first/steady, kernels and dispatches per call,
+    time outside ops, and a steady call by phase."""
+    from call_cost import first_vs_steady, norms_fn, op_counts, phases, where_time_goes
     from gradnorm import build_case, floor_fn
     say("\n## The cost that is not arithmetic (first call ÷ steady; aten ops per call; us per steady call)")
-    say(f"{'model':<12} {'first/steady':>12} {'kernels plain':>13} {'kernels alcli':>13} "
-        f"{'wall plain':>10} {'wall alcli':>10} {'outside ops alcli':>17}")
+    say(f"{'model':<12} {'first/steady':>12} {'kernels plain':>13} {'kernels alcli':>13} {'dispatches plain':>16} "
+        f"{'dispatches alcli':>16} {'wall plain':>10} {'wall alcli':>10} {'outside ops alcli':>17}")
+    by_phase = {}
     for name in ("simple",) if dry else ("simple", "resnet18", "bert-small"):
         case = build_case(name, device)
         timing = first_vs_steady(case, device, 2 if dry else 5)
-        plain_k, _ = op_counts(floor_fn(case))
-        ours_k, _ = op_counts(norms_fn(case, case.model))
+        plain_k, plain_all = op_counts(floor_fn(case))
+        ours_k, ours_all = op_counts(norms_fn(case, case.model))
         plain, ours = where_time_goes(floor_fn(case), device), where_time_goes(norms_fn(case, case.model), device)
-        say(f"{name:<12} {timing['first_x_steady']:>11.2f}x {plain_k:>13} {ours_k:>13} "
+        say(f"{name:<12} {timing['first_x_steady']:>11.2f}x {plain_k:>13} {ours_k:>13} {plain_all:>16} {ours_all:>16} "
             f"{plain['wall']:>10.0f} {ours['wall']:>10.0f} {ours['rest (Python, dispatch)']:>17.0f}")
+        by_phase[name] = phases(norms_fn(case, case.model), device, 5 if dry else 50)
+    say("\nsteady call by phase, us (benchmarks/call_cost.py phases)")
+    say(f"{'model':<12} " + " ".join(f"{k:>10}" for k in next(iter(by_phase.values()))))
+    for name, parts in by_phase.items():
+        say(f"{name:<12} " + " ".join(f"{v:>10.0f}" for v in parts.values()))
 
 
 def egl_chunks_table(device, dry: bool, say):

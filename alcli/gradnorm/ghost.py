@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from dataclasses import dataclass, field
 
 import torch
 from torch.func import vmap
@@ -31,22 +30,24 @@ from .rules import RuleCall
 from .uses import UseWatch
 
 
-@dataclass
 class _Call:
     """One call of a hooked module: what its rule will see, and the driver's bookkeeping."""
-    args: tuple
-    kwargs: dict
-    taps: list = field(default_factory=list)        # stride-0 zero leaves, one per float output
-    out_spec: object = None                          # pytree spec of the output
-    tapped: list = field(default_factory=list)       # per output leaf: does it carry a tap
-    versions: list = field(default_factory=list)     # input tensors' version counters at capture
-    arrived: list | None = None                      # output gradients received so far in this pass
-    layout: object = None                            # layout.Layout: batch dim of every leaf
-    out_move: int = 0                                # batch dim of the output, moved to 0 for the rule
-    out_blocks: int = 0                              # k when that dim is [B*k] with the batch outer
-    expanded: bool = False                           # a shared [1, ...] call tapped as [B, ...]
-    out_rows: bool = False                           # rows [B*k, C] handed to the rule as [B, C, k]
-    cache: dict = field(default_factory=dict)        # the rule's, across target sets
+    __slots__ = ("args", "kwargs", "taps", "out_spec", "tapped", "versions", "arrived", "layout",
+                 "out_move", "out_blocks", "expanded", "out_rows", "cache")
+
+    def __init__(self, args: tuple, kwargs: dict):
+        self.args, self.kwargs = args, kwargs
+        self.taps: list = []       # stride-0 zero leaves, one per float output
+        self.out_spec = None       # pytree spec of the output (None: a single tensor)
+        self.tapped: list = []     # per output leaf: does it carry a tap
+        self.versions: list = []   # input tensors' version counters at capture
+        self.arrived = None        # output gradients received so far in this pass
+        self.layout = None         # layout.Layout: batch dim of every leaf
+        self.out_move = 0          # batch dim of the output, moved to 0 for the rule
+        self.out_blocks = 0        # k when that dim is [B*k] with the batch outer
+        self.expanded = False      # a shared [1, ...] call tapped as [B, ...]
+        self.out_rows = False      # rows [B*k, C] handed to the rule as [B, C, k]
+        self.cache: dict = {}      # the rule's, across target sets
 
 
 # model -> selection names already checked for parameters used outside their modules
@@ -67,30 +68,33 @@ def ghost_norms(model, inputs, targets_for, selection: ParamSelection, loss_fn):
         return hook
 
     def post_hook(name):
+        module_calls, shared = calls[name], _broadcast_calls(plan, layouts, name)
+
         def hook(module, args, kwargs, output):
             if verify:
                 stack.pop()
-            if plan.rules[name].capture is not None:
-                return None  # its capturing forward recorded the call
             call = _new_call(args, kwargs)
             if isinstance(output, torch.Tensor) and output.is_floating_point():  # the common case
-                if args and isinstance(args[0], torch.Tensor) and _broadcast(plan, layouts, name, len(calls[name])):
+                if shared and len(module_calls) in shared and args and isinstance(args[0], torch.Tensor):
                     # a shared [1, ...] call: tapped as the batch sees it, [B, ...]
                     call.args = (args[0].expand(batch, *args[0].shape[1:]), *args[1:])
                     output = output.expand(batch, *output.shape[1:])
                     call.expanded = True
-                calls[name].append(call)
+                module_calls.append(call)
                 return _tap(call, output)
             leaves, call.out_spec = tree_flatten(output)
             leaves = [_tap(call, leaf) if isinstance(leaf, torch.Tensor) and leaf.is_floating_point()
                       else _untapped(call, leaf) for leaf in leaves]
-            calls[name].append(call)
+            module_calls.append(call)
             try:
                 return tree_unflatten(leaves, call.out_spec)
             except (AssertionError, TypeError, ValueError) as err:  # e.g. a PackedSequence
                 raise UnsupportedModel(f"module '{name}' returns a {type(output).__name__}, which "
                                        "cannot carry the taps") from err
         return hook
+
+    def popped(module, args, kwargs, output):
+        stack.pop()
 
     def capturing_forward(name, module):
         """For rules that tap tensors inside the module (q, k, v of attention): the rule's own
@@ -117,8 +121,12 @@ def ghost_norms(model, inputs, targets_for, selection: ParamSelection, loss_fn):
         for name, module in plan.modules.items():
             if verify:
                 handles.append(module.register_forward_pre_hook(pre_hook(name), with_kwargs=True))
-            handles.append(module.register_forward_hook(post_hook(name), with_kwargs=True))
-            if plan.rules[name].capture is not None and "forward" not in module.__dict__:
+            if plan.rules[name].capture is None:
+                handles.append(module.register_forward_hook(post_hook(name), with_kwargs=True))
+                continue
+            if verify:  # its capturing forward records the call
+                handles.append(module.register_forward_hook(popped, with_kwargs=True))
+            if "forward" not in module.__dict__:
                 module.forward = capturing_forward(name, module)
                 patched.append(module)
         if verify:
@@ -286,6 +294,7 @@ class _Pass:
         self.sq: list[torch.Tensor] = []     # per-example squared norms [B], one per parameter and call
         self.small: list[torch.Tensor] = []  # per-example gradients [B, n] of small parameters
         self.summed_grads: dict[int, torch.Tensor] = {}  # parameter id -> [B, *shape]
+        self.wanted: dict[str, dict] = {}  # module name -> {path: per-example gradient wanted}
 
     def hook_taps(self, calls) -> list:
         hooks = []
@@ -306,12 +315,12 @@ class _Pass:
         return hook
 
     def _run(self, name, call):
-        grads = iter(g if g is not None else torch.zeros(t.shape, dtype=t.dtype, device=t.device)
-                     for g, t in zip(call.arrived, call.taps))
-        call.arrived = None
-        if call.out_spec is None:  # a single tensor output
-            grad_out = next(grads)
+        arrived, call.arrived = call.arrived, None
+        if call.out_spec is None:  # a single tensor output, whose one gradient has arrived
+            grad_out = arrived[0]
         else:
+            grads = iter(g if g is not None else torch.zeros(t.shape, dtype=t.dtype, device=t.device)
+                         for g, t in zip(arrived, call.taps))
             try:
                 grad_out = tree_unflatten([next(grads) if has_tap else None for has_tap in call.tapped],
                                           call.out_spec)
@@ -325,7 +334,9 @@ class _Pass:
         if call.out_rows:  # [B, k, C] -> [B, C, k]
             grad_out = grad_out.transpose(1, 2)
         module, paths = self.plan.modules[name], self.plan.paths[name]
-        wanted = {path: self.uses[id(p)] > 1 for path, p in paths.items()}
+        wanted = self.wanted.get(name)
+        if wanted is None:
+            wanted = self.wanted[name] = {path: self.uses[id(p)] > 1 for path, p in paths.items()}
         # bf16/fp16 (autocast) inputs and gradients: the rules square and sum in float32
         args, kwargs, grad_out = _float32((call.args, call.kwargs, grad_out))
         seen = RuleCall(args, kwargs, grad_out, call.cache, call.layout)
@@ -427,11 +438,12 @@ def _in_blocks(layout, x, out, batch: int) -> bool:
             and x.shape[blocks[0][0]] == batch * blocks[0][1] and out.shape[blocks[1][0]] == batch * blocks[1][1])
 
 
-def _broadcast(plan: HookPlan, layouts, name: str, index: int) -> bool:
-    """Is this call of `name` a shared [1, ...] call whose output ghost expands to the batch?"""
-    module_layouts = layouts[name]
-    return (index < len(module_layouts) and module_layouts[index].broadcast
-            and plan.rules[name].layout != "own")
+def _broadcast_calls(plan: HookPlan, layouts, name: str) -> set:
+    """Indices of the calls of `name` that are shared [1, ...] calls whose output ghost expands
+    to the batch."""
+    if plan.rules[name].layout == "own":
+        return set()
+    return {i for i, layout in enumerate(layouts[name]) if layout.broadcast}
 
 
 def _check_unmodified(calls):

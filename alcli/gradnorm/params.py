@@ -31,11 +31,28 @@ def selection_for(model: nn.Module, params) -> ParamSelection:
     """`select_params`, built once per (model, params) and reused while the model's modules,
     parameters and requires_grad flags stay the same (plans hang off the selection)."""
     key = (params,) if params is None or isinstance(params, str) else tuple(params)
-    fingerprint = (tuple(map(id, model.modules())), tuple((id(p), p.requires_grad) for p in model.parameters()))
+    fingerprint = _structure(model)
     known = _SELECTIONS.setdefault(model, {}).get(key)
     if known is None or known[0] != fingerprint:
         known = _SELECTIONS[model][key] = (fingerprint, select_params(model, params))
     return known[1]
+
+
+def _structure(model: nn.Module) -> tuple:
+    """Every module and parameter of the model once (ids, in model.modules() order) with the
+    parameters' requires_grad flags: what a selection is built from. One walk over `_modules`,
+    without the names model.modules() and model.parameters() build."""
+    modules, params, seen = [], [], set()
+    todo = [model]
+    while todo:
+        module = todo.pop()
+        if id(module) in seen:
+            continue
+        seen.add(id(module))
+        modules.append(id(module))
+        params.extend((id(p), p.requires_grad) for p in module._parameters.values() if p is not None)
+        todo.extend(m for m in reversed(module._modules.values()) if m is not None)
+    return tuple(modules), tuple(params)
 
 
 def _module_matches(module_name: str, patterns: list[str]) -> bool:

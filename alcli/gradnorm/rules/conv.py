@@ -43,26 +43,26 @@ def conv_rule(module, call, wanted):
         raise UnsupportedModel("unbatched convolution input")
     g = call.grad_out
     batch, c_out = g.shape[:2]
-    g = g.reshape(batch, module.groups, c_out // module.groups, -1)  # [B, groups, C_out/groups, T]
+    groups = module.groups
+    # 3-D batched matmuls over (example, group): one bmm each, no broadcasting matmul's views
+    g = g.reshape(batch * groups, c_out // groups, -1)  # [B*groups, C_out/groups, T]
     out = {}
     if "weight" in wanted:
         a = call.cache.get("patches")
         if a is None:
-            a = call.cache["patches"] = unfold_patches(module, x)  # [B, groups, k, T]
-        k, steps = a.shape[2], a.shape[3]
-        o = g.shape[2]
+            a = call.cache["patches"] = unfold_patches(module, x).flatten(0, 1)  # [B*groups, k, T]
+        k, steps = a.shape[1], a.shape[2]
+        o = g.shape[1]
         if wanted["weight"]:
-            out["weight"] = (g @ a.transpose(2, 3)).reshape(batch, *module.weight.shape)
+            out["weight"] = torch.bmm(g, a.mT).reshape(batch, *module.weight.shape)
         elif steps * steps <= k * o:
             # Gram form <A^T A, G^T G> per group: [T, T] is no larger than the [o, k] product
             gram_a = call.cache.get("gram")
             if gram_a is None:
-                gram_a = call.cache["gram"] = a.transpose(2, 3) @ a  # [B, groups, T, T]
-            g3 = g.reshape(-1, *g.shape[2:])  # [B*groups, o, T]: a plain bmm, no copies of g
-            out["weight"] = (gram_a * torch.bmm(g3.mT, g3).view(gram_a.shape)).sum((1, 2, 3))
+                gram_a = call.cache["gram"] = torch.bmm(a.mT, a)  # [B*groups, T, T]
+            out["weight"] = (gram_a * torch.bmm(g.mT, g)).reshape(batch, -1).sum(1)
         else:
-            out["weight"] = (g @ a.transpose(2, 3)).square().sum((1, 2, 3))
+            out["weight"] = torch.bmm(g, a.mT).square().reshape(batch, -1).sum(1)
     if "bias" in wanted:
-        bias_grad = g.sum(3).reshape(batch, c_out)
-        out["bias"] = bias_grad  # [B, C_out]: the driver squares small gradients all at once
+        out["bias"] = g.sum(2).reshape(batch, c_out)  # [B, C_out]: the driver squares small gradients all at once
     return out
