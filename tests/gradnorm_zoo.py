@@ -287,6 +287,23 @@ class Conv2dVariants(nn.Module):
         return self.fc(self.up(h).mean((2, 3)))
 
 
+class ConvTwice(nn.Module):
+    """One grouped Conv2d applied twice: its weight and bias get per-example gradients from each
+    call, summed before the norm (the conv rule's per-example-gradient side)."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp = nn.Conv2d(3, 4, 3, padding=1)
+        self.shared = nn.Conv2d(4, 4, 3, padding=1, groups=2)
+        self.fc = nn.Linear(4, 5)
+
+    def forward(self, x):  # [B, 3, 6, 6]
+        h = torch.tanh(self.inp(x))
+        h = torch.tanh(self.shared(h))
+        h = torch.tanh(self.shared(h))  # the same Conv2d again
+        return self.fc(h.mean((2, 3)))
+
+
 class Conv3dNet(nn.Module):
     def __init__(self):
         super().__init__()
@@ -864,6 +881,7 @@ _BUILDERS: dict[str, tuple[Callable[[], nn.Module], Callable, int]] = {
     "bare_param": (BareParam, lambda g, b: _tokens(g, b, 5), 4),
     "conv1d": (Conv1dNet, lambda g, b: torch.randn(b, 4, 16, generator=g), 4),
     "conv2d_variants": (Conv2dVariants, lambda g, b: torch.randn(b, 3, 8, 8, generator=g), 4),
+    "conv_twice": (ConvTwice, lambda g, b: torch.randn(b, 3, 6, 6, generator=g), 4),
     "conv3d": (Conv3dNet, lambda g, b: torch.randn(b, 2, 6, 6, 6, generator=g), 3),
     "groupnorm": (GroupNormNet, lambda g, b: torch.randn(b, 3, 6, 6, generator=g), 4),
     "mha_batch_first": (MHABatchFirst, lambda g, b: _tokens(g, b, 6), 4),
