@@ -183,3 +183,42 @@ def test_auto_lets_errors_it_did_not_foresee_through():
     model = FailsWhenBatched()
     with pytest.raises(ValueError, match="batched code path"):
         per_example_grad_norms(model, torch.randn(3, 4), torch.tensor([0, 1, 2]), method="auto")
+
+
+class ZeroGradInForward(nn.Module):
+    """A forward that clears the gradients (a training step folded into the model): the engine
+    must give back the .grad tensors the caller had."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(6, 4)
+
+    def forward(self, x):
+        self.zero_grad(set_to_none=True)
+        return self.fc(x)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_grad_fields_come_back_when_the_forward_clears_them(method):
+    model = ZeroGradInForward().double()
+    model.fc.weight.grad = torch.ones_like(model.fc.weight)
+    x = torch.randn(5, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    _call_then_check(method, model, snapshot(model), x, torch.tensor([0, 1, 2, 3, 0]), zoo="")
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_layer_frozen_or_replaced_between_calls_is_seen(method):
+    """What the engine builds once per model (the selection, plans, layouts) must follow the
+    model: a parameter frozen after a call leaves the norms, a replaced layer or parameter enters."""
+    model, x, targets = build("simple")
+    model, x = model.double(), x.double()
+    per_example_grad_norms(model, x, targets, method=method)
+    model.conv1.weight.requires_grad_(False)
+    torch.testing.assert_close(per_example_grad_norms(model, x, targets, method=method),
+                               oracle_norms(model, x, targets), rtol=1e-6, atol=1e-12)
+    model.fc = nn.Linear(model.fc.in_features, model.fc.out_features, bias=False).double()
+    torch.testing.assert_close(per_example_grad_norms(model, x, targets, method=method),
+                               oracle_norms(model, x, targets), rtol=1e-6, atol=1e-12)
+    model.conv2.weight = nn.Parameter(2 * model.conv2.weight.detach())  # same module, new tensor
+    torch.testing.assert_close(per_example_grad_norms(model, x, targets, method=method),
+                               oracle_norms(model, x, targets), rtol=1e-6, atol=1e-12)

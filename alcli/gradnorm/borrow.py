@@ -30,8 +30,9 @@ def borrowed(model: nn.Module, grad_params: list[nn.Parameter], modules: list | 
             m.__dict__["training"] = False  # what model.eval() sets, without Module.__setattr__
         for m, _ in caches:
             m.__dict__["attention_bias_cache"] = _Recomputed()
-        for p in params:
-            p.requires_grad_(id(p) in wanted)
+        for p, flag, _ in flags:
+            if flag != (id(p) in wanted):
+                p.requires_grad_(not flag)
         yield model
     finally:
         torch.set_grad_enabled(grad_mode)
@@ -39,9 +40,11 @@ def borrowed(model: nn.Module, grad_params: list[nn.Parameter], modules: list | 
             m.__dict__["training"] = mode
         for m, cache in caches:
             m.__dict__["attention_bias_cache"] = cache
-        for p, flag, grad in flags:
-            p.requires_grad_(flag)
-            p.grad = grad
+        for p, flag, grad in flags:  # only what changed: setting a flag or .grad costs more than reading it
+            if p.requires_grad != flag:
+                p.requires_grad_(flag)
+            if p.grad is not grad:
+                p.grad = grad
 
 
 class _Recomputed(dict):

@@ -349,7 +349,7 @@ class _Pass:
             if wanted[path]:
                 self.summed_grads[key] = value + self.summed_grads[key] if key in self.summed_grads else value
             elif value.dim() > 1:  # a small per-example gradient [B, *shape]: squared in finish
-                self.small.append(value.reshape(value.shape[0], -1))
+                self.small.append(value if value.dim() == 2 else value.reshape(value.shape[0], -1))
             else:
                 self.sq.append(value)
         if self.last:
@@ -396,11 +396,11 @@ def _apply_layouts(plan: HookPlan, calls, layouts, batch: int):
             raise UnsupportedModel(f"module '{name}' is called a different number of times for "
                                    "different batch sizes")
         kind = plan.rules[name].layout
+        where = f"module '{name}' ({type(plan.modules[name]).__name__})"
         for call, layout in zip(module_calls, layouts[name]):
             call.layout = layout
             if kind == "own":
                 continue
-            where = f"module '{name}' ({type(plan.modules[name]).__name__})"
             if not call.args or not isinstance(call.args[0], torch.Tensor) or not call.taps:
                 raise UnsupportedModel(f"{where}: its rule needs a tensor as the first positional "
                                        "input and a floating-point output")
@@ -420,8 +420,9 @@ def _apply_layouts(plan: HookPlan, calls, layouts, batch: int):
                 call.args = (x.movedim(d_in, 0).unflatten(0, (batch, k_in)), *call.args[1:])
                 call.out_move = d_out
                 continue
-            check_batch([d_in], [x], batch, f"input of {where}")
-            check_batch([d_out], [out], batch, f"output of {where}")
+            if (d_in == MERGED or x.shape[d_in] != batch) or (d_out == MERGED or out.shape[d_out] != batch):
+                check_batch([d_in], [x], batch, f"input of {where}")  # says which
+                check_batch([d_out], [out], batch, f"output of {where}")
             if kind == "batch_first" and (d_in, d_out) != (0, 0):
                 raise UnsupportedModel(f"{where}: expects the batch in dim 0")
             if d_in:
