@@ -74,12 +74,8 @@ def op_counts(fn) -> tuple[int, int]:
     return kernels.count, every.count
 
 
-def where_time_goes(fn, device, calls: int = 20) -> dict:
-    """Microseconds per call: the wall time (no profiler; median of 5 runs of `calls`), the time
-    inside aten ops (torch.profiler's self CPU time of every aten op, summed: the arithmetic and
-    its kernels' own set-up; on CUDA, the launches), and the rest: Python (alcli's, nn.Module's,
-    hooks) and the dispatcher between ops."""
-    from torch.profiler import ProfilerActivity, profile
+def wall_times(fn, device, calls: int) -> list[float]:
+    """Seconds per call of `fn`, one figure per run of `calls` calls, 5 runs after a warm-up call."""
     fn()
     walls = []
     for _ in range(5):
@@ -89,6 +85,16 @@ def where_time_goes(fn, device, calls: int = 20) -> dict:
             fn()
         sync(device)
         walls.append((time.perf_counter() - start) / calls)
+    return walls
+
+
+def where_time_goes(fn, device, calls: int = 20) -> dict:
+    """Microseconds per call: the wall time (no profiler; median of 5 runs of `calls`), the time
+    inside aten ops (torch.profiler's self CPU time of every aten op, summed: the arithmetic and
+    its kernels' own set-up; on CUDA, the launches), and the rest: Python (alcli's, nn.Module's,
+    hooks) and the dispatcher between ops."""
+    from torch.profiler import ProfilerActivity, profile
+    walls = wall_times(fn, device, calls)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(calls):
             fn()
@@ -119,15 +125,7 @@ def phases(fn, device, calls: int = 50) -> dict:
                 spent[name] += time.perf_counter() - start
         return wrapper
 
-    fn()
-    walls = []
-    for _ in range(5):
-        sync(device)
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        sync(device)
-        walls.append((time.perf_counter() - start) / calls)
+    walls = wall_times(fn, device, calls)
     patches = [(ghost, "forward_logits", "forward"), (ghost, "_cotangents", "cotangents"),
                (torch.autograd, "grad", "autograd"), (ghost._Pass, "_run", "rules"),
                (ghost._Pass, "finish", "combine")]

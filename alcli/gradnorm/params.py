@@ -38,7 +38,7 @@ def selection_for(model: nn.Module, params) -> ParamSelection:
     return known[1]
 
 
-def _structure(model: nn.Module) -> tuple:
+def _structure(model: nn.Module) -> tuple[list, list]:
     """Every module and parameter of the model once (ids, in model.modules() order) with the
     parameters' requires_grad flags: what a selection is built from. One walk over `_modules`,
     without the names model.modules() and model.parameters() build (a fifth of their cost)."""
