@@ -33,7 +33,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from call_cost import op_counts  # noqa: E402
+from call_cost import interleaved_times, op_counts  # noqa: E402
 from gradnorm import build_case, floor_fn  # noqa: E402
 
 warnings.filterwarnings("ignore")
@@ -63,14 +63,7 @@ def compare(name: str, engines: dict, rounds: int) -> dict:
     start = time.perf_counter()
     fns["floor"]()
     reps = max(1, int(0.05 / (time.perf_counter() - start)))  # ~50 ms per timed sample
-    times = {who: [] for who in fns}
-    order = list(fns)
-    for r in range(rounds):
-        for who in order[r % 3:] + order[:r % 3]:
-            start = time.perf_counter()
-            for _ in range(reps):
-                fns[who]()
-            times[who].append((time.perf_counter() - start) / reps)
+    times = interleaved_times(fns, rounds, reps)
     firsts = {who: [] for who in engines}
     for r in range(max(3, rounds // 3)):
         for who in (list(engines) if r % 2 == 0 else list(engines)[::-1]):

@@ -88,6 +88,21 @@ def wall_times(fn, device, calls: int) -> list[float]:
     return walls
 
 
+def interleaved_times(fns: dict, rounds: int, reps: int) -> dict[str, list[float]]:
+    """Seconds per call of each of `fns`, one figure per round of `reps` calls: every round runs
+    every function, in an order rotated each round, so a CPU whose speed drifts slows all alike."""
+    times = {name: [] for name in fns}
+    order = list(fns)
+    for r in range(rounds):
+        shift = r % len(order)
+        for name in order[shift:] + order[:shift]:
+            start = time.perf_counter()
+            for _ in range(reps):
+                fns[name]()
+            times[name].append((time.perf_counter() - start) / reps)
+    return times
+
+
 def where_time_goes(fn, device, calls: int = 20) -> dict:
     """Microseconds per call: the wall time (no profiler; median of 5 runs of `calls`), the time
     inside aten ops (torch.profiler's self CPU time of every aten op, summed: the arithmetic and

@@ -17,7 +17,6 @@ import argparse
 import os
 import statistics
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from alcli.gradnorm import per_example_grad_norms  # noqa: E402
 from alcli.gradnorm.rules.conv import unfold_patches  # noqa: E402
+from call_cost import interleaved_times  # noqa: E402
 from gradnorm import build_case, floor_fn  # noqa: E402
 
 
@@ -66,14 +66,7 @@ def main(argv=None) -> int:
     engine, hand = fns["engine"]().double(), fns["by hand"]()
     if not torch.allclose(engine, hand, rtol=1e-4):
         raise SystemExit(f"the hand-written norms differ from the engine's by {(engine - hand).abs().max():.3g}")
-    times = {k: [] for k in fns}
-    order = list(fns)
-    for r in range(args.rounds):
-        for k in order[r % 3:] + order[:r % 3]:
-            start = time.perf_counter()
-            for _ in range(10):
-                fns[k]()
-            times[k].append((time.perf_counter() - start) / 10)
+    times = interleaved_times(fns, args.rounds, 10)
     print(f"torch {torch.__version__}, cpu, {torch.get_num_threads()} threads, seed SimpleModel, batch {args.batch}")
     for k, v in times.items():
         ratio = statistics.median(t / f for t, f in zip(v, times["floor"]))
