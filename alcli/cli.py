@@ -264,6 +264,10 @@ Layers = Annotated[Optional[List[str]], typer.Option(
     "'layer4.*'; 'alcli inspect' lists the names).")]
 Method = Annotated[Optional[str], typer.Option(
     metavar="NAME", help="Engine method: auto, ghost, replicate, vmap or loop. [default: auto]")]
+Compile = Annotated[bool, typer.Option(
+    "--compile", help="Run the ghost method's layer rules as one torch.compile'd graph (CUDA graphs "
+    "on CUDA), compiled once per model and input shape: seconds on the first batch, then faster "
+    "for small models (README, 'Compiled rules').")]
 BatchSize = Annotated[Optional[int], typer.Option(
     "--batch-size", "-b", metavar="N", help="Examples per batch. [default: 64]")]
 Device = Annotated[Optional[str], typer.Option(
@@ -566,7 +570,7 @@ def score(
     strategy: Strategy = None, task: Task = None, egl_samples: EglSamples = None,
     aggregate: Aggregate = None, box_threshold: BoxThreshold = None,
     top_classes: TopClasses = None, layers: Layers = None, method: Method = None,
-    precision: Precision = None, decode: Decode = None, batch_size: BatchSize = None,
+    compile: Compile = False, precision: Precision = None, decode: Decode = None, batch_size: BatchSize = None,
     device: Device = None,
     workers: Workers = None, seed: Seed = None, output: Output = None, format: TableFormat = None,
     null: Null = False, exclude: ScoreExclude = None, embeddings: WriteEmbeddings = None,
@@ -671,7 +675,7 @@ def select(
     strategy: Strategy = None, task: Task = None, egl_samples: EglSamples = None,
     aggregate: Aggregate = None, box_threshold: BoxThreshold = None,
     top_classes: TopClasses = None, layers: Layers = None, method: Method = None,
-    precision: Precision = None, decode: Decode = None, batch_size: BatchSize = None,
+    compile: Compile = False, precision: Precision = None, decode: Decode = None, batch_size: BatchSize = None,
     device: Device = None,
     workers: Workers = None, seed: Seed = None, output: SelectOutput = None,
     format: SelectFormat = None, null: Null = False, diverse: Diverse = None,
@@ -747,7 +751,7 @@ def select(
 _SCORING_FLAGS = ("arch", "arch_kwargs", "trust_checkpoint", "trust_remote_code", "ema",
                   "text_column", "image_column", "id_column", "label_column", "split", "max_length", "text_width", "labels_from_folders", "strategy",
                   "task", "egl_samples", "aggregate", "box_threshold",
-                  "top_classes", "layers", "method", "precision", "decode", "batch_size", "device",
+                  "top_classes", "layers", "method", "compile", "precision", "decode", "batch_size", "device",
                   "workers", "resize", "center_crop", "grayscale", "normalize")
 
 

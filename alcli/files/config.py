@@ -94,6 +94,7 @@ class Settings:
                                      # pseudo-labels and the table's boxes
     layers: list[str] | None = None
     method: str = "auto"
+    compile: bool = False  # the ghost method's rules as one torch.compile'd graph per input shape
     decode: str = "cpu"  # cpu: PIL in the DataLoader's workers; gpu: JPEG bytes decoded on the device
     precision: str = "fp32"  # fp32 | bf16 | fp16: autocast for the model's forward (the engine's rules stay float32)
     batch_size: int = 64
@@ -462,7 +463,7 @@ CHECKS: dict[str, Callable[[Any], Any]] = {
     "strategy": _choice(STRATEGY_NAMES), "top_classes": _opt(_int(0)), "layers": _layers,
     "task": _choice(TASK_NAMES), "egl_samples": _egl_samples, "aggregate": _aggregate,
     "box_threshold": _probability,
-    "method": _choice(METHOD_NAMES), "precision": _choice(PRECISIONS), "decode": _choice(DECODERS), "batch_size": _int(1),
+    "method": _choice(METHOD_NAMES), "compile": _bool, "precision": _choice(PRECISIONS), "decode": _choice(DECODERS), "batch_size": _int(1),
     "device": _device, "workers": _opt(_workers),
     "seed": _int(0), "output": _opt_str, "format": _choice(FORMATS), "scores": _opt_str,
     "budget": _opt(_int(1)), "quiet": _bool,

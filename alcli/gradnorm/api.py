@@ -1,6 +1,7 @@
 """The engine's entry points: pick a method, borrow the model, return per-example norms."""
 from __future__ import annotations
 
+import functools
 import warnings
 import weakref
 from typing import Callable, Sequence
@@ -39,22 +40,26 @@ _auto_choice: "weakref.WeakKeyDictionary[nn.Module, dict]" = weakref.WeakKeyDict
 
 def per_example_grad_norms(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, *,
                            params: Sequence[str] | str | None = None, method: str = "auto",
-                           loss_fn: LossFn | None = None) -> torch.Tensor:
+                           loss_fn: LossFn | None = None, compile: bool = False) -> torch.Tensor:
     """L2 norm of the gradient of each example's own loss w.r.t. the selected parameters -> [B]."""
     norms, _ = grad_norms_per_target(model, inputs, [targets], params=params, method=method,
-                                     loss_fn=loss_fn)
+                                     loss_fn=loss_fn, compile=compile)
     return norms[0]
 
 
 def grad_norms_per_target(model: nn.Module, inputs: torch.Tensor,
                           target_sets: Sequence[torch.Tensor] | Callable[[torch.Tensor], Sequence[torch.Tensor]],
-                          *, params=None, method: str = "auto", loss_fn: LossFn | None = None):
+                          *, params=None, method: str = "auto", loss_fn: LossFn | None = None,
+                          compile: bool = False):
     """Norms for several target sets from one forward pass -> ([K, B] norms, [B, C] logits).
 
     Used for expected gradient length, where target set k is "every example's k-th most probable
     class". `target_sets` may be a function of the (detached) logits, so targets that depend on
     the model's predictions need no forward pass of their own. The norms come back in the
     model's dtype; the logits are detached.
+
+    `compile`: the ghost method runs its layer rules and their sum as one torch.compile'd graph
+    per (model, input signature), compiled on first use (seconds); other methods run as they are.
     """
     if torch.is_inference_mode_enabled():
         raise RuntimeError("per-example gradients cannot be computed inside torch.inference_mode(); "
@@ -70,12 +75,12 @@ def grad_norms_per_target(model: nn.Module, inputs: torch.Tensor,
         targets_for = lambda logits: fixed  # noqa: E731
     if batch_size(inputs) == 1:  # never a batch of one: see ONE_EXAMPLE_BUG
         norms, logits = grad_norms_per_target(model, repeat_first(inputs, 2), _twice(target_sets),
-                                              params=params, method=method, loss_fn=loss_fn)
+                                              params=params, method=method, loss_fn=loss_fn, compile=compile)
         return norms[:, :1], logits[:1]
     run = _empty_batch if batch_size(inputs) == 0 else None
     if method != "auto":
         with borrowed(model, selection.params, selection.modules, selection.all_params):
-            norms, logits = (run or METHOD_TABLE[method])(model, inputs, targets_for, selection, loss_fn)
+            norms, logits = (run or _method(method, compile))(model, inputs, targets_for, selection, loss_fn)
         return norms.to(_dtype(model, inputs)), logits.detach()
 
     key = (tuple(selection.names), id(loss_fn))
@@ -88,7 +93,7 @@ def grad_norms_per_target(model: nn.Module, inputs: torch.Tensor,
     for name in AUTO_ORDER[start:]:
         try:
             with borrowed(model, selection.params, selection.modules, selection.all_params):
-                norms, logits = (run or METHOD_TABLE[name])(model, inputs, targets_for, selection, loss_fn)
+                norms, logits = (run or _method(name, compile))(model, inputs, targets_for, selection, loss_fn)
         except UnsupportedModel as err:
             failures.append(f"{name}: {err}")
             continue
@@ -100,6 +105,12 @@ def grad_norms_per_target(model: nn.Module, inputs: torch.Tensor,
                                              name), stacklevel=3)
         return norms.to(_dtype(model, inputs)), logits.detach()
     raise UnsupportedModel("no method can serve this model: " + "; ".join(failures))
+
+
+def _method(name: str, compile: bool):
+    if compile and name == "ghost":
+        return functools.partial(ghost_norms, compiled=True)
+    return METHOD_TABLE[name]
 
 
 # PyTorch (2.14.1, CPU) differentiates BatchNorm2d wrongly at batch size 1 when the output

@@ -20,6 +20,7 @@ from torch.func import vmap
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ..errors import first_line
+from .compiled import compile_once
 from .errors import UnsupportedModel
 from .layout import MERGED, call_layouts, check_batch
 from .loss import cross_entropy, cross_entropy_cotangents
@@ -54,8 +55,9 @@ class _Call:
 _verified: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def ghost_norms(model, inputs, targets_for, selection: ParamSelection, loss_fn):
-    """-> [K, B] norms and [B, C] logits; `targets_for(logits)` gives the K target sets."""
+def ghost_norms(model, inputs, targets_for, selection: ParamSelection, loss_fn, compiled: bool = False):
+    """-> [K, B] norms and [B, C] logits; `targets_for(logits)` gives the K target sets.
+    `compiled`: the rules' arithmetic of a backward runs as one torch.compile'd graph."""
     plan = ghost_plan_for(model, selection, inputs)
     batch = batch_size(inputs)
     calls: dict[str, list[_Call]] = {name: [] for name in plan.modules}
@@ -150,6 +152,8 @@ def ghost_norms(model, inputs, targets_for, selection: ParamSelection, loss_fn):
         return torch.zeros(len(target_sets), batch, dtype=_acc_dtype(logits.device), device=logits.device), logits
     cotangents = _cotangents(logits, target_sets, loss_fn)  # [K, *logits.shape]
     with _no_autocast(logits.device):  # the rules square and sum in float32 or better
+        if compiled:
+            return _compiled_backwards(model, plan, uses, calls, taps, logits, cotangents, batch), logits
         return _backwards(model, plan, uses, calls, taps, logits, cotangents, batch), logits
 
 
@@ -178,6 +182,52 @@ def _backwards(model, plan, uses, calls, taps, logits, cotangents, batch) -> tor
             _k_mode[model] = "per target"
             _k_reasons[model] = first_line(err)
     return torch.stack([backward(cotangents[i], last=i + 1 == k) for i in range(k)])
+
+
+def _compiled_backwards(model, plan, uses, calls, taps, logits, cotangents, batch) -> torch.Tensor:
+    """[K, B] norms (`--compile`): the backward hands every tap's gradient back at once (the K
+    target sets batched through it where they fit, as in `_backwards`), then all rules and the
+    sum over layers run as one compiled graph."""
+    k = cotangents.shape[0]
+    scale = FP16_SCALE if logits.dtype == torch.float16 else 1.0
+    cotangents = (cotangents * scale if scale != 1.0 else cotangents).to(logits.dtype)
+    rules = compile_once(_rules_of_pass, logits.device)
+    chunk = _vmap_chunk(k, taps, cotangents.device) if _k_mode.get(model) != "per target" else 1
+    norms = []
+    for i in range(0, k, chunk):
+        last = i + chunk >= k
+        if chunk == 1:  # [*tap.shape] gradients, no vmap
+            grads = torch.autograd.grad(logits, taps, cotangents[i], retain_graph=not last, allow_unused=True)
+            norms.append(rules(plan, uses, calls, list(grads), batch, logits.device, False))
+            continue
+        try:
+            # the graph is kept, for one backward per target set if this one cannot be batched
+            grads = torch.autograd.grad(logits, taps, cotangents[i:i + chunk], retain_graph=True,
+                                        allow_unused=True, is_grads_batched=True)  # [chunk, *tap.shape]
+        except torch.OutOfMemoryError:
+            raise
+        except (RuntimeError, NotImplementedError) as err:  # a backward op vmap cannot batch
+            _k_mode[model], _k_reasons[model] = "per target", first_line(err)
+            return _compiled_backwards(model, plan, uses, calls, taps, logits, cotangents / scale, batch)
+        norms.append(rules(plan, uses, calls, list(grads), batch, logits.device, True))
+    norms = torch.cat(norms)
+    return norms / scale if scale != 1.0 else norms
+
+
+def _rules_of_pass(plan, uses, calls, grads, batch: int, device, batched: bool) -> torch.Tensor:
+    """[K, B] norms from the taps' gradients, each [K, *tap.shape] when `batched`, else
+    [*tap.shape] (K = 1); None where a tap got none. The function `--compile` compiles."""
+    def one_set(tap_grads):
+        backward_pass = _Pass(plan, uses, last=False)
+        at = 0
+        for name, module_calls in calls.items():
+            for call in module_calls:
+                call.arrived = tap_grads[at:at + len(call.taps)]
+                at += len(call.taps)
+                if all(g is not None for g in call.arrived):
+                    backward_pass._run(name, call)
+        return backward_pass.finish(calls, batch, device)
+    return vmap(one_set)(grads) if batched else one_set(grads).unsqueeze(0)
 
 
 def _vmap_chunk(k: int, taps, device) -> int:

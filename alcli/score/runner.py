@@ -127,7 +127,7 @@ def score_batch(model: nn.Module, batch: Batch, settings: Settings, device: torc
     if logits is not None:
         _check_output(task, logits, batch.labels, batch.ids, pool)
     s = StrategyInputs(model=model, inputs=inputs, labels=labels, logits=logits, ids=batch.ids,
-                       layers=settings.layers, method=settings.method,
+                       layers=settings.layers, method=settings.method, compile=settings.compile,
                        top_classes=settings.top_classes, seed=settings.seed,
                        check_logits=lambda out: _check_output(task, _checked_logits(out), batch.labels,
                                                               batch.ids, pool),

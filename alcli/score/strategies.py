@@ -36,6 +36,7 @@ class StrategyInputs:
     ids: list[str]
     layers: list[str] | None = None  # module patterns for gradient strategies (None = all)
     method: str = "auto"             # engine method
+    compile: bool = False            # the engine's --compile
     top_classes: int | None = None   # egl: the K most probable classes (0: all; None: at most 10)
     seed: int = 0
     check_logits: Callable[[torch.Tensor], None] | None = None  # validates the engine's logits
@@ -119,7 +120,7 @@ def _grad_norms(s: StrategyInputs, choose: Callable[[StrategyInputs], list[torch
         return choose(s)
 
     norms, _ = grad_norms_per_target(s.model, s.inputs, target_sets, params=s.layers, method=s.method,
-                                     loss_fn=loss_fn or tasks.TASKS[s.task].loss)
+                                     loss_fn=loss_fn or tasks.TASKS[s.task].loss, compile=s.compile)
     return norms.detach().to(s.logits.device, exact_dtype(s.logits))
 
 

@@ -39,6 +39,8 @@ _INVSTD: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 def _invstd(module) -> torch.Tensor:
     var = module.running_var
+    if torch.compiler.is_compiling():  # one fused kernel in the compiled graph; no cache to guard on
+        return torch.rsqrt(var.detach() + module.eps)
     known = _INVSTD.get(module)
     if known is None or known[0] is not var or known[1] != var._version or known[2] != module.eps \
             or known[3].dtype != var.dtype:
