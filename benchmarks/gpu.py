@@ -11,10 +11,12 @@
 5. the cost that is not arithmetic (benchmarks/call_cost.py): first call ÷ steady call, aten ops
    per call (kernels) beside the plain pass, and a steady call's time in and out of aten ops, on
    the seed's model, resnet18 and BERT-small;
-6. EGL's target sets per vmapped backward (benchmarks/egl_chunks.py): all K at once (what CUDA
+6. `--compile` against the plain ghost call (benchmarks/compiled.py): the compile, steady call ÷
+   the floor and launches per call, with CUDA graphs and (seed model) without;
+7. EGL's target sets per vmapped backward (benchmarks/egl_chunks.py): all K at once (what CUDA
    does now, ghost.VMAP_ELEMENTS_CUDA = None) against chunks and one backward per target set,
    on resnet18 (10 classes) and fcn_resnet50 (8 label sets, 16x3x128x128);
-7. issue 18's tasks against the floor (benchmarks/tasks.py): fcn_resnet50 16x3x128x128 and
+8. issue 18's tasks against the floor (benchmarks/tasks.py): fcn_resnet50 16x3x128x128 and
    BERT-small token classification 32x64, gradnorm and EGL-8 ÷ the floor and ÷ 8 plain backwards.
 
     python benchmarks/gpu.py              # writes benchmarks/results/gpu-<device>.txt
@@ -322,6 +324,7 @@ def main():
     detection_table(device, args.dry_run, say)
     end_to_end(device, args.dry_run, say)
     call_cost_table(device, args.dry_run, say)
+    compile_table(device, args.dry_run, say)
     egl_chunks_table(device, args.dry_run, say)
     tasks_table(device, args.dry_run, say)
     say(f"\n(total {time.perf_counter() - start:.0f} s)")
@@ -352,6 +355,26 @@ def call_cost_table(device, dry: bool, say):
     say(f"{'model':<12} " + " ".join(f"{k:>10}" for k in next(iter(by_phase.values()))))
     for name, parts in by_phase.items():
         say(f"{name:<12} " + " ".join(f"{v:>10.0f}" for v in parts.values()))
+
+
+def compile_table(device, dry: bool, say):
+    """--compile against the plain ghost call (benchmarks/compiled.py): with CUDA graphs (what
+    --compile does on CUDA) and, for the seed model, inductor's kernels without them."""
+    import compiled
+    from alcli.gradnorm import compiled as engine_compiled
+    from gradnorm import build_case
+    say("\n## --compile (benchmarks/compiled.py): steady call ÷ floor, ghost and compiled; launches per call")
+    say(compiled.HEADER)
+    runs = [("simple", 1)] if dry else [("simple", 1), ("resnet18", 1), ("bert-small", 1), ("simple", 10)]
+    for name, k in runs:
+        say(compiled.row(f"{name}{' egl' + str(k) if k > 1 else ''}",
+                         compiled.compare(build_case(name, device), device, k, 3 if dry else 11)))
+    if device.type == "cuda":  # the same kernels launched one by one
+        engine_compiled.CUDA_MODE = None
+        engine_compiled._compiled.clear()
+        say(compiled.row("simple, no graphs", compiled.compare(build_case("simple", device), device, 1, 11)))
+        engine_compiled.CUDA_MODE = "reduce-overhead"
+        engine_compiled._compiled.clear()
 
 
 def egl_chunks_table(device, dry: bool, say):

@@ -1,6 +1,7 @@
 """On a real CUDA device (skipped without one; benchmarks/gpu.py runs them first): every method
 against the float64 loop on zoo models, auto's choice per zoo model, classes in one backward,
-no host sync in the engine after the first batch, bf16 autocast, and the runner's one sync."""
+no host sync in the engine after the first batch, compile=True (CUDA graphs), bf16 autocast, and
+the runner's one sync."""
 from __future__ import annotations
 
 import pytest
@@ -56,6 +57,25 @@ def test_no_host_sync_after_the_first_batch(case):
         grad_norms_per_target(model, x, lambda logits: list(logits.argsort(1, descending=True).T))
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.parametrize("case", ["simple", "bn_res_cnn", "transformer", "linear_twice"])
+def test_compiled_on_cuda_matches_the_loop(case):
+    """compile=True on CUDA: inductor's kernels replayed as CUDA graphs, one target set and three;
+    the output of a replay is not overwritten by the next."""
+    model, inputs, targets = build(case)
+    sets = [targets, (targets + 1) % 3, torch.zeros_like(targets)]
+    expected = torch.stack([oracle_norms(model, inputs, t) for t in sets])
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    model, x = model.to(CUDA), inputs.to(CUDA)
+    tol = dict(rtol=1e-3, atol=1e-6 * float(expected.max()))
+    first = per_example_grad_norms(model, x, targets.to(CUDA), compile=True)
+    for _ in range(3):  # CUDA graphs are recorded after warm-up calls
+        again = per_example_grad_norms(model, x, targets.to(CUDA), compile=True)
+    torch.testing.assert_close(first.double().cpu(), expected[0], **tol)
+    torch.testing.assert_close(again.double().cpu(), expected[0], **tol)
+    norms, _ = grad_norms_per_target(model, x, [t.to(CUDA) for t in sets], compile=True)
+    torch.testing.assert_close(norms.double().cpu(), expected, **tol)
 
 
 def test_bf16_autocast_on_cuda():

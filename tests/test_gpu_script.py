@@ -12,7 +12,7 @@ def test_gpu_script_dry_run():
     assert done.returncode == 0, done.stderr[-2000:]
     out = done.stdout
     for section in ("CUDA-marked tests", "## resnet50", "## vit_b_16", "## text transformer",
-                    "## seed SimpleModel", "bf16 against fp32", "shipped demo", "## detection", "end to end"):
+                    "## seed SimpleModel", "bf16 against fp32", "shipped demo", "## detection", "end to end", "## --compile"):
         assert section in out, f"missing section {section!r}"
     assert "alcli EGL top-10 bf16" in out and "  ok" in out.split("end to end")[1]
     assert "fasterrcnn_mobilenet_v3_large_320_fpn: floor" in out.split("## detection")[1]
