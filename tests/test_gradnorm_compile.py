@@ -37,8 +37,11 @@ def test_compiled_norms_match_the_loop(case_id):
     case = CASE_BY_ID[case_id]
     model, inputs, targets = build(case.model)
     expected = oracle_norms(model, inputs, targets, case.select)
+    torch._dynamo.reset()  # no graph from an earlier test: this call must compile one
+    before = graphs()
     norms = per_example_grad_norms(model, inputs, targets, method="ghost", compile=True,
                                    params=params_of(case_id))
+    assert graphs() > before, "compile=True compiled nothing"
     assert_matches(norms, expected, TOL, f"{case_id} / compiled")
     before = graphs()
     again = per_example_grad_norms(model, inputs, targets, method="ghost", compile=True,
@@ -61,15 +64,44 @@ def test_compiled_target_sets_match_the_loop(case_id):
         assert_matches(norms[k], expected[k], TOL, f"{case_id} / compiled / target set {k}")
 
 
-def test_a_new_batch_size_and_a_new_model_are_compiled_anew():
+def test_compiled_target_sets_in_chunks_and_one_at_a_time(monkeypatch):
+    """Off CUDA a backward takes as many of the K as keep K x the largest tap small
+    (ghost.VMAP_ELEMENTS): here two, then one."""
+    from alcli.gradnorm import ghost
     model, inputs, targets = build("simple")
+    sets = [targets, (targets + 1) % 4, torch.zeros_like(targets)]
+    expected = torch.stack([oracle_norms(model, inputs, t) for t in sets])
+    with torch.no_grad():
+        largest = max(m(inputs).numel() for m in (model.conv1,))  # conv1's output: the largest tap
+    for per_backward in (2, 1):
+        monkeypatch.setattr(ghost, "VMAP_ELEMENTS", per_backward * largest)
+        norms, _ = grad_norms_per_target(model, inputs, sets, method="ghost", compile=True)
+        for k in range(3):
+            assert_matches(norms[k], expected[k], TOL, f"{per_backward} per backward / target set {k}")
+
+
+def test_a_rule_vmap_cannot_batch_falls_back_to_one_backward_per_target_set():
+    """The generic rule on an nn.LSTM subclass (float64: no vmap rule for the fused kernel)."""
+    from alcli.gradnorm.ghost import _k_mode
+    from test_gradnorm_rnn import CLASSES, D_IN, HIDDEN, OwnForwardLSTM, case, check, oracle
+    model, x, targets = case("lstm", layers=1, bidirectional=False)
+    model.rnn = OwnForwardLSTM(D_IN, HIDDEN, num_layers=1, batch_first=True).double()
+    sets = [targets, (targets + 1) % CLASSES]
+    norms, _ = grad_norms_per_target(model, x, sets, method="ghost", compile=True)
+    check(norms, torch.stack([oracle(model, x, t, lambda n: True) for t in sets]))
+    assert _k_mode[model] == "per target"
+
+
+def test_a_new_batch_size_and_a_new_model_are_compiled_anew():
+    model, inputs, targets = build("mlp")
     per_example_grad_norms(model, inputs, targets, compile=True)
     for x, y in ((inputs[:3], targets[:3]), (inputs, targets)):
         assert_matches(per_example_grad_norms(model, x, y, compile=True),
                        oracle_norms(model, x, y), TOL, f"batch of {len(x)}")
-    other, _, _ = build("simple")  # another model, same shapes: its own weights are used
+    other, _, _ = build("mlp")  # another model of the same shapes: its own weights are used
     with torch.no_grad():
-        other.conv1.weight.mul_(2)
+        for p in other.parameters():
+            p.mul_(1.5)
     assert_matches(per_example_grad_norms(other, inputs, targets, compile=True),
                    oracle_norms(other, inputs, targets), TOL, "a second model")
 

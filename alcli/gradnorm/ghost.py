@@ -204,12 +204,12 @@ def _compiled_backwards(model, plan, uses, calls, taps, logits, cotangents, batc
             # the graph is kept, for one backward per target set if this one cannot be batched
             grads = torch.autograd.grad(logits, taps, cotangents[i:i + chunk], retain_graph=True,
                                         allow_unused=True, is_grads_batched=True)  # [chunk, *tap.shape]
+            norms.append(rules(plan, uses, calls, list(grads), batch, logits.device, True))
         except torch.OutOfMemoryError:
             raise
-        except (RuntimeError, NotImplementedError) as err:  # a backward op vmap cannot batch
+        except (RuntimeError, NotImplementedError) as err:  # a backward op or rule vmap cannot batch
             _k_mode[model], _k_reasons[model] = "per target", first_line(err)
             return _compiled_backwards(model, plan, uses, calls, taps, logits, cotangents / scale, batch)
-        norms.append(rules(plan, uses, calls, list(grads), batch, logits.device, True))
     norms = torch.cat(norms)
     return norms / scale if scale != 1.0 else norms
 
