@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 # graphs kept per compiled function: one per (model, input signature) in a run; past the limit
-# torch runs the function uncompiled (exact, as fast as without --compile)
+# torch runs the function uncompiled (exact; its ops then run one by one)
 RECOMPILE_LIMIT = 64
 # on CUDA the graph replays as a CUDA graph: one launch for all its kernels (fixed shapes)
 CUDA_MODE = "reduce-overhead"
