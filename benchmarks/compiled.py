@@ -15,7 +15,6 @@ import argparse
 import os
 import statistics
 import sys
-import time
 import warnings
 
 import torch
@@ -26,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from alcli.gradnorm import grad_norms_per_target  # noqa: E402
 from call_cost import interleaved_times  # noqa: E402
-from gradnorm import build_case, floor_fn, sync  # noqa: E402
+from gradnorm import build_case, floor_fn, sync, timed  # noqa: E402
 
 MODELS = ("simple", "simple-conv2", "mlp", "resnet18", "transformer", "bert-small", "lstm")
 VIEWS = {"expand", "view", "select", "detach", "t", "_unsafe_view", "unsqueeze", "squeeze", "alias",
@@ -72,22 +71,18 @@ def compare(case, device, k: int, rounds: int) -> dict:
     """The first compiled call (s), steady ghost and compiled calls ÷ the floor and in ms (median
     of interleaved rounds), and what a steady call of each launches."""
     eager, compiled = engine_fn(case, k, False), engine_fn(case, k, True)
-    sync(device)
-    start = time.perf_counter()
-    compiled()
-    sync(device)
-    compile_s = time.perf_counter() - start
+    _, compile_s = timed(compiled, device)
     diff = (compiled().double() - eager().double()).abs().max() / eager().double().abs().max()
     if diff > 1e-4:
         raise SystemExit(f"{case.name}: the compiled norms differ from ghost's by {diff:.3g} (relative)")
 
-    def timed(fn):
+    def synced(fn):
         def run():
             fn()
             sync(device)
         return run
     reps = 10 if case.name.startswith("simple") or case.name == "mlp" else 2
-    times = interleaved_times({"floor": timed(floor_fn(case)), "ghost": timed(eager), "compiled": timed(compiled)},
+    times = interleaved_times({"floor": synced(floor_fn(case)), "ghost": synced(eager), "compiled": synced(compiled)},
                               rounds, reps)
     ratio = {k: statistics.median(t / f for t, f in zip(v, times["floor"])) for k, v in times.items()}
     return {"compile s": compile_s, "ghost": ratio["ghost"], "compiled": ratio["compiled"],

@@ -188,30 +188,33 @@ def _compiled_backwards(model, plan, uses, calls, taps, logits, cotangents, batc
     """[K, B] norms (`--compile`): the backward hands every tap's gradient back at once (the K
     target sets batched through it where they fit, as in `_backwards`), then all rules and the
     sum over layers run as one compiled graph."""
-    k = cotangents.shape[0]
     scale = FP16_SCALE if logits.dtype == torch.float16 else 1.0
     cotangents = (cotangents * scale if scale != 1.0 else cotangents).to(logits.dtype)
+    chunk = _vmap_chunk(cotangents.shape[0], taps, cotangents.device) if _k_mode.get(model) != "per target" else 1
+    try:
+        norms = _compiled_chunks(plan, uses, calls, taps, logits, cotangents, batch, chunk)
+    except torch.OutOfMemoryError:
+        raise
+    except (RuntimeError, NotImplementedError) as err:  # a backward op or rule vmap cannot batch
+        if chunk == 1:
+            raise
+        _k_mode[model], _k_reasons[model] = "per target", first_line(err)
+        norms = _compiled_chunks(plan, uses, calls, taps, logits, cotangents, batch, 1)
+    return norms / scale if scale != 1.0 else norms
+
+
+def _compiled_chunks(plan, uses, calls, taps, logits, cotangents, batch, chunk: int) -> torch.Tensor:
+    """[K, B] norms, `chunk` target sets per backward (1: [*tap.shape] gradients, no vmap)."""
     rules = compile_once(_rules_of_pass, logits.device)
-    chunk = _vmap_chunk(k, taps, cotangents.device) if _k_mode.get(model) != "per target" else 1
-    norms = []
+    k, norms = cotangents.shape[0], []
     for i in range(0, k, chunk):
-        last = i + chunk >= k
-        if chunk == 1:  # [*tap.shape] gradients, no vmap
-            grads = torch.autograd.grad(logits, taps, cotangents[i], retain_graph=not last, allow_unused=True)
-            norms.append(rules(plan, uses, calls, list(grads), batch, logits.device, False))
-            continue
-        try:
-            # the graph is kept, for one backward per target set if this one cannot be batched
+        if chunk == 1:
+            grads = torch.autograd.grad(logits, taps, cotangents[i], retain_graph=i + 1 < k, allow_unused=True)
+        else:  # the graph is kept, for one backward per target set if this one cannot be batched
             grads = torch.autograd.grad(logits, taps, cotangents[i:i + chunk], retain_graph=True,
                                         allow_unused=True, is_grads_batched=True)  # [chunk, *tap.shape]
-            norms.append(rules(plan, uses, calls, list(grads), batch, logits.device, True))
-        except torch.OutOfMemoryError:
-            raise
-        except (RuntimeError, NotImplementedError) as err:  # a backward op or rule vmap cannot batch
-            _k_mode[model], _k_reasons[model] = "per target", first_line(err)
-            return _compiled_backwards(model, plan, uses, calls, taps, logits, cotangents / scale, batch)
-    norms = torch.cat(norms)
-    return norms / scale if scale != 1.0 else norms
+        norms.append(rules(plan, uses, calls, list(grads), batch, logits.device, chunk > 1))
+    return torch.cat(norms)
 
 
 def _rules_of_pass(plan, uses, calls, grads, batch: int, device, batched: bool) -> torch.Tensor:
