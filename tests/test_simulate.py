@@ -11,6 +11,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+from shell import PYTHON
 
 TOY = """import torch.nn as nn
 
@@ -70,7 +71,7 @@ def alcli(*args, cwd):
                           capture_output=True, text=True, timeout=600)
 
 
-TRAIN_CMD = "python train.py {labeled} {model} {workdir}/keep-{strategy}-{seed}-{round}"
+TRAIN_CMD = PYTHON + " train.py {labeled} {model} {workdir}/keep-{strategy}-{seed}-{round}"
 
 
 def read(path):
@@ -122,7 +123,7 @@ def test_simulate_bad_input_is_one_sentence(folder):
     args = ("--eval", "test.pt", "--arch", "toy:Net", "--trust-checkpoint", "--init", 4, "-n", 2, "--rounds", 1,
             "--seeds", 1, "-o", "c.csv")
     cases = [(("nolabels.pt", "--train", TRAIN_CMD), "pool nolabels.pt has no labels"),
-             (("pool.pt", "--train", "python -c 'import sys; sys.exit(3)' {model}"),
+             (("pool.pt", "--train", PYTHON + " -c 'import sys; sys.exit(3)' {model}"),
               "the training command exited with code 3 in round 0 (strategy margin, seed 0)"),
              (("pool.pt", "--train", "true {model}"), "the training command wrote no checkpoint"),
              (("pool.pt", "--train", TRAIN_CMD, "--strategies", "margin+kmeans"),
