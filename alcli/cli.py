@@ -448,8 +448,9 @@ SIMULATE_EPILOG = """The training command's contract:
   {model}    the checkpoint it must write; alcli loads it as --model
              (with --arch)
   {round} {seed} {strategy} {workdir}: for its logs or seeds
-It runs in a shell, in the current folder; a non-zero exit stops the
-simulation. Each round's labeled.csv and train.log stay in --workdir;
+It runs in a shell, in the current folder, each placeholder replaced by
+its value quoted as one word (do not quote placeholders yourself); a
+non-zero exit stops the simulation. Each round's labeled.csv and train.log stay in --workdir;
 checkpoints are removed once used.
 
 Examples:

@@ -16,6 +16,8 @@ from __future__ import annotations
 import csv
 import dataclasses
 import math
+import re
+import shlex
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -136,9 +138,9 @@ def train(plan: Plan, where: Path, labeled: list[str], ids: list[str], labels: l
     model.unlink(missing_ok=True)
     values = {"labeled": listing, "model": model, "round": r, "seed": seed, "strategy": strategy,
               "workdir": plan.workdir}
-    command = plan.train
-    for key in PLACEHOLDERS:
-        command = command.replace("{" + key + "}", str(values[key]))
+    # one pass, each value one shell word whatever it holds ($, ;, spaces, a placeholder's name)
+    command = re.sub(r"\{(" + "|".join(PLACEHOLDERS) + r")\}",
+                     lambda m: shlex.quote(str(values[m.group(1)])), plan.train)
     with open(log, "w") as out:
         done = subprocess.run(command, shell=True, stdout=out, stderr=subprocess.STDOUT)
     if done.returncode != 0:
