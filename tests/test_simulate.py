@@ -7,6 +7,7 @@ import csv
 import os
 import subprocess
 import sys
+import tracemalloc
 
 import numpy as np
 import pytest
@@ -156,3 +157,24 @@ def test_train_gets_each_value_as_one_argument(folder):
     model = train(plan, workdir / "r", ["a", "b"], ["a", "b"], [0, 1], None, "margin", 7, 0)
     assert model.read_text() == repr([str(workdir), "margin"])
     assert not (folder / "PWNED").exists() and not any(folder.glob("PWNED*"))
+
+
+def test_failed_training_quotes_the_log_tail_reading_a_bounded_part(folder):
+    from alcli.errors import RunError
+    from alcli.simulate import LOG_TAIL, Plan, train
+
+    size = 32 * LOG_TAIL  # one line of 2 MiB, its end marked, then exit code 3
+    command = (f"python -c \"import sys; sys.stdout.write('a' * {size} + 'THE-END'); "
+               f"sys.exit(3)\" {{model}}")
+    plan = Plan("pool.pt", "test.pt", command, ["margin"], 1, 2, 1, 0, folder / "w")
+    tracemalloc.start()  # this process's allocations: the log as read, not the child's output
+    try:
+        with pytest.raises(RunError) as err:
+            train(plan, folder / "w", ["a"], ["a"], [0], None, "margin", 0, 0)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert (folder / "w" / "train.log").stat().st_size > size
+    assert peak < 8 * LOG_TAIL, peak  # the tail, a few copies of it; not the whole log
+    assert "exited with code 3" in str(err.value) and str(err.value).endswith("aaaaTHE-END)")
+    assert "its last line: ..." in str(err.value) and len(str(err.value)) < 400
