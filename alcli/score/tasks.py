@@ -7,10 +7,13 @@ utilities.
 | classification | [B, C] | [B] long | cross-entropy |
 | multilabel | [B, C] | [B, C] float 0/1 | binary cross-entropy summed over the C labels |
 | segmentation | [B, C, H, W] | [B, H, W] long | mean cross-entropy over its valid pixels |
-| token-classification | [B, T, C] | [B, T] long | mean cross-entropy over its valid tokens |
+| token-classification | [B, T, C] | [B, T] long | mean cross-entropy over its words' first sub-tokens |
 | regression | [B, D] ([B]: D = 1) | [B, D] float | squared error summed over the D outputs |
 
-A position whose target is IGNORE (a padding token; an ignored pixel) counts nowhere. Every task
+A position whose target is IGNORE (a padding token; an ignored pixel) counts nowhere. Token
+classification on a text pool counts each word once, at its first sub-token, labeled or not (the
+Hugging Face convention: a fine-tuned model's other sub-tokens are trained with -100): labels,
+pseudo-labels, EGL's samples and the per-position utilities all sit there. Every task
 but regression is a categorical distribution per position: `dists` gives probs [B, N, K] (multilabel:
 N = C labels, K = 2 as [1 - p, p]; classification: N = 1) and `valid` [B, N]; the cheap utilities
 are taken per position and aggregated over the valid ones (`aggregate`).
@@ -131,12 +134,14 @@ TASKS: dict[str, Task] = {t.name: t for t in (
 
 def valid_positions(task: str, logits: torch.Tensor, inputs, words: torch.Tensor | None = None
                     ) -> torch.Tensor:
-    """[B, N] bool: the positions that count. Token classification: the tokens of a word of the
-    text (`words` [B, T] >= 0: special tokens such as [CLS], [SEP] and padding excluded), else,
-    without `words` (tensor pools), the attention mask's tokens; every other task: all."""
+    """[B, N] bool: the positions that count. Token classification: each word's first sub-token
+    (`words` [B, T], a word's tokens consecutive, -1 for special tokens such as [CLS], [SEP] and
+    padding), where its given label goes too; without `words` (tensor pools), the attention
+    mask's tokens; every other task: all."""
     b = logits.shape[0]
     if task == "token-classification" and words is not None:
-        return (words >= 0).to(logits.device).reshape(b, -1)
+        before = F.pad(words[:, :-1], (1, 0), value=-1)   # [B, T]: the previous token's word
+        return ((words >= 0) & (words != before)).to(logits.device).reshape(b, -1)
     if task == "token-classification" and isinstance(inputs, dict) and \
             isinstance(inputs.get("attention_mask"), torch.Tensor):
         return inputs["attention_mask"].to(logits.device).bool().reshape(b, -1)
