@@ -212,11 +212,18 @@ def known(setting: str, model: nn.Module) -> str | None:
 
 
 def check(task: str, logits: torch.Tensor) -> None:
-    """A RunError naming --task when the model's output does not fit the task."""
+    """A RunError naming --task when the model's output does not fit the task; one with no
+    pixel (token) to score, an undefined score for every example, is a RunError too."""
     spec = TASKS[task]
     if not spec.fits(logits):
         raise RunError(f"the model returns outputs of shape {list(logits.shape)}, but --task {task} "
                        f"needs {spec.shape}; pass the --task its output fits")
+    positions = {"segmentation": logits.shape[2:], "token-classification": logits.shape[1:2]}.get(task)
+    if positions is not None and math.prod(positions) == 0:
+        what, hint = ("pixel", "; its inputs are too small for it (see --resize)") \
+            if task == "segmentation" else ("token", "")
+        raise RunError(f"the model returns {task} outputs of shape {list(logits.shape)}, with no "
+                       f"{what} to score{hint}")
 
 
 # --- targets: labels, predictions, samples -----------------------------------------------------
