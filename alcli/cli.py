@@ -517,7 +517,8 @@ def _warn_skipped(r: Reporter, skipped: int, nans: int, errors_file: str | None,
         r.warn(f"skipped {skipped} unreadable example{'s' if skipped > 1 else ''} ({where})")
     if nans:
         r.warn(f"{nans} example{'s have' if nans > 1 else ' has'} a NaN score (a non-finite loss "
-               f"or gradient norm), ranked last")
+               f"or gradient norm, or a loss over no position: a mask ignoring every pixel, a "
+               f"text without a labeled word), ranked last")
 
 
 def _api():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -383,3 +384,29 @@ def test_token_scores_count_each_word_at_its_first_sub_token_labeled_or_not(ws):
         if strategy == "gradnorm":
             for i, id_ in enumerate(ids):
                 assert float(table[id_]["loss"]) == pytest.approx(losses[i], rel=2e-5, abs=1e-8), id_
+
+
+def test_a_mask_ignoring_every_pixel_has_a_nan_loss_ranked_last_with_a_warning(ws):
+    """Its loss, a mean over no pixel, is undefined: gradnorm and loss score it NaN (not 0), rank
+    it last and count it in a warning; entropy, which needs no label, keeps its value."""
+    masks(ws)
+    (ws / "masks_none").mkdir(exist_ok=True)
+    Image.fromarray(np.full((16, 16), 255, np.uint8), mode="L").save(ws / "masks_none" / "all255.png")
+    with open(ws / "seg_none.jsonl", "w") as f:
+        for i in range(4):
+            mask = "masks_none/all255.png" if i == 1 else f"masks/im{i:02d}.png"
+            f.write(json.dumps({"id": f"im{i:02d}", "path": f"images/im{i:02d}.png", "mask": mask}) + "\n")
+    for strategy in ("gradnorm", "loss"):
+        out = run(ws, "score", "seg_none.jsonl", *SCORES["segmentation"][1:], "--strategy", strategy,
+                  "-o", f"none_{strategy}.csv")
+        rows = parse_csv((ws / f"none_{strategy}.csv").read_text())
+        assert rows[-1]["id"] == "im01", strategy
+        assert math.isnan(float(rows[-1]["score"])) and math.isnan(float(rows[-1]["loss"])), strategy
+        assert all(float(r["score"]) > 0 and float(r["loss"]) > 0 for r in rows[:-1]), strategy
+        assert "1 example has a NaN score" in out.stderr and "a mask ignoring every pixel" in out.stderr
+    run(ws, "score", "seg_none.jsonl", *SCORES["segmentation"][1:], "--strategy", "entropy", "-o", "none_e.csv")
+    run(ws, "score", *SCORES["segmentation"], "--strategy", "entropy", "-o", "plain_e.csv")
+    labeled = {r["id"]: r for r in parse_csv((ws / "none_e.csv").read_text())}
+    plain = {Path(r["id"]).stem: r for r in parse_csv((ws / "plain_e.csv").read_text())}  # im00.png
+    assert all(float(labeled[k]["score"]) == float(plain[k]["score"]) > 0 for k in labeled)
+    assert math.isnan(float(labeled["im01"]["loss"])) and float(labeled["im00"]["loss"]) > 0

@@ -236,6 +236,21 @@ def predicted(task: str, logits: torch.Tensor, valid: torch.Tensor) -> torch.Ten
     return spec.targets(labels.unsqueeze(0), valid, logits)[0]
 
 
+def no_positions(task: str, targets: torch.Tensor) -> torch.Tensor:
+    """[B] bool: the examples whose targets count at no position (a mask that ignores every
+    pixel, a text without a labeled word); their loss, a mean over no position, is undefined."""
+    if task not in ("segmentation", "token-classification"):
+        return torch.zeros(targets.shape[0], dtype=torch.bool, device=targets.device)
+    return ~(targets != IGNORE).flatten(1).any(1)
+
+
+def undefined_as_nan(task: str, targets: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """[B] values of the loss (or its gradient's norm) at `targets`, NaN where it is undefined
+    (ranked last and counted, as other undefined scores)."""
+    empty = no_positions(task, targets).to(values.device)
+    return torch.where(empty, torch.full_like(values, math.nan), values)
+
+
 def _generator(seed: int, id_) -> torch.Generator:
     digest = hashlib.blake2b(f"egl\0{seed}\0{id_}".encode(), digest_size=8).digest()
     return torch.Generator().manual_seed(int.from_bytes(digest, "big") >> 1)
