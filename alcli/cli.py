@@ -450,8 +450,8 @@ SIMULATE_EPILOG = """The training command's contract:
   {round} {seed} {strategy} {workdir}: for its logs or seeds
 It runs in a shell, in the current folder, each placeholder replaced by
 its value quoted as one word (do not quote placeholders yourself); a
-non-zero exit stops the simulation. Each round's labeled.csv and train.log stay in --workdir;
-checkpoints are removed once used.
+non-zero exit stops the simulation. Each round's labeled.csv and
+train.log stay in --workdir; checkpoints are removed once used.
 
 Examples:
 

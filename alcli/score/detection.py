@@ -197,7 +197,7 @@ def image_loss(model: nn.Module, image: torch.Tensor, target: dict, seed: int) -
 def grad_norm(model: nn.Module, image: torch.Tensor, target: dict, seed: int,
               params: list[torch.Tensor]) -> tuple[float, float]:
     """(||∇θ ℓ(x, T)||, ℓ(x, T)): the squares summed in float64 (float32 on MPS), as the
-    engine's loop does; summed in float32, a 12.8M-weight layer's norm is off by about 1e-3."""
+    engine's loop does (summed in float32, a 12.8M-weight layer's norm was off by up to 1e-3)."""
     loss = image_loss(model, image, target, seed)
     sq = 0.0
     for g in torch.autograd.grad(loss, params, allow_unused=True):

@@ -168,7 +168,8 @@ def _egl_sampled(s: StrategyInputs) -> Columns:
     backward, with `egl_se`, the estimate's standard error (sample std / sqrt S). `pseudo`: the
     norm at the predicted labels."""
     if s.egl_samples == "pseudo":
-        return {"score": tasks.undefined_as_nan(s.task, s.targets, _grad_norms(s, lambda s: [s.targets])[0])}
+        norms = _grad_norms(s, lambda s: [s.targets])[0]
+        return {"score": tasks.undefined_as_nan(s.task, s.targets, norms)}
     norms = _grad_norms(s, lambda s: tasks.sampled(s.task, s.logits, s.valid, s.ids,
                                                      s.egl_samples, s.seed))  # [S, B]
     cols = {"score": norms.mean(0)}
@@ -201,7 +202,7 @@ def _needs_labels(s: StrategyInputs, name: str) -> None:
 @strategy("gradnorm", gradients=True)
 def gradnorm(s: StrategyInputs) -> Columns:
     """Gradient norm at the example's label where known, else at the predicted class."""
-    _needs_labels(s, "gradnorm")
+    _needs_labels(s, "gradnorm")  # NaN where the targets count at no position (tasks.no_positions)
     norms = _grad_norms(s, lambda s: [s.targets])[0]
     return {"score": tasks.undefined_as_nan(s.task, s.targets, norms)}
 
