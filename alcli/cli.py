@@ -448,9 +448,10 @@ SIMULATE_EPILOG = """The training command's contract:
   {model}    the checkpoint it must write; alcli loads it as --model
              (with --arch)
   {round} {seed} {strategy} {workdir}: for its logs or seeds
-It runs in a shell, in the current folder; a non-zero exit stops the
-simulation. Each round's labeled.csv and train.log stay in --workdir;
-checkpoints are removed once used.
+It runs in a shell, in the current folder, each placeholder replaced by
+its value quoted as one word (do not quote placeholders yourself); a
+non-zero exit stops the simulation. Each round's labeled.csv and
+train.log stay in --workdir; checkpoints are removed once used.
 
 Examples:
 
@@ -516,7 +517,8 @@ def _warn_skipped(r: Reporter, skipped: int, nans: int, errors_file: str | None,
         r.warn(f"skipped {skipped} unreadable example{'s' if skipped > 1 else ''} ({where})")
     if nans:
         r.warn(f"{nans} example{'s have' if nans > 1 else ' has'} a NaN score (a non-finite loss "
-               f"or gradient norm), ranked last")
+               f"or gradient norm, or a loss over no position: a mask ignoring every pixel, a "
+               f"text without a labeled word), ranked last")
 
 
 def _api():

@@ -16,6 +16,9 @@ from __future__ import annotations
 import csv
 import dataclasses
 import math
+import os
+import re
+import shlex
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -136,21 +139,34 @@ def train(plan: Plan, where: Path, labeled: list[str], ids: list[str], labels: l
     model.unlink(missing_ok=True)
     values = {"labeled": listing, "model": model, "round": r, "seed": seed, "strategy": strategy,
               "workdir": plan.workdir}
-    command = plan.train
-    for key in PLACEHOLDERS:
-        command = command.replace("{" + key + "}", str(values[key]))
+    # one pass, each value one shell word whatever it holds ($, ;, spaces, a placeholder's name)
+    command = re.sub(r"\{(" + "|".join(PLACEHOLDERS) + r")\}",
+                     lambda m: shlex.quote(str(values[m.group(1)])), plan.train)
     with open(log, "w") as out:
         done = subprocess.run(command, shell=True, stdout=out, stderr=subprocess.STDOUT)
     if done.returncode != 0:
-        last = next((line for line in reversed(log.read_text(errors="replace").splitlines())
-                     if line.strip()), "")
-        tail = f" (its last line: {last.strip()[:160]})" if last else ""
+        last = last_line(log)
+        last = last if len(last) <= 160 else "..." + last[-157:]
+        tail = f" (its last line: {last})" if last else ""
         raise RunError(f"the training command exited with code {done.returncode} in round {r} "
                        f"(strategy {strategy}, seed {seed}); its output is in {log}{tail}")
     if not model.is_file():
         raise RunError(f"the training command wrote no checkpoint {model} in round {r} "
                        f"(strategy {strategy}, seed {seed}); it must save the model to {{model}}")
     return model
+
+
+LOG_TAIL = 64 * 1024  # bytes read from the end of train.log to quote its last line
+
+
+def last_line(log: Path, cap: int = LOG_TAIL) -> str:
+    """The log's last non-blank line, read from its last `cap` bytes only (a log can be huge,
+    or one long line: then its end)."""
+    with open(log, "rb") as f:
+        size = f.seek(0, os.SEEK_END)
+        f.seek(max(0, size - cap))
+        tail = f.read(cap).decode(errors="replace")
+    return next((line.strip() for line in reversed(tail.splitlines()) if line.strip()), "")
 
 
 def accuracy(base: Settings, eval_pool: str, model: Path) -> float:

@@ -320,3 +320,18 @@ def test_score_reads_a_detr_directory(tmp_path):
         assert set(row["pred"].split("|")) <= {"cat", "dog", "cow", ""}
         want = detr_oracle(model, x, [b[:4] for b in boxes], [b[4] for b in boxes], torch.float32)
         assert float(row["score"]) == pytest.approx(want, rel=1e-5)
+
+
+def test_a_large_layer_s_norm_sums_its_squares_in_float64():
+    """Faster R-CNN's fc6 (12.8M weights) in a float32 detector: its norm is the float64 norm of
+    its float32 gradient; float32 summation (torch._foreach_norm) is off by about 3e-4 here."""
+    model, img = build("fasterrcnn_mobilenet_v3_large_320_fpn", torch.float32), images(torch.float32)[0]
+    fc6 = model.roi_heads.box_head.fc6.weight
+    assert fc6.numel() > 12_000_000
+    target = {"boxes": torch.tensor([[5.0, 6.0, 40.0, 50.0], [30.0, 10.0, 70.0, 30.0]]),
+              "labels": torch.tensor([1, 2])}
+    with detection.loss_mode(model):
+        got = detection.grad_norm(model, img, target, 3, [fc6])[0]
+        g, = torch.autograd.grad(detection.image_loss(model, img, target, 3), [fc6])
+    want = math.sqrt(math.fsum(v * v for v in g.double().flatten().tolist()))  # exact squares, exact sum
+    assert got == pytest.approx(want, rel=1e-9)

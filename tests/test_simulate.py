@@ -7,6 +7,7 @@ import csv
 import os
 import subprocess
 import sys
+import tracemalloc
 
 import numpy as np
 import pytest
@@ -135,3 +136,46 @@ def test_simulate_bad_input_is_one_sentence(folder):
         assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
         assert lines[-1].startswith("alcli: error: ") and says in lines[-1], out.stderr
         assert len([line for line in lines if "error" in line]) == 1
+
+
+def test_simulate_placeholders_are_one_shell_word(folder):
+    # the reproducer: -o's name reaches {workdir} (OUTPUT.runs) and {labeled}, {model}
+    out = alcli("simulate", "pool.pt", "--eval", "test.pt", "--arch", "toy:Net", "--trust-checkpoint",
+                "--train", TRAIN_CMD, "--init", 6, "--rounds", 0, "--strategies", "margin",
+                "--seeds", 1, "-o", "c$(touch PWNED).csv", cwd=folder)
+    assert out.returncode == 0, out.stderr
+    assert not (folder / "PWNED").exists()
+    assert (folder / "c$(touch PWNED).csv.runs" / "keep-margin-0-0.acc").is_file()
+
+
+def test_train_gets_each_value_as_one_argument(folder):
+    from alcli.simulate import Plan, train
+
+    # a space, $(...), ;, a quote and a placeholder's own name inside the work folder's name
+    workdir = folder / "my runs;$(touch PWNED) it's {seed}"
+    echo = "python -c \"import sys; open(sys.argv[1], 'w').write(repr(sys.argv[2:]))\" {model} {workdir} {strategy}"
+    plan = Plan("pool.pt", "test.pt", echo, ["margin"], 1, 2, 1, 0, workdir)
+    model = train(plan, workdir / "r", ["a", "b"], ["a", "b"], [0, 1], None, "margin", 7, 0)
+    assert model.read_text() == repr([str(workdir), "margin"])
+    assert not (folder / "PWNED").exists() and not any(folder.glob("PWNED*"))
+
+
+def test_failed_training_quotes_the_log_tail_reading_a_bounded_part(folder):
+    from alcli.errors import RunError
+    from alcli.simulate import LOG_TAIL, Plan, train
+
+    size = 32 * LOG_TAIL  # one line of 2 MiB, its end marked, then exit code 3
+    command = (f"python -c \"import sys; sys.stdout.write('a' * {size} + 'THE-END'); "
+               f"sys.exit(3)\" {{model}}")
+    plan = Plan("pool.pt", "test.pt", command, ["margin"], 1, 2, 1, 0, folder / "w")
+    tracemalloc.start()  # this process's allocations: the log as read, not the child's output
+    try:
+        with pytest.raises(RunError) as err:
+            train(plan, folder / "w", ["a"], ["a"], [0], None, "margin", 0, 0)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert (folder / "w" / "train.log").stat().st_size > size
+    assert peak < 8 * LOG_TAIL, peak  # the tail, a few copies of it; not the whole log
+    assert "exited with code 3" in str(err.value) and str(err.value).endswith("aaaaTHE-END)")
+    assert "its last line: ..." in str(err.value) and len(str(err.value)) < 400

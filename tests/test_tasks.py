@@ -357,3 +357,35 @@ def test_a_task_that_does_not_fit_the_output_is_one_sentence():
     with pytest.raises(AlcliError) as err:
         alcli.score_pool(tm.features(3), nn.Sequential(nn.Linear(5, 1), nn.Flatten(0)), strategy="entropy")
     assert "pass --task" in str(err.value)
+
+
+class NoPixels(nn.Module):
+    """A segmenter whose output has no pixel: [B, 3, 0, 0]."""
+
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Conv2d(3, 3, 1)
+
+    def forward(self, x):
+        return self.head(x)[:, :, :0, :0]
+
+
+def test_a_segmentation_output_without_pixels_is_one_sentence(tmp_path):
+    """No pixel: every score undefined (not 0.0 for all), so the run stops, as for an output that
+    fits no task."""
+    torch.manual_seed(0)
+    model, x = NoPixels().eval(), tm.images(2, 8)
+    for task, strategy in itertools.product(("auto", "segmentation"), ("entropy", "gradnorm", "egl")):
+        with pytest.raises(AlcliError) as err:
+            alcli.score_pool(x, model, task=task, strategy=strategy)
+        msg = str(err.value)
+        assert "[1, 3, 0, 0]" in msg and "no pixel to score" in msg and "\n" not in msg, (task, strategy)
+    from typer.testing import CliRunner
+    from cli_errors import assert_one_error
+    from alcli.cli import app
+    torch.save(model.state_dict(), tmp_path / "m.pt")
+    torch.save({"x": x, "ids": ["a", "b"]}, tmp_path / "pool.pt")
+    out = CliRunner().invoke(app, ["score", str(tmp_path / "pool.pt"), "-m", str(tmp_path / "m.pt"),
+                                   "--arch", "test_tasks:NoPixels", "-s", "entropy",
+                                   "-o", str(tmp_path / "o.csv")])
+    assert_one_error(out, "no pixel to score", "a 0-pixel output")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -305,3 +306,107 @@ def test_resume_with_every_row_done_records_the_task(ws):
     finally:
         os.chdir(old)
     assert json.loads((ws / "resumed.csv.meta.json").read_text())["task"] == "regression"
+
+
+# --- token classification: one position per word (its first sub-token), labeled or not -------------
+
+SUBWORD_TEXTS = ["the cats sated on mats", "birds flewing away fasts", "a dog ran", "cats and dogs ran",
+                 "the red birds stopped", "mats sated", "small cats flewing", "the dog"]
+
+
+def _subword_tokenizer(directory: Path):
+    """hf_models' word-piece tokenizer with suffixes, so that words split: cats = cat ##s."""
+    from transformers import BertTokenizerFast
+    directory.mkdir(parents=True, exist_ok=True)
+    vocab = str(directory / "vocab.txt")
+    (directory / "vocab.txt").write_text("\n".join(hf_models.VOCAB + ["##s", "##ed", "##ing"]) + "\n")
+    return BertTokenizerFast(vocab_file=vocab, vocab=vocab, model_max_length=64)
+
+
+def test_token_scores_count_each_word_at_its_first_sub_token_labeled_or_not(ws):
+    """A mixed pool (3 texts labeled, one word of them null; 5 unlabeled) of words split into
+    sub-tokens: gradnorm, loss, egl and entropy against a float64 per-example loop in which the
+    labels, the pseudo-labels, the samples and the entropies all sit on each word's first
+    sub-token (HF's word_ids, not alcli's offsets), and nowhere else."""
+    from alcli.score.tasks import uniforms
+
+    model, tok = tm.bert_tokens(), _subword_tokenizer(ws / "ner_sub")
+    model.save_pretrained(ws / "ner_sub")
+    tok.save_pretrained(ws / "ner_sub")
+    given = {0: [1, 2, 0, None, 2], 3: [2, 1, 0, 1], 5: [0, 2]}
+    ids = [f"s{i}" for i in range(len(SUBWORD_TEXTS))]
+    with open(ws / "subwords.jsonl", "w") as f:
+        for i, text in enumerate(SUBWORD_TEXTS):
+            f.write(json.dumps({"id": ids[i], "text": text, **({"label": given[i]} if i in given else {})}) + "\n")
+    enc = tok(SUBWORD_TEXTS, padding="longest", return_tensors="pt")
+    x = {k: enc[k] for k in ("input_ids", "token_type_ids", "attention_mask")}
+    b, t = x["input_ids"].shape
+    first = torch.zeros(b, t, dtype=torch.bool)
+    word = torch.full((b, t), -1)
+    for i in range(b):
+        seen = set()
+        for j, w in enumerate(enc.word_ids(i)):
+            if w is not None and w not in seen:
+                seen.add(w)
+                first[i, j], word[i, j] = True, w
+    assert int(first.sum()) < int(x["attention_mask"].sum()) - 2 * b  # some words do split
+    with torch.no_grad():
+        probs = model.double()(**x).logits.softmax(-1)                      # [B, T, C] float64
+    model.float()
+
+    def at_first(labels):  # [B, T] labels -> targets: given where known, IGNORE off first sub-tokens
+        out = torch.where(first, labels, torch.full_like(labels, tm.IGNORE))
+        for i, words in given.items():
+            for j in range(t):
+                if first[i, j]:
+                    out[i, j] = tm.IGNORE if words[word[i, j]] is None else words[word[i, j]]
+        return out
+
+    pseudo = at_first(probs.argmax(-1))
+    norms = tm.loop_norms(model, x, "token-classification", pseudo)
+    losses = [float(tm.oracle_loss("token-classification", probs[i:i + 1].log(), pseudo[i:i + 1]))
+              for i in range(b)]
+    samples = 3  # egl: inverse-CDF draws at every position from the seeded uniforms; unlabeled too
+    u = uniforms(ids, t, samples, 0, "cpu")                                   # [S, B, T]
+    drawn = (u.unsqueeze(-1) >= probs.cumsum(-1)[..., :-1]).sum(-1)           # [S, B, T]
+    sampled = [torch.where(first, d, torch.full_like(d, tm.IGNORE)) for d in drawn]
+    egl = torch.stack([tm.loop_norms(model, x, "token-classification", s) for s in sampled]).mean(0)
+    h = -(probs * probs.log()).sum(-1)                                        # [B, T]
+    entropy = (h * first).sum(1) / first.sum(1)
+    want = {"gradnorm": norms, "loss": losses, "egl": egl, "entropy": entropy}
+    for strategy, values in want.items():
+        run(ws, "score", "subwords.jsonl", "--model", "ner_sub", "--strategy", strategy,
+            "--egl-samples", samples, "--seed", 0, "-b", 8, "-o", f"sub_{strategy}.csv", "-q")
+        table = {r["id"]: r for r in parse_csv((ws / f"sub_{strategy}.csv").read_text())}
+        for i, id_ in enumerate(ids):
+            assert float(table[id_]["score"]) == pytest.approx(float(values[i]), rel=2e-5, abs=1e-8), \
+                (strategy, id_)
+        if strategy == "gradnorm":
+            for i, id_ in enumerate(ids):
+                assert float(table[id_]["loss"]) == pytest.approx(losses[i], rel=2e-5, abs=1e-8), id_
+
+
+def test_a_mask_ignoring_every_pixel_has_a_nan_loss_ranked_last_with_a_warning(ws):
+    """Its loss, a mean over no pixel, is undefined: gradnorm and loss score it NaN (not 0), rank
+    it last and count it in a warning; entropy, which needs no label, keeps its value."""
+    masks(ws)
+    (ws / "masks_none").mkdir(exist_ok=True)
+    Image.fromarray(np.full((16, 16), 255, np.uint8), mode="L").save(ws / "masks_none" / "all255.png")
+    with open(ws / "seg_none.jsonl", "w") as f:
+        for i in range(4):
+            mask = "masks_none/all255.png" if i == 1 else f"masks/im{i:02d}.png"
+            f.write(json.dumps({"id": f"im{i:02d}", "path": f"images/im{i:02d}.png", "mask": mask}) + "\n")
+    for strategy in ("gradnorm", "loss"):
+        out = run(ws, "score", "seg_none.jsonl", *SCORES["segmentation"][1:], "--strategy", strategy,
+                  "-o", f"none_{strategy}.csv")
+        rows = parse_csv((ws / f"none_{strategy}.csv").read_text())
+        assert rows[-1]["id"] == "im01", strategy
+        assert math.isnan(float(rows[-1]["score"])) and math.isnan(float(rows[-1]["loss"])), strategy
+        assert all(float(r["score"]) > 0 and float(r["loss"]) > 0 for r in rows[:-1]), strategy
+        assert "1 example has a NaN score" in out.stderr and "a mask ignoring every pixel" in out.stderr
+    run(ws, "score", "seg_none.jsonl", *SCORES["segmentation"][1:], "--strategy", "entropy", "-o", "none_e.csv")
+    run(ws, "score", *SCORES["segmentation"], "--strategy", "entropy", "-o", "plain_e.csv")
+    labeled = {r["id"]: r for r in parse_csv((ws / "none_e.csv").read_text())}
+    plain = {Path(r["id"]).stem: r for r in parse_csv((ws / "plain_e.csv").read_text())}  # im00.png
+    assert all(float(labeled[k]["score"]) == float(plain[k]["score"]) > 0 for k in labeled)
+    assert math.isnan(float(labeled["im01"]["loss"])) and float(labeled["im00"]["loss"]) > 0

@@ -144,7 +144,10 @@ def score_batch(model: nn.Module, batch: Batch, settings: Settings, device: torc
         raise _cannot_run(inputs, pool_name, err) from None
     score = cols.pop("score")
     pred, conf, loss, pred_sets = _shared_columns(s, score)
-    finite = torch.isfinite(score) if loss is None else torch.isfinite(score) & torch.isfinite(loss.to(score.device))
+    finite = torch.isfinite(score)
+    if loss is not None:  # a loss undefined (over no position) leaves the other scores as they are
+        undefined = tasks.no_positions(task, s.targets).to(score.device)
+        finite &= torch.isfinite(loss.to(score.device)) | undefined
     score = torch.where(finite, score, torch.full_like(score, math.nan))  # ranked last, counted
     columns = {"score": score, "pred": pred, "confidence": conf,
                **({"loss": loss} if loss is not None else {}), **cols}

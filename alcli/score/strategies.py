@@ -168,7 +168,8 @@ def _egl_sampled(s: StrategyInputs) -> Columns:
     backward, with `egl_se`, the estimate's standard error (sample std / sqrt S). `pseudo`: the
     norm at the predicted labels."""
     if s.egl_samples == "pseudo":
-        return {"score": _grad_norms(s, lambda s: [s.targets])[0]}
+        norms = _grad_norms(s, lambda s: [s.targets])[0]
+        return {"score": tasks.undefined_as_nan(s.task, s.targets, norms)}
     norms = _grad_norms(s, lambda s: tasks.sampled(s.task, s.logits, s.valid, s.ids,
                                                      s.egl_samples, s.seed))  # [S, B]
     cols = {"score": norms.mean(0)}
@@ -201,16 +202,18 @@ def _needs_labels(s: StrategyInputs, name: str) -> None:
 @strategy("gradnorm", gradients=True)
 def gradnorm(s: StrategyInputs) -> Columns:
     """Gradient norm at the example's label where known, else at the predicted class."""
-    _needs_labels(s, "gradnorm")
-    return {"score": _grad_norms(s, lambda s: [s.targets])[0]}
+    _needs_labels(s, "gradnorm")  # NaN where the targets count at no position (tasks.no_positions)
+    norms = _grad_norms(s, lambda s: [s.targets])[0]
+    return {"score": tasks.undefined_as_nan(s.task, s.targets, norms)}
 
 
 def loss_at_targets(s: StrategyInputs) -> torch.Tensor:
     """The task's per-example loss at the given label where known, else at the predicted
-    labels -> [B] float64 (classification: cross-entropy)."""
+    labels -> [B] float64 (classification: cross-entropy); NaN where undefined."""
     z = s.logits.to(exact_dtype(s.logits))
-    if s.task != "classification":
-        return tasks.TASKS[s.task].loss(z, s.targets)
+    if s.task != "classification":  # NaN where the targets count at no position
+        t = s.targets
+        return tasks.undefined_as_nan(s.task, t, tasks.TASKS[s.task].loss(z, t))
     return F.cross_entropy(z, s.targets, reduction="none")
 
 

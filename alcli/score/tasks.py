@@ -7,10 +7,13 @@ utilities.
 | classification | [B, C] | [B] long | cross-entropy |
 | multilabel | [B, C] | [B, C] float 0/1 | binary cross-entropy summed over the C labels |
 | segmentation | [B, C, H, W] | [B, H, W] long | mean cross-entropy over its valid pixels |
-| token-classification | [B, T, C] | [B, T] long | mean cross-entropy over its valid tokens |
+| token-classification | [B, T, C] | [B, T] long | mean cross-entropy over its words' first sub-tokens |
 | regression | [B, D] ([B]: D = 1) | [B, D] float | squared error summed over the D outputs |
 
-A position whose target is IGNORE (a padding token; an ignored pixel) counts nowhere. Every task
+A position whose target is IGNORE (a padding token; an ignored pixel) counts nowhere. Token
+classification on a text pool counts each word once, at its first sub-token, labeled or not (the
+Hugging Face convention: a fine-tuned model's other sub-tokens are trained with -100): labels,
+pseudo-labels, EGL's samples and the per-position utilities all sit there. Every task
 but regression is a categorical distribution per position: `dists` gives probs [B, N, K] (multilabel:
 N = C labels, K = 2 as [1 - p, p]; classification: N = 1) and `valid` [B, N]; the cheap utilities
 are taken per position and aggregated over the valid ones (`aggregate`).
@@ -131,12 +134,14 @@ TASKS: dict[str, Task] = {t.name: t for t in (
 
 def valid_positions(task: str, logits: torch.Tensor, inputs, words: torch.Tensor | None = None
                     ) -> torch.Tensor:
-    """[B, N] bool: the positions that count. Token classification: the tokens of a word of the
-    text (`words` [B, T] >= 0: special tokens such as [CLS], [SEP] and padding excluded), else,
-    without `words` (tensor pools), the attention mask's tokens; every other task: all."""
+    """[B, N] bool: the positions that count. Token classification: each word's first sub-token
+    (`words` [B, T], a word's tokens consecutive, -1 for special tokens such as [CLS], [SEP] and
+    padding), where its given label goes too; without `words` (tensor pools), the attention
+    mask's tokens; every other task: all."""
     b = logits.shape[0]
     if task == "token-classification" and words is not None:
-        return (words >= 0).to(logits.device).reshape(b, -1)
+        before = F.pad(words[:, :-1], (1, 0), value=-1)   # [B, T]: the previous token's word
+        return ((words >= 0) & (words != before)).to(logits.device).reshape(b, -1)
     if task == "token-classification" and isinstance(inputs, dict) and \
             isinstance(inputs.get("attention_mask"), torch.Tensor):
         return inputs["attention_mask"].to(logits.device).bool().reshape(b, -1)
@@ -207,11 +212,18 @@ def known(setting: str, model: nn.Module) -> str | None:
 
 
 def check(task: str, logits: torch.Tensor) -> None:
-    """A RunError naming --task when the model's output does not fit the task."""
+    """A RunError naming --task when the model's output does not fit the task; one with no
+    pixel (token) to score, an undefined score for every example, is a RunError too."""
     spec = TASKS[task]
     if not spec.fits(logits):
         raise RunError(f"the model returns outputs of shape {list(logits.shape)}, but --task {task} "
                        f"needs {spec.shape}; pass the --task its output fits")
+    positions = {"segmentation": logits.shape[2:], "token-classification": logits.shape[1:2]}.get(task)
+    if positions is not None and math.prod(positions) == 0:
+        what, hint = ("pixel", "; its inputs are too small for it (see --resize)") \
+            if task == "segmentation" else ("token", "")
+        raise RunError(f"the model returns {task} outputs of shape {list(logits.shape)}, with no "
+                       f"{what} to score{hint}")
 
 
 # --- targets: labels, predictions, samples -----------------------------------------------------
@@ -222,6 +234,21 @@ def predicted(task: str, logits: torch.Tensor, valid: torch.Tensor) -> torch.Ten
     spec = TASKS[task]
     labels = spec.dists(logits).argmax(-1)  # [B, N]; a tie goes to the lower index (absent)
     return spec.targets(labels.unsqueeze(0), valid, logits)[0]
+
+
+def no_positions(task: str, targets: torch.Tensor) -> torch.Tensor:
+    """[B] bool: the examples whose targets count at no position (a mask that ignores every
+    pixel, a text without a labeled word); their loss, a mean over no position, is undefined."""
+    if task not in ("segmentation", "token-classification"):
+        return torch.zeros(targets.shape[0], dtype=torch.bool, device=targets.device)
+    return ~(targets != IGNORE).flatten(1).any(1)
+
+
+def undefined_as_nan(task: str, targets: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """[B] values of the loss (or its gradient's norm) at `targets`, NaN where it is undefined
+    (ranked last and counted, as other undefined scores)."""
+    empty = no_positions(task, targets).to(values.device)
+    return torch.where(empty, torch.full_like(values, math.nan), values)
 
 
 def _generator(seed: int, id_) -> torch.Generator:
