@@ -153,7 +153,7 @@ def test_train_gets_each_value_as_one_argument(folder):
 
     # a space, $(...), ;, a quote and a placeholder's own name inside the work folder's name
     workdir = folder / "my runs;$(touch PWNED) it's {seed}"
-    echo = "python -c \"import sys; open(sys.argv[1], 'w').write(repr(sys.argv[2:]))\" {model} {workdir} {strategy}"
+    echo = PYTHON + " -c \"import sys; open(sys.argv[1], 'w').write(repr(sys.argv[2:]))\" {model} {workdir} {strategy}"
     plan = Plan("pool.pt", "test.pt", echo, ["margin"], 1, 2, 1, 0, workdir)
     model = train(plan, workdir / "r", ["a", "b"], ["a", "b"], [0, 1], None, "margin", 7, 0)
     assert model.read_text() == repr([str(workdir), "margin"])
@@ -165,7 +165,7 @@ def test_failed_training_quotes_the_log_tail_reading_a_bounded_part(folder):
     from alcli.simulate import LOG_TAIL, Plan, train
 
     size = 32 * LOG_TAIL  # one line of 2 MiB, its end marked, then exit code 3
-    command = (f"python -c \"import sys; sys.stdout.write('a' * {size} + 'THE-END'); "
+    command = (PYTHON + f" -c \"import sys; sys.stdout.write('a' * {size} + 'THE-END'); "
                f"sys.exit(3)\" {{model}}")
     plan = Plan("pool.pt", "test.pt", command, ["margin"], 1, 2, 1, 0, folder / "w")
     tracemalloc.start()  # this process's allocations: the log as read, not the child's output
