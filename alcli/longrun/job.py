@@ -30,7 +30,7 @@ from ..errors import AlcliError, CheckpointError, ConfigError, PoolError
 from ..files.atomic import check_writable, make_folder, writes_stream
 from ..files.config import Settings
 from ..files import remote
-from ..files.outputs import check_not_input, refuse_remote
+from ..files.outputs import check_not_input, inputs_of, refuse_remote
 from ..files.pool import Pool
 from ..files.table import FORMATS as TABLE_FORMATS, check_records, sidecar
 from ..files.embeddings import destination, encode_factors
@@ -218,9 +218,9 @@ def _check_options(settings: Settings, ctx, dest: str | None) -> None:
 
 
 def _inputs(settings: Settings) -> list[tuple[str, object]]:
-    """The files `score` reads, which no output may replace."""
-    return [("the pool", settings.pool), ("the model", settings.model),
-            ("the config file", settings.config_file)]
+    """The files `score` reads, which no output may replace: every file setting but the
+    outputs (the table, its embeddings)."""
+    return inputs_of(settings, writes=("embeddings_file",))
 
 
 def run_key(settings: Settings, full: Pool, net: nn.Module) -> dict:
