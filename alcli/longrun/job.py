@@ -417,9 +417,10 @@ def _write_embeddings(settings: Settings, dest: str, result: JobResult,
 
 
 def described(full: Pool, settings: Settings) -> dict:
-    """What `select` needs to know of the pool: its kind, its class names and, for text, where
-    the whole texts are (the table holds them cut at text_width characters)."""
-    meta = {"pool_kind": full.kind, "class_names": full.classes}
+    """What `select` needs to know of the pool: its kind, its class names, the model's number of
+    classes (a names file given to select must name as many) and, for text, where the whole
+    texts are (the table holds them cut at text_width characters)."""
+    meta = {"pool_kind": full.kind, "class_names": full.classes, "classes": full.outputs}
     if full.kind == "text":
         meta.update(text_column=settings.text_column, text_width=settings.text_width)
     return meta

@@ -539,9 +539,11 @@ def class_names(settings: Settings, meta: dict, task: str = "classification",
     where = settings.where("class_names")
     names = read_class_names(settings.class_names, where)
     source = f"{where}: class names file {settings.class_names}"
-    if recorded is not None and len(names) != len(recorded):
+    outputs = meta.get("classes") if isinstance(meta.get("classes"), int) else \
+        len(recorded) if recorded is not None else None
+    if outputs is not None and len(names) != outputs:
         raise ConfigError(f"{source} names {len(names)} classes, but the model that scored the "
-                          f"table outputs {len(recorded)} (its meta.json names them)")
+                          f"table outputs {outputs} (its meta.json says so)")
     if task == "classification":
         for n, row in enumerate(rows, 1):
             index = row.get("pred_index", row.get("pred"))
