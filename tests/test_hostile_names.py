@@ -249,3 +249,47 @@ def test_a_cell_with_any_line_break_reads_back(tmp_path, fmt):
                  stdin=stdin))
     got = [json.loads(line) for line in out.stdout.splitlines()]
     assert [(r["id"], r["text"]) for r in got] == [(r["id"], r["text"]) for r in rows]
+
+
+def test_numeric_multilabel_names_stay_names(tmp_path):
+    """A multilabel table has no pred_index: its meta.json's names say pred holds names, so
+    "2" is the class named 2, not index 2."""
+    rows = [{"rank": 1, "id": "x", "score": 3.0, "pred": "2"}, {"rank": 2, "id": "y", "score": 2.0,
+            "pred": "10"}, {"rank": 3, "id": "z", "score": 1.0, "pred": "2|3"}]
+    write_table(rows, tmp_path / "ml.csv")
+    (tmp_path / "ml.csv.meta.json").write_text(json.dumps({"task": "multilabel",
+                                                           "class_names": NAMES}))
+    out = ok(run(tmp_path, "select", "ml.csv", "-n", 3, "--no-diverse", "-f", "labelstudio"))
+    assert choices(out.stdout) == {"x": ["2"], "y": ["10"], "z": ["2", "3"]}
+    assert "carry" not in out.stderr
+
+
+def test_a_from_name_xml_cannot_hold_is_one_sentence(scored):
+    result = run(scored, "select", "t.csv", "-n", 3, "--no-diverse", "-f", "labelstudio",
+                 "--from-name", "lab\x01el", "--labelstudio-config", "f.xml")
+    assert_one_error(result, "U+0001", result.stderr)
+    assert not (scored / "f.xml").exists()
+
+
+def test_names_a_model_gives_are_checked_at_score(tmp_path):
+    """id2label with a control character, and a multilabel name holding '|', refused by the
+    pre-flight whatever gives them (a names file, the model's id2label)."""
+    pytest.importorskip("transformers")
+    import hf_models
+    import task_models as tm
+    model = tm.bert_multilabel()
+    model.resize_token_embeddings(len(hf_models.VOCAB))
+    labels = model.config.num_labels
+    model.config.id2label = {i: f"c{i}" + ("\x01" if i == 1 else "") for i in range(labels)}
+    model.save_pretrained(tmp_path / "tags")
+    hf_models.tokenizer(tmp_path / "tags").save_pretrained(tmp_path / "tags")
+    (tmp_path / "texts.jsonl").write_text("".join(
+        json.dumps({"id": f"t{i}", "text": " ".join(hf_models.WORDS[i:i + 3])}) + "\n"
+        for i in range(3)))
+    result = run(tmp_path, "score", "texts.jsonl", "-m", "tags", "-s", "entropy", "-o", "a.csv")
+    assert_one_error(result, "the model's id2label has the control character U+0001", "id2label")
+    (tmp_path / "bar.txt").write_text("\n".join(["a|b"] + [f"c{i}" for i in range(1, labels)]))
+    result = run(tmp_path, "score", "texts.jsonl", "-m", "tags", "-s", "entropy", "-o", "b.csv",
+                 "--class-names", "bar.txt")
+    assert_one_error(result, "'a|b'", "multilabel bar")
+    assert not (tmp_path / "a.csv").exists() and not (tmp_path / "b.csv").exists()
