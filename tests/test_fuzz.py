@@ -282,6 +282,7 @@ CELL = st.lists(HOSTILE.filter(lambda c: c != "\ud800") |
 
 
 @FUZZ
+@example(cells=[("a", "2", "two\rthree"), ("b", "10", "x")], fmt="csv")  # N-BAD-1, N-BAD-6
 @given(cells=st.lists(st.tuples(CELL, CELL, CELL), min_size=1, max_size=6,
                       unique_by=lambda c: c[0].strip()),
        fmt=st.sampled_from(["csv", "jsonl"]))
