@@ -119,8 +119,8 @@ def test_per_class_quotas_count_each_class_once(scored):
     ("a\nb\nc\nd\ne\nf\ng\u2029\nh\ni\nj\n", "U+2029 in the name at line 7"),
     ("a\nb\nc\nd\ne\nf\ng\nh\ni\x00\nj\n", "U+0000 in the name at line 9"),
     ("a\nb\nc\nd\ne\nf\ng\nh\ni\nj\x1b[31m\n", "U+001B in the name at line 10"),
-    ('["a", "b\\u0000"' + ', "c"' * 0 + "]", "U+0000 in the name at name 2"),
-    ('["a\\ud800", "b"]', "lone surrogate (U+D800) in the name at name 1"),
+    ('["a", "b\\u0000"' + ', "c"' * 0 + "]", "U+0000 in the name at position 2"),
+    ('["a\\ud800", "b"]', "lone surrogate (U+D800) in the name at position 1"),
     ("a\nb\nc\nd\ne\nf\ng\nh\ni\nj\nk\n", "names 11 classes, but the model that scored"),
     ("a\nb\nc\n", "names 3 classes, but the model that scored"),
 ])
@@ -293,3 +293,12 @@ def test_names_a_model_gives_are_checked_at_score(tmp_path):
                  "--class-names", "bar.txt")
     assert_one_error(result, "'a|b'", "multilabel bar")
     assert not (tmp_path / "a.csv").exists() and not (tmp_path / "b.csv").exists()
+
+
+def test_a_config_shared_by_score_and_select_may_name_the_table_twice(tmp_path):
+    """`scores` (the table select reads) is no input of score, which writes it."""
+    cfg = {k: str((CONFIG.parent / v).resolve()) if k in ("model", "pool") else v
+           for k, v in yaml.safe_load(CONFIG.read_text()).items()}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump({**cfg, "scores": "t.csv", "output": "t.csv"}))
+    ok(run(tmp_path, "score", "-c", "c.yaml", "-s", "margin", "-q"))
+    assert (tmp_path / "t.csv").is_file()

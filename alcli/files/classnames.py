@@ -41,7 +41,7 @@ def read_class_names(path: str | Path, where: str = "option --class-names") -> l
     if not names:
         raise ConfigError(f"{where}: class names file {path} names no class")
     seen: dict[str, int] = {}
-    unit = "name" if text.lstrip().startswith("[") else "line"  # a JSON list: its n-th name
+    unit = "position" if text.lstrip().startswith("[") else "line"  # in a JSON list: the n-th
     for n, name in enumerate(names, 1):
         check_name(name, f"{where}: class names file {path}", f"{unit} {n}")
         if not name:

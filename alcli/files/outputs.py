@@ -23,15 +23,15 @@ class WholeFolder(str):
     """An input path that, when a folder, stands for every file under it."""
 
 
-def inputs_of(settings: Settings, writes: tuple[str, ...] = ()) -> list[tuple[str, object]]:
+def inputs_of(settings: Settings, unread: tuple[str, ...] = ()) -> list[tuple[str, object]]:
     """(what, path) for every file `settings` name that a command reads: each file setting but
-    the outputs (OUTPUT_KEYS, and `writes`: the command's other outputs, such as score's
-    --embeddings), and the config file."""
+    the outputs (OUTPUT_KEYS, and `unread`: the command's other outputs, such as score's
+    --embeddings, and settings it never reads), and the config file."""
     def path(key):
         value = getattr(settings, key)
         return WholeFolder(value) if key in WHOLE_FOLDERS and isinstance(value, str) else value
     return [(f"the {key.replace('_', ' ')} input given by {settings.where(key)}", path(key))
-            for key in PATH_KEYS if key not in OUTPUT_KEYS + writes] + \
+            for key in PATH_KEYS if key not in OUTPUT_KEYS + unread] + \
         [("the config file", settings.config_file)]
 
 

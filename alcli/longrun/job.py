@@ -219,8 +219,9 @@ def _check_options(settings: Settings, ctx, dest: str | None) -> None:
 
 def _inputs(settings: Settings) -> list[tuple[str, object]]:
     """The files `score` reads, which no output may replace: every file setting but the
-    outputs (the table, its embeddings)."""
-    return inputs_of(settings, writes=("embeddings_file",))
+    outputs (the table, its embeddings) and select's table (`scores`, which a config shared by
+    score and select may name as score's output)."""
+    return inputs_of(settings, unread=("embeddings_file", "scores"))
 
 
 def run_key(settings: Settings, full: Pool, net: nn.Module) -> dict:
