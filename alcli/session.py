@@ -48,7 +48,7 @@ def opened(settings: Settings, model: nn.Module | None = None, pool=None, stdin=
         the_pool = pool_for(settings, net, pool, stdin)
         if narrow is not None:
             the_pool = narrow(the_pool)
-        preflight.check(net, the_pool, settings, device)
+        the_pool.outputs = preflight.check(net, the_pool, settings, device)
         yield Session(net, device, the_pool)
     finally:
         for m, mode in modes:

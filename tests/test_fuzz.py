@@ -8,11 +8,13 @@ ALCLI_FUZZ_EXAMPLES=N runs more of them (with fresh randomness) when looking for
 """
 from __future__ import annotations
 
+import csv
 import hashlib
 import json
 import os
 import shutil
 import tempfile
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,7 @@ from hypothesis import HealthCheck, example, given, settings, strategies as st
 from typer.testing import CliRunner
 
 from alcli.cli import app
+from alcli.files.table import write_table
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "data" / "demo"
@@ -71,9 +74,9 @@ def _snapshot(root: Path) -> dict[str, str]:
     return seen
 
 
-def run_in_fresh_workspace(write_input, args: list[str]):
+def run_in_fresh_workspace(write_input, args: list[str], check=None):
     """Builds a workspace, lets `write_input(root)` add the fuzzed file, runs `alcli ARGS` in it,
-    and checks the run's contract."""
+    and checks the run's contract (and `check(root, result)`, before the workspace goes)."""
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         _workspace(root)
@@ -86,6 +89,8 @@ def run_in_fresh_workspace(write_input, args: list[str]):
         finally:
             os.chdir(cwd)
         after = _snapshot(root)
+        if check is not None:
+            check(root, result)
     where = f"alcli {' '.join(args)}\nstderr: {result.stderr[-2000:]}"
     assert result.exit_code in (0, 1), where
     assert result.exception is None or isinstance(result.exception, SystemExit), \
@@ -212,3 +217,87 @@ def test_configs(changes, raw):
         else:
             (root / "config.yaml").write_text(json.dumps({**CONFIG, **changes}, default=str))
     run_in_fresh_workspace(write, ["score", "imgs", "-c", "config.yaml", "-q", "-o", "out/t.csv"])
+
+
+# --- class names files and table cells (issue 37): pre-labels, labeling config, rows kept --------
+
+# the characters that broke names and tables: line breaks of every kind, controls, XML and CSV
+# specials, the multilabel separator, lone surrogates
+HOSTILE = st.sampled_from(["\r", "\n", "\r\n", "\x0b", "\x0c", "\x1c", "\x85", "\u2028", "\x00",
+                           "\x1b", "|", '"', ",", "<", "&", "]]>", " ", "\ud800", "2", "10", "ж"])
+NAME = st.lists(HOSTILE | st.text(st.characters(), max_size=3), max_size=4).map("".join)
+
+
+def _clean(name: str) -> bool:
+    """A name the names file must take as it is."""
+    return (name != "" and name == name.strip() and name.isprintable()
+            and not any(0xD800 <= ord(c) <= 0xDFFF for c in name))
+
+
+@FUZZ
+@example(names=[str(k) for k in range(1, 11)], kind="txt")  # N-BAD-1
+@example(names=["a\x01", "b\x0bB"] + list("cdefghij"), kind="txt")  # N-BAD-8
+@example(names=["a\ud800"] + list("bcdefghij"), kind="json")  # N-BAD-10
+@given(names=st.lists(NAME, min_size=9, max_size=11), kind=st.sampled_from(["txt", "crlf", "json"]))
+def test_class_names_files(scored_table, names, kind):
+    """Whatever the names file holds: the labeling config parses as XML, the tasks as JSON, and
+    every pre-label is the name of the class its row predicts (the table's pred, an index)."""
+    preds = {}
+
+    def write(root):
+        if kind == "json":
+            data = json.dumps(names).encode()
+        else:
+            data = ("\r\n" if kind == "crlf" else "\n").join(names).encode("utf-8", "surrogatepass")
+        (root / "names.x").write_bytes(data)
+        for row in csv.DictReader(open(root / "t.csv", newline="")):
+            preds[row["id"]] = int(row["pred"])
+
+    def check(root, result):
+        if result.exit_code != 0:
+            return
+        config = ET.fromstring((root / "out" / "t.csv.xml").read_text(encoding="utf-8"))
+        offered = [e.get("value") for e in config.find("Choices")]
+        assert len(offered) == 10  # as many as the model's outputs
+        if all(map(_clean, names)) and kind != "json":
+            assert offered == names
+        tasks = json.loads((root / "out" / "t.csv").read_text(encoding="utf-8"))
+        assert len(tasks) == len(preds)
+        for task in tasks:
+            got = [c for r in task["predictions"][0]["result"] for c in r["value"]["choices"]]
+            assert got == [offered[preds[task["data"]["alcli_id"]]]]
+
+    result = run_in_fresh_workspace(
+        _with_table(scored_table, write),
+        ["select", "t.csv", "-n", "4", "--no-diverse", "-f", "labelstudio", "--class-names",
+         "names.x", "--labelstudio-config", "out/t.csv.xml", "-q", "-o", "out/t.csv"], check)
+    if kind != "json" and len(names) == 10 and all(map(_clean, names)) and \
+            len(set(names)) == 10 and not any("\n" in n for n in names):
+        assert result.exit_code == 0, result.stderr
+
+
+CELL = st.lists(HOSTILE.filter(lambda c: c != "\ud800") |
+                st.text(st.characters(blacklist_categories=("Cs",)), max_size=3),
+                max_size=4).map("".join)
+
+
+@FUZZ
+@example(cells=[("a", "2", "two\rthree"), ("b", "10", "x")], fmt="csv")  # N-BAD-1, N-BAD-6
+@given(cells=st.lists(st.tuples(CELL, CELL, CELL), min_size=1, max_size=6,
+                      unique_by=lambda c: c[0].strip()),
+       fmt=st.sampled_from(["csv", "jsonl"]))
+def test_table_cells(cells, fmt):
+    """Rows whose id, pred (a class name: the table has pred_index) and text cells hold any text
+    come back from `select` all there, in order, each cell as written."""
+    rows = [{"rank": k + 1, "id": f"#{k}{i}", "score": 1.0 - k / 64, "pred": p or "x",
+             "pred_index": k, "text": t} for k, (i, p, t) in enumerate(cells)]
+
+    def check(root, result):
+        assert result.exit_code == 0, result.stderr
+        back = [json.loads(line) for line in (root / "out" / "t.csv").read_text().splitlines()]
+        assert [(r["id"], r["pred"], r["pred_index"], r["text"]) for r in back] == \
+            [(r["id"], r["pred"], r["pred_index"], r["text"] or None) for r in rows]
+
+    run_in_fresh_workspace(lambda root: write_table(rows, root / f"in.{fmt}", fmt),
+                           ["select", f"in.{fmt}", "-n", str(len(rows)), "--no-diverse", "-f",
+                            "jsonl", "-q", "-o", "out/t.csv"], check)

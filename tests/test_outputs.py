@@ -242,9 +242,9 @@ def test_an_output_that_is_an_input_is_refused(in_ws, tmp_path):
     refused = [
         (["select", table, "-n", "5", "-o", table], ["--output", "table read"]),
         (["select", table, "-n", "5", "-o", tmp_path / "alias.csv"], ["alias.csv", "table read"]),
-        (["select", table, "-n", "5", "--exclude", excl, "-o", excl], ["--exclude file"]),
+        (["select", table, "-n", "5", "--exclude", excl, "-o", excl], ["exclude input given by option --exclude"]),
         (["select", table, "-n", "5", "--embeddings", tmp_path / "c.emb.npz", "-o", tmp_path / "c"],
-         ["would remove", "c.emb.npz", "the embeddings file read"]),
+         ["would remove", "c.emb.npz", "embeddings file input given by option --embeddings"]),
         (["select", table, "-n", "5", "--contact-sheet", tmp_path / "b.png", "-o",
           tmp_path / "b.png"], ["--contact-sheet", "batch written"]),
         (["score", manifest, "-m", in_ws.model, "-c", in_ws.config, "-o", manifest], ["the pool"]),

@@ -7,17 +7,26 @@ default LABEL_0, LABEL_1, ...), or from class folders (pool.py). Tables show the
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from ..errors import ConfigError
 
 
+# no control character (C0, DEL, C1) and no line or paragraph separator: XML 1.0 cannot hold most
+# of them, and each would split or garble the name in a table, a labeling config or a terminal
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
 def read_class_names(path: str | Path, where: str = "option --class-names") -> list[str]:
-    """The names in `path`: a JSON list of strings, or one name per line (surrounding spaces and
-    trailing blank lines dropped). Empty names and duplicates are errors naming the line."""
+    """The names in `path`: a JSON list of strings, or one name per line (lines end at \n only,
+    a CRLF file's \r dropped; surrounding spaces and trailing blank lines dropped). Empty names,
+    duplicates, control characters and lone surrogates are errors naming the line (the name's
+    number in a JSON list)."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8-sig")
+        with open(path, encoding="utf-8-sig", newline="") as f:  # \n alone ends a line
+            text = f.read()
     except FileNotFoundError:
         raise ConfigError(f"{where}: class names file {path} does not exist") from None
     except (OSError, UnicodeDecodeError) as err:
@@ -25,13 +34,18 @@ def read_class_names(path: str | Path, where: str = "option --class-names") -> l
     if text.lstrip().startswith("["):
         names = _json_names(text, path, where)
     else:
-        names = [line.strip() for line in text.rstrip().splitlines()]
+        lines = text.split("\n")
+        while lines and not lines[-1].strip(" \t\r"):
+            lines.pop()  # trailing blank lines
+        names = [line.removesuffix("\r").strip(" \t") for line in lines]
     if not names:
         raise ConfigError(f"{where}: class names file {path} names no class")
     seen: dict[str, int] = {}
+    unit = "position" if text.lstrip().startswith("[") else "line"  # in a JSON list: the n-th
     for n, name in enumerate(names, 1):
+        check_name(name, f"{where}: class names file {path}", f"{unit} {n}")
         if not name:
-            raise ConfigError(f"{where}: class names file {path} has an empty name at line {n}")
+            raise ConfigError(f"{where}: class names file {path} has an empty name at {unit} {n}")
         if name in seen:
             raise ConfigError(f"{where}: class names file {path} names '{name}' twice (lines "
                               f"{seen[name]} and {n})")
@@ -48,6 +62,38 @@ def _json_names(text: str, path: Path, where: str) -> list[str]:
     if not isinstance(names, list) or not all(isinstance(x, str) for x in names):
         raise ConfigError(f"{where}: class names file {path} must hold a JSON list of strings")
     return [x.strip() for x in names]
+
+
+def check_name(name: str, source: str, at: str) -> None:
+    """Refuse a class name holding a control character or a lone surrogate (`source` names where
+    it came from, `at` the line or position)."""
+    bad = _CONTROL.search(name)
+    if bad:
+        raise ConfigError(f"{source} has the control character U+{ord(bad.group()):04X} in the "
+                          f"name at {at} ({ascii(name)[:80]}); class names are printable text")
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise ConfigError(f"{source} has a lone surrogate (U+{ord(name[err.start]):04X}) in the "
+                          f"name at {at} ({ascii(name)[:80]}), which is no character") from None
+
+
+def check_names(names: list[str], source: str) -> list[str]:
+    """Every name of `source` (a model's id2label, a dataset's ClassLabel) checked as a names
+    file's are; the names, as they are."""
+    for n, name in enumerate(names, 1):
+        check_name(name, source, f"position {n}")
+    return names
+
+
+def multilabel_names(names: list[str] | None, source: str) -> None:
+    """A multilabel table joins a row's labels with |: a name holding one would come back as
+    two labels, so it is refused."""
+    for n, name in enumerate(names or [], 1):
+        if "|" in name:
+            raise ConfigError(f"{source} names the class '{name}' (name {n}), which holds '|': a "
+                              f"multilabel row joins its labels with '|', so the name would come "
+                              f"back as two; rename it")
 
 
 def id2label_names(model) -> list[str] | None:

@@ -1,11 +1,38 @@
-"""An output never overwrites one of the command's inputs (nor another of its outputs)."""
+"""An output never overwrites one of the command's inputs (nor another of its outputs).
+
+The inputs are found, not listed: every file setting (config.PATH_KEYS, which a new file option
+joins to be read relative to its config) that is not an output, the config file, and what a
+command reads besides its settings (select's table). Each input covers the sidecars beside it
+(INPUT.meta.json, ...), and a model folder every file under it.
+"""
 from __future__ import annotations
 
 import os
 
 from ..errors import ConfigError
 from .atomic import writes_stream
+from .config import PATH_KEYS, Settings
 from .remote import is_url, shown
+from .table import SIDECARS
+
+OUTPUT_KEYS = ("output", "contact_sheet", "labelstudio_config")  # the settings that name outputs
+WHOLE_FOLDERS = ("model",)  # a folder given here is read whole (a Hugging Face model directory)
+
+
+class WholeFolder(str):
+    """An input path that, when a folder, stands for every file under it."""
+
+
+def inputs_of(settings: Settings, unread: tuple[str, ...] = ()) -> list[tuple[str, object]]:
+    """(what, path) for every file `settings` name that a command reads: each file setting but
+    the outputs (OUTPUT_KEYS, and `unread`: the command's other outputs, such as score's
+    --embeddings, and settings it never reads), and the config file."""
+    def path(key):
+        value = getattr(settings, key)
+        return WholeFolder(value) if key in WHOLE_FOLDERS and isinstance(value, str) else value
+    return [(f"the {key.replace('_', ' ')} input given by {settings.where(key)}", path(key))
+            for key in PATH_KEYS if key not in OUTPUT_KEYS + unread] + \
+        [("the config file", settings.config_file)]
 
 
 def check_not_input(output: str | None, option: str, inputs: list[tuple[str, object]],
@@ -21,9 +48,10 @@ def check_not_input(output: str | None, option: str, inputs: list[tuple[str, obj
         for path in paths if isinstance(paths, (list, tuple)) else [paths]:
             if not isinstance(path, (str, os.PathLike)) or str(path) == "-":
                 continue
-            if _same(output, path):
-                raise ConfigError(f"{option} {output} is also {what} ({path}); choose another "
-                                  f"output file, or that input would be replaced")
+            clash = _clash(output, path)
+            if clash:
+                raise ConfigError(f"{option} {output} is {clash.format(what=what, path=path)}; "
+                                  f"choose another output file, or that input would be replaced")
             for suffix in beside:
                 if _same(f"{output}.{suffix}", path):
                     raise ConfigError(f"{option} {output} would remove {output}.{suffix}, which "
@@ -35,6 +63,27 @@ def refuse_remote(output: str | None, option: str) -> None:
     if is_url(output):
         raise ConfigError(f"{option} {shown(output)} is an object-store URL; alcli writes its "
                           f"outputs to local files (copy the table up afterwards)")
+
+
+def _clash(output, path) -> str | None:
+    """How writing `output` would replace the input `path` (a template of what and path), or
+    None."""
+    if _same(output, path):
+        return "also {what} ({path})"
+    for suffix in SIDECARS:
+        if _same(output, f"{path}.{suffix}"):
+            return f"{{path}}.{suffix}, read with {{what}}"
+    if os.path.isfile(output) and _inside_folder(output, path):
+        return "inside {what} ({path}), a folder whose files are read"
+    return None
+
+
+def _inside_folder(output, folder) -> bool:
+    """Is `output` under `folder`, a WholeFolder (each of whose files may be read)?"""
+    if not isinstance(folder, WholeFolder) or is_url(folder) or not os.path.isdir(folder):
+        return False
+    inside = os.path.realpath(os.path.dirname(os.path.abspath(output)))
+    return os.path.commonpath([inside, os.path.realpath(folder)]) == os.path.realpath(folder)
 
 
 def _same(a, b) -> bool:

@@ -92,6 +92,7 @@ class Pool(Dataset):
     kind: str  # "images", "tensors" or "text"
     classes: list[str] | None = None  # class names, where the source names them (class folders)
     classes_from: str | None = None   # where `classes` came from, when not class folders
+    outputs: int | None = None        # the model's number of classes, once the pre-flight saw it
     task_labels: dict | None = None   # id -> (where, label as given) for labels of other tasks than
                                       # classification (lists, numbers, mask files): alcli.score.labels
     given_ids: list | None = None  # the caller's ids (any type) where `ids` holds their text

@@ -25,7 +25,9 @@ from .jsonl import json_objects
 
 BASE_COLUMNS = ("rank", "id", "score", "pred", "pred_index", "confidence", "label", "loss")
 INT_COLUMNS = ("rank", "pred", "pred_index", "label")
-NAME_COLUMNS = ("pred", "label")  # a class index, or its name when the classes are named
+NAME_COLUMNS = ("pred", "label")  # a class index, or its name when the classes are named: then
+                                 # the table has pred_index (or its meta.json records the names)
+                                 # and they are read as text, so a class named "2" stays a name
 TEXT_COLUMNS = ("id", "text")     # read as text whatever they hold ("42", "nan")
 MORE = "\u2026"  # ends a text cut short by clip_text
 FORMATS = ("csv", "jsonl", "paths", "ids")
@@ -75,10 +77,14 @@ def render(rows: Iterable[dict], columns: list[str], fmt: str = "csv",
         return
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
+    quoted = csv.writer(buf, lineterminator="\n", quoting=csv.QUOTE_ALL)
     if header:
         writer.writerow(columns)
     for row in rows:
-        writer.writerow([format_value(row.get(c)) for c in columns])
+        values = [format_value(row.get(c)) for c in columns]
+        # the csv module quotes a field holding \n but not a bare \r, which readers take as a
+        # line end: a row with one is written with every field quoted
+        (quoted if any("\r" in v for v in values) else writer).writerow(values)
         yield buf.getvalue()
         buf.seek(0)
         buf.truncate()
@@ -159,12 +165,13 @@ def atomic_file(dest: str | Path, what: str = "output") -> Iterator[IO[str]]:
 
 # --- reading ------------------------------------------------------------------------------------
 
-def _parse(column: str, text, where: str):
+def _parse(column: str, text, where: str, named: bool = False):
+    """One cell; `named`: the table names its classes, so pred and label hold names (text)."""
     if text is None or text == "":
         return None
     if not isinstance(text, str):  # JSONL values come typed
         return str(text) if column in TEXT_COLUMNS else text
-    if column in TEXT_COLUMNS:
+    if column in TEXT_COLUMNS or (named and column in NAME_COLUMNS):
         return text
     if column in INT_COLUMNS:
         try:
@@ -185,12 +192,18 @@ def _parse(column: str, text, where: str):
 
 
 def read_table(source: str | Path | IO[str], name: str | None = None) -> list[dict]:
-    """Rows of a CSV or JSONL table (file, '-' for stdin, or a text stream); needs id and score."""
+    """Rows of a CSV or JSONL table (file, '-' for stdin, or a text stream); needs id and score.
+    pred and label are class names (text) when the table has a pred_index column or its
+    meta.json records class names; else class indices where they are integers."""
+    named = False
     if isinstance(source, (str, Path)) and str(source) != "-":
+        named = _records_names(Path(source))
         path = Path(source)
         name = name or str(path)
         try:
-            text = path.read_text(encoding="utf-8", errors="surrogateescape")  # as written
+            # as written: bytes undecoded kept as surrogates, and no newline translation (a \r
+            # inside a quoted text stays a \r)
+            text = path.read_bytes().decode("utf-8", errors="surrogateescape")
         except FileNotFoundError:
             raise TableError(f"table {path} does not exist") from None
         except (OSError, UnicodeDecodeError) as err:
@@ -199,12 +212,14 @@ def read_table(source: str | Path | IO[str], name: str | None = None) -> list[di
         stream = sys.stdin if not hasattr(source, "read") else source
         if stream is sys.stdin and hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="surrogateescape")  # a table holding raw file-name bytes
+            with contextlib.suppress(ValueError, OSError):  # a stream read from already keeps it
+                stream.reconfigure(newline="")  # a \r inside a quoted text stays a \r
         name = name or "stdin"
         text = stream.read()
     if text.lstrip().startswith("{"):
-        rows = _read_jsonl(text, name)
+        rows = _read_jsonl(text, name, named)
     else:
-        rows = _read_csv(text, name)
+        rows = _read_csv(text, name, named)
     if not rows:
         raise TableError(f"table {name} has no rows")
     seen: dict[str, int] = {}
@@ -221,15 +236,25 @@ def _check_columns(columns, name: str) -> None:
             raise TableError(f"table {name} has no '{needed}' column (columns: {', '.join(columns)})")
 
 
-def _read_csv(text: str, name: str) -> list[dict]:
-    reader = csv.DictReader(io.StringIO(text))
+def _records_names(path: Path) -> bool:
+    """Does the table's meta.json record class names (so pred and label hold names)?"""
+    try:
+        meta = read_meta(sidecar(path, "meta.json"))
+    except RunError:  # an unreadable meta.json: `select` says so when it reads it
+        return False
+    return bool(meta and isinstance(meta.get("class_names"), list) and meta["class_names"])
+
+
+def _read_csv(text: str, name: str, named: bool = False) -> list[dict]:
+    reader = csv.DictReader(io.StringIO(text, newline=""))
     if not reader.fieldnames:
         return []
     _check_columns(reader.fieldnames, name)
+    named = named or "pred_index" in reader.fieldnames
     rows = []
     for raw in reader:
         where = f"table {name} line {reader.line_num}"
-        row = {c: _parse(c, v, where) for c, v in raw.items() if c is not None}
+        row = {c: _parse(c, v, where, named) for c, v in raw.items() if c is not None}
         if row.get("score") is None:
             raise TableError(f"{where} has no score")
         if row.get("id") is None:
@@ -238,14 +263,14 @@ def _read_csv(text: str, name: str) -> list[dict]:
     return rows
 
 
-def _read_jsonl(text: str, name: str) -> list[dict]:
+def _read_jsonl(text: str, name: str, named: bool = False) -> list[dict]:
     rows = []
     for n, raw in json_objects(text.splitlines(), lambda n: f"table {name} line {n}", TableError):
         where = f"table {name} line {n}"
         _check_columns(list(raw), name)
         if raw["id"] is None:
             raise TableError(f"{where} has no id")
-        row = {c: _parse(c, v, where) for c, v in raw.items()}
+        row = {c: _parse(c, v, where, named or "pred_index" in raw) for c, v in raw.items()}
         score = raw["score"]
         if isinstance(score, bool) or not isinstance(score, (int, float, str, type(None))):
             raise TableError(f"{where}: score {score!r} is not a number")

@@ -30,7 +30,7 @@ from ..errors import AlcliError, CheckpointError, ConfigError, PoolError
 from ..files.atomic import check_writable, make_folder, writes_stream
 from ..files.config import Settings
 from ..files import remote
-from ..files.outputs import check_not_input, refuse_remote
+from ..files.outputs import check_not_input, inputs_of, refuse_remote
 from ..files.pool import Pool
 from ..files.table import FORMATS as TABLE_FORMATS, check_records, sidecar
 from ..files.embeddings import destination, encode_factors
@@ -218,9 +218,10 @@ def _check_options(settings: Settings, ctx, dest: str | None) -> None:
 
 
 def _inputs(settings: Settings) -> list[tuple[str, object]]:
-    """The files `score` reads, which no output may replace."""
-    return [("the pool", settings.pool), ("the model", settings.model),
-            ("the config file", settings.config_file)]
+    """The files `score` reads, which no output may replace: every file setting but the
+    outputs (the table, its embeddings) and select's table (`scores`, which a config shared by
+    score and select may name as score's output)."""
+    return inputs_of(settings, unread=("embeddings_file", "scores"))
 
 
 def run_key(settings: Settings, full: Pool, net: nn.Module) -> dict:
@@ -417,9 +418,10 @@ def _write_embeddings(settings: Settings, dest: str, result: JobResult,
 
 
 def described(full: Pool, settings: Settings) -> dict:
-    """What `select` needs to know of the pool: its kind, its class names and, for text, where
-    the whole texts are (the table holds them cut at text_width characters)."""
-    meta = {"pool_kind": full.kind, "class_names": full.classes}
+    """What `select` needs to know of the pool: its kind, its class names, the model's number of
+    classes (a names file given to select must name as many) and, for text, where the whole
+    texts are (the table holds them cut at text_width characters)."""
+    meta = {"pool_kind": full.kind, "class_names": full.classes, "classes": full.outputs}
     if full.kind == "text":
         meta.update(text_column=settings.text_column, text_width=settings.text_width)
     return meta

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..files.classnames import check_names, multilabel_names
 from ..files.config import Settings
 from ..errors import ConfigError, PoolError, RunError, first_line
 from ..files.pool import Pool, check_unique_ids, collate, collate_sized, decoded
@@ -26,7 +27,19 @@ def check(model: nn.Module, pool: Pool, settings: Settings, device: torch.device
     classes = model_classes(model, pool, device, settings.task)
     if classes is not None:
         check_classes(pool, settings, classes)
+    check_class_names(pool, tasks.known(settings.task, model))
     return classes
+
+
+def check_class_names(pool: Pool, task: str | None) -> None:
+    """The class names (a names file, id2label, a ClassLabel, class folders) hold no control
+    character, and, for a multilabel model, no '|' (which joins a row's labels)."""
+    if not pool.classes:
+        return
+    source = pool.classes_from or f"pool {pool.name}'s class folders"
+    check_names([str(n) for n in pool.classes], source)
+    if task == "multilabel":
+        multilabel_names([str(n) for n in pool.classes], source)
 
 
 def check_pool(pool: Pool) -> None:

@@ -23,6 +23,9 @@ from ..files.regular import check_regular
 from ..files.table import MORE
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+# what a labeling config's names may not hold: the characters XML 1.0 cannot hold, even as
+# references (C0 controls, surrogates, U+FFFE, U+FFFF), and tab, CR and LF (a name is one line)
+_NOT_XML = re.compile("[\x00-\x1f\ud800-\udfff\ufffe\uffff]")
 
 
 # --- Label Studio ---------------------------------------------------------------------------------
@@ -299,8 +302,13 @@ def _size(row: Mapping, n: int, key: str) -> int:
 
 
 def predicted_name(row: Mapping, class_names: Sequence[str] | None) -> str | None:
-    """The predicted class's name: `pred` itself when it is a name (a table of named classes),
-    the name of index `pred` in `class_names`, else None."""
+    """The predicted class's name: that of index `pred_index` in `class_names` (a table of named
+    classes says its index there), else `pred` itself when it is a name, the name of index
+    `pred` in `class_names`, else None."""
+    index = _plain(row.get("pred_index"))
+    if class_names and isinstance(index, int) and not isinstance(index, bool) and \
+            0 <= index < len(class_names):
+        return str(class_names[index])
     pred = _plain(row.get("pred"))
     if isinstance(pred, str) and pred:
         return pred
@@ -326,6 +334,12 @@ def labeling_config(task: str, names: Sequence[str] | None, field: str = "image"
     entity types (BIO prefixes cut, `O` left out); regression a `<Number>`. Without names: a
     ValueError (the control tag must list them)."""
     to_name = to_name or field
+    for what, value in (("--from-name", from_name), ("--to-name", to_name),
+                        *(("class name", str(n)) for n in names or ())):
+        bad = _NOT_XML.search(value)
+        if bad:
+            raise ValueError(f"the {what} {ascii(value)[:80]} holds U+{ord(bad.group()):04X}, "
+                             f"which an XML labeling config cannot hold")
     obj = f'  <{"Image" if field == "image" else "Text"} name={quoteattr(to_name)} value="${field}"/>'
     if task == "regression":
         return (f"<View>\n{obj}\n  <Number name={quoteattr(from_name)} toName={quoteattr(to_name)}/>"

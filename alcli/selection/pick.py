@@ -22,11 +22,11 @@ import torch
 
 from ..errors import AlcliError, ConfigError, TableError
 from ..files.atomic import STREAM_FOLDER, make_folder, writes_stream
-from ..files.classnames import read_class_names
+from ..files.classnames import check_names, multilabel_names, read_class_names
 from ..files.config import Settings
 from ..files.embeddings import (STREAM_KEEP, EmbeddingsError, embeddings_path, embeddings_run_id,
                                 find_for_rows, load_embeddings)
-from ..files.outputs import check_not_input
+from ..files.outputs import check_not_input, inputs_of
 from ..files.pool import PoolOptions, open_pool
 from ..files.table import (LINE_FORMATS, MORE, SIDECARS, read_meta, remove_sidecars, sidecar,
                            write_table)
@@ -139,13 +139,9 @@ def prepare(settings: Settings, source: str | None, score_first: bool,
 
 
 def _inputs(settings: Settings, source: str | None, score_first: bool) -> list[tuple[str, object]]:
-    """The files `select` reads, which no output may replace."""
-    inputs = [("the table read", source), ("an --exclude file", settings.exclude),
-              ("the embeddings file read", settings.embeddings_file),
-              ("the config file", settings.config_file)]
-    if score_first:
-        inputs += [("the pool", settings.pool), ("the model", settings.model)]
-    return inputs
+    """The files `select` reads, which no output may replace: the table and every file setting
+    but the outputs (the pool and model too: a table's texts and images are read from them)."""
+    return [("the table read", source), *inputs_of(settings)]
 
 
 def _embeddings_flag(settings: Settings) -> str | None:
@@ -231,8 +227,8 @@ def pick(settings: Settings, rows: list[dict], plan: SelectPlan, *, embeddings=N
         if plan.exclusions and not settings.quiet:  # advice, not a problem: -q drops it
             notes.extend(_cold_start_note(settings, ranked, len(excluded)))
     picked = Picked(chosen, available, notes, plan.meta)
-    picked.class_names = class_names(settings, plan.meta)
     picked.task = export_task(settings, plan.meta, chosen)
+    picked.class_names = class_names(settings, plan.meta, picked.task, ranked)
     if settings.format == "labelstudio":
         picked.notes.extend(_unnamed(chosen, picked.class_names, picked.task, settings))
     handoff = settings.contact_sheet or settings.format == "labelstudio" or settings.labelstudio_config
@@ -526,12 +522,38 @@ def draw_sheet(rows: list[dict], paths: list[str], settings: Settings) -> list[s
 
 # --- class names and texts ------------------------------------------------------------------------
 
-def class_names(settings: Settings, meta: dict) -> list[str] | None:
-    """The names of the classes: from --class-names, else those the table's meta.json records."""
-    if settings.class_names:
-        return read_class_names(settings.class_names, settings.where("class_names"))
-    names = meta.get("class_names")
-    return names if isinstance(names, list) and all(isinstance(n, str) for n in names) else None
+def class_names(settings: Settings, meta: dict, task: str = "classification",
+                rows: list[dict] = ()) -> list[str] | None:
+    """The names of the classes: from --class-names, else those the table's meta.json records.
+    A names file must name as many classes as the model outputs: as many as the table's
+    meta.json records, and more than any class index a classification row predicts."""
+    recorded = meta.get("class_names")
+    recorded = recorded if isinstance(recorded, list) and recorded and \
+        all(isinstance(n, str) for n in recorded) else None
+    if not settings.class_names:
+        if recorded is not None:
+            check_names(recorded, "the table's meta.json")
+            if task == "multilabel":
+                multilabel_names(recorded, "the table's meta.json")
+        return recorded
+    where = settings.where("class_names")
+    names = read_class_names(settings.class_names, where)
+    source = f"{where}: class names file {settings.class_names}"
+    outputs = meta.get("classes") if isinstance(meta.get("classes"), int) else \
+        len(recorded) if recorded is not None else None
+    if outputs is not None and len(names) != outputs:
+        raise ConfigError(f"{source} names {len(names)} classes, but the model that scored the "
+                          f"table outputs {outputs} (its meta.json says so)")
+    if task == "classification":
+        for n, row in enumerate(rows, 1):
+            index = row.get("pred_index", row.get("pred"))
+            if isinstance(index, int) and not isinstance(index, bool) and index >= len(names):
+                raise ConfigError(f"{source} names {len(names)} classes, but the row of id "
+                                  f"'{row.get('id')}' predicts class index {index}, so the "
+                                  f"model outputs at least {index + 1}")
+    if task == "multilabel":
+        multilabel_names(names, source)
+    return names
 
 
 def _unnamed(rows: list[dict], names: list[str] | None, task: str, settings: Settings) -> list[str]:
