@@ -412,19 +412,35 @@ def _class_label_names(schema, column: str | None) -> list[str] | None:
 
 
 def _splits(root: Path) -> list[str]:
+    file = root / "dataset_dict.json"
+    splits = _json_key(file, "splits", f"dataset {root}")
+    if not isinstance(splits, list) or not all(isinstance(n, str) for n in splits):
+        raise PoolError(f"dataset {root}: key 'splits' of {file} must be a list of split names, "
+                        f"got {type(splits).__name__} {json.dumps(splits)[:80]}")
+    return splits
+
+
+def _json_key(file: Path, key: str, name: str):
+    """`key` of the JSON object in `file`; one sentence naming both when it cannot be read."""
     try:
-        return list(json.loads((root / "dataset_dict.json").read_text())["splits"])
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise PoolError(f"dataset {root}: dataset_dict.json cannot be read ({first_line(err)})") from None
+        value = json.loads(file.read_text())
+    except RecursionError:  # json's decoder recurses once per level
+        raise PoolError(f"{name}: {file} cannot be read (its JSON is nested too deeply to hold "
+                        f"the key '{key}')") from None
+    except (OSError, ValueError) as err:
+        raise PoolError(f"{name}: {file} cannot be read ({first_line(err)})") from None
+    if not isinstance(value, dict) or key not in value:
+        raise PoolError(f"{name}: {file} has no key '{key}'")
+    return value[key]
 
 
 def _arrow_files(folder: Path, name: str) -> list[Path]:
-    try:
-        state = json.loads((folder / "state.json").read_text())
-        files = [folder / f["filename"] for f in state["_data_files"]]
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise PoolError(f"dataset {name}: {folder / 'state.json'} cannot be read "
-                        f"({first_line(err)})") from None
-    if not files:
+    file = folder / "state.json"
+    entries = _json_key(file, "_data_files", f"dataset {name}")
+    if not isinstance(entries, list) or not all(
+            isinstance(e, dict) and isinstance(e.get("filename"), str) for e in entries):
+        raise PoolError(f"dataset {name}: key '_data_files' of {file} must be a list of "
+                        f"{{\"filename\": ...}} objects")
+    if not entries:
         raise PoolError(f"dataset {name} holds no data files")
-    return files
+    return [folder / e["filename"] for e in entries]
