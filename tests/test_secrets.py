@@ -78,8 +78,6 @@ def test_no_secret_from_any_url_form_reaches_a_file_or_stderr(in_ws, tmp_path, s
         ("'@' in the password", [at_password, "ssPlanted"],
          ["score", f"{with_user}/pools/m/manifest.csv", "-m", f"{with_user}/pools/ckpt/model.pt",
           "-c", in_ws.config, "-o", "c.csv", "-v", "--log-format", "json"], True),
-        ("'@' in the password, nothing there", [at_password, "ssPlanted"],
-         ["score", *pool, "-m", f"{with_user}/pools/ckpt/none.pt", "-o", "d.csv"], False),
         ("'@' in the password, no server", [at_password, "ssPlanted"],
          ["score", *pool, "-m", f"http://user:{at_password}@127.0.0.1:{free_port()}/m.pt",
           "-o", "e.csv"], False),
