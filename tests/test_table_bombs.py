@@ -96,6 +96,8 @@ def test_an_arrow_dataset_is_read_by_record_batch_and_a_cell_over_the_cap_is_an_
                                          "image": [{"bytes": d, "path": None} for d in datas]}, 3)
     check(in_ws, tmp_path, saved, rel, cap, "--id-column", "id")
     same_shard(in_ws, saved, rel)
+    two = rows(score(in_ws, saved, "--id-column", "id", "--workers", "2", "-o", "-"))
+    assert without(two, rel) == without(folder_rows(in_ws), rel)  # each worker reads on its own
 
 
 def test_a_tar_member_over_the_cap_is_an_error_row(in_ws, tmp_path, bomb):

@@ -129,6 +129,7 @@ class ArrowChunks:
     def __init__(self, files: list[Path], root: Path, chunks: list[tuple[int, int, int]]):
         self.files, self.root, self.chunks = files, root, chunks
         self._reader: tuple | None = None  # ((file, column), the next batch, its reader, the last)
+        self._pid = os.getpid()  # the process _reader belongs to (a forked worker opens its own)
 
     def __getstate__(self):
         return {**self.__dict__, "_reader": None}
@@ -142,6 +143,8 @@ class ArrowChunks:
 
     def column(self, k: int, name: str) -> list:
         f, b, r = self.chunks[k]
+        if self._pid != os.getpid():
+            self._reader, self._pid = None, os.getpid()
         if self._reader is None or self._reader[0] != (f, name) or self._reader[1] > b + 1:
             self._reader = ((f, name), 0, _arrow_batches(self.files[f], [name]), None)
         key, at, batches, last = self._reader
