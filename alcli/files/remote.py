@@ -8,7 +8,7 @@ An http(s) server gets HTTP_TIMEOUT seconds to accept and to send each next part
 A remote file is a `Remote` (the filesystem and its path); pools keep it as they keep a local
 Path, and it pickles into DataLoader workers, which open their own connections. Checkpoints are
 copied once into a temporary folder alcli-model-PID-* (removed at exit; one a killed process
-left is removed by the next copy) and loaded from there.
+left is removed when the next run loads a model: sweep_stale_copies) and loaded from there.
 """
 from __future__ import annotations
 
@@ -199,10 +199,9 @@ _copies: dict[str, Path] = {}
 
 def local_copy(url: str, error) -> Path:
     """The file or folder at `url`, copied once per process into a temporary folder named with
-    this process's id (copies left by killed processes are removed first)."""
+    this process's id (so that sweep_stale_copies knows when its owner is gone)."""
     if url not in _copies:
         remote = locate(url, error)
-        sweep_stale_copies()
         with reading("model", url, error):
             folder = Path(tempfile.mkdtemp(prefix=f"{COPY_PREFIX}{os.getpid()}-"))
             atexit.register(shutil.rmtree, folder, True)
