@@ -62,6 +62,7 @@ def model_for(settings: Settings, model: nn.Module | None = None) -> nn.Module:
     if settings.model is None:
         raise ConfigError(f"no model given; pass {settings.option('model', 'PATH')} (or set model: "
                           f"in a config)")
+    remote.sweep_stale_copies()  # remote checkpoints' copies that killed runs left behind
     path = settings.model
     if remote.is_url(path):  # copied once; longrun.job hashes the same copy
         path = remote.local_copy(path, CheckpointError)

@@ -20,6 +20,8 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress, ProgressColu
 from rich.table import Table
 from rich.text import Text
 
+from .files.redact import redacted
+
 SUMMARY_COLUMNS = ("rank", "id", "score", "pred", "confidence", "label")
 
 
@@ -43,6 +45,7 @@ class Reporter:
     def _emit(self, event: str, message: str, prefix: str, origin: str | None = None) -> None:
         if not self.enabled:
             return
+        message = redacted(message)  # a library's warning may quote a URL with its credentials
         if self.json:
             line = json.dumps({"event": event, "message": message,
                                **({"origin": origin} if origin else {})})
@@ -94,11 +97,11 @@ class Reporter:
         if self.quiet or not self.enabled:
             return
         if self.json:
-            sys.stderr.write(json.dumps({"event": "summary", **facts, "top": top[:5],
-                                         "notes": list(notes)}, default=str) + "\n")
+            sys.stderr.write(redacted(json.dumps({"event": "summary", **facts, "top": top[:5],
+                                                  "notes": list(notes)}, default=str)) + "\n")
             sys.stderr.flush()
             return
-        shown = {k: v for k, v in _readable(facts).items() if v is not None}
+        shown = {k: redacted(v) for k, v in _readable(facts).items() if v is not None}
         columns = [c for c in SUMMARY_COLUMNS if any(c in r for r in top[:5])]
         cells = [[_short(r.get(c)) for c in columns] for r in top[:5]]
         if self.terminal:

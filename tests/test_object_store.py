@@ -5,11 +5,6 @@ the store, and a missing, forbidden or unreachable bucket is one sentence."""
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +14,7 @@ from typer.testing import CliRunner
 from alcli.cli import app
 from cli_errors import assert_one_error
 from interrupted import kill_when_saved, start_score
+from object_store import free_port, store, upload  # noqa: F401 - `store` is a fixture
 from test_sources import bytes_table, random_png_table, rows, score, write_parquet, write_shards
 
 pytest.importorskip("s3fs")
@@ -27,52 +23,6 @@ pytest.importorskip("moto.server")
 
 runner = CliRunner()
 pytestmark = pytest.mark.usefixtures("one_thread")  # tables compared byte for byte
-ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-       "AWS_DEFAULT_REGION": "us-east-1", "AWS_MAX_ATTEMPTS": "1"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    """moto_server on a free port, the AWS_* variables pointing at it; the bucket `pools`."""
-    port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-p", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    endpoint = f"http://127.0.0.1:{port}"
-    saved = {k: os.environ.get(k) for k in (*ENV, "AWS_ENDPOINT_URL")}
-    os.environ.update(ENV, AWS_ENDPOINT_URL=endpoint)
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert server.poll() is None and time.monotonic() < deadline, "moto_server failed"
-                time.sleep(0.1)
-        client = boto3.client("s3", endpoint_url=endpoint)
-        client.create_bucket(Bucket="pools")
-        yield client
-    finally:
-        server.kill()
-        server.wait()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        import s3fs
-        s3fs.S3FileSystem.clear_instance_cache()
-
-
-def upload(client, local: Path, key: str) -> str:
-    client.upload_file(str(local), "pools", key)
-    return f"s3://pools/{key}"
 
 
 def test_parquet_shards_and_checkpoint_by_url_give_the_local_tables(in_ws, tmp_path, store):

@@ -2,11 +2,13 @@
 through fsspec (s3fs, gcsfs, adlfs, aiohttp). Credentials and endpoints come from where each
 store's own tools look (for S3: AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE and ~/.aws,
 AWS_ENDPOINT_URL(_S3) or `endpoint_url` in ~/.aws/config for S3-compatible servers); a URL is
-shown, and kept in .meta.json, without any `user:password@` it holds.
+shown, and kept in .meta.json, without the `user:password@` and the query it holds (redact.py).
+An http(s) server gets HTTP_TIMEOUT seconds to accept and to send each next part of a reply.
 
 A remote file is a `Remote` (the filesystem and its path); pools keep it as they keep a local
 Path, and it pickles into DataLoader workers, which open their own connections. Checkpoints are
-copied once into a temporary folder (removed at exit) and loaded from there.
+copied once into a temporary folder alcli-model-PID-* (removed at exit; one a killed process
+left is removed when the next run loads a model: sweep_stale_copies) and loaded from there.
 """
 from __future__ import annotations
 
@@ -18,14 +20,16 @@ import shutil
 import tempfile
 from pathlib import Path
 from ..errors import AlcliError, PoolError, first_line
+from .redact import redacted, remember
 
 # scheme -> the package that reads it (fsspec picks the implementation) and alcli's extra for it
 SCHEMES = {"s3": ("s3fs", "s3"), "s3a": ("s3fs", "s3"), "gs": ("gcsfs", "gcs"),
            "gcs": ("gcsfs", "gcs"), "az": ("adlfs", "azure"), "abfs": ("adlfs", "azure"),
            "abfss": ("adlfs", "azure"), "http": ("aiohttp", "http"), "https": ("aiohttp", "http")}
 URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
-USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]*@")
 TAR_BLOCK = 8 << 20  # bytes fetched at once when a tar is read in order
+HTTP_TIMEOUT = 60.0  # seconds an http(s) server may take to accept, or to send the next bytes
+COPY_PREFIX = "alcli-model-"  # temporary copies of remote checkpoints: alcli-model-PID-XXXX
 
 
 class Remote:
@@ -62,16 +66,17 @@ def is_url(spec) -> bool:
 
 
 def shown(text) -> str:
-    """`text` with the `user:password@` of any URL in it left out."""
-    return USERINFO.sub(r"\1", str(text))
+    """`text` without the user-info and query of any URL in it, nor any secret a URL opened held."""
+    return redacted(text)
 
 
 def locate(url: str, error=PoolError) -> Remote:
     """The filesystem and path of `url`; one sentence when the package reading it is missing."""
     scheme = URL.match(url).group(1).lower()
+    remember(url)
     try:
         import fsspec
-        fs, path = fsspec.core.url_to_fs(url)
+        fs, path = fsspec.core.url_to_fs(url, **_options(scheme))
     except ImportError:
         package, extra = SCHEMES[scheme]
         raise error(f"{shown(url)}: reading {scheme}:// URLs needs {package}; pip install "
@@ -79,6 +84,26 @@ def locate(url: str, error=PoolError) -> Remote:
     except Exception as err:  # noqa: BLE001 - a malformed URL, a bad option in the environment
         raise error(f"{shown(url)} cannot be opened ({shown(first_line(err))})") from None
     return Remote(fs, path)
+
+
+def _options(scheme: str) -> dict:
+    """Storage options: for http(s), a timeout on connecting and on each read (aiohttp waits
+    for ever on a server that accepts and never answers); S3 and the others have their own."""
+    if scheme not in ("http", "https"):
+        return {}
+    import aiohttp
+    return {"client_kwargs": {"timeout": aiohttp.ClientTimeout(sock_connect=HTTP_TIMEOUT,
+                                                               sock_read=HTTP_TIMEOUT)}}
+
+
+def _timed_out(err: BaseException) -> bool:
+    """Whether `err`, or an error it was raised from, is a timeout."""
+    seen = 0
+    while err is not None and seen < 10:
+        if isinstance(err, TimeoutError):
+            return True
+        err, seen = err.__cause__ or err.__context__, seen + 1
+    return False
 
 
 @contextlib.contextmanager
@@ -98,6 +123,9 @@ def raise_store_error(what: str, url, err: Exception, error=PoolError) -> None:
     the errors of reading a file's content (OSError, ValueError), nor, but a missing one, for a
     local file."""
     local = not isinstance(url, Remote) and not is_url(url)
+    if not local and _timed_out(err):
+        raise error(f"{what} {shown(url)}: the server did not answer within {HTTP_TIMEOUT:g} "
+                    f"seconds") from None
     cause = err.__cause__
     if isinstance(err, FileNotFoundError) and isinstance(cause, OSError) \
             and not isinstance(cause, FileNotFoundError):  # fsspec's http: unreachable, as this
@@ -170,16 +198,40 @@ _copies: dict[str, Path] = {}
 
 
 def local_copy(url: str, error) -> Path:
-    """The file or folder at `url`, copied once per process into a temporary folder."""
+    """The file or folder at `url`, copied once per process into a temporary folder named with
+    this process's id (so that sweep_stale_copies knows when its owner is gone)."""
     if url not in _copies:
         remote = locate(url, error)
         with reading("model", url, error):
-            folder = Path(tempfile.mkdtemp(prefix="alcli-model-"))
+            folder = Path(tempfile.mkdtemp(prefix=f"{COPY_PREFIX}{os.getpid()}-"))
             atexit.register(shutil.rmtree, folder, True)
-            target = folder / (remote.name or "model")
+            name = remote.name.partition("?")[0] if "http" in remote.fs.protocol else remote.name
+            target = folder / (name or "model")
             if remote.fs.isdir(remote.path):
                 remote.fs.get(remote.path.rstrip("/") + "/", str(target), recursive=True)
             else:
                 remote.fs.get_file(remote.path, str(target))
         _copies[url] = target
     return _copies[url]
+
+
+def sweep_stale_copies() -> list[Path]:
+    """Remove the temporary copies whose process is gone (killed before its exit handler ran)
+    -> the folders removed."""
+    removed = []
+    for folder in Path(tempfile.gettempdir()).glob(f"{COPY_PREFIX}*-*"):
+        pid = folder.name[len(COPY_PREFIX):].partition("-")[0]
+        if pid.isdigit() and folder.is_dir() and not folder.is_symlink() and not _alive(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process
+        return True
+    return True

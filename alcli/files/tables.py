@@ -1,8 +1,10 @@
 """Table pools: Parquet files or folders of them (pyarrow), and Hugging Face datasets written by
-`save_to_disk`. Opening reads the id and label columns only; the image or text column is read one
-chunk (a Parquet row group, a slice of a memory-mapped Arrow table) at a time, when an item of it
-is asked for, so a pool read in order streams through memory. Each process (DataLoader worker)
-opens the files itself and keeps the one chunk it last read.
+`save_to_disk`. Opening reads the id and label columns only, batch by batch; the image or text
+column is read one chunk (PARQUET_BATCH rows of a Parquet row group, HF_CHUNK rows of an Arrow
+record batch) at a time, when an item of it is asked for, so a pool read in order streams through
+memory however large its row groups, and however well compressed. Each process (DataLoader worker)
+opens the files itself and keeps the one chunk it last read, its reader positioned after it. A
+cell over MAX_CELL_BYTES is an error row.
 
 Image cells are encoded bytes, a path (relative to the file holding the table), or a struct with
 `bytes` and `path` (how `datasets` stores an Image feature); they are decoded as image files are.
@@ -25,7 +27,37 @@ from .pool import (IMAGE_EXTS, Item, JpegBytes, Pool, PoolOptions, Text, _label,
 from .regular import check_regular
 
 TABLE_EXTS = (".parquet",)
-HF_CHUNK = 1024  # rows of a Hugging Face dataset read at once
+HF_CHUNK = 1024  # rows of a Hugging Face dataset's record batch turned into Python values at once
+PARQUET_BATCH = 256  # rows of a Parquet row group read at once
+MAX_CELL_BYTES = 256 << 20  # an image or text cell (or tar member) larger is an error row
+
+
+class Oversized(int):
+    """A cell over MAX_CELL_BYTES, left unread: its size in bytes."""
+
+
+def cells(column) -> list:
+    """An Arrow column (image bytes, paths, {bytes, path} structs, texts) as Python values, each
+    cell over MAX_CELL_BYTES an Oversized instead (never copied into a Python object)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    data = column.field("bytes") if pa.types.is_struct(column.type) else column
+    if not (pa.types.is_binary(data.type) or pa.types.is_large_binary(data.type)
+            or _is_string_type(data.type)):
+        return column.to_pylist()
+    sizes = pc.fill_null(pc.binary_length(data), 0)
+    over = pc.greater(sizes, MAX_CELL_BYTES)
+    if not pc.any(over).as_py():
+        return column.to_pylist()
+    sizes = sizes.to_pylist()
+    kept = pc.if_else(over, pa.nulls(len(column), column.type), column)  # [rows]
+    return [Oversized(n) if n > MAX_CELL_BYTES else v for n, v in zip(sizes, kept.to_pylist())]
+
+
+def oversized(where: str, what: str, size: int) -> str:
+    limit = (f"{MAX_CELL_BYTES >> 20} MiB" if MAX_CELL_BYTES % (1 << 20) == 0
+             else f"{MAX_CELL_BYTES} bytes")
+    return f"{where}: its {what} is {size} bytes, over alcli's limit of {limit} (MAX_CELL_BYTES)"
 
 
 def is_hf_dataset(path: Path) -> bool:
@@ -51,55 +83,76 @@ def _names(path: Path) -> list[str]:
 # --- readers: chunk k of a column -> its cells as Python values --------------------------------
 
 class ParquetChunks:
-    """Row groups of Parquet files (local Paths or remote.Remote); chunk k is row group
-    groups[k] = (file index, group)."""
+    """Batches of Parquet row groups (files local Paths or remote.Remote); chunk k is rows
+    batch*PARQUET_BATCH on of one row group: chunks[k] = (file index, group, batch)."""
 
-    def __init__(self, files: list, groups: list[tuple[int, int]]):
-        self.files, self.groups = files, groups
+    def __init__(self, files: list, chunks: list[tuple[int, int, int]]):
+        self.files, self.chunks = files, chunks
         self._open: dict[int, object] = {}
+        self._reader: tuple | None = None  # ((file, group), the next batch, its iterator)
         self._pid = os.getpid()  # the process _open belongs to (a forked worker opens its own)
 
     def __getstate__(self):  # each worker opens the files itself
-        return {**self.__dict__, "_open": {}}
+        return {**self.__dict__, "_open": {}, "_reader": None}
 
     def folder(self, k: int):
-        return remote.parent(self.files[self.groups[k][0]])
+        return remote.parent(self.files[self.chunks[k][0]])
 
     def where(self, k: int) -> str:
-        f, g = self.groups[k]
-        return f"row group {g} of {self.files[f]}"
+        f, g, b = self.chunks[k]
+        return f"row group {g} of {self.files[f]}" + (f" (its rows {b * PARQUET_BATCH} on)"
+                                                       if b else "")
 
     def column(self, k: int, name: str) -> list:
-        import pyarrow.parquet as pq
-        f, g = self.groups[k]
+        """Read forward from the last batch read in the same row group (readers go in order),
+        else from the row group's start."""
+        f, g, b = self.chunks[k]
         if f not in self._open or self._pid != os.getpid():
-            self._open, self._pid = {f: _parquet_file(self.files[f])}, os.getpid()  # one at a time
-        return self._open[f].read_row_group(g, columns=[name]).column(0).to_pylist()
+            self._open, self._pid, self._reader = {f: _parquet_file(self.files[f])}, os.getpid(), None
+        if self._reader is None or self._reader[0] != (f, g, name) or self._reader[1] > b:
+            batches = self._open[f].iter_batches(batch_size=PARQUET_BATCH, row_groups=[g],
+                                                 columns=[name], use_threads=False)
+            self._reader = ((f, g, name), 0, batches)
+        key, at, batches = self._reader
+        self._reader = None
+        for _ in range(b - at):
+            next(batches)
+        batch = next(batches)
+        self._reader = (key, b + 1, batches)
+        return cells(batch.column(0))
 
 
 class ArrowChunks:
-    """A Hugging Face dataset's Arrow files, memory-mapped; chunk k holds rows k*HF_CHUNK on."""
+    """A Hugging Face dataset's Arrow stream files, memory-mapped and read record batch by record
+    batch; chunk k is HF_CHUNK rows of one batch: chunks[k] = (file index, batch, first row)."""
 
-    def __init__(self, files: list[Path], root: Path):
-        self.files, self.root = files, root
-        self._table = None
+    def __init__(self, files: list[Path], root: Path, chunks: list[tuple[int, int, int]]):
+        self.files, self.root, self.chunks = files, root, chunks
+        self._reader: tuple | None = None  # ((file, column), the next batch, its reader, the last)
+        self._pid = os.getpid()  # the process _reader belongs to (a forked worker opens its own)
 
     def __getstate__(self):
-        return {**self.__dict__, "_table": None}
+        return {**self.__dict__, "_reader": None}
 
     def folder(self, k: int) -> Path:
         return self.root
 
     def where(self, k: int) -> str:
-        return f"rows {k * HF_CHUNK} to {(k + 1) * HF_CHUNK - 1} of {self.root}"
-
-    def table(self):
-        if self._table is None:
-            self._table = _arrow_table(self.files)
-        return self._table
+        f, b, r = self.chunks[k]
+        return f"rows {r} to {r + HF_CHUNK - 1} of record batch {b} of {self.files[f]}"
 
     def column(self, k: int, name: str) -> list:
-        return self.table().column(name).slice(k * HF_CHUNK, HF_CHUNK).to_pylist()
+        f, b, r = self.chunks[k]
+        if self._pid != os.getpid():
+            self._reader, self._pid = None, os.getpid()
+        if self._reader is None or self._reader[0] != (f, name) or self._reader[1] > b + 1:
+            self._reader = ((f, name), 0, _arrow_batches(self.files[f], [name]), None)
+        key, at, batches, last = self._reader
+        self._reader = None
+        for _ in range(b + 1 - at):  # the batch itself may be read already (its next chunk)
+            last = next(batches)
+        self._reader = (key, b + 1, batches, last)
+        return cells(last.column(0).slice(r, HF_CHUNK))
 
 
 def _parquet_file(file):
@@ -107,9 +160,18 @@ def _parquet_file(file):
     return pq.ParquetFile(remote.open_binary(file) if isinstance(file, remote.Remote) else file)
 
 
-def _arrow_table(files: list[Path]):
+def _arrow_schema(file: Path):
     import pyarrow as pa
-    return pa.concat_tables([pa.ipc.open_stream(pa.memory_map(str(f))).read_all() for f in files])
+    return pa.ipc.open_stream(pa.memory_map(str(file))).schema
+
+
+def _arrow_batches(file: Path, columns: list[str]):
+    """The record batches of an Arrow stream file, only `columns` decoded, one at a time."""
+    import pyarrow as pa
+    schema = _arrow_schema(file)
+    fields = [schema.get_field_index(c) for c in columns] or [0]  # [] would read every one
+    options = pa.ipc.IpcReadOptions(included_fields=fields, use_threads=False)
+    yield from pa.ipc.open_stream(pa.memory_map(str(file)), options=options)
 
 
 # --- the pool ----------------------------------------------------------------------------------
@@ -138,6 +200,9 @@ class TablePool(Pool):
             return Item(self.ids[i], None, self.labels[i],
                         f"cannot read {self.chunks.where(k)} ({first_line(err)})")
         cell = self._cells[1][i - self.starts[k]]
+        if isinstance(cell, Oversized):
+            return Item(self.ids[i], None, self.labels[i],
+                        oversized(f"row {i} of {self.name}", f"{self.kind[:5]} cell", cell))
         if self.kind == "text":
             if not isinstance(cell, str):
                 return Item(self.ids[i], None, self.labels[i], f"row {i} of {self.name} has no "
@@ -350,19 +415,25 @@ def from_parquet(spec, opts: PoolOptions) -> Pool:
     kind, column = _kind_and_column(spec, schema, opts)
     id_col, label_col = _key_columns(spec, schema, opts)
     groups = [(f, g) for f, meta in enumerate(metas) for g in range(meta.num_row_groups)]
-    starts = [0]
+    chunks, starts = [], [0]
     for f, g in groups:
-        starts.append(starts[-1] + metas[f].metadata.row_group(g).num_rows)
+        rows = metas[f].metadata.row_group(g).num_rows
+        for b in range(-(-rows // PARQUET_BATCH)):
+            chunks.append((f, g, b))
+            starts.append(starts[-1] + min(PARQUET_BATCH, rows - b * PARQUET_BATCH))
 
     def batches():
         for f, g in groups:
             try:
-                yield metas[f].read_row_group(g, columns=_columns_read(id_col, label_col))
+                yield from metas[f].iter_batches(batch_size=PARQUET_BATCH, row_groups=[g],
+                                                 columns=_columns_read(id_col, label_col))
             except Exception as err:  # noqa: BLE001
                 raise PoolError(f"row group {g} of table {files[f]} cannot be read "
                                 f"({first_line(err)})") from None
     ids, labels = _ids_and_labels(spec, batches(), id_col, label_col, opts)
-    return TablePool(spec, kind, column, ids, labels, ParquetChunks(files, groups), starts, opts)
+    if len(ids) != starts[-1]:
+        raise PoolError(f"table {spec} holds {len(ids)} rows, but its row groups say {starts[-1]}")
+    return TablePool(spec, kind, column, ids, labels, ParquetChunks(files, chunks), starts, opts)
 
 
 def from_hf_dataset(spec: str, opts: PoolOptions) -> Pool:
@@ -383,17 +454,29 @@ def from_hf_dataset(spec: str, opts: PoolOptions) -> Pool:
                           f"of splits")
     files = _arrow_files(split_dir, name)
     try:
-        table = _arrow_table(files)
+        schema = _arrow_schema(files[0])
     except Exception as err:  # noqa: BLE001
         raise PoolError(f"dataset {name} cannot be read ({first_line(err)})") from None
-    kind, column = _kind_and_column(name, table.schema, opts)
-    id_col, label_col = _key_columns(name, table.schema, opts)
-    ids, labels = _ids_and_labels(name, table.select(_columns_read(id_col, label_col))
-                                  .to_batches(HF_CHUNK), id_col, label_col, opts)
-    n = table.num_rows
-    starts = list(range(0, n, HF_CHUNK)) + [n]
-    pool = TablePool(name, kind, column, ids, labels, ArrowChunks(files, split_dir), starts, opts)
-    names = _class_label_names(table.schema, label_col)
+    kind, column = _kind_and_column(name, schema, opts)
+    id_col, label_col = _key_columns(name, schema, opts)
+    chunks, starts = [], [0]
+
+    def batches():  # the id and label columns, batch by batch; the chunks each batch makes
+        for f, file in enumerate(files):
+            try:
+                if _arrow_schema(file).names != schema.names:
+                    raise ValueError(f"{file} has other columns than {files[0]}")
+                for b, batch in enumerate(_arrow_batches(file, _columns_read(id_col, label_col))):
+                    for r in range(0, batch.num_rows, HF_CHUNK):
+                        chunks.append((f, b, r))
+                        starts.append(starts[-1] + min(HF_CHUNK, batch.num_rows - r))
+                    yield batch
+            except Exception as err:  # noqa: BLE001
+                raise PoolError(f"dataset {name} cannot be read ({first_line(err)})") from None
+    ids, labels = _ids_and_labels(name, batches(), id_col, label_col, opts)
+    pool = TablePool(name, kind, column, ids, labels, ArrowChunks(files, split_dir, chunks),
+                     starts, opts)
+    names = _class_label_names(schema, label_col)
     if names and opts.class_names is None:  # a ClassLabel feature names the classes
         pool.classes, pool.classes_from = names, f"the ClassLabel feature '{label_col}' of {name}"
     return pool
@@ -412,19 +495,35 @@ def _class_label_names(schema, column: str | None) -> list[str] | None:
 
 
 def _splits(root: Path) -> list[str]:
+    file = root / "dataset_dict.json"
+    splits = _json_key(file, "splits", f"dataset {root}")
+    if not isinstance(splits, list) or not all(isinstance(n, str) for n in splits):
+        raise PoolError(f"dataset {root}: key 'splits' of {file} must be a list of split names, "
+                        f"got {type(splits).__name__} {json.dumps(splits)[:80]}")
+    return splits
+
+
+def _json_key(file: Path, key: str, name: str):
+    """`key` of the JSON object in `file`; one sentence naming both when it cannot be read."""
     try:
-        return list(json.loads((root / "dataset_dict.json").read_text())["splits"])
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise PoolError(f"dataset {root}: dataset_dict.json cannot be read ({first_line(err)})") from None
+        value = json.loads(file.read_text())
+    except RecursionError:  # json's decoder recurses once per level
+        raise PoolError(f"{name}: {file} cannot be read (its JSON is nested too deeply to hold "
+                        f"the key '{key}')") from None
+    except (OSError, ValueError) as err:
+        raise PoolError(f"{name}: {file} cannot be read ({first_line(err)})") from None
+    if not isinstance(value, dict) or key not in value:
+        raise PoolError(f"{name}: {file} has no key '{key}'")
+    return value[key]
 
 
 def _arrow_files(folder: Path, name: str) -> list[Path]:
-    try:
-        state = json.loads((folder / "state.json").read_text())
-        files = [folder / f["filename"] for f in state["_data_files"]]
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise PoolError(f"dataset {name}: {folder / 'state.json'} cannot be read "
-                        f"({first_line(err)})") from None
-    if not files:
+    file = folder / "state.json"
+    entries = _json_key(file, "_data_files", f"dataset {name}")
+    if not isinstance(entries, list) or not all(
+            isinstance(e, dict) and isinstance(e.get("filename"), str) for e in entries):
+        raise PoolError(f"dataset {name}: key '_data_files' of {file} must be a list of "
+                        f"{{\"filename\": ...}} objects")
+    if not entries:
         raise PoolError(f"dataset {name} holds no data files")
-    return files
+    return [folder / e["filename"] for e in entries]

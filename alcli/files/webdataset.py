@@ -19,8 +19,10 @@ from typing import NamedTuple
 from ..errors import PoolError, first_line
 from . import remote
 from .pool import Item, Pool, PoolOptions, Text, _label
-from .tables import image_item, set_decoding
+from . import tables
+from .tables import image_item, oversized, set_decoding
 
+MAX_LABEL_BYTES = 1024  # a .cls member is a class index or name
 IMAGE_KEYS = ("jpg", "jpeg", "png", "webp", "bmp", "tif", "tiff")
 BRACE = re.compile(r"\{([^{}]*)\}")
 
@@ -105,6 +107,9 @@ class ShardPool(Pool):
             return Item(self.ids[i], None, self.labels[i], f"{where} has no {what} member")
         member = Member(self.shard_of[i], self.offsets[i], self.sizes[i])
         where += f" of {self.shards[member.shard]}"
+        if member.size > tables.MAX_CELL_BYTES:
+            return Item(self.ids[i], None, self.labels[i], oversized(where, f"{what} member",
+                                                                     member.size))
         try:
             data = self._read(member)
         except Exception as err:  # noqa: BLE001 - a file or store that fails: an error row
@@ -159,6 +164,10 @@ def _scan(shard, index: int, samples: Samples) -> None:
                 if not samples.keys or samples.keys[-1] != key or samples.shard[-1] != index:
                     samples.start(key, index)
                 if ext == "cls":
+                    if info.size > MAX_LABEL_BYTES:
+                        raise PoolError(f"sample {key} of {shard}: its .cls member is {info.size} "
+                                        f"bytes, over alcli's limit of {MAX_LABEL_BYTES} for a "
+                                        f"label")
                     text = tar.extractfile(info).read().decode("utf-8", "replace")
                     samples.labels[-1] = _label(text.strip() or None, f"sample {key} of {shard}")
                 else:

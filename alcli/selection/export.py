@@ -19,6 +19,7 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFont, ImageOps
 
 from ..files.atomic import atomic_open
+from ..files.redact import redacted
 from ..files.regular import check_regular
 from ..files.table import MORE
 
@@ -31,7 +32,9 @@ _NOT_XML = re.compile("[\x00-\x1f\ud800-\udfff\ufffe\uffff]")
 # --- Label Studio ---------------------------------------------------------------------------------
 
 def model_version_from(checkpoint_path: str) -> str:
-    """Label Studio's model_version for a checkpoint: its file name (`runs/best.pt` -> `best.pt`)."""
+    """Label Studio's model_version for a checkpoint: its file name (`runs/best.pt` -> `best.pt`;
+    a URL's query and credentials left out)."""
+    checkpoint_path = redacted(checkpoint_path)
     return os.path.basename(checkpoint_path.rstrip("/\\")) or checkpoint_path
 
 
