@@ -14,7 +14,7 @@ from .files.remote import shown
 from .gradnorm import (EngineFallback, UnsupportedModel, auto_choice, grad_norms_per_target,
                        rule_names, select_params)
 from .gradnorm.plan import ghost_plan_for
-from .score import detection, tasks
+from . import tasks
 from .score.runner import forward, to_model
 from .session import check_layers, model_channels, model_for, pool_for
 
@@ -60,8 +60,9 @@ def inspect_model(settings: Settings, *, model: nn.Module | None = None, pool=No
             info.modules.append(ModuleInfo(name or "(root)", type(module).__name__,
                                            sum(p.numel() for p in own),
                                            any(id(p) in chosen for p in own), rules.get(name, "-")))
-    if info.task == "detection":  # alcli.score.detection: its own loop, not the engine's methods
-        info.method, info.reason = detection.method(net, settings.method)
+    spec = tasks.TASKS.get(info.task)
+    if spec is not None and spec.method is not None:  # a detector: its own loop, not the engine's methods
+        info.method, info.reason = spec.method(net, settings.method)
         return info
     if settings.method != "auto" and settings.pool is None and pool is None:
         info.method, info.reason = settings.method, "asked for with --method"
@@ -81,11 +82,7 @@ def inspect_model(settings: Settings, *, model: nn.Module | None = None, pool=No
     if settings.method != "auto":
         info.method, info.reason = settings.method, "asked for with --method"
         return info
-    if info.task == "regression":  # the loss egl differentiates: each output itself
-        loss_fn, targets = tasks.output_component, torch.zeros(logits.shape[0], dtype=torch.long)
-    else:
-        loss_fn = tasks.TASKS[info.task].loss
-        targets = tasks.predicted(info.task, logits, tasks.valid_positions(info.task, logits, inputs))
+    loss_fn, targets = tasks.TASKS[info.task].probe(logits, inputs)  # regression: each output itself
     with warnings.catch_warnings():  # the fallback is what this command reports
         warnings.simplefilter("ignore", EngineFallback)
         try:

@@ -20,7 +20,8 @@ from .files.pool import Pool, PoolOptions, names_source, tensor_pool
 from .files.sources import open_pool
 from .files.webdataset import is_shard_spec
 from .gradnorm import select_params
-from .score import detection, preflight, tasks
+from . import tasks
+from .score import preflight
 
 
 @dataclass
@@ -92,19 +93,21 @@ def pool_for(settings: Settings, model: nn.Module, pool=None, stdin=None) -> Poo
         raise ConfigError(f"no pool given; pass {what} a folder of images, a .csv/.jsonl manifest, "
                           f"a .pt/.npy/.npz tensor file, or - for image paths on stdin")
     task = settings.task if settings.task != "auto" else tasks.from_model(model) or "auto"
-    detection.check_task(task, model)  # before anything is said of the transform
+    tasks.check_model(task, model)  # before anything is said of the transform
+    spec = tasks.TASKS.get(task)
+    own_sizes = spec is not None and spec.sized_images  # a detector's images keep their sizes
     opts = PoolOptions(settings.labels_from_folders, settings.transform, model_channels(model),
                        settings.null, decode=settings.decode, class_names=names,
-                       class_names_file=names_file, task=task)
+                       class_names_file=names_file, labels_as_given=spec is not None and spec.given_labels)
     hf_options(opts, settings, model)
-    if task == "detection":
-        opts.transform = detector_transform(opts.transform, settings, detection.is_hf(model))
+    if own_sizes:
+        opts.transform = detector_transform(opts.transform, settings, spec.normalised_outside(model))
     if isinstance(settings.pool, str) and settings.pool != "-" and not Path(settings.pool).exists() \
             and not is_shard_spec(settings.pool) and not remote.is_url(settings.pool):  # shards: each named in its own error
         raise PoolError(f"pool {settings.pool}{from_config(settings, 'pool')} does not exist")
     opened_pool = named(open_pool(settings.pool, opts, stdin), names, names_file)
-    opened_pool.keeps_sizes = task == "detection"
-    if opened_pool.kind == "images" and opts.transform.normalize is None and task != "detection":
+    opened_pool.keeps_sizes = own_sizes
+    if opened_pool.kind == "images" and opts.transform.normalize is None and not own_sizes:
         warn_unnormalised(settings, model)
     return opened_pool
 

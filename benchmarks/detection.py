@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import torch
 import torchvision
 
-from alcli.score import detection
+from alcli.tasks import detection
 
 DETECTORS = ("fasterrcnn_mobilenet_v3_large_320_fpn", "fasterrcnn_resnet50_fpn", "retinanet_resnet50_fpn",
              "fcos_resnet50_fpn", "ssdlite320_mobilenet_v3_large")

@@ -263,7 +263,7 @@ def detection_table(device, dry: bool, say):
     batch's summed loss, on the device: on a GPU a batch costs much less than its images one by one."""
     import torchvision
     from types import SimpleNamespace
-    from alcli.score import detection
+    from alcli.tasks import detection
     n, size = (2, 64) if dry else (8, 320)
     names = ["fasterrcnn_mobilenet_v3_large_320_fpn"] if dry else [
         "fasterrcnn_mobilenet_v3_large_320_fpn", "retinanet_resnet50_fpn", "ssdlite320_mobilenet_v3_large"]

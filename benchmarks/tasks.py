@@ -35,7 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 from alcli.gradnorm import grad_norms_per_target
 from alcli.gradnorm.model_io import batch_size, call_model, forward_logits, logits_of, map_batch
-from alcli.score import tasks
+from alcli import tasks
 
 
 def segmentation(batch: int = 16, size: int = 128):

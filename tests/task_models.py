@@ -1,6 +1,6 @@
 """Small models for every task (random weights, built offline) and the float64 per-example loop
 they are checked against, with each task's loss written out here independently of
-alcli.score.tasks. Used by tests/test_tasks.py and benchmarks/tasks.py."""
+alcli.tasks. Used by tests/test_tasks.py and benchmarks/tasks.py."""
 from __future__ import annotations
 
 import copy

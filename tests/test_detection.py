@@ -1,4 +1,4 @@
-"""Object detectors (alcli.score.detection): every utility against an independent float64
+"""Object detectors (alcli.tasks.detection): every utility against an independent float64
 per-image loop of the detector's own training loss, and `alcli score` on a folder of images of
 different sizes."""
 from __future__ import annotations
@@ -17,7 +17,8 @@ from PIL import Image
 
 torchvision = pytest.importorskip("torchvision")
 
-from alcli.score import detection, tasks  # noqa: E402
+from alcli import tasks  # noqa: E402
+from alcli.tasks import detection  # noqa: E402
 
 SMALL = {"min_size": 64, "max_size": 96}
 # fewer anchors and proposals than the defaults, so that a test is quick: the same loss otherwise
@@ -151,7 +152,7 @@ def test_float32_matches_float64_at_drawn_boxes(name):
 @pytest.mark.parametrize("strategy", ["egl"])  # gradnorm: the float64 loop test above
 def test_retinanet_goes_through_the_engine_batched_and_equals_the_loop(strategy):
     """Its loss splits by image: images of one size share one batched forward and backward
-    (alcli.score.retinanet), and give the per-image loop's numbers; another size, another group."""
+    (alcli.tasks.retinanet), and give the per-image loop's numbers; another size, another group."""
     model = build("retinanet_resnet50_fpn")
     imgs = images() + [images()[0].flip(-1)]
     ids = [*IDS, "mirrored"]

@@ -6,9 +6,10 @@ import ast
 from pathlib import Path
 
 import alcli
-from alcli.files.config import METHOD_NAMES, STRATEGY_NAMES
+from alcli.files.config import METHOD_NAMES, STRATEGY_NAMES, TASK_NAMES
 from alcli.gradnorm import METHODS
 from alcli.score.strategies import STRATEGIES
+from alcli.tasks import TASKS
 
 ROOT = Path(alcli.__file__).parent
 
@@ -76,3 +77,4 @@ def test_find_cycle_finds_one():
 def test_config_names_mirror_the_registries():
     assert STRATEGY_NAMES == tuple(STRATEGIES)
     assert METHOD_NAMES == METHODS
+    assert TASK_NAMES == ("auto", *TASKS)

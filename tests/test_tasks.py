@@ -1,4 +1,4 @@
-"""Tasks beyond one class per example (alcli/score/tasks.py): every task x model x engine method
+"""Tasks beyond one class per example (alcli/tasks/): every task x model x engine method
 against a float64 per-example loop of the same loss written with torch's own losses
 (tests/task_models.py), the Monte-Carlo EGL against exact enumeration, regression's closed form,
 and the per-position utilities against loops over positions."""
@@ -17,7 +17,7 @@ from alcli.errors import AlcliError
 from alcli.files.config import TASK_NAMES
 from alcli.gradnorm import UnsupportedModel, auto_choice, grad_norms_per_target
 from alcli.gradnorm.model_io import forward_logits
-from alcli.score import tasks
+from alcli import tasks
 from alcli.score.strategies import STRATEGIES, StrategyInputs
 
 # name: (task, model, inputs)
@@ -64,8 +64,8 @@ def case(name):
     return _built[name]
 
 
-def test_task_names_are_the_registry():
-    assert TASK_NAMES == ("auto", *tasks.TASKS, "detection")
+def test_task_names_are_the_registry():  # detection joined the registry (alcli/tasks/detection.py)
+    assert TASK_NAMES == ("auto", *tasks.TASKS)
 
 
 @pytest.mark.parametrize("name,method", list(itertools.product(CASES, METHODS)))

@@ -328,7 +328,7 @@ def test_token_scores_count_each_word_at_its_first_sub_token_labeled_or_not(ws):
     sub-tokens: gradnorm, loss, egl and entropy against a float64 per-example loop in which the
     labels, the pseudo-labels, the samples and the entropies all sit on each word's first
     sub-token (HF's word_ids, not alcli's offsets), and nowhere else."""
-    from alcli.score.tasks import uniforms
+    from alcli.tasks.common import uniforms
 
     model, tok = tm.bert_tokens(), _subword_tokenizer(ws / "ner_sub")
     model.save_pretrained(ws / "ner_sub")

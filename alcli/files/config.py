@@ -39,10 +39,10 @@ STRATEGY_NAMES = ("egl", "gradnorm", "loss", "entropy", "margin", "least-confide
                   "uncertain-boxes")
 METHOD_NAMES = ("auto", "ghost", "replicate", "vmap", "loop")
 PRECISIONS = ("fp32", "bf16", "fp16")
-# the labeling tasks (alcli.score.tasks.TASKS, plus auto: read from the model, and detection:
-# alcli.score.detection); a test keeps them equal
+# the labeling tasks (alcli.tasks.TASKS, plus auto: read from the model); config is read before
+# any model, and cannot import the task modules (they read pools: a cycle); a test keeps them equal
 TASK_NAMES = ("auto", "classification", "multilabel", "segmentation", "token-classification",
-              "regression", "detection")
+              "regression", "keypoints", "detection")
 DECODERS = ("cpu", "gpu")  # where image files are decoded: the loader's workers, or the device
 DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 MAX_SIDE = 4096  # pixels per side an image may be resized or cropped to (a model directory's
@@ -84,7 +84,7 @@ class Settings:
     class_names: str | None = None        # a file naming the classes (one a line, or a JSON list)
     text_width: int = 200                 # text pools: characters of each text in the table; 0 = all
     transform: Transform = field(default_factory=Transform)
-    task: str = "auto"               # what one example's output is (alcli.score.tasks); auto: read from the model
+    task: str = "auto"               # what one example's output is (alcli.tasks); auto: read from the model
     strategy: str = "egl"
     top_classes: int | None = None   # egl: K most probable classes; 0 = all (exact); None = 10 at most
     egl_samples: int | str = 8       # egl on multilabel/segmentation/token tasks: S sampled label

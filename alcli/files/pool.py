@@ -51,8 +51,8 @@ class PoolOptions:
     class_names: list[str] | None = None  # the classes' names, known before the pool (string
                                  # labels and class folders map to indices through them)
     class_names_file: str | None = None  # where they came from; None: the model's id2label
-    task: str = "auto"           # the task labels are read for (--task, or what the model names):
-                                 # other than classification and auto, every label is kept as given
+    labels_as_given: bool = False  # the task (--task, or what the model names) reads its labels
+                                 # as given (Task.given_labels): every label is kept as given
     image_column: str | None = None  # table pools: the image column (None: 'image' if there)
     id_column: str | None = None     # table pools: the id column (None: the row numbers)
     label_column: str | None = None  # table pools: the label column (None: 'label' if there)
@@ -94,7 +94,7 @@ class Pool(Dataset):
     classes_from: str | None = None   # where `classes` came from, when not class folders
     outputs: int | None = None        # the model's number of classes, once the pre-flight saw it
     task_labels: dict | None = None   # id -> (where, label as given) for labels of other tasks than
-                                      # classification (lists, numbers, mask files): alcli.score.labels
+                                      # classification (lists, numbers, mask files): alcli.tasks: Task.read_labels
     given_ids: list | None = None  # the caller's ids (any type) where `ids` holds their text
     to_float: Callable | None = None  # batch of stored inputs on the device -> model input
                                       # (images: uint8 -> normalized float); None: as they are
@@ -575,7 +575,7 @@ def _image_path(value: str, base):
 
 
 def _task_label(row: dict, opts: PoolOptions, base: Path):
-    """A row's label for another task than classification, as given (alcli.score.labels reads it
+    """A row's label for another task than classification, as given (alcli.tasks: Task.read_labels reads it
     once the task is known): a mask file (column `mask`, or a `label` naming an image file, made
     relative to the manifest), a list, `a|b`, or any label when the task is known to be another;
     None for a class index (or no label)."""
@@ -585,7 +585,7 @@ def _task_label(row: dict, opts: PoolOptions, base: Path):
         return None
     if isinstance(value, str) and (row.get("mask") not in (None, "") or value.lower().endswith(IMAGE_EXTS)):
         return str(Path(value) if Path(value).is_absolute() else base / value)
-    if opts.task not in ("auto", "classification") or isinstance(value, list) or \
+    if opts.labels_as_given or isinstance(value, list) or \
             (isinstance(value, str) and "|" in value):
         return value
     return None

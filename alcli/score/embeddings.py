@@ -19,9 +19,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..selection.diverse import badge_factors
-from . import tasks
-from .strategies import exact_dtype
+from ..tasks import TASKS, exact_dtype
+from ..tasks.common import head_outputs
 from ..errors import RunError
 from ..gradnorm import logits_of
 
@@ -39,7 +38,7 @@ def find_head(model: nn.Module, classes: int, task: str = "classification") -> t
     """(name, module) of the last nn.Linear (segmentation: or Conv2d) with `classes` outputs; a
     RunError if there is none."""
     found = [(name, m) for name, m in model.named_modules()
-             if isinstance(m, tasks.head_types(task)) and tasks.head_outputs(m) == classes]
+             if isinstance(m, TASKS[task].head_types) and head_outputs(m) == classes]
     if not found:
         kind = "a TorchScript model" if isinstance(model, torch.jit.ScriptModule) else "the model"
         raise RunError(f"--embeddings needs the model's final classification layer, an nn.Linear "
@@ -69,8 +68,8 @@ class EmbeddingRecorder:
                 words=None):
         """Around one plain forward of `model` on the batch `ids`: record its factors. Errors of
         the forward itself pass through untouched; the recording's own may be skipped (optional).
-        Other tasks than classification: their factors (tasks.badge_factors; `inputs` for the
-        attention mask; `words`, each token's word, to leave special tokens out)."""
+        The task's factors (Task.badge; `inputs` for the attention mask; `words`, each token's
+        word, to leave special tokens out)."""
         seen: dict = {"task": task, "model_inputs": inputs, "words": words}
         handles = [] if self.skipped is not None else self._optional(self._hooks, model, seen)
         try:
@@ -105,7 +104,7 @@ class EmbeddingRecorder:
             return hook
 
         heads = ([self.head] if self.head is not None else
-                 [(n, m) for n, m in model.named_modules() if isinstance(m, tasks.head_types(seen["task"]))])
+                 [(n, m) for n, m in model.named_modules() if isinstance(m, TASKS[seen["task"]].head_types)])
         try:
             handles = [model.register_forward_hook(on_output)]
             handles += [m.register_forward_hook(on_input(n)) for n, m in heads]
@@ -115,44 +114,23 @@ class EmbeddingRecorder:
         return handles
 
     def _add(self, model: nn.Module, ids: list[str], seen: dict) -> None:
-        logits, task = seen.get("logits"), seen["task"]
-        if not isinstance(logits, torch.Tensor) or not tasks.TASKS[task].fits(logits):
+        """The batch's factors (the task's `badge`), its head found by its number of outputs (the
+        classes; regression: D) at the first batch."""
+        logits, spec = seen.get("logits"), TASKS[seen["task"]]
+        if not isinstance(logits, torch.Tensor) or not spec.fits(logits):
             return  # the runner reports a bad model output itself
-        if task != "classification":
-            return self._add_task(model, ids, seen, logits, task)
+        outputs = spec.classes(logits) or logits.reshape(logits.shape[0], -1).shape[1]
         if self.head is None:
-            self.head = find_head(model, logits.shape[1])
+            self.head = find_head(model, outputs, spec.name)
         name, _ = self.head
         h = seen.get("inputs", {}).get(name)
-        if not isinstance(h, torch.Tensor):
-            raise RunError(f"--embeddings: the final layer '{name}' (nn.Linear with "
-                           f"{logits.shape[1]} outputs) did not run in the model's forward")
-        if h.dim() != 2 or h.shape[0] != len(ids):
-            raise RunError(f"--embeddings: the final layer '{name}' gets inputs of shape "
-                           f"{list(h.shape)}, not [batch, features]")
-        h = h.detach()
+        spec.check_head_input(name, h, logits, ids)
         dtype = h.dtype if h.dtype in (torch.float32, torch.float64) else torch.float32
-        probs = torch.softmax(logits.detach().to(exact_dtype(logits)), dim=1)  # [B, C]
-        a, b = badge_factors(probs, h.to(torch.float64 if dtype == torch.float64 else dtype))
+        valid = spec.valid(logits, seen["model_inputs"], seen["words"])
+        a, b = spec.badge(logits.to(exact_dtype(logits)), h.to(dtype), valid)
         if self._current is not None and not set(self._current[0]) & set(ids):
             self.keep([t.cpu() for t in self.pending()])  # an earlier batch nobody kept
         self._current = (list(ids), a.to(dtype), b.to(dtype))  # a retried batch replaces its try
-
-    def _add_task(self, model: nn.Module, ids: list[str], seen: dict, logits: torch.Tensor, task: str):
-        """Another task's factors: its head found by its number of outputs (regression: D)."""
-        outputs = tasks.classes(task, logits) or logits.reshape(logits.shape[0], -1).shape[1]
-        if self.head is None:
-            self.head = find_head(model, outputs, task)
-        h = seen.get("inputs", {}).get(self.head[0])
-        if not isinstance(h, torch.Tensor) or h.shape[0] != len(ids):
-            raise RunError(f"--embeddings: the final layer '{self.head[0]}' did not run on the batch "
-                           f"in the model's forward")
-        dtype = h.dtype if h.dtype in (torch.float32, torch.float64) else torch.float32
-        valid = tasks.valid_positions(task, logits, seen["model_inputs"], seen["words"])
-        a, b = tasks.badge_factors(task, logits.to(exact_dtype(logits)), h.to(dtype), valid)
-        if self._current is not None and not set(self._current[0]) & set(ids):
-            self.keep([t.cpu() for t in self.pending()])  # an earlier batch nobody kept
-        self._current = (list(ids), a.to(dtype), b.to(dtype))
 
     def pending(self) -> list[torch.Tensor]:
         """The current batch's factors [a, b], on the device, for the runner's one copy home."""

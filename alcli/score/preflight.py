@@ -4,7 +4,7 @@ Each failure is one sentence naming the pool, the example or the setting at faul
 an id used twice, a label outside the model's classes, and a model whose number of outputs differs
 from the class count that the pool (class folders) or the config (`arch_kwargs.num_classes`) gives.
 The model's output size is learned from one forward pass on the first readable example, which
-also tells the task when --task is auto (alcli.score.tasks) and must fit the task given.
+also tells the task when --task is auto (alcli.tasks) and must fit the task given.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from ..files.classnames import check_names, multilabel_names
 from ..files.config import Settings
 from ..errors import ConfigError, PoolError, RunError, first_line
 from ..files.pool import Pool, check_unique_ids, collate, collate_sized, decoded
-from . import detection, tasks
+from .. import tasks
 from .runner import forward, to_model
 
 PROBE_TRIES = 64  # readable examples looked for before the model's output size is left unknown
@@ -51,8 +51,9 @@ def check_pool(pool: Pool) -> None:
 def model_classes(model: nn.Module, pool: Pool, device: torch.device, task: str = "auto") -> int | None:
     """The model's number of classes (labels), from a forward pass on the first readable example,
     after the task is found and checked against its output (None for regression)."""
-    if task == "detection" or (task == "auto" and tasks.from_model(model) == "detection"):
-        return _detector_classes(model, pool, device)
+    spec = tasks.named(task, model)
+    if spec is not None and spec.sized_images:  # a detector: its own class count
+        return _detector_classes(spec, model, pool, device)
     for i in range(min(len(pool), PROBE_TRIES)):
         batch = decoded(collate([pool[i]]), pool, device)  # --decode gpu: decoded there
         if not batch.errors:
@@ -68,20 +69,20 @@ def model_classes(model: nn.Module, pool: Pool, device: torch.device, task: str 
     return None
 
 
-def _detector_classes(model: nn.Module, pool: Pool, device: torch.device) -> int | None:
+def _detector_classes(spec, model: nn.Module, pool: Pool, device: torch.device) -> int | None:
     """A detector's class count, after one forward on the first readable image shows it runs."""
-    detection.check_task("detection", model)
+    tasks.check_model(spec.name, model)
     for i in range(min(len(pool), PROBE_TRIES)):
         batch = collate_sized([pool[i]])
         if not batch.errors:
             images = to_model(batch.inputs, model, device, pool.to_float)
             try:
-                detection.predict(model, images)
+                spec.predict(model, images)
             except Exception as err:  # noqa: BLE001 - shape errors etc. from the model
                 raise RunError(f"the detector cannot run on image {batch.ids[0]} of {pool.name} "
                                f"({first_line(err)})") from None
             break
-    return detection.classes(model)
+    return spec.model_classes(model)
 
 
 def _labels(pool: Pool) -> list[int] | None:

@@ -24,8 +24,10 @@ from ..gradnorm import UnsupportedModel, auto_choice, batch_slice, call_model, l
 from ..files.classnames import class_name
 from ..files.pool import Batch, Pool, collate, collate_sized, decoded
 from ..files.table import clip_text
-from . import detection, labels as task_labels, tasks
-from .strategies import DEFAULT_TOP_CLASSES, STRATEGIES, StrategyInputs, loss_at_targets
+from .. import tasks
+from ..tasks import TASKS, labels as task_labels
+from ..tasks.common import no_positions
+from .strategies import DEFAULT_TOP_CLASSES, STRATEGIES, StrategyInputs
 
 
 def default_workers(device: torch.device) -> int:
@@ -114,11 +116,12 @@ def score_batch(model: nn.Module, batch: Batch, settings: Settings, device: torc
             return forward(model, inputs, pool_name)
 
     task = tasks.resolve(settings.task, model, plain_logits)  # found by the pre-flight forward already
-    if task == "detection":
+    spec = TASKS[task]
+    if spec.rows is not None:  # a task scoring its own batches (detectors)
         if embeddings is not None and embeddings.skipped is None:
-            embeddings.skipped = "a detector's rows have no BADGE embeddings"
-        return _detection_rows(model, batch, settings, device, pool, inputs)
-    words = _words(task, batch, pool, inputs)  # (token -> word [B, T], word counts) or None
+            embeddings.skipped = spec.no_badge
+        return _own_rows(spec, model, batch, settings, device, pool, inputs)
+    words = spec.words(batch, pool, inputs)  # (token -> word [B, T], word counts) or None
     word_ids = None if words is None else words[0]
     logits = None  # gradient strategies take the logits from the engine's own forward
     if not strategy.gradients or embeddings is not None:
@@ -143,10 +146,10 @@ def score_batch(model: nn.Module, batch: Batch, settings: Settings, device: torc
     except Exception as err:  # noqa: BLE001 - shape errors etc. from user models, in the engine's forward
         raise _cannot_run(inputs, pool_name, err) from None
     score = cols.pop("score")
-    pred, conf, loss, pred_sets = _shared_columns(s, score)
+    pred, conf, loss, pred_sets = spec.columns(s, score)  # pred_sets: the extras pred is made of
     finite = torch.isfinite(score)
     if loss is not None:  # a loss undefined (over no position) leaves the other scores as they are
-        undefined = tasks.no_positions(task, s.targets).to(score.device)
+        undefined = no_positions(spec, s.targets).to(score.device)
         finite &= torch.isfinite(loss.to(score.device)) | undefined
     score = torch.where(finite, score, torch.full_like(score, math.nan))  # ranked last, counted
     columns = {"score": score, "pred": pred, "confidence": conf,
@@ -158,18 +161,18 @@ def score_batch(model: nn.Module, batch: Batch, settings: Settings, device: torc
         embeddings.keep(extras[:len(pending)])
     values = dict(zip(columns, lists))
     names = pool.classes
-    values["pred"] = _pred_values(task, values["pred"], extras[len(pending):], names)
+    values["pred"] = spec.pred_values(values["pred"], extras[len(pending):], names)
     labels_home = batch.labels.tolist() if has_labels else None
     word_preds = _word_preds(*extras[-2:], words[1], names) if per_word else None
     rows = []
     for i, id_ in enumerate(batch.ids):
         pred = values["pred"][i]
         row = {"id": id_, "score": values["score"][i],
-               "pred": class_name(pred, names) if task == "classification" else pred,
-               "confidence": values["confidence"][i] if task != "regression" else None}
-        if names and task == "classification":
+               "pred": class_name(pred, names) if spec.class_pred else pred,
+               "confidence": values["confidence"][i] if spec.has_confidence else None}
+        if names and spec.class_pred:
             row["pred_index"] = pred
-        if has_labels and task != "classification":
+        if has_labels and spec.given_labels:
             row["label"] = task_labels.shown(pool, id_)
         elif has_labels:
             row["label"] = class_name(labels_home[i], names) if labels_home[i] >= 0 else None
@@ -185,52 +188,23 @@ def score_batch(model: nn.Module, batch: Batch, settings: Settings, device: torc
     return rows
 
 
-def _detection_rows(model: nn.Module, batch: Batch, settings: Settings, device: torch.device,
-                    pool: Pool, images: list[torch.Tensor]) -> list[dict]:
-    """A detector's rows (alcli.score.detection), with each image's path."""
+def _own_rows(spec, model: nn.Module, batch: Batch, settings: Settings, device: torch.device,
+              pool: Pool, images: list[torch.Tensor]) -> list[dict]:
+    """The rows of a task scoring its own batches (a detector's: alcli.tasks.detection), with
+    each image's path."""
     with autocast(settings.precision, device):
-        rows = detection.rows(model, images, batch.ids, settings, pool.classes)
+        rows = spec.rows(model, images, batch.ids, settings, pool.classes)
     for row, path in zip(rows, batch.paths or []):
         row["path"] = path
     return rows
 
 
-def _shared_columns(s: StrategyInputs, score: torch.Tensor):
-    """(pred [B], confidence [B], loss [B] or None, [the [B, C] predicted sets]) of the task:
-    classification: the most probable class and its probability; multilabel, segmentation and
-    token classification: the set of labels predicted (as a [B, C] extra) and the mean per-position
-    probability of the prediction; regression: the outputs [B, D] (as the extra) and no loss
-    (no target values)."""
-    if s.task == "classification":
-        conf, pred = s.probs.max(dim=1)
-        return pred, conf, loss_at_targets(s), []
-    nothing = torch.zeros_like(score)
-    if s.task == "regression":
-        known = s.given_targets()[1] if s.given is not None else None
-        loss = loss_at_targets(s) if known is not None and bool(known.all()) else None
-        return nothing, nothing, loss, [s.logits.reshape(s.logits.shape[0], -1)]
-    valid = s.valid
-    return (nothing, tasks.confidence(s.task, s.logits, valid), loss_at_targets(s),
-            [tasks.predicted_set(s.task, s.logits, valid)])
-
-
-def _words(task: str, batch: Batch, pool: Pool, inputs) -> tuple[torch.Tensor, list[int]] | None:
-    """Token classification on a text pool: each token's word [B, T] (-1: special token or
-    padding) and each text's word count (alcli.score.labels.word_of_tokens); None otherwise."""
-    tokenize = getattr(getattr(pool, "base", pool), "tokenize", None)
-    if task != "token-classification" or batch.texts is None or not hasattr(tokenize, "tokenizer") \
-            or not isinstance(inputs, dict) or "input_ids" not in inputs:
-        return None
-    found = task_labels.word_of_tokens(tokenize.tokenizer, batch.texts, inputs["input_ids"].shape[1],
-                                       tokenize.max_length)
-    return None if found is None else (found[0].to(inputs["input_ids"].device), found[1])
-
-
 def _given(task: str, pool: Pool, ids: list[str], words):
     """Another task's given labels, read when the logits are known; None without any."""
-    if task == "classification" or not task_labels.has(pool):
+    spec = TASKS[task]
+    if not spec.given_labels or not task_labels.has(pool):
         return None
-    return lambda logits: task_labels.targets(task, pool, ids, logits, words)
+    return lambda logits: spec.read_labels(pool, ids, logits, words)
 
 
 def _word_preds(labels: torch.Tensor, word_ids: torch.Tensor, counts: list[int], names) -> list[str]:
@@ -246,17 +220,6 @@ def _word_preds(labels: torch.Tensor, word_ids: torch.Tensor, counts: list[int],
         out.append(json.dumps([class_name(first[w], names) if w in first else None
                                for w in range(count)], ensure_ascii=False))
     return out
-
-
-def _pred_values(task: str, preds: list[float], extras: list[torch.Tensor], names) -> list:
-    """The pred column: a class (index), a regression's output (outputs joined by |), or the
-    predicted set of labels / classes joined by | (by name where the classes are named)."""
-    if task == "classification":
-        return [int(p) for p in preds]
-    rows = extras[0].tolist()
-    if task == "regression":
-        return [r[0] if len(r) == 1 else "|".join(f"{v:.6g}" for v in r) for r in rows]
-    return ["|".join(str(class_name(c, names)) for c, hit in enumerate(r) if hit) for r in rows]
 
 
 def _home(columns: list[torch.Tensor], extras: list[torch.Tensor] = ()
@@ -298,28 +261,11 @@ def _checked_logits(out) -> torch.Tensor:
 
 
 def _check_output(task: str, logits: torch.Tensor, labels: torch.Tensor, ids: list[str], pool: Pool):
-    """The output fits the task; classification labels are within its classes, and neither do
-    other tasks get single-class labels nor classification labels lists, numbers or masks
-    (alcli.score.labels)."""
+    """The output fits the task, and the pool's labels are ones it can use (Task.check_labels:
+    classification labels within its classes, and neither do other tasks get single-class
+    labels nor classification labels lists, numbers or masks)."""
     tasks.check(task, logits)
-    if task == "classification":
-        if task_labels.has(pool):
-            task_labels.refuse_for_classification(pool)
-        _check_labels(logits, labels, ids, pool.name)
-    elif bool((labels >= 0).any()):
-        i = int((labels >= 0).nonzero()[0])
-        raise RunError(f"example {ids[i]} of {pool.name} has the single-class label {int(labels[i])}, "
-                       f"which a {task} task cannot use; pass --task {task} so the pool's labels "
-                       f"are read as its labels (lists, numbers, mask files)")
-
-
-def _check_labels(logits: torch.Tensor, labels: torch.Tensor, ids: list[str], pool_name: str):
-    """Labels (on the host, as the batch brought them) within the model's classes."""
-    classes = logits.shape[1]
-    for i, label in enumerate(labels.tolist()):
-        if label >= classes:
-            raise RunError(f"example {ids[i]} of {pool_name} has label {label}, but the "
-                           f"model has {classes} classes (0..{classes - 1})")
+    TASKS[task].check_labels(logits, labels, ids, pool)
 
 
 def _part(batch: Batch, start: int, size: int) -> Batch:
@@ -463,8 +409,9 @@ def run(model: nn.Module, pool: Pool, settings: Settings, device: torch.device, 
     stats.seconds = time.perf_counter() - start
     stats.micro_batch = micro.limit
     stats.task = tasks.known(settings.task, model) or tasks.from_model(model)  # known without a forward
-    if stats.task == "detection" and settings.strategy in detection.GRADIENT_UTILITIES:
-        stats.method, stats.method_reason = detection.method(model, settings.method)
+    spec = TASKS.get(stats.task) if stats.task is not None else None
+    if spec is not None and settings.strategy in spec.gradient_utilities:
+        stats.method, stats.method_reason = spec.method(model, settings.method)
     elif STRATEGIES[settings.strategy].gradients:
         stats.method, stats.method_reason = engine_method(model, settings)
     if mass_left:

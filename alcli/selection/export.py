@@ -10,7 +10,6 @@ import os
 import posixpath
 import re
 import sys
-from dataclasses import dataclass
 from typing import Mapping, Sequence
 from urllib.parse import quote
 from xml.sax.saxutils import quoteattr
@@ -21,7 +20,8 @@ from PIL import Image, ImageDraw, ImageFont, ImageOps
 from ..files.atomic import atomic_open
 from ..files.redact import redacted
 from ..files.regular import check_regular
-from ..files.table import MORE
+from ..tasks import TASKS
+from ..tasks.labelstudio import Tag, _plain, entities  # noqa: F401 - entities: the token pre-labels' spans
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 # what a labeling config's names may not hold: the characters XML 1.0 cannot hold, even as
@@ -87,13 +87,13 @@ def to_labelstudio(rows: Sequence[Mapping], image_root: str | None, model_versio
     `data.image` feeds an `<Image name="image" value="$image"/>` tag (`data.text`, given `texts`
     one per row, a `<Text name="text" value="$text"/>` tag). The regions are the model's
     prediction in the control tag `from_name` of `task`'s labeling config (`labeling_config`),
-    one function per task in PRELABELS: `choices` (classification, multilabel), `labels` spans
-    (token classification), `rectanglelabels` (detection); classes by name (the row's own names,
+    made by the task (`Task.prelabels`: `choices` for classification and multilabel, `labels`
+    spans for token classification, `rectanglelabels` for detection, ...); classes by name (the row's own names,
     else `class_names[index]`); what has no name is left out. The prediction's score (alcli's)
     lets the Data Manager sort by it. The top-level task `id` is reserved by Label Studio.
     """
     field = "image" if texts is None else "text"
-    regions = PRELABELS.get(task, _nothing)
+    regions = TASKS[task].prelabels if task in TASKS else _nothing
     tag = Tag(from_name, to_name or field)
     tasks = []
     for n, row in enumerate(rows, 1):
@@ -110,232 +110,26 @@ def to_labelstudio(rows: Sequence[Mapping], image_root: str | None, model_versio
     return tasks
 
 
-@dataclass(frozen=True)
-class Tag:
-    """The labeling config's control tag the regions fill (`from_name`) and its object (`to_name`)."""
-    from_name: str
-    to_name: str
-
-    def region(self, rid: str, kind: str, value: dict, **more) -> dict:
-        return {"id": rid, "type": kind, "from_name": self.from_name, "to_name": self.to_name,
-                **more, "value": value}
-
-
-# --- pre-labels per task: (row, its number n, tag, class names, data value) -> regions -----------
-
-def _choice(row, n, tag, names, ref) -> list[dict]:
-    """Classification: the predicted class, one choice."""
-    name = predicted_name(row, names)
-    return [] if name is None else [tag.region(f"alcli-{n}", "choices", {"choices": [name]})]
-
-
-def _choice_set(row, n, tag, names, ref) -> list[dict]:
-    """Multilabel: every label the model predicts (p > 1/2; the row's pred, joined by |)."""
-    chosen = [name for name in (_named(p, names) for p in predicted_labels(row, names))
-              if name is not None]
-    return [tag.region(f"alcli-{n}", "choices", {"choices": chosen})] if chosen else []
-
-
-def _spans(row, n, tag, names, text) -> list[dict]:
-    """Token classification: each entity as a `labels` span of character offsets into the text
-    (code points, as Label Studio stores them), from the per-word predictions (`pred_words`)."""
-    words = [m.span() for m in re.finditer(r"\S+", text)]
-    if text.endswith(MORE) and words:  # a text cut short: its last word is cut too
-        words.pop()
-    tags = [_named(t, names) for t in _json_list(row, n, "pred_words")]
-    if len(words) > len(tags):
-        raise ValueError(f"row {n} (id '{row.get('id')}') predicts {len(tags)} words, but its "
-                         f"text has {len(words)}; it is not the text that was scored")
-    out = []
-    for k, (label, first, last) in enumerate(entities(tags[:len(words)])):
-        start, end = words[first][0], words[last][1]
-        out.append(tag.region(f"alcli-{n}-{k}", "labels", {
-            "start": start, "end": end, "text": text[start:end], "labels": [label]}))
-    return out
-
-
-def _rectangles(row, n, tag, names, ref) -> list[dict]:
-    """Detection: each box as `rectanglelabels` in percent of the image (x, y its top-left corner),
-    clipped to the image, with the image's size in pixels and the box's score."""
-    w, h = (_size(row, n, key) for key in ("width", "height"))
-    out = []
-    for k, box in enumerate(_json_list(row, n, "boxes")):
-        if not (isinstance(box, list) and len(box) == 6 and
-                all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-                    for v in box)):
-            raise ValueError(f"row {n} (id '{row.get('id')}'): box {k + 1} is not [x0, y0, x1, "
-                             f"y1, class_index, score] of finite numbers")
-        x0, y0, x1, y1, index, score = box
-        if x1 < x0 or y1 < y0:
-            raise ValueError(f"row {n} (id '{row.get('id')}'): box {k + 1} ends before it starts "
-                             f"(x1 < x0 or y1 < y0); boxes are [x0, y0, x1, y1, ...]")
-        name = _named(int(index), names) if float(index).is_integer() else None
-        if name is None:
-            continue
-        x0, x1 = (min(max(v, 0.0), w) for v in (x0, x1))
-        y0, y1 = (min(max(v, 0.0), h) for v in (y0, y1))
-        out.append(tag.region(f"alcli-{n}-{k}", "rectanglelabels", {
-            "x": 100.0 * x0 / w, "y": 100.0 * y0 / h, "width": 100.0 * (x1 - x0) / w,
-            "height": 100.0 * (y1 - y0) / h, "rotation": 0, "rectanglelabels": [name]},
-            original_width=w, original_height=h, image_rotation=0, score=float(score)))
-    return out
-
-
-def _number(row, n, tag, names, ref) -> list[dict]:
-    """Regression with one output: the predicted value in a `<Number>` tag (several: none)."""
-    value = _plain(row.get("pred"))  # a table read back holds it as text ("-1.5")
-    try:
-        number = float(value) if not isinstance(value, bool) else math.nan
-    except (TypeError, ValueError):  # several outputs ("0.5|2"), or none
-        return []
-    return [tag.region(f"alcli-{n}", "number", {"number": number})] if math.isfinite(number) else []
-
-
 def _nothing(row, n, tag, names, ref) -> list[dict]:
-    """Segmentation: no pre-label (the README says why: rows carry no mask in the image's pixels)."""
     return []
-
-
-PRELABELS = {"classification": _choice, "multilabel": _choice_set, "token-classification": _spans,
-             "detection": _rectangles, "regression": _number, "segmentation": _nothing}
-
-
-def entities(tags: Sequence[str | None]) -> list[tuple[str, int, int]]:
-    """Word tags -> (label, first word, last word) spans. BIO (IOB2) tags: `B-X` starts an X,
-    `I-X` goes on with the X just before it (else starts one, as seqeval's lenient mode reads a
-    stray I-); `O` and None (no prediction) are outside. Plain labels (IO): consecutive words of
-    one label are one span."""
-    spans: list[list] = []
-    open_ = False  # does the last span end at the word before?
-    for k, t in enumerate(tags):
-        if t is None or t == "O":
-            open_ = False
-            continue
-        begins = t.startswith("B-")
-        label = t[2:] if t.startswith(("B-", "I-")) else t
-        if open_ and not begins and spans[-1][0] == label:
-            spans[-1][2] = k
-        else:
-            spans.append([label, k, k])
-        open_ = True
-    return [tuple(s) for s in spans]
-
-
-def entity_labels(names: Sequence[str]) -> list[str]:
-    """The labels a token-classification config offers: the names with B-/I- cut, `O` left out."""
-    out: dict[str, None] = {}
-    for name in names:
-        if name != "O":
-            out.setdefault(name[2:] if name.startswith(("B-", "I-")) else name, None)
-    return list(out)
-
-
-def predicted_labels(row: Mapping, names: Sequence[str] | None = None) -> list:
-    """A multilabel row's predicted labels: its pred split at | (names, or indices as numbers
-    where they are not among `names`)."""
-    pred = _plain(row.get("pred"))
-    if pred is None or pred == "":
-        return []
-    if not isinstance(pred, str):
-        return [pred]
-    known = set(names or ())
-    return [int(p) if p.isdigit() and p not in known else p for p in pred.split("|") if p]
 
 
 def unnamed(rows: Sequence[Mapping], names: Sequence[str] | None, task: str) -> int:
     """How many rows predict a class that has no name (an index beyond `names`): its pre-label
     is left out."""
-    def bare(row) -> bool:
-        if task == "classification":
-            return row.get("pred") is not None and predicted_name(row, names) is None
-        if task == "multilabel":
-            found = predicted_labels(row, names)
-        elif task == "token-classification":
-            found = [t for t in _loose_list(row.get("pred_words")) if t is not None]
-        elif task == "detection":
-            found = [int(b[4]) for b in _loose_list(row.get("boxes"))
-                     if isinstance(b, list) and len(b) == 6 and isinstance(b[4], (int, float))]
-        else:
-            return False
-        return any(_named(v, names) is None for v in found)
-    return sum(1 for row in rows if bare(row))
-
-
-def _loose_list(value) -> list:
-    """A JSON list column read for a warning: [] where it is missing or bad (the export says why)."""
-    try:
-        parsed = json.loads(value) if isinstance(value, str) else value
-    except json.JSONDecodeError:
-        return []
-    return parsed if isinstance(parsed, list) else []
-
-
-def _named(value, names: Sequence[str] | None) -> str | None:
-    """A class by name: a name as it is, an index by `names`; None when there is no name."""
-    value = _plain(value)
-    if isinstance(value, str):
-        return value or None
-    if names and isinstance(value, int) and not isinstance(value, bool) and 0 <= value < len(names):
-        return str(names[value])
-    return None
-
-
-def _json_list(row: Mapping, n: int, key: str) -> list:
-    value = row.get(key)
-    if value is None or value == "":
-        raise ValueError(f"row {n} (id '{row.get('id')}') has no '{key}' column, which these "
-                         f"pre-labels are made from")
-    try:
-        parsed = json.loads(value) if isinstance(value, str) else value
-    except json.JSONDecodeError as err:
-        raise ValueError(f"row {n} (id '{row.get('id')}'): {key} is not a JSON list ({err.msg})") from None
-    if not isinstance(parsed, list):
-        raise ValueError(f"row {n} (id '{row.get('id')}'): {key} is not a JSON list")
-    return parsed
-
-
-def _size(row: Mapping, n: int, key: str) -> int:
-    value = _plain(row.get(key))
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ValueError(f"row {n} (id '{row.get('id')}'): {key} {value!r} is not an image size "
-                         f"in pixels (a positive integer)")
-    return value
-
-
-def predicted_name(row: Mapping, class_names: Sequence[str] | None) -> str | None:
-    """The predicted class's name: that of index `pred_index` in `class_names` (a table of named
-    classes says its index there), else `pred` itself when it is a name, the name of index
-    `pred` in `class_names`, else None."""
-    index = _plain(row.get("pred_index"))
-    if class_names and isinstance(index, int) and not isinstance(index, bool) and \
-            0 <= index < len(class_names):
-        return str(class_names[index])
-    pred = _plain(row.get("pred"))
-    if isinstance(pred, str) and pred:
-        return pred
-    if class_names and isinstance(pred, int) and not isinstance(pred, bool) and 0 <= pred < len(class_names):
-        return str(class_names[pred])
-    return None
+    bare = TASKS[task].unnamed if task in TASKS else (lambda row, names: False)
+    return sum(1 for row in rows if bare(row, names))
 
 
 # --- the labeling config each task's pre-labels fit ---------------------------------------------------
-
-CONTROLS = {"classification": ("Choices", "Choice", ' choice="single"'),
-            "multilabel": ("Choices", "Choice", ' choice="multiple"'),
-            "token-classification": ("Labels", "Label", ""),
-            "detection": ("RectangleLabels", "Label", ""),
-            "segmentation": ("BrushLabels", "Label", "")}
-
 
 def labeling_config(task: str, names: Sequence[str] | None, field: str = "image",
                     from_name: str = "label", to_name: str | None = None) -> str:
     """Label Studio's labeling config (XML) for `task`: the object tag (`<Image>` reading
     data.image, or `<Text>` reading data.text) named `to_name`, and the control tag `from_name`
-    holding the class names, the one alcli's pre-labels fill. Token classification offers the
-    entity types (BIO prefixes cut, `O` left out); regression a `<Number>`. Without names: a
-    ValueError (the control tag must list them)."""
+    the task's pre-labels fill (`Task.control`: the class names, or the entity types for token
+    classification, BIO prefixes cut and `O` left out; a `<Number>` for regression). A task whose
+    control lists names, without names: a ValueError (the control tag must list them)."""
     to_name = to_name or field
     for what, value in (("--from-name", from_name), ("--to-name", to_name),
                         *(("class name", str(n)) for n in names or ())):
@@ -344,20 +138,10 @@ def labeling_config(task: str, names: Sequence[str] | None, field: str = "image"
             raise ValueError(f"the {what} {ascii(value)[:80]} holds U+{ord(bad.group()):04X}, "
                              f"which an XML labeling config cannot hold")
     obj = f'  <{"Image" if field == "image" else "Text"} name={quoteattr(to_name)} value="${field}"/>'
-    if task == "regression":
-        return (f"<View>\n{obj}\n  <Number name={quoteattr(from_name)} toName={quoteattr(to_name)}/>"
-                f"\n</View>\n")
-    if task not in CONTROLS:
+    spec = TASKS.get(task)
+    if spec is None or spec.control is None:
         raise ValueError(f"no labeling config is known for the task {task}")
-    if not names:
-        raise ValueError(f"the labeling config of a {task} project lists the class names, and "
-                         f"none are known")
-    tag, item, more = CONTROLS[task]
-    labels = entity_labels(names) if task == "token-classification" else list(dict.fromkeys(names))
-    items = "".join(f"\n    <{item} value={quoteattr(str(n))}/>" for n in labels)
-    control = (f"  <{tag} name={quoteattr(from_name)} toName={quoteattr(to_name)}{more}>{items}"
-               f"\n  </{tag}>")
-    return f"<View>\n{obj}\n{control}\n</View>\n"
+    return f"<View>\n{obj}\n{spec.control(names, from_name, to_name)}\n</View>\n"
 
 
 def _finite(row: Mapping, n: int) -> float:
@@ -369,11 +153,6 @@ def _finite(row: Mapping, n: int) -> float:
         raise ValueError(f"row {n} (id '{row.get('id')}') has a score that is not finite; "
                          f"JSON cannot hold it")
     return s
-
-
-def _plain(v):
-    """numpy / torch scalars -> Python numbers, so json can write them."""
-    return v.item() if hasattr(v, "item") and not isinstance(v, (str, bytes)) else v
 
 
 # --- writing --------------------------------------------------------------------------------------

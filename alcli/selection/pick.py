@@ -30,6 +30,7 @@ from ..files.outputs import check_not_input, inputs_of
 from ..files.pool import PoolOptions, open_pool
 from ..files.table import (LINE_FORMATS, MORE, SIDECARS, read_meta, remove_sidecars, sidecar,
                            write_table)
+from ..tasks import TASKS, from_rows
 from .choose import choose
 from .exclusions import Exclusions, ExclusionsError, excluded_ids, read_exclusion_files
 from .export import (ImageRootError, contact_sheet, labeling_config, model_version_from, text_sheet,
@@ -445,17 +446,13 @@ def _config(settings: Settings, task: str, class_names: list[str] | None, text: 
 
 def export_task(settings: Settings, meta: dict, rows: list[dict]) -> str:
     """The task the rows predict: --task when given, else the one the table's meta.json (or this
-    process's run) records, else what the rows carry: `boxes` (detection), `pred_words` (token
-    classification); else classification."""
+    process's run) records, else what the rows carry (`tasks.from_rows`: `boxes` for detection,
+    `pred_words` for token classification; else classification)."""
     if settings.task not in (None, "auto"):
         return settings.task
     if isinstance(meta.get("task"), str):
         return meta["task"]
-    if rows and all("boxes" in r for r in rows):
-        return "detection"
-    if rows and all("pred_words" in r for r in rows):
-        return "token-classification"
-    return "classification"
+    return from_rows(rows)
 
 
 def image_files(rows: list[dict], settings: Settings, pool=None, meta: dict | None = None
@@ -562,8 +559,7 @@ def _unnamed(rows: list[dict], names: list[str] | None, task: str, settings: Set
     bare = unnamed(rows, names, task)
     if not bare:
         return []
-    what = ("no predicted class" if task == "classification" else
-            "predicted classes without a name, left out")
+    what = TASKS[task].unnamed_note if task in TASKS else "predicted classes without a name, left out"
     return [f"{bare} of the {len(rows)} Label Studio tasks carry {what}: the table gives class "
             f"indices and no class names are known (pass "
             f"{settings.option('class_names', 'FILE')}, one name per line)"]

@@ -23,7 +23,7 @@ or resume. The utilities (`--strategy`):
   score below --box-threshold.
 
 RetinaNet's loss splits by image, so its same-sized images go through the engine in one batch
-(alcli.score.retinanet); the other detectors' gradient utilities run one forward and one backward
+(alcli.tasks.retinanet); the other detectors' gradient utilities run one forward and one backward
 per image and label set (a loop: their losses are not per-example functions of a batch). The
 predictions come from one no-grad forward per group of same-sized images, which a batch of one
 would give.
@@ -42,7 +42,9 @@ from torch import nn
 from ..errors import RunError
 from ..files.classnames import class_name
 from ..gradnorm import auto_choice
-from . import retinanet, tasks
+from . import retinanet
+from .common import Task, aggregate, exact_dtype, seeded_uniform, uniforms
+from .labelstudio import _json_list, _loose_list, _named, _size, names_control
 
 DETECTOR_CLASSES = ("GeneralizedRCNN", "RetinaNet", "FCOS", "SSD")  # torchvision's, by class name
 UTILITIES = ("egl", "gradnorm", "loss", "entropy", "margin", "least-confidence", "uncertain-boxes",
@@ -66,15 +68,13 @@ def is_detector(model: nn.Module) -> bool:
         k.__name__ in DETECTOR_CLASSES for k in type(model).__mro__))
 
 
-def check_task(task: str, model: nn.Module) -> None:
-    """A RunError when a detector is given another task, or detection a model that is not one."""
-    if task == "detection" and not is_detector(model):
-        raise RunError(f"--task detection needs an object detector (torchvision's Faster R-CNN, "
-                       f"RetinaNet, FCOS or SSD, --arch torchvision:NAME; or a Hugging Face "
-                       f"*ForObjectDetection directory), and the model is a {type(model).__name__}")
-    if task not in ("auto", "detection") and is_detector(model):
-        raise RunError(f"the model is an object detector ({type(model).__name__}), which --task "
-                       f"{task} cannot score; use --task detection (or auto)")
+def not_a_detector(model: nn.Module) -> str | None:
+    """The sentence when --task detection is given a model that is not an object detector."""
+    if not is_detector(model):
+        return (f"--task detection needs an object detector (torchvision's Faster R-CNN, "
+                f"RetinaNet, FCOS or SSD, --arch torchvision:NAME; or a Hugging Face "
+                f"*ForObjectDetection directory), and the model is a {type(model).__name__}")
+    return None
 
 
 def classes(model: nn.Module) -> int | None:
@@ -149,7 +149,7 @@ def sampled_targets(found: dict, id_, samples: int, seed: int) -> list[dict]:
     boxes = found["boxes"]
     ok = _proper(boxes)
     k = boxes.shape[0]
-    u = tasks.uniforms([id_], max(k, 1), samples, seed, boxes.device)[:, 0, :k]  # [S, K]
+    u = uniforms([id_], max(k, 1), samples, seed, boxes.device)[:, 0, :k]  # [S, K]
     p = found["scores"].to(u.dtype)
     return [{"boxes": boxes[(u_s < p) & ok], "labels": found["labels"][(u_s < p) & ok]} for u_s in u]
 
@@ -202,7 +202,7 @@ def grad_norm(model: nn.Module, image: torch.Tensor, target: dict, seed: int,
     sq = 0.0
     for g in torch.autograd.grad(loss, params, allow_unused=True):
         if g is not None:
-            sq = sq + g.to(tasks.exact_dtype(g)).square().sum()  # stays on the device until float()
+            sq = sq + g.to(exact_dtype(g)).square().sum()  # stays on the device until float()
     return math.sqrt(float(sq)), float(loss.detach())
 
 
@@ -221,7 +221,7 @@ def _per_box(values: Callable[[torch.Tensor], torch.Tensor], found: list[dict], 
         n = f["scores"].numel()
         p[i, :n] = f["scores"].detach().to(torch.float64).cpu()
         valid[i, :n] = True
-    return tasks.aggregate(values(p), valid, how).tolist()
+    return aggregate(values(p), valid, how).tolist()
 
 
 def utility(strategy: str, model: nn.Module, images: list[torch.Tensor], found: list[dict],
@@ -237,7 +237,6 @@ def utility(strategy: str, model: nn.Module, images: list[torch.Tensor], found: 
     if strategy == "uncertain-boxes":
         return [float((f["scores"] < threshold).sum()) for f in found], None
     if strategy == "random":
-        from .strategies import seeded_uniform
         return [seeded_uniform(settings.seed, i) for i in ids], None
     if strategy == "loss":
         with loss_mode(model), torch.no_grad():
@@ -259,7 +258,7 @@ def _target(found: dict) -> dict:
 def gradient_norms(model: nn.Module, images: list[torch.Tensor], sets: list[list[dict]], ids: list,
                    settings) -> tuple[list[list[float]], list[list[float]]]:
     """Each image's K target sets -> its K gradient norms and losses: RetinaNet's same-sized
-    images through the engine in one batch (alcli.score.retinanet), else one image at a time."""
+    images through the engine in one batch (alcli.tasks.retinanet), else one image at a time."""
     if settings.method != "loop" and retinanet.servable(model):
         return _batched(model, images, sets, settings.method)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -320,3 +319,49 @@ def rows(model: nn.Module, images: list[torch.Tensor], ids: list, settings, name
                     "width": int(img.shape[-1]), "height": int(img.shape[-2])})
         out.append(row)
     return out
+
+
+def _rectangles(row, n, tag, names, ref) -> list[dict]:
+    """Each box as `rectanglelabels` in percent of the image (x, y its top-left corner),
+    clipped to the image, with the image's size in pixels and the box's score."""
+    w, h = (_size(row, n, key) for key in ("width", "height"))
+    out = []
+    for k, box in enumerate(_json_list(row, n, "boxes")):
+        if not (isinstance(box, list) and len(box) == 6 and
+                all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                    for v in box)):
+            raise ValueError(f"row {n} (id '{row.get('id')}'): box {k + 1} is not [x0, y0, x1, "
+                             f"y1, class_index, score] of finite numbers")
+        x0, y0, x1, y1, index, score = box
+        if x1 < x0 or y1 < y0:
+            raise ValueError(f"row {n} (id '{row.get('id')}'): box {k + 1} ends before it starts "
+                             f"(x1 < x0 or y1 < y0); boxes are [x0, y0, x1, y1, ...]")
+        name = _named(int(index), names) if float(index).is_integer() else None
+        if name is None:
+            continue
+        x0, x1 = (min(max(v, 0.0), w) for v in (x0, x1))
+        y0, y1 = (min(max(v, 0.0), h) for v in (y0, y1))
+        out.append(tag.region(f"alcli-{n}-{k}", "rectanglelabels", {
+            "x": 100.0 * x0 / w, "y": 100.0 * y0 / h, "width": 100.0 * (x1 - x0) / w,
+            "height": 100.0 * (y1 - y0) / h, "rotation": 0, "rectanglelabels": [name]},
+            original_width=w, original_height=h, image_rotation=0, score=float(score)))
+    return out
+
+
+def _unnamed(row, names) -> bool:
+    found = [int(b[4]) for b in _loose_list(row.get("boxes"))
+             if isinstance(b, list) and len(b) == 6 and isinstance(b[4], (int, float))]
+    return any(_named(v, names) is None for v in found)
+
+
+TASK = Task(
+    name="detection", shape="a list of {boxes, labels, scores} per image", fits=lambda out: False,
+    names_model=lambda model: type(model).__module__.startswith("torchvision.models.detection")
+    or type(model).__name__.endswith("ForObjectDetection"),
+    no_badge="a detector's rows have no BADGE embeddings",
+    prelabels=_rectangles, unnamed=_unnamed, shown_by_rows=lambda row: "boxes" in row,
+    control=names_control("detection", "RectangleLabels"),
+    sized_images=True, model_kind="an object detector", needs_model=not_a_detector,
+    normalised_outside=is_hf, model_classes=classes, predict=predict, rows=rows, method=method,
+    gradient_utilities=GRADIENT_UTILITIES,
+)

@@ -1,0 +1,159 @@
+"""Keypoint detection: torchvision's Keypoint R-CNN (--arch torchvision:keypointrcnn_resnet50_fpn),
+one row per image. A detector (alcli.tasks.detection) whose every instance also has K keypoints:
+per image {boxes [N, 4], labels [N], scores [N], keypoints [N, K, 3] (x, y, visible) in the image's
+pixels, keypoints_scores [N, K]}; in training mode its loss adds the keypoint heatmaps'
+cross-entropy to the box terms.
+
+The per-image loss ℓ(x, T) is detection's (the image alone, normalisation as in inference, R-CNN's
+sampling seeded by (--seed, id)) at targets T that carry each instance's keypoints: the pseudo-labels
+T̂ are the predicted instances scoring at least --box-threshold with their predicted keypoints (all
+visible); egl's label sets keep instance j with its keypoints with probability p_j. The cheap
+utilities are detection's, over the instances' box scores.
+
+Rows are detection's (score, pred: the instances' classes, confidence, loss, uncertain, boxes,
+width, height) and `keypoints`: per pseudo-label instance its K keypoints [x, y, score], JSON.
+--class-names names the keypoints (in the model's order), which Label Studio's KeyPointLabels
+lists: one `keypointlabels` region per keypoint of every instance, x and y in percent of the image.
+"""
+from __future__ import annotations
+
+import json
+import math
+
+import torch
+from torch import nn
+
+from ..errors import RunError
+from . import detection
+from .common import Task, uniforms
+from .labelstudio import _json_list, _loose_list, _named, _size, names_control
+
+POINT_WIDTH = 0.5  # a keypoint's drawn size in Label Studio, percent of the image width
+
+
+def is_keypoint_detector(model: nn.Module) -> bool:
+    return type(model).__module__.startswith("torchvision.models.detection") and \
+        any(k.__name__ == "KeypointRCNN" for k in type(model).__mro__)
+
+
+def not_a_keypoint_detector(model: nn.Module) -> str | None:
+    if not is_keypoint_detector(model):
+        return (f"--task keypoints needs a keypoint detector (torchvision's Keypoint R-CNN, --arch "
+                f"torchvision:keypointrcnn_resnet50_fpn), and the model is a {type(model).__name__}")
+    return None
+
+
+def kept(found: dict, threshold: float) -> dict:
+    """The proper predicted instances scoring at least `threshold`, with their keypoints."""
+    keep = (found["scores"] >= threshold) & detection._proper(found["boxes"])
+    return {k: found[k][keep] for k in ("boxes", "labels", "scores", "keypoints", "keypoints_scores")}
+
+
+def target(found: dict) -> dict:
+    """A training target: boxes [N, 4], labels [N], keypoints [N, K, 3] float32 (torchvision's)."""
+    return {"boxes": found["boxes"], "labels": found["labels"], "keypoints": found["keypoints"].float()}
+
+
+def sampled_targets(found: dict, id_, samples: int, seed: int) -> list[dict]:
+    """S target sets: instance j kept, with its keypoints, with probability p_j, fixed by (seed, id)."""
+    boxes = found["boxes"]
+    ok = detection._proper(boxes)
+    k = boxes.shape[0]
+    u = uniforms([id_], max(k, 1), samples, seed, boxes.device)[:, 0, :k]  # [S, K]
+    p = found["scores"].to(u.dtype)
+    return [target({key: found[key][(u_s < p) & ok] for key in ("boxes", "labels", "keypoints")}) for u_s in u]
+
+
+def utility(strategy: str, model: nn.Module, images: list[torch.Tensor], found: list[dict],
+            ids: list, settings) -> tuple[list[float], list[float] | None]:
+    """(score per image, loss per image or None): detection's cheap utilities; the loss and the
+    gradient ones at targets with keypoints."""
+    threshold = settings.box_threshold
+    if strategy not in ("loss", *detection.GRADIENT_UTILITIES):
+        return detection.utility(strategy, model, images, found, ids, settings)
+    if strategy == "loss":
+        with detection.loss_mode(model), torch.no_grad():
+            values = [float(detection.image_loss(model, img, target(kept(f, threshold)),
+                                                 detection.image_seed(settings.seed, id_)))
+                      for img, f, id_ in zip(images, found, ids)]
+        return values, values
+    single = strategy == "gradnorm" or settings.egl_samples == "pseudo"
+    sets = [[target(kept(f, threshold))] if single else
+            sampled_targets(f, id_, int(settings.egl_samples), settings.seed) for f, id_ in zip(found, ids)]
+    norms, losses = detection.gradient_norms(model, images, sets, ids, settings)
+    return [sum(n) / len(n) for n in norms], ([v[0] for v in losses] if single else None)
+
+
+def rows(model: nn.Module, images: list[torch.Tensor], ids: list, settings, names) -> list[dict]:
+    """One row per image: detection's columns (the instances' classes by index in pred: the names
+    name the keypoints) and `keypoints`, [[x, y, score] * K] per pseudo-label instance, JSON."""
+    if settings.strategy not in detection.UTILITIES:
+        raise RunError(f"--strategy {settings.strategy} is not defined for --task keypoints; "
+                       f"use one of {', '.join(detection.UTILITIES)}")
+    found = detection.predict(model, images)
+    scores, losses = utility(settings.strategy, model, images, found, ids, settings)
+    out = []
+    for i, (img, f, id_) in enumerate(zip(images, found, ids)):
+        pseudo = kept(f, settings.box_threshold)
+        boxes = [[*map(float, b), int(c), float(s)] for b, c, s in
+                 zip(pseudo["boxes"].tolist(), pseudo["labels"].tolist(), pseudo["scores"].tolist())]
+        points = [[[float(x), float(y), float(s)] for (x, y, _), s in zip(kp, ks)]
+                  for kp, ks in zip(pseudo["keypoints"].tolist(), pseudo["keypoints_scores"].tolist())]
+        row = {"id": id_, "score": scores[i] if math.isfinite(scores[i]) else math.nan,
+               "pred": "|".join(str(c) for c in sorted({b[4] for b in boxes})),
+               "confidence": sum(b[5] for b in boxes) / len(boxes) if boxes else None}
+        if losses is not None:
+            row["loss"] = losses[i]
+        row.update({"uncertain": int((f["scores"] < settings.box_threshold).sum()),
+                    "boxes": json.dumps(boxes), "keypoints": json.dumps(points),
+                    "width": int(img.shape[-1]), "height": int(img.shape[-2])})
+        out.append(row)
+    return out
+
+
+def _points(row, n) -> list:
+    instances = _json_list(row, n, "keypoints")
+    for j, points in enumerate(instances):
+        if not (isinstance(points, list) and all(
+                isinstance(p, list) and len(p) == 3 and all(
+                    isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in p)
+                for p in points)):
+            raise ValueError(f"row {n} (id '{row.get('id')}'): instance {j + 1}'s keypoints are not "
+                             f"a list of [x, y, score] of finite numbers")
+    return instances
+
+
+def prelabels(row, n, tag, names, ref) -> list[dict]:
+    """Each keypoint k of each instance j as a `keypointlabels` region named names[k], at its x, y
+    in percent of the image (clipped to it), with the image's size in pixels and its score."""
+    w, h = (_size(row, n, key) for key in ("width", "height"))
+    out = []
+    for j, points in enumerate(_points(row, n)):
+        for k, (x, y, score) in enumerate(points):
+            name = _named(k, names)
+            if name is None:
+                continue
+            x, y = min(max(x, 0.0), w), min(max(y, 0.0), h)
+            out.append(tag.region(f"alcli-{n}-{j}-{k}", "keypointlabels", {
+                "x": 100.0 * x / w, "y": 100.0 * y / h, "width": POINT_WIDTH, "keypointlabels": [name]},
+                original_width=w, original_height=h, image_rotation=0, score=float(score)))
+    return out
+
+
+def _unnamed(row, names) -> bool:
+    """A keypoint without a name (fewer names than keypoints) loses its region."""
+    counts = [len(p) for p in _loose_list(row.get("keypoints")) if isinstance(p, list)]
+    return any(_named(k, names) is None for k in range(max(counts, default=0)))
+
+
+TASK = Task(
+    name="keypoints", shape="a list of {boxes, labels, scores, keypoints} per image", fits=lambda out: False,
+    names_model=is_keypoint_detector,
+    no_badge="a keypoint detector's rows have no BADGE embeddings",
+    prelabels=prelabels, unnamed=_unnamed, unnamed_note="keypoints without a name, left out",
+    shown_by_rows=lambda row: "keypoints" in row,
+    control=names_control("keypoints", "KeyPointLabels"),
+    sized_images=True, model_kind="a keypoint detector", needs_model=not_a_keypoint_detector,
+    model_classes=detection.classes, predict=detection.predict, rows=rows, method=detection.method,
+    gradient_utilities=detection.GRADIENT_UTILITIES,
+)

@@ -1,0 +1,140 @@
+"""The pieces every task's Label Studio pre-labels are made of (alcli.selection.export writes them):
+the control tag a region fills, class names, the JSON list columns rows carry, entity spans."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
+from xml.sax.saxutils import quoteattr
+
+
+@dataclass(frozen=True)
+class Tag:
+    """The labeling config's control tag the regions fill (`from_name`) and its object (`to_name`)."""
+    from_name: str
+    to_name: str
+
+    def region(self, rid: str, kind: str, value: dict, **more) -> dict:
+        return {"id": rid, "type": kind, "from_name": self.from_name, "to_name": self.to_name,
+                **more, "value": value}
+
+
+def entities(tags: Sequence[str | None]) -> list[tuple[str, int, int]]:
+    """Word tags -> (label, first word, last word) spans. BIO (IOB2) tags: `B-X` starts an X,
+    `I-X` goes on with the X just before it (else starts one, as seqeval's lenient mode reads a
+    stray I-); `O` and None (no prediction) are outside. Plain labels (IO): consecutive words of
+    one label are one span."""
+    spans: list[list] = []
+    open_ = False  # does the last span end at the word before?
+    for k, t in enumerate(tags):
+        if t is None or t == "O":
+            open_ = False
+            continue
+        begins = t.startswith("B-")
+        label = t[2:] if t.startswith(("B-", "I-")) else t
+        if open_ and not begins and spans[-1][0] == label:
+            spans[-1][2] = k
+        else:
+            spans.append([label, k, k])
+        open_ = True
+    return [tuple(s) for s in spans]
+
+
+def entity_labels(names: Sequence[str]) -> list[str]:
+    """The labels a token-classification config offers: the names with B-/I- cut, `O` left out."""
+    out: dict[str, None] = {}
+    for name in names:
+        if name != "O":
+            out.setdefault(name[2:] if name.startswith(("B-", "I-")) else name, None)
+    return list(out)
+
+
+def predicted_labels(row: Mapping, names: Sequence[str] | None = None) -> list:
+    """A multilabel row's predicted labels: its pred split at | (names, or indices as numbers
+    where they are not among `names`)."""
+    pred = _plain(row.get("pred"))
+    if pred is None or pred == "":
+        return []
+    if not isinstance(pred, str):
+        return [pred]
+    known = set(names or ())
+    return [int(p) if p.isdigit() and p not in known else p for p in pred.split("|") if p]
+
+
+def _loose_list(value) -> list:
+    """A JSON list column read for a warning: [] where it is missing or bad (the export says why)."""
+    try:
+        parsed = json.loads(value) if isinstance(value, str) else value
+    except json.JSONDecodeError:
+        return []
+    return parsed if isinstance(parsed, list) else []
+
+
+def _named(value, names: Sequence[str] | None) -> str | None:
+    """A class by name: a name as it is, an index by `names`; None when there is no name."""
+    value = _plain(value)
+    if isinstance(value, str):
+        return value or None
+    if names and isinstance(value, int) and not isinstance(value, bool) and 0 <= value < len(names):
+        return str(names[value])
+    return None
+
+
+def _json_list(row: Mapping, n: int, key: str) -> list:
+    value = row.get(key)
+    if value is None or value == "":
+        raise ValueError(f"row {n} (id '{row.get('id')}') has no '{key}' column, which these "
+                         f"pre-labels are made from")
+    try:
+        parsed = json.loads(value) if isinstance(value, str) else value
+    except json.JSONDecodeError as err:
+        raise ValueError(f"row {n} (id '{row.get('id')}'): {key} is not a JSON list ({err.msg})") from None
+    if not isinstance(parsed, list):
+        raise ValueError(f"row {n} (id '{row.get('id')}'): {key} is not a JSON list")
+    return parsed
+
+
+def _size(row: Mapping, n: int, key: str) -> int:
+    value = _plain(row.get(key))
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"row {n} (id '{row.get('id')}'): {key} {value!r} is not an image size "
+                         f"in pixels (a positive integer)")
+    return value
+
+
+def predicted_name(row: Mapping, class_names: Sequence[str] | None) -> str | None:
+    """The predicted class's name: that of index `pred_index` in `class_names` (a table of named
+    classes says its index there), else `pred` itself when it is a name, the name of index
+    `pred` in `class_names`, else None."""
+    index = _plain(row.get("pred_index"))
+    if class_names and isinstance(index, int) and not isinstance(index, bool) and \
+            0 <= index < len(class_names):
+        return str(class_names[index])
+    pred = _plain(row.get("pred"))
+    if isinstance(pred, str) and pred:
+        return pred
+    if class_names and isinstance(pred, int) and not isinstance(pred, bool) and 0 <= pred < len(class_names):
+        return str(class_names[pred])
+    return None
+
+
+def _plain(v):
+    """numpy / torch scalars -> Python numbers, so json can write them."""
+    return v.item() if hasattr(v, "item") and not isinstance(v, (str, bytes)) else v
+
+
+def names_control(task: str, tag: str, item: str = "Label", more: str = "",
+                  labels: Callable | None = None) -> Callable:
+    """`control` of a task whose Label Studio tag lists the class names (`labels(names)`: those
+    offered, by default each name once); a ValueError without names."""
+    def control(names, from_name: str, to_name: str) -> str:
+        if not names:
+            raise ValueError(f"the labeling config of a {task} project lists the class names, and "
+                             f"none are known")
+        offered = labels(names) if labels else list(dict.fromkeys(names))
+        items = "".join(f"\n    <{item} value={quoteattr(str(n))}/>" for n in offered)
+        return (f"  <{tag} name={quoteattr(from_name)} toName={quoteattr(to_name)}{more}>{items}"
+                f"\n  </{tag}>")
+    return control

@@ -1,0 +1,73 @@
+"""Multilabel: any number of C labels per example. logits [B, C], targets [B, C] float 0/1, binary
+cross-entropy summed over the C labels; each label a Bernoulli [1 - p, p] (N = C positions, K = 2).
+Labels as given: `[0, 3]`, `["cat", "dog"]`, `"cat|dog"` (indices or class names). Its rows show the
+labels predicted (p > 1/2) joined by |.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from . import labels as given
+from .common import (Task, all_positions, egl_sampled, exact_dtype, given_or_predicted, hf_problem, named_set,
+                     per_position, position_loss, predicted, refuse_single_labels, set_columns)
+from .labelstudio import _named, names_control, predicted_labels
+
+
+def multilabel_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """logits [B, C], targets [B, C] in {0, 1} -> BCE summed over labels [B]:
+    softplus(z) - y z = -y log σ(z) - (1 - y) log(1 - σ(z))."""
+    return (F.softplus(logits) - targets.to(logits.dtype) * logits).sum(1)
+
+
+def _bernoulli(logits: torch.Tensor) -> torch.Tensor:
+    """[B, C] -> [B, C, 2]: each label's [1 - p, p]."""
+    p = torch.sigmoid(logits.to(exact_dtype(logits)))
+    return torch.stack([1.0 - p, p], dim=-1)
+
+
+def _predicted_set(spec: Task, logits: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """[B, C] bool: the labels predicted (p > 1/2)."""
+    return spec.dists(logits).argmax(-1).bool() & valid
+
+
+def _label_set(value, where: str, classes: int, names) -> torch.Tensor:
+    y = torch.zeros(classes, dtype=torch.float64)
+    for v in given._items(value):
+        y[given._class(v, where, classes, names)] = 1.0
+    return y
+
+
+def _read(value, where, i, logits, pool, words) -> torch.Tensor:
+    return _label_set(value, where, logits.shape[1], pool.classes)
+
+
+def badge(logits: torch.Tensor, h: torch.Tensor, valid) -> tuple[torch.Tensor, torch.Tensor]:
+    """σ(z) - [σ(z) > 1/2] and h: exact for BCE."""
+    probs = _bernoulli(logits.detach())                            # [B, C, 2]
+    onehot = torch.zeros_like(probs).scatter_(-1, probs.argmax(-1, keepdim=True), 1.0)
+    return (probs - onehot)[..., 1], h.detach()                    # σ(z) - ŷ per label, [B, C]
+
+
+def prelabels(row, n, tag, names, ref) -> list[dict]:
+    """Every label the model predicts (p > 1/2; the row's pred, joined by |)."""
+    chosen = [name for name in (_named(p, names) for p in predicted_labels(row, names))
+              if name is not None]
+    return [tag.region(f"alcli-{n}", "choices", {"choices": chosen})] if chosen else []
+
+
+TASK = Task(
+    name="multilabel", shape="[batch, labels]", fits=lambda z: z.dim() == 2,
+    names_model=lambda model: hf_problem(model) == "multi_label_classification",
+    loss=multilabel_loss, dists=_bernoulli,
+    label_targets=lambda labels, valid, z: labels.to(exact_dtype(z)),
+    valid=all_positions(lambda z: z.shape[-1] if z.dim() > 1 else 1), classes=lambda z: z.shape[1],
+    targets=given_or_predicted, egl=egl_sampled, uncertainty=per_position, table_loss=position_loss,
+    columns=set_columns(_predicted_set), pred_values=named_set,
+    read_labels=given.reader(lambda z: torch.zeros(z.shape[0], z.shape[1], dtype=torch.float64), _read),
+    check_labels=refuse_single_labels("multilabel"),
+    badge=badge, probe=lambda z, inputs: (TASK.loss, predicted(TASK, z, TASK.valid(z, inputs))),
+    prelabels=prelabels,
+    unnamed=lambda row, names: any(_named(v, names) is None for v in predicted_labels(row, names)),
+    control=names_control("multilabel", "Choices", "Choice", ' choice="multiple"'),
+)

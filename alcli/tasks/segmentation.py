@@ -1,0 +1,99 @@
+"""Semantic segmentation: a class per pixel. logits [B, C, H, W], targets [B, H, W] long, the mean
+cross-entropy over an example's valid pixels. Labels as given: a mask image (column `mask`, or
+`label`), a class index per pixel, 255 = ignore, resized and cropped as the images are. Its rows
+show the classes predicted at any pixel, joined by |; Label Studio gets no pre-label (a row
+carries no mask in the image's pixels), and a BrushLabels config.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from PIL import Image
+from torch import nn
+
+from ..errors import PoolError, first_line
+from ..files.pool import Pool, _crop_box, _resized
+from .common import (IGNORE, Task, _categorical, _labels_to_dense, _mean_ce, all_positions,
+                     egl_sampled, given_or_predicted, named_set, per_position, position_badge,
+                     position_loss, predicted, refuse_single_labels, set_columns)
+from .labels import base, reader
+from .labelstudio import names_control
+
+MASK_IGNORE = 255  # a mask pixel of this value counts in no loss
+
+
+def segmentation_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """logits [B, C, H, W], targets [B, H, W] -> mean cross-entropy over valid pixels [B]."""
+    return _mean_ce(logits, targets, 1)
+
+
+def _seg_targets(labels, valid, logits):
+    h, w = logits.shape[2:]
+    return _labels_to_dense(labels, valid, logits).reshape(*labels.shape[:-1], h, w)
+
+
+def _mask(path, where: str, classes: int, size: tuple[int, int], pool: Pool) -> torch.Tensor:
+    """A mask image of class indices (255 = ignore), resized and cropped as the pool's images are
+    (nearest neighbour; a crop past the edge is ignored), of the model's output size -> [H, W]."""
+    transform = getattr(getattr(base(pool), "transform", None), "t", None)
+    try:
+        with Image.open(path) as img:
+            if img.mode not in ("L", "P", "I", "I;16"):
+                raise PoolError(f"{where}: mask {path} is a {img.mode} image, not one of class "
+                                f"indices (a single-channel PNG, 255 = ignore)")
+            img.load()
+            if transform is not None and transform.resize is not None:
+                img = img.resize(_resized(img.size, transform.resize), Image.NEAREST)
+            if transform is not None and transform.center_crop is not None:
+                img = _crop_ignoring(img, transform.center_crop)
+            m = np.array(img).astype(np.int64)
+    except PoolError:
+        raise
+    except Exception as err:  # noqa: BLE001 - any unreadable mask is a sentence naming it
+        raise PoolError(f"{where}: mask {path} cannot be read ({first_line(err)})") from None
+    if tuple(m.shape) != size:
+        raise PoolError(f"{where}: mask {path} is {m.shape[1]}x{m.shape[0]} pixels but the model's "
+                        f"output for its image is {size[1]}x{size[0]}")
+    bad = (m != MASK_IGNORE) & ((m < 0) | (m >= classes))
+    if bad.any():
+        raise PoolError(f"{where}: mask {path} holds class {int(m[bad][0])}, but the model has "
+                        f"{classes} classes (0..{classes - 1}; 255 = ignore)")
+    return torch.from_numpy(np.where(m == MASK_IGNORE, IGNORE, m))
+
+
+def _crop_ignoring(img, crop):
+    box = _crop_box(img.size, crop)
+    canvas = Image.new(img.mode, (box[2] - box[0], box[3] - box[1]), MASK_IGNORE)
+    canvas.paste(img, (-box[0], -box[1]))
+    return canvas
+
+
+def _read(value, where, i, logits, pool, words) -> torch.Tensor:
+    return _mask(value, where, logits.shape[1], tuple(logits.shape[2:]), pool)
+
+
+def _dists(z: torch.Tensor) -> torch.Tensor:
+    return _categorical(z, 1)
+
+
+TASK = Task(
+    name="segmentation", shape="[batch, classes, height, width]", fits=lambda z: z.dim() == 4,
+    names_model=lambda model: type(model).__module__.startswith("torchvision.models.segmentation"),
+    from_rank=4,
+    loss=segmentation_loss, dists=_dists, label_targets=_seg_targets,
+    valid=all_positions(lambda z: math.prod(z.shape[2:])), classes=lambda z: z.shape[1],
+    targets=given_or_predicted, egl=egl_sampled, uncertainty=per_position, table_loss=position_loss,
+    columns=set_columns(), pred_values=named_set,
+    read_labels=reader(lambda z: torch.full((z.shape[0], *z.shape[2:]), IGNORE, dtype=torch.long), _read),
+    check_labels=refuse_single_labels("segmentation"),
+    head_types=(nn.Linear, nn.Conv2d),  # a 1x1 convolution heads segmentation models
+    badge=position_badge(_dists),
+    probe=lambda z, inputs: (TASK.loss, predicted(TASK, z, TASK.valid(z, inputs))),
+    control=names_control("segmentation", "BrushLabels"),
+    loss_over_positions=True,
+    no_position=lambda z: None if math.prod(z.shape[2:]) else (
+        f"the model returns segmentation outputs of shape {list(z.shape)}, with no pixel to score; "
+        f"its inputs are too small for it (see --resize)"),
+)
