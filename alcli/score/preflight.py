@@ -38,7 +38,7 @@ def check_class_names(pool: Pool, task: str | None) -> None:
         return
     source = pool.classes_from or f"pool {pool.name}'s class folders"
     check_names([str(n) for n in pool.classes], source)
-    if task == "multilabel":
+    if task is not None and tasks.TASKS[task].joins_labels:
         multilabel_names([str(n) for n in pool.classes], source)
 
 

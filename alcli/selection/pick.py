@@ -530,7 +530,7 @@ def class_names(settings: Settings, meta: dict, task: str = "classification",
     if not settings.class_names:
         if recorded is not None:
             check_names(recorded, "the table's meta.json")
-            if task == "multilabel":
+            if TASKS[task].joins_labels:
                 multilabel_names(recorded, "the table's meta.json")
         return recorded
     where = settings.where("class_names")
@@ -541,14 +541,14 @@ def class_names(settings: Settings, meta: dict, task: str = "classification",
     if outputs is not None and len(names) != outputs:
         raise ConfigError(f"{source} names {len(names)} classes, but the model that scored the "
                           f"table outputs {outputs} (its meta.json says so)")
-    if task == "classification":
+    if TASKS[task].class_pred:
         for n, row in enumerate(rows, 1):
             index = row.get("pred_index", row.get("pred"))
             if isinstance(index, int) and not isinstance(index, bool) and index >= len(names):
                 raise ConfigError(f"{source} names {len(names)} classes, but the row of id "
                                   f"'{row.get('id')}' predicts class index {index}, so the "
                                   f"model outputs at least {index + 1}")
-    if task == "multilabel":
+    if TASKS[task].joins_labels:
         multilabel_names(names, source)
     return names
 

@@ -70,4 +70,5 @@ TASK = Task(
     prelabels=prelabels,
     unnamed=lambda row, names: any(_named(v, names) is None for v in predicted_labels(row, names)),
     control=names_control("multilabel", "Choices", "Choice", ' choice="multiple"'),
+    joins_labels=True,  # its labels are written and read as a|b|c
 )
