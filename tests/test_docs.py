@@ -13,8 +13,9 @@ and before a table whose second column holds one command a row and whose last co
 The examples run in one temporary folder holding a copy of configs/ and data/demo/ (its pool cut to
 a few images per class, so that each command costs little more than starting Python), in the
 order a reader meets them: the README, then the guide pages in the order the README links them.
-`alcli` there is `python -m alcli` of this checkout. A command that already ran (the same text)
-does not run twice.
+`alcli` there is this checkout's alcli, run by a process that imported it once and forks each command
+(tests/docs_zygote.py; ALCLI_DOCS_PLAIN=1 runs `python -m alcli` each time instead, some 3 s a
+command more). An example that already ran (the same text) does not run twice.
 """
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -36,7 +39,7 @@ NOT_GUIDE = {"architecture.md", "engine.md"}
 SHELL = ("bash", "sh", "shell", "console")
 MARKER = re.compile(r"<!-- docs-test: (run|setup|table|yours: [^>]*\S) -->")
 FENCE = re.compile(r"^```(\w*)\s*$")
-PER_CLASS = 5  # images of each demo class in the copy the examples run on
+PER_CLASS = 3  # images of each demo class in the copy the examples run on
 
 
 def guide_pages() -> list[Path]:
@@ -169,10 +172,39 @@ def test_the_examples_marked_run_run_on_the_demo(tmp_path):
     demo_copy(tmp_path)
     bin_dir = tmp_path / ".bin"
     bin_dir.mkdir()
-    (bin_dir / "alcli").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m alcli "$@"\n')
-    (bin_dir / "alcli").chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
            "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    if os.environ.get("ALCLI_DOCS_PLAIN"):  # each command its own `python -m alcli` (slow)
+        (bin_dir / "alcli").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m alcli "$@"\n')
+        server = None
+    else:  # one process imports alcli once and forks each command (tests/docs_zygote.py)
+        sock = Path(tempfile.mkdtemp(prefix="alcli-docs-")) / "s"  # short: AF_UNIX paths <= 107
+        zygote = REPO / "tests" / "docs_zygote.py"
+        server = subprocess.Popen([sys.executable, str(zygote), str(sock)], env=env,
+                                  stdin=subprocess.DEVNULL)
+        (bin_dir / "alcli").write_text(
+            f'#!/bin/sh\nexec "{sys.executable}" -S "{zygote}" "{sock}" "$@"\n')
+        deadline = time.monotonic() + 120
+        while not sock.exists():
+            assert server.poll() is None and time.monotonic() < deadline, "the zygote did not start"
+            time.sleep(0.05)
+    (bin_dir / "alcli").chmod(0o755)
+    try:
+        ran, failed = run_examples(tmp_path, env)
+    finally:
+        if server:
+            sock.unlink()
+            server.wait(timeout=30)
+            sock.parent.rmdir()
+    assert not failed, "\n\n".join(failed)
+    assert len(ran) >= 10  # the marker parser found the examples
+    # what the examples say they leave behind
+    assert len(list((tmp_path / "to-label").glob("*.png"))) >= 10
+    assert (tmp_path / "scores.csv.emb.npz").is_file() and (tmp_path / "batch.png").is_file()
+
+
+def run_examples(root: Path, env: dict) -> tuple[set[str], list[str]]:
+    """Each `run` example once, in reading order, from root: (what ran, what failed and how)."""
     ran: set[str] = set()
     failed = []
     for doc in documents():
@@ -180,14 +212,10 @@ def test_the_examples_marked_run_run_on_the_demo(tmp_path):
             if kind != "run" or text in ran:
                 continue
             ran.add(text)
-            done = subprocess.run(["bash", "-euo", "pipefail", "-c", text], cwd=tmp_path, env=env,
+            done = subprocess.run(["bash", "-euo", "pipefail", "-c", text], cwd=root, env=env,
                                   stdin=subprocess.DEVNULL, capture_output=True, text=True,
                                   timeout=300)
             if done.returncode != 0 or "Traceback" in done.stderr:
                 failed.append(f"{doc.relative_to(REPO)}:{line} exited {done.returncode}:\n{text}"
                               f"{done.stderr[-2000:]}")
-    assert not failed, "\n\n".join(failed)
-    assert len(ran) >= 10  # the marker parser found the examples
-    # what the examples say they leave behind
-    assert len(list((tmp_path / "to-label").glob("*.png"))) >= 10
-    assert (tmp_path / "scores.csv.emb.npz").is_file() and (tmp_path / "batch.png").is_file()
+    return ran, failed
