@@ -14,7 +14,7 @@ For each timm model (random init, eval mode, float64) this compares, per paramet
   for parameters with few entries, every coordinate (hence the norm), with the step chosen per
   parameter and an error estimate from two step sizes (h and 2h).
 
-What was found (see README, "A second oracle"): the loop is wrong, not the engine. PyTorch's CPU
+What was found (docs/scores.md, "How the numbers are checked"): the loop is wrong, not the engine. PyTorch's CPU
 BatchNorm backward (`batch_norm_backward_cpu`) takes its raw-pointer fast path when the incoming
 gradient is channels_last-contiguous but `suggest_memory_format()` calls it contiguous, which
 happens only at batch size 1 with a non-canonical batch stride, exactly what

@@ -1,5 +1,5 @@
 """The Python API serves a labeling loop without files: caller's ids, in-memory exclusions and
-embeddings; the README's loop example runs as written."""
+embeddings; the guide's loop example (docs/python-api.md) runs as written."""
 import re
 from pathlib import Path
 
@@ -10,7 +10,7 @@ from torch import nn
 import alcli
 from alcli.errors import ConfigError
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+GUIDE = Path(__file__).resolve().parents[1] / "docs" / "python-api.md"
 
 
 def _net():
@@ -61,12 +61,12 @@ def test_the_functions_returning_rows_refuse_output_file_options_instead_of_igno
     assert not list(tmp_path.iterdir())
 
 
-def test_readme_loop_example_runs():
-    text = README.read_text()
+def test_guide_loop_example_runs():
+    text = GUIDE.read_text()
     block = re.search(r"<!-- loop-example[^>]*-->\n```python\n(.*?)```", text, re.S).group(1)
     assert len(block.strip().splitlines()) < 20
     scope: dict = {}
-    exec(compile(block, "README loop example", "exec"), scope)
+    exec(compile(block, "docs/python-api.md loop example", "exec"), scope)
     assert len(scope["labeled"]) == 80  # 20 + 3 rounds of 20, none twice
     assert scope["labeled"] <= set(scope["ids"])
 

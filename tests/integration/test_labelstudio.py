@@ -7,7 +7,7 @@ exactly the labeled examples.
 
 Label Studio pins its own Django, numpy and pyarrow, so it lives in a virtual environment of its
 own: the test finds its `label-studio` executable through ALCLI_LABEL_STUDIO, else PATH, and skips
-without one (README: "Label Studio round trip"). The first run migrates a database once (about two
+without one (docs/labeling.md: "The round trip, tested"). The first run migrates a database once (about two
 minutes on two cores) into a template under .pytest_cache; later runs copy it and start in ~20 s.
 """
 from __future__ import annotations
@@ -140,7 +140,7 @@ def server(request, tmp_path_factory):
     exe = executable()
     if not exe:
         pytest.skip("label-studio is not installed (set ALCLI_LABEL_STUDIO to its executable; "
-                    "README: Label Studio round trip)")
+                    "docs/labeling.md: The round trip, tested)")
     key = hashlib.sha1(os.path.realpath(exe).encode()).hexdigest()[:12]
     cache = Path(request.config.cache.mkdir(f"label-studio-{key}"))
     root = tmp_path_factory.mktemp("labelstudio")

@@ -1,0 +1,117 @@
+"""`alcli simulate`: learning curves on the user's own labeled pool and training command."""
+from __future__ import annotations
+
+import io
+import sys
+from typing import Annotated, Optional
+
+import typer
+
+from ..errors import AlcliError
+from ..files.config import load_settings
+from . import shared
+from .options import (
+    Arch, ArchKwargs, BatchSize, ClassNames, Config, Device, IdColumn, ImageColumn, LabelColumn,
+    LabelsFromFolders, Quiet, TextColumnOpt, Trust)
+
+EPILOG = """The training command's contract:
+
+\b
+  {labeled}  a CSV it reads: id,label (and path, for image files): the
+             examples labeled so far; only selected examples' labels are
+             ever written there
+  {model}    the checkpoint it must write; alcli loads it as --model
+             (with --arch)
+  {round} {seed} {strategy} {workdir}: for its logs or seeds
+It runs in a shell, in the current folder, each placeholder replaced by
+its value quoted as one word (do not quote placeholders yourself); a
+non-zero exit stops the simulation. Each round's labeled.csv and
+train.log stay in --workdir; checkpoints are removed once used.
+
+Examples:
+
+\b
+alcli simulate pool/ --labels-from-folders --eval test/ --arch mynet:Net \\
+    --train "python train.py --labeled {labeled} --out {model}" \\
+    --init 20 -n 20 --rounds 5 --strategies margin,egl+badge,random \\
+    --seeds 3 -o curves.csv --plot curves.png
+"""
+
+
+def simulate(
+    pool: Annotated[str, typer.Argument(
+        metavar="POOL", help="A labeled pool: class subfolders (--labels-from-folders), a "
+        ".csv/.jsonl manifest or a table with a label column, or a tensor file with y.")],
+    train: Annotated[str, typer.Option(
+        "--train", metavar="COMMAND", help="The training command, with {labeled} and {model} in "
+        "it (see below).")],
+    eval_pool: Annotated[str, typer.Option(
+        "--eval", metavar="POOL", help="The labeled pool each round's checkpoint is evaluated on "
+        "(accuracy of its predictions).")],
+    strategies: Annotated[str, typer.Option(
+        "--strategies", metavar="LIST", help="Comma-separated: a --strategy NAME (the top scores) "
+        "or NAME+badge / NAME+cluster-margin (that diverse batch). [default: margin,egl,random]",
+        show_default=False)]
+    = "margin,egl,random",
+    seeds: Annotated[int, typer.Option(
+        metavar="N", show_default=False, min=1, help="Runs per strategy, seeds 0..N-1; a seed's "
+        "first random examples are the same for every strategy. [default: 3]")] = 3,
+    init: Annotated[int, typer.Option(
+        metavar="N", show_default=False, min=1, help="Random labeled examples before the first "
+        "round. [default: 20]")] = 20,
+    budget: Annotated[int, typer.Option("--budget", "-n", metavar="N", show_default=False, min=1,
+                                        help="Examples selected per round. [default: 20]")] = 20,
+    rounds: Annotated[int, typer.Option(
+        metavar="N", show_default=False, min=0, help="Selections; N + 1 checkpoints are trained "
+        "and evaluated. [default: 5]")] = 5,
+    output: Annotated[Optional[str], typer.Option(
+        "--output", "-o", metavar="FILE", help="The curves CSV (strategy, seed, round, labels, "
+        "accuracy), rewritten after every round. [default: stdout, at the end]")] = None,
+    plot_file: Annotated[Optional[str], typer.Option(
+        "--plot", metavar="PNG", help="Also draw the mean curves (needs matplotlib).")] = None,
+    workdir: Annotated[Optional[str], typer.Option(
+        metavar="DIR", help="Each round's labeled.csv, checkpoint and train.log. [default: "
+        "OUTPUT.runs, or .alcli/simulate]")] = None,
+    config: Config = None, arch: Arch = None, arch_kwargs: ArchKwargs = None,
+    trust_checkpoint: Trust = False, labels_from_folders: LabelsFromFolders = False,
+    text_column: TextColumnOpt = None, image_column: ImageColumn = None, id_column: IdColumn = None,
+    label_column: LabelColumn = None, class_names: ClassNames = None,
+    batch_size: BatchSize = None, device: Device = None, quiet: Quiet = False,
+):
+    """Learning curves on your own labeled pool: hide its labels, train with your command on
+    a random start, then select, reveal and retrain round by round, per strategy and seed; print
+    the mean AULC (mean accuracy over the rounds) per strategy."""
+    import csv
+    from pathlib import Path
+
+    from ..files.atomic import make_folder
+    from ..simulate import Plan, aulc, check_strategies, plot, simulate as run_simulation
+    flags = {k: v for k, v in locals().items() if k in (
+        "arch", "arch_kwargs", "trust_checkpoint", "labels_from_folders", "text_column",
+        "image_column", "id_column", "label_column", "class_names", "batch_size", "device",
+        "quiet")}
+    # no ./configs/default.yaml here: the demo's model settings are not the user's
+    settings = load_settings(config, {k: None if v is False else v for k, v in flags.items()})
+    r = shared.reporter(settings)
+    if "{model}" not in train:
+        raise AlcliError("option --train must name {model}, the checkpoint the command writes "
+                         "(and read {labeled}, the labeled examples)")
+    if output and output != "-":
+        make_folder(Path(output).parent, f"option --output {output}")
+    plan = Plan(pool, eval_pool, train, check_strategies(strategies), seeds, init, budget, rounds,
+                Path(workdir or (f"{output}.runs" if output and output != "-"
+                                 else ".alcli/simulate")),
+                output if output != "-" else None)
+    rows = run_simulation(settings, plan, say=r.info)
+    if not plan.output:
+        out = io.StringIO()
+        w = csv.DictWriter(out, ("strategy", "seed", "round", "labels", "accuracy"))
+        w.writeheader()
+        w.writerows({**row, "accuracy": f"{row['accuracy']:.6f}"} for row in rows)
+        sys.stdout.write(out.getvalue())
+    summary = sorted(aulc(rows).items(), key=lambda kv: -kv[1][0])
+    for strategy, (mean, std) in summary:
+        r.info(f"{strategy}: AULC {mean:.2f} ± {std:.2f} points (mean accuracy over the "
+               f"{rounds + 1} rounds, over {seeds} seeds)")
+    if plot_file and not plot(rows, plot_file):
+        r.warn(f"--plot {plot_file}: matplotlib is not installed; no picture drawn")
