@@ -252,8 +252,8 @@ def _cold_start_note(settings: Settings, ranked: list[dict], labeled: int) -> li
         return []
     return [f"{settings.where('exclude')} names {labeled} labeled examples, fewer than "
             f"{COLD_START_PER_CLASS} per class for the {len(classes)} classes predicted: at "
-            f"that stage --typical picked better first batches than the scores (see README, "
-            f"cold start)"]
+            f"that stage --typical picked better first batches than the scores (see "
+            f"docs/selection.md, Cold start)"]
 
 
 def _chosen(settings: Settings, plan: SelectPlan, kept: list[dict], notes: list[str],
