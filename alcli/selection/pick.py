@@ -538,7 +538,7 @@ def class_names(settings: Settings, meta: dict, task: str = "classification",
     source = f"{where}: class names file {settings.class_names}"
     outputs = meta.get("classes") if isinstance(meta.get("classes"), int) else \
         len(recorded) if recorded is not None else None
-    if outputs is not None and len(names) != outputs:
+    if outputs is not None and len(names) != outputs and TASKS[task].names_classes:
         raise ConfigError(f"{source} names {len(names)} classes, but the model that scored the "
                           f"table outputs {outputs} (its meta.json says so)")
     if TASKS[task].class_pred:

@@ -86,6 +86,7 @@ class Task:
     pred_values: Callable | None = None   # (preds, extras, class names) -> the pred column
     class_pred: bool = False          # pred and label are one class: by name, with pred_index
     joins_labels: bool = False        # a row's labels are joined by '|': no class name may hold one
+    names_classes: bool = True        # --class-names names the model's classes (keypoints: its keypoints)
     has_confidence: bool = True
     # --- its labels: read as given from the pool (lists, numbers, masks, word labels), or class indices
     given_labels: bool = True

@@ -153,6 +153,7 @@ TASK = Task(
     prelabels=prelabels, unnamed=_unnamed, unnamed_note="keypoints without a name, left out",
     shown_by_rows=lambda row: "keypoints" in row,
     control=names_control("keypoints", "KeyPointLabels"),
+    names_classes=False,  # --class-names names the keypoints
     sized_images=True, model_kind="a keypoint detector", needs_model=not_a_keypoint_detector,
     model_classes=detection.classes, predict=detection.predict, rows=rows, method=detection.method,
     gradient_utilities=detection.GRADIENT_UTILITIES,
