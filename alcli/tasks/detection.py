@@ -303,9 +303,18 @@ def rows(model: nn.Module, images: list[torch.Tensor], ids: list, settings, name
                        f"use one of {', '.join(UTILITIES)}")
     found = predict(model, images)
     scores, losses = utility(settings.strategy, model, images, found, ids, settings)
+    return rows_of(images, found, ids, scores, losses, settings, names)
+
+
+def rows_of(images: list[torch.Tensor], found: list[dict], ids: list, scores: list[float],
+            losses: list[float] | None, settings, names, keep: Callable | None = None,
+            extra: Callable = lambda pseudo: {}) -> list[dict]:
+    """The rows `rows` describes, from the predictions and the utility's scores (and losses); a
+    task built on detection's rows gives its own `keep` (pseudo-labels) and `extra(pseudo-labels)`,
+    its own columns after `boxes` (keypoints)."""
     out = []
     for i, (img, f, id_) in enumerate(zip(images, found, ids)):
-        pseudo = kept(f, settings.box_threshold)
+        pseudo = (keep or kept)(f, settings.box_threshold)
         boxes = [[*map(float, b), int(c), float(s)] for b, c, s in
                  zip(pseudo["boxes"].tolist(), pseudo["labels"].tolist(), pseudo["scores"].tolist())]
         classes_seen = sorted({b[4] for b in boxes})
@@ -316,7 +325,7 @@ def rows(model: nn.Module, images: list[torch.Tensor], ids: list, settings, name
         if losses is not None:
             row["loss"] = losses[i]
         row.update({"uncertain": int((f["scores"] < settings.box_threshold).sum()), "boxes": json.dumps(boxes),
-                    "width": int(img.shape[-1]), "height": int(img.shape[-2])})
+                    **extra(pseudo), "width": int(img.shape[-1]), "height": int(img.shape[-2])})
         out.append(row)
     return out
 

@@ -92,23 +92,15 @@ def rows(model: nn.Module, images: list[torch.Tensor], ids: list, settings, name
                        f"use one of {', '.join(detection.UTILITIES)}")
     found = detection.predict(model, images)
     scores, losses = utility(settings.strategy, model, images, found, ids, settings)
-    out = []
-    for i, (img, f, id_) in enumerate(zip(images, found, ids)):
-        pseudo = kept(f, settings.box_threshold)
-        boxes = [[*map(float, b), int(c), float(s)] for b, c, s in
-                 zip(pseudo["boxes"].tolist(), pseudo["labels"].tolist(), pseudo["scores"].tolist())]
-        points = [[[float(x), float(y), float(s)] for (x, y, _), s in zip(kp, ks)]
-                  for kp, ks in zip(pseudo["keypoints"].tolist(), pseudo["keypoints_scores"].tolist())]
-        row = {"id": id_, "score": scores[i] if math.isfinite(scores[i]) else math.nan,
-               "pred": "|".join(str(c) for c in sorted({b[4] for b in boxes})),
-               "confidence": sum(b[5] for b in boxes) / len(boxes) if boxes else None}
-        if losses is not None:
-            row["loss"] = losses[i]
-        row.update({"uncertain": int((f["scores"] < settings.box_threshold).sum()),
-                    "boxes": json.dumps(boxes), "keypoints": json.dumps(points),
-                    "width": int(img.shape[-1]), "height": int(img.shape[-2])})
-        out.append(row)
-    return out
+    return detection.rows_of(images, found, ids, scores, losses, settings, None,
+                             keep=kept, extra=_keypoints_column)
+
+
+def _keypoints_column(pseudo: dict) -> dict:
+    """`keypoints`: [[x, y, score] * K] per pseudo-label instance, JSON."""
+    points = [[[float(x), float(y), float(s)] for (x, y, _), s in zip(kp, ks)]
+              for kp, ks in zip(pseudo["keypoints"].tolist(), pseudo["keypoints_scores"].tolist())]
+    return {"keypoints": json.dumps(points)}
 
 
 def _points(row, n) -> list:
