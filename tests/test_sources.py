@@ -379,3 +379,35 @@ def test_the_same_images_as_files_and_as_shards_have_the_same_ids_so_one_exclusi
         assert len(left) == 14 - 4
         assert not {r["id"] for r in left} & set(done.read_text().split())
 
+
+def test_shard_and_parquet_tables_name_each_rows_source_for_paths_and_the_contact_sheet(
+        in_ws, tmp_path):
+    """Issue 35 item 10: a shard row's `path` is SHARD#MEMBER, a Parquet (or saved dataset's Arrow)
+    row with the image's bytes FILE#COLUMN[ROW]; `-f paths` writes them and the contact sheet
+    reads the images there: the sheet is the folder table's, pixel for pixel (same ids, scores
+    and images)."""
+    write_shards(in_ws, tmp_path / "wds")
+    parquet = bytes_table(in_ws, tmp_path / "pool.parquet")
+    dataset = hf_dataset(in_ws, tmp_path / "ds")
+    arrow, = dataset.glob("*.arrow")
+    folder = tmp_path / "folder.csv"
+    score(in_ws, "pool", "--labels-from-folders", "-o", folder)
+    expected = tmp_path / "folder.png"
+    select(in_ws, folder, "--contact-sheet", expected, "-o", tmp_path / "folder-batch.csv")
+    members = {rel: n for n, rel in enumerate(sorted(in_ws.images))}  # id -> its sample's number
+    for name, pool, args, source in (
+            ("shards", tmp_path / "wds" / "pool-{000000..000002}.tar", [],
+             lambda i: f"{tmp_path / 'wds' / f'pool-{members[i] // 5:06d}.tar'}#{i}"),
+            ("parquet", parquet, ["--id-column", "id"],
+             lambda i: f"{parquet}#image[{members[i]}]"),
+            ("dataset", dataset, ["--id-column", "id"], lambda i: f"{arrow}#image[{members[i]}]")):
+        table = tmp_path / f"{name}.csv"
+        score(in_ws, pool, *args, "-o", table)
+        written = parse_csv(table.read_text())
+        assert [r["path"] for r in written] == [source(r["id"]) for r in written], name
+        paths = select(in_ws, table, "-f", "paths").stdout.splitlines()
+        assert paths == [source(i) for i in select(in_ws, table, "-f", "ids").stdout.splitlines()]
+        sheet = tmp_path / f"{name}.png"
+        result = select(in_ws, table, "--contact-sheet", sheet, "-o", tmp_path / f"{name}-batch.csv")
+        assert "could not be read" not in result.stderr, name
+        assert np.array_equal(np.asarray(Image.open(sheet)), np.asarray(Image.open(expected))), name

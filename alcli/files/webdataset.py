@@ -3,7 +3,7 @@
 `.jpg`/`.png`/... an image, `.txt` a text, `.cls` an integer label; `.json` and other members are
 ignored. A sample's id is the name of the member its input is read from (`dir/name.jpg`), as a
 folder pool's id is the file's path under the folder, so the same images as files and as shards
-have the same ids. Opening reads the tar headers (and the small `.cls` members) of
+have the same ids; its row's `path` is SHARD#MEMBER (sources.open_source reads it). Opening reads the tar headers (and the small `.cls` members) of
 every shard into flat arrays (about 40 bytes a sample besides its id); an item is
 read by seeking to its member, so shards spread over DataLoader workers and --shard without
 reading one another. Shards are named one by one, or by a brace pattern: `pool-{000..009}.tar`,
@@ -135,7 +135,8 @@ class ShardPool(Pool):
             except UnicodeDecodeError as err:
                 return Item(self.ids[i], None, self.labels[i],
                             f"the text of {where} is not UTF-8 ({first_line(err)})")
-        return image_item(self.ids[i], self.labels[i], data, self.transform, self.decode, where)
+        return image_item(self.ids[i], self.labels[i], data, self.transform, self.decode, where,
+                          f"{self.shards[member.shard]}#{self.ids[i]}")
 
     def _read(self, member: Member) -> bytes:
         if self._file is None or self._file[0] != member.shard or self._file[2] != os.getpid():
