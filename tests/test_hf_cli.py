@@ -82,7 +82,11 @@ def egl_oracle(model, inputs: dict | torch.Tensor) -> tuple[float, float]:
 
 @pytest.mark.parametrize("name", ["bert", "gpt2", "distilbert"])
 def test_text_pool_scored_with_the_directorys_model_and_tokenizer(hf_ws, name):
-    rows = parse_csv(cli(hf_ws, "texts.txt", "-m", name, "-b", "3").stdout)
+    result = cli(hf_ws, "texts.txt", "-m", name, "-b", "3")
+    # the K classes go through one vmapped backward: no op in it may lack a batching rule (torch's
+    # "performance drop" warning; the fused attention kernels' backwards have none)
+    assert "batching rule" not in result.stderr
+    rows = parse_csv(result.stdout)
     ids = {"1": TEXTS[0], "2": TEXTS[1], "3": TEXTS[2], "5": TEXTS[3], "6": TEXTS[4]}  # line numbers
     assert {r["id"] for r in rows} == set(ids)
     model = oracle_model(hf_ws / name)

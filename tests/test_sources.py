@@ -292,7 +292,8 @@ def test_a_text_table_gives_the_jsonl_pools_table(tmp_path):
 
 def write_shards(ws, folder: Path, per_shard: int = 5, spoil: str | None = None) -> list[Path]:
     """The images as samples `KEY.png` (or .jpg, .bmp) + `KEY.cls`, `per_shard` to a tar; the
-    member of `spoil` holds a cut PNG. Also `manifest.csv`: the same pool as files, ids = keys."""
+    member of `spoil` holds a cut PNG. Also `manifest.csv`: the same pool as files, ids as the
+    folder pool's (the members' names)."""
     import tarfile
     folder.mkdir()
     everything = image_rows(ws)
@@ -309,7 +310,7 @@ def write_shards(ws, folder: Path, per_shard: int = 5, spoil: str | None = None)
                     info.size = len(content)
                     tar.addfile(info, io.BytesIO(content))
     with open(folder / "manifest.csv", "w") as f:
-        f.write("id,path,label\n" + "".join(f"{rel.rsplit('.', 1)[0]},{ws.images[rel][0]},{label}\n"
+        f.write("id,path,label\n" + "".join(f"{rel},{ws.images[rel][0]},{label}\n"
                                             for rel, _, label in everything))
     return shards
 
@@ -331,10 +332,10 @@ def test_a_corrupt_member_is_an_error_row_and_the_rest_scores_as_before(in_ws, t
     out = tmp_path / "scores.csv"
     score(in_ws, tmp_path / "wds" / "pool-{000000..000002}.tar", "-o", out)
     errors = parse_csv((tmp_path / "scores.csv.errors.csv").read_text())
-    assert [e["id"] for e in errors] == ["c/img05"]
+    assert [e["id"] for e in errors] == ["c/img05.jpg"]
     assert "pool-000002.tar" in errors[0]["error"] and "no image format" in errors[0]["error"]
     files = [r for r in rows(score(in_ws, tmp_path / "wds" / "manifest.csv", "-o", "-"))
-             if r["id"] != "c/img05"]
+             if r["id"] != "c/img05.jpg"]
     without_rank = lambda t: [{k: v for k, v in r.items() if k != "rank"} for r in t]
     assert without_rank(rows(out)) == without_rank(files)
 
@@ -353,3 +354,60 @@ def test_bad_shards_are_one_sentence(in_ws, tmp_path):
     again.write_bytes(shards[0].read_bytes())
     assert_one_error(score(in_ws, shards[0], again, "-o", "-", ok=False),
                      "has the sample a/deep/img09, which another shard has too", "same key twice")
+
+
+def select(ws, table, *args) -> "Result":
+    result = runner.invoke(app, ["select", str(table), "-n", "4", "-q", *map(str, args)])
+    assert result.exit_code == 0, result.stderr + result.stdout
+    return result
+
+
+def test_the_same_images_as_files_and_as_shards_have_the_same_ids_so_one_exclusion_list_serves_both(
+        in_ws, tmp_path):
+    """Issue 35 item 9: a shard sample's id is its image member's name, as a folder's file's id is
+    its path under the folder; a list written from either table excludes the same examples."""
+    write_shards(in_ws, tmp_path / "wds")
+    shards = tmp_path / "wds" / "pool-{000000..000002}.tar"
+    folder, sharded = tmp_path / "folder.csv", tmp_path / "shards.csv"
+    score(in_ws, "pool", "--labels-from-folders", "-o", folder)
+    score(in_ws, shards, "-o", sharded)
+    assert rows(sharded) == rows(folder)
+    for written_from, other in ((folder, shards), (sharded, "pool")):
+        done = tmp_path / f"done-{written_from.stem}.txt"
+        select(in_ws, written_from, "-f", "ids", "-o", done)
+        left = rows(score(in_ws, other, "--exclude", done, "-o", "-"))
+        assert len(left) == 14 - 4
+        assert not {r["id"] for r in left} & set(done.read_text().split())
+
+
+def test_shard_and_parquet_tables_name_each_rows_source_for_paths_and_the_contact_sheet(
+        in_ws, tmp_path):
+    """Issue 35 item 10: a shard row's `path` is SHARD#MEMBER, a Parquet (or saved dataset's Arrow)
+    row with the image's bytes FILE#COLUMN[ROW]; `-f paths` writes them and the contact sheet
+    reads the images there: the sheet is the folder table's, pixel for pixel (same ids, scores
+    and images)."""
+    write_shards(in_ws, tmp_path / "wds")
+    parquet = bytes_table(in_ws, tmp_path / "pool.parquet")
+    dataset = hf_dataset(in_ws, tmp_path / "ds")
+    arrow, = dataset.glob("*.arrow")
+    folder = tmp_path / "folder.csv"
+    score(in_ws, "pool", "--labels-from-folders", "-o", folder)
+    expected = tmp_path / "folder.png"
+    select(in_ws, folder, "--contact-sheet", expected, "-o", tmp_path / "folder-batch.csv")
+    members = {rel: n for n, rel in enumerate(sorted(in_ws.images))}  # id -> its sample's number
+    for name, pool, args, source in (
+            ("shards", tmp_path / "wds" / "pool-{000000..000002}.tar", [],
+             lambda i: f"{tmp_path / 'wds' / f'pool-{members[i] // 5:06d}.tar'}#{i}"),
+            ("parquet", parquet, ["--id-column", "id"],
+             lambda i: f"{parquet}#image[{members[i]}]"),
+            ("dataset", dataset, ["--id-column", "id"], lambda i: f"{arrow}#image[{members[i]}]")):
+        table = tmp_path / f"{name}.csv"
+        score(in_ws, pool, *args, "-o", table)
+        written = parse_csv(table.read_text())
+        assert [r["path"] for r in written] == [source(r["id"]) for r in written], name
+        paths = select(in_ws, table, "-f", "paths").stdout.splitlines()
+        assert paths == [source(i) for i in select(in_ws, table, "-f", "ids").stdout.splitlines()]
+        sheet = tmp_path / f"{name}.png"
+        result = select(in_ws, table, "--contact-sheet", sheet, "-o", tmp_path / f"{name}-batch.csv")
+        assert "could not be read" not in result.stderr, name
+        assert np.array_equal(np.asarray(Image.open(sheet)), np.asarray(Image.open(expected))), name

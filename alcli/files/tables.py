@@ -8,6 +8,8 @@ cell over MAX_CELL_BYTES is an error row.
 
 Image cells are encoded bytes, a path (relative to the file holding the table), or a struct with
 `bytes` and `path` (how `datasets` stores an Image feature); they are decoded as image files are.
+A row's `path` is the image's file, or for bytes FILE#COLUMN[ROW] (the row of that file; read back
+by sources.open_source).
 """
 from __future__ import annotations
 
@@ -86,8 +88,8 @@ class ParquetChunks:
     """Batches of Parquet row groups (files local Paths or remote.Remote); chunk k is rows
     batch*PARQUET_BATCH on of one row group: chunks[k] = (file index, group, batch)."""
 
-    def __init__(self, files: list, chunks: list[tuple[int, int, int]]):
-        self.files, self.chunks = files, chunks
+    def __init__(self, files: list, chunks: list[tuple[int, int, int]], first_rows: list[int]):
+        self.files, self.chunks, self.first_rows = files, chunks, first_rows  # row in its file
         self._open: dict[int, object] = {}
         self._reader: tuple | None = None  # ((file, group), the next batch, its iterator)
         self._pid = os.getpid()  # the process _open belongs to (a forked worker opens its own)
@@ -97,6 +99,10 @@ class ParquetChunks:
 
     def folder(self, k: int):
         return remote.parent(self.files[self.chunks[k][0]])
+
+    def cell(self, k: int, column: str, offset: int) -> str:
+        """Where the cell `offset` rows into chunk k is: FILE#COLUMN[ROW of that file]."""
+        return f"{self.files[self.chunks[k][0]]}#{column}[{self.first_rows[k] + offset}]"
 
     def where(self, k: int) -> str:
         f, g, b = self.chunks[k]
@@ -126,8 +132,9 @@ class ArrowChunks:
     """A Hugging Face dataset's Arrow stream files, memory-mapped and read record batch by record
     batch; chunk k is HF_CHUNK rows of one batch: chunks[k] = (file index, batch, first row)."""
 
-    def __init__(self, files: list[Path], root: Path, chunks: list[tuple[int, int, int]]):
-        self.files, self.root, self.chunks = files, root, chunks
+    def __init__(self, files: list[Path], root: Path, chunks: list[tuple[int, int, int]],
+                 first_rows: list[int]):
+        self.files, self.root, self.chunks, self.first_rows = files, root, chunks, first_rows
         self._reader: tuple | None = None  # ((file, column), the next batch, its reader, the last)
         self._pid = os.getpid()  # the process _reader belongs to (a forked worker opens its own)
 
@@ -136,6 +143,9 @@ class ArrowChunks:
 
     def folder(self, k: int) -> Path:
         return self.root
+
+    def cell(self, k: int, column: str, offset: int) -> str:
+        return f"{self.files[self.chunks[k][0]]}#{column}[{self.first_rows[k] + offset}]"
 
     def where(self, k: int) -> str:
         f, b, r = self.chunks[k]
@@ -208,9 +218,11 @@ class TablePool(Pool):
                 return Item(self.ids[i], None, self.labels[i], f"row {i} of {self.name} has no "
                             f"text in column '{self.column}'")
             return Item(self.ids[i], Text(cell, self.tokenize), self.labels[i], None)
-        return self._image(i, cell, self.chunks.folder(k))
+        return self._image(i, cell, self.chunks.folder(k),
+                           self.chunks.cell(k, self.column, i - self.starts[k]))
 
-    def _image(self, i: int, cell, folder) -> Item:
+    def _image(self, i: int, cell, folder, source: str) -> Item:
+        """`source`: where the cell is, the row's path when the image is in it (bytes)."""
         where = f"row {i} of {self.name}"
         try:
             data, path = _image_cell(cell, folder)
@@ -223,7 +235,7 @@ class TablePool(Pool):
                         f"cannot read the image in {where} ({first_line(err)})")
         return image_item(self.ids[i], self.labels[i], data, self.transform, self.decode,
                           where + (f" ({path})" if path else ""),
-                          None if path is None else str(path))
+                          source if path is None else str(path))
 
 
 def set_decoding(pool, kind: str, opts: PoolOptions) -> None:
@@ -415,12 +427,15 @@ def from_parquet(spec, opts: PoolOptions) -> Pool:
     kind, column = _kind_and_column(spec, schema, opts)
     id_col, label_col = _key_columns(spec, schema, opts)
     groups = [(f, g) for f, meta in enumerate(metas) for g in range(meta.num_row_groups)]
-    chunks, starts = [], [0]
+    chunks, starts, first_rows = [], [0], []
+    in_file = [0] * len(files)  # rows of each file's groups so far
     for f, g in groups:
         rows = metas[f].metadata.row_group(g).num_rows
         for b in range(-(-rows // PARQUET_BATCH)):
             chunks.append((f, g, b))
+            first_rows.append(in_file[f] + b * PARQUET_BATCH)
             starts.append(starts[-1] + min(PARQUET_BATCH, rows - b * PARQUET_BATCH))
+        in_file[f] += rows
 
     def batches():
         for f, g in groups:
@@ -433,7 +448,8 @@ def from_parquet(spec, opts: PoolOptions) -> Pool:
     ids, labels = _ids_and_labels(spec, batches(), id_col, label_col, opts)
     if len(ids) != starts[-1]:
         raise PoolError(f"table {spec} holds {len(ids)} rows, but its row groups say {starts[-1]}")
-    return TablePool(spec, kind, column, ids, labels, ParquetChunks(files, chunks), starts, opts)
+    return TablePool(spec, kind, column, ids, labels, ParquetChunks(files, chunks, first_rows),
+                     starts, opts)
 
 
 def from_hf_dataset(spec: str, opts: PoolOptions) -> Pool:
@@ -459,23 +475,26 @@ def from_hf_dataset(spec: str, opts: PoolOptions) -> Pool:
         raise PoolError(f"dataset {name} cannot be read ({first_line(err)})") from None
     kind, column = _kind_and_column(name, schema, opts)
     id_col, label_col = _key_columns(name, schema, opts)
-    chunks, starts = [], [0]
+    chunks, starts, first_rows = [], [0], []
 
     def batches():  # the id and label columns, batch by batch; the chunks each batch makes
         for f, file in enumerate(files):
             try:
                 if _arrow_schema(file).names != schema.names:
                     raise ValueError(f"{file} has other columns than {files[0]}")
+                in_file = 0
                 for b, batch in enumerate(_arrow_batches(file, _columns_read(id_col, label_col))):
                     for r in range(0, batch.num_rows, HF_CHUNK):
                         chunks.append((f, b, r))
+                        first_rows.append(in_file + r)
                         starts.append(starts[-1] + min(HF_CHUNK, batch.num_rows - r))
+                    in_file += batch.num_rows
                     yield batch
             except Exception as err:  # noqa: BLE001
                 raise PoolError(f"dataset {name} cannot be read ({first_line(err)})") from None
     ids, labels = _ids_and_labels(name, batches(), id_col, label_col, opts)
-    pool = TablePool(name, kind, column, ids, labels, ArrowChunks(files, split_dir, chunks),
-                     starts, opts)
+    pool = TablePool(name, kind, column, ids, labels,
+                     ArrowChunks(files, split_dir, chunks, first_rows), starts, opts)
     names = _class_label_names(schema, label_col)
     if names and opts.class_names is None:  # a ClassLabel feature names the classes
         pool.classes, pool.classes_from = names, f"the ClassLabel feature '{label_col}' of {name}"

@@ -1,7 +1,9 @@
 """WebDataset shards: tar files whose consecutive members are grouped into samples by key
 (`dir/name` up to the first dot of the file name; the rest is the member's extension):
 `.jpg`/`.png`/... an image, `.txt` a text, `.cls` an integer label; `.json` and other members are
-ignored. A sample's key is its id. Opening reads the tar headers (and the small `.cls` members) of
+ignored. A sample's id is the name of the member its input is read from (`dir/name.jpg`), as a
+folder pool's id is the file's path under the folder, so the same images as files and as shards
+have the same ids; its row's `path` is SHARD#MEMBER (sources.open_source reads it). Opening reads the tar headers (and the small `.cls` members) of
 every shard into flat arrays (about 40 bytes a sample besides its id); an item is
 read by seeking to its member, so shards spread over DataLoader workers and --shard without
 reading one another. Shards are named one by one, or by a brace pattern: `pool-{000..009}.tar`,
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import tarfile
 from array import array
 from pathlib import Path
@@ -57,7 +60,7 @@ class Member(NamedTuple):
 
 class Samples:
     """Every sample of the shards, in order: its key, shard, label, and its image and text
-    members (offset of the data in the tar, -1 for none; size)."""
+    members (offset of the data in the tar, -1 for none; size; extension as named)."""
 
     def __init__(self):
         self.keys: list[str] = []
@@ -65,6 +68,8 @@ class Samples:
         self.shard = array("i")
         self.image, self.image_size, self.image_rank = array("q"), array("q"), array("b")
         self.text, self.text_size = array("q"), array("q")
+        self.image_ext: list[str] = []
+        self.text_ext: list[str] = []
 
     def start(self, key: str, shard: int) -> None:
         self.keys.append(key)
@@ -73,15 +78,23 @@ class Samples:
                               (self.image_rank, len(IMAGE_KEYS)), (self.text, -1),
                               (self.text_size, 0)):
             column.append(value)
+        self.image_ext.append("")
+        self.text_ext.append("")
 
     def add(self, ext: str, info: tarfile.TarInfo) -> None:
-        """The member `info` with extension `ext` into the last sample (an image: the first of
-        IMAGE_KEYS it has)."""
-        if ext in IMAGE_KEYS and IMAGE_KEYS.index(ext) < self.image_rank[-1]:
+        """The member `info` with extension `ext` (as named) into the last sample (an image: the
+        first of IMAGE_KEYS it has)."""
+        kind = ext.lower()
+        if kind in IMAGE_KEYS and IMAGE_KEYS.index(kind) < self.image_rank[-1]:
             self.image[-1], self.image_size[-1] = info.offset_data, info.size
-            self.image_rank[-1] = IMAGE_KEYS.index(ext)
-        elif ext == "txt":
-            self.text[-1], self.text_size[-1] = info.offset_data, info.size
+            self.image_rank[-1], self.image_ext[-1] = IMAGE_KEYS.index(kind), sys.intern(ext)
+        elif kind == "txt":
+            self.text[-1], self.text_size[-1], self.text_ext[-1] = info.offset_data, info.size, ext
+
+    def ids(self, kind: str) -> list[str]:
+        """Each sample's id: the name of its image or text member (its key where it has none)."""
+        exts = self.image_ext if kind == "images" else self.text_ext
+        return [f"{key}.{ext}" if ext else key for key, ext in zip(self.keys, exts)]
 
     def members(self, kind: str) -> tuple[array, array]:
         """(offsets, sizes) of the image or text members."""
@@ -91,7 +104,7 @@ class Samples:
 class ShardPool(Pool):
     def __init__(self, name: str, kind: str, shards: list, samples: Samples, opts: PoolOptions):
         self.name, self.kind, self.shards = name, kind, shards
-        self.ids, self.labels, self.shard_of = samples.keys, samples.labels, samples.shard
+        self.ids, self.labels, self.shard_of = samples.ids(kind), samples.labels, samples.shard
         self.offsets, self.sizes = samples.members(kind)
         self.has_labels = any(label >= 0 for label in self.labels)
         self._file: tuple[int, object, int] | None = None  # (shard, its open file, the process)
@@ -122,7 +135,8 @@ class ShardPool(Pool):
             except UnicodeDecodeError as err:
                 return Item(self.ids[i], None, self.labels[i],
                             f"the text of {where} is not UTF-8 ({first_line(err)})")
-        return image_item(self.ids[i], self.labels[i], data, self.transform, self.decode, where)
+        return image_item(self.ids[i], self.labels[i], data, self.transform, self.decode, where,
+                          f"{self.shards[member.shard]}#{self.ids[i]}")
 
     def _read(self, member: Member) -> bytes:
         if self._file is None or self._file[0] != member.shard or self._file[2] != os.getpid():
@@ -143,7 +157,7 @@ def _split_name(name: str) -> tuple[str, str]:
     """'dir/a.b.jpg' -> ('dir/a', 'b.jpg'): the key and the extension, as WebDataset splits them."""
     folder, _, base = name.rpartition("/")
     stem, dot, ext = base.partition(".")
-    return (f"{folder}/{stem}" if folder else stem), ext.lower() if dot else ""
+    return (f"{folder}/{stem}" if folder else stem), ext if dot else ""
 
 
 def _scan(shard, index: int, samples: Samples) -> None:
@@ -163,7 +177,7 @@ def _scan(shard, index: int, samples: Samples) -> None:
                 key, ext = _split_name(info.name)
                 if not samples.keys or samples.keys[-1] != key or samples.shard[-1] != index:
                     samples.start(key, index)
-                if ext == "cls":
+                if ext.lower() == "cls":
                     if info.size > MAX_LABEL_BYTES:
                         raise PoolError(f"sample {key} of {shard}: its .cls member is {info.size} "
                                         f"bytes, over alcli's limit of {MAX_LABEL_BYTES} for a "

@@ -17,6 +17,7 @@ import weakref
 
 import torch
 from torch.func import vmap
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ..errors import first_line
@@ -131,12 +132,13 @@ def ghost_norms(model, inputs, targets_for, selection: ParamSelection, loss_fn, 
             if "forward" not in module.__dict__:
                 module.forward = capturing_forward(name, module)
                 patched.append(module)
-        if verify:
-            with UseWatch(covering_modules(plan), stack):
+        with _attention_for(model):
+            if verify:
+                with UseWatch(covering_modules(plan), stack):
+                    logits = forward_logits(model, inputs)
+                _verified.setdefault(model, set()).add(key)
+            else:
                 logits = forward_logits(model, inputs)
-            _verified.setdefault(model, set()).add(key)
-        else:
-            logits = forward_logits(model, inputs)
     finally:
         for handle in handles:
             handle.remove()
@@ -151,6 +153,8 @@ def ghost_norms(model, inputs, targets_for, selection: ParamSelection, loss_fn, 
     if not taps or not logits.requires_grad:  # no selected parameter affects the loss
         return torch.zeros(len(target_sets), batch, dtype=_acc_dtype(logits.device), device=logits.device), logits
     cotangents = _cotangents(logits, target_sets, loss_fn)  # [K, *logits.shape]
+    _k_batched[model] = len(target_sets) > 1 and _k_mode.get(model) != "per target" and \
+        _vmap_chunk(len(target_sets), taps, logits.device) > 1
     with _no_autocast(logits.device):  # the rules square and sum in float32 or better
         if compiled:
             return _compiled_backwards(model, plan, uses, calls, taps, logits, cotangents, batch), logits
@@ -253,6 +257,18 @@ VMAP_ELEMENTS_CUDA = None  # on CUDA all K at once, until a GPU measures it (ben
 # model -> "batched" | "per target": how its K target sets go through the backward
 _k_mode: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _k_reasons: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+# model -> did its last batch's K target sets go through one vmapped backward (unknown: assumed so)
+_k_batched: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _attention_for(model):
+    """The forward's attention kernel. The fused kernels' backwards (flash, efficient, cuDNN,
+    flash-for-CPU) have no vmap batching rule, so a vmapped backward runs them once per target
+    set and torch warns of a "performance drop"; the math kernel (softmax(q k^T / sqrt(d)) v as
+    matmuls) is batched by vmap. Fused kernels where the backward is not vmapped (K = 1)."""
+    if _k_batched.get(model, True):
+        return sdpa_kernel(SDPBackend.MATH)
+    return contextlib.nullcontext()
 
 
 def _backward(plan, uses, calls, taps, logits, cotangent, batch: int, last: bool) -> torch.Tensor:

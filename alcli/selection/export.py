@@ -19,7 +19,7 @@ from PIL import Image, ImageDraw, ImageFont, ImageOps
 
 from ..files.atomic import atomic_open
 from ..files.redact import redacted
-from ..files.regular import check_regular
+from ..files.sources import open_source
 from ..tasks import TASKS
 from ..tasks.labelstudio import Tag, _plain, entities  # noqa: F401 - entities: the token pre-labels' spans
 
@@ -240,8 +240,7 @@ def _to_rgb(im: Image.Image) -> Image.Image:
 
 
 def _load_picture(path: str, tile: int) -> Image.Image:
-    check_regular(path)  # a FIFO would block Image.open forever
-    with Image.open(path) as im:
+    with Image.open(open_source(path)) as im:  # a file, a shard's member, a table's cell
         im.draft("RGB", (tile, tile))  # JPEG: decode at a reduced scale when much larger
         im = _to_rgb(ImageOps.exif_transpose(im))
     w, h = im.size

@@ -28,6 +28,7 @@ from ..files.embeddings import (STREAM_KEEP, EmbeddingsError, embeddings_path, e
                                 find_for_rows, load_embeddings)
 from ..files.outputs import check_not_input, inputs_of
 from ..files.pool import PoolOptions, open_pool
+from ..files.sources import source_exists
 from ..files.table import (LINE_FORMATS, MORE, SIDECARS, read_meta, remove_sidecars, sidecar,
                            write_table)
 from ..tasks import TASKS, from_rows
@@ -502,7 +503,7 @@ def _pool_files(spec):
 def draw_sheet(rows: list[dict], paths: list[str], settings: Settings) -> list[str]:
     """Draw the contact sheet; warnings for images that could not be read."""
     where = settings.where("contact_sheet")
-    if not any(os.path.isfile(p) for p in paths):
+    if not any(source_exists(p) for p in paths):
         raise ConfigError(f"{where}: none of the {len(paths)} selected images was found (the "
                           f"first would be {paths[0]}); pass {settings.option('image_dir', 'DIR')}, "
                           f"the folder the ids are relative to")
