@@ -93,6 +93,23 @@ def test_score_then_select_ten_for_every_task(ws, task):
     assert "not diverse" not in picked.stderr and "no embeddings" not in picked.stderr
 
 
+def summary_of(result) -> dict:
+    """The summary object of a run with --log-format json."""
+    lines = [json.loads(line) for line in result.stderr.splitlines() if line.startswith("{")]
+    return next(line for line in lines if line.get("event") == "summary")
+
+
+@pytest.mark.parametrize("task", SCORES)
+def test_the_summary_names_the_engine_method_that_ran(ws, task):
+    """Each task's gradients go through the engine with the task's own loss (regression egl: one
+    output's value); `auto` settles on a method for it, and the summary names that method."""
+    done = run(ws, "score", *SCORES[task], "-b", "8", "-o", f"method-{task}.csv", "--log-format", "json")
+    facts = summary_of(done)
+    assert facts["strategy"] == "egl"
+    assert facts["method"] in ("ghost", "vmap", "loop"), facts
+    assert "not decided" not in facts["method_reason"] and facts["method_reason"], facts
+
+
 def test_the_task_flag_is_in_the_run_key_and_inspect_names_the_task(ws):
     shown = run(ws, "inspect", "--model", "ner")
     assert "task: token-classification" in shown.stdout
