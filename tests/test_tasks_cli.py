@@ -232,6 +232,30 @@ def test_multilabel_and_regression_labels(ws):
     assert float(table["t03"]["label"]) == 0.25
 
 
+def test_multilabel_labels_are_shown_by_name_and_an_empty_cell_is_unknown(ws):
+    """With class names known, `label` names the classes as `pred` does, whether the pool gave
+    indices or names; a text labeled with none of the labels shows `[]`, an unlabeled one an
+    empty cell (docs/tasks.md)."""
+    (ws / "tag_names.txt").write_text("red\ngreen\nblue\n")
+    labels = {0: [0, 2], 1: ["green"], 2: "0|green", 3: [], 4: None}
+    labeled_texts(ws, "tags_named.jsonl", lambda i, words: labels.get(i, [1]))
+    table = scored(ws, "tags_named.csv", "tags_named.jsonl", "--model", "tags", "--class-names", "tag_names.txt")
+    shown = {k: table[k]["label"] for k in ("t00", "t01", "t02", "t03", "t04")}
+    assert shown == {"t00": "red|blue", "t01": "green", "t02": "red|green", "t03": "[]", "t04": ""}
+    assert all(set(filter(None, r["pred"].split("|"))) <= {"red", "green", "blue"} for r in table.values())
+    # the cells are labels as a manifest gives them: `[]` is the empty set, an empty cell no label
+    with open(ws / "tags_again.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["id", "text", "label"])
+        for line in (ws / "tags_named.jsonl").read_text().splitlines():
+            row = json.loads(line)
+            w.writerow([row["id"], row["text"], table[row["id"]]["label"]])
+    again = scored(ws, "tags_again_out.csv", "tags_again.csv", "--model", "tags", "--class-names",
+                   "tag_names.txt", "--task", "multilabel")
+    assert {k: r["label"] for k, r in again.items()} == {k: r["label"] for k, r in table.items()}
+    assert {k: r["loss"] for k, r in again.items()} == {k: r["loss"] for k, r in table.items()}
+
+
 def masks(ws, folder="masks", size=16):
     (ws / folder).mkdir(exist_ok=True)
     rng = np.random.default_rng(3)

@@ -173,7 +173,7 @@ def score_batch(model: nn.Module, batch: Batch, settings: Settings, device: torc
         if names and spec.class_pred:
             row["pred_index"] = pred
         if has_labels and spec.given_labels:
-            row["label"] = task_labels.shown(pool, id_)
+            row["label"] = task_labels.shown(pool, id_, spec.label_shown)
         elif has_labels:
             row["label"] = class_name(labels_home[i], names) if labels_home[i] >= 0 else None
         for key in list(columns)[3:]:

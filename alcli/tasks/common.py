@@ -92,6 +92,7 @@ class Task:
     # --- its labels: read as given from the pool (lists, numbers, masks, word labels), or class indices
     given_labels: bool = True
     read_labels: Callable | None = None   # (pool, ids, logits, words) -> (targets, known [B] bool)
+    label_shown: Callable | None = None   # (label as given, class names) -> its `label` cell (None: as given)
     check_labels: Callable | None = None  # (logits, labels [B], ids, pool): a RunError for unusable labels
     words: Callable = _none           # (batch, pool, inputs) -> (each token's word [B, T], counts) | None
     # --- BADGE: the head's module types, a check of its input, the factors; or why there are none
