@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import csv
+import io
 import json
 import math
 import subprocess
@@ -336,3 +337,22 @@ def test_a_large_layer_s_norm_sums_its_squares_in_float64():
         g, = torch.autograd.grad(detection.image_loss(model, img, target, 3), [fc6])
     want = math.sqrt(math.fsum(v * v for v in g.double().flatten().tolist()))  # exact squares, exact sum
     assert got == pytest.approx(want, rel=1e-9)
+
+
+def test_select_on_a_detection_table_advises_what_works_without_embeddings(tmp_path):
+    """A detector's rows have no BADGE embeddings, so `--embeddings FILE` cannot help: the note
+    (and the error under --diverse or --typical) says why and names the options that work."""
+    boxes = json.dumps([[1, 2, 10, 12, 1, 0.9]])
+    (tmp_path / "det.csv").write_text("id,score,pred,boxes\n" + "".join(
+        f"im{i}.png,{i / 10},1,\"{boxes.replace(chr(34), chr(34) * 2)}\"\n" for i in range(6)))
+    done = alcli("select", "det.csv", "-n", "3", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert [r["id"] for r in csv.DictReader(io.StringIO(done.stdout))] == ["im5.png", "im4.png", "im3.png"]
+    note = " ".join(done.stderr.split())
+    assert detection.TASK.no_badge in note and "--per-class" in note and "--sampling" in note, note
+    assert "--embeddings" not in note, note
+    for flag in ("--diverse", "--typical"):
+        refused = alcli("select", "det.csv", "-n", "3", flag, cwd=tmp_path)
+        assert refused.returncode == 1 and refused.stderr.count("\n") == 1, refused.stderr
+        assert flag in refused.stderr and detection.TASK.no_badge in refused.stderr
+        assert "--embeddings" not in refused.stderr and "--no-diverse" in refused.stderr

@@ -4,11 +4,14 @@ declared once for all the commands that take it."""
 from __future__ import annotations
 
 import re
+import typing
 
 import typer.main
 from typer.testing import CliRunner
 
 from alcli.cli import app
+from alcli.commands import options
+from alcli.commands.score import score
 from alcli.commands.select import SCORING_FIRST, SCORING_FLAGS
 
 runner = CliRunner()
@@ -80,3 +83,14 @@ def test_an_option_two_commands_take_is_the_same_option():
             same = (tuple(p.opts), tuple(p.secondary_opts), p.help)
             assert seen.setdefault(name, same) == same, f"{command} --{name} differs"
     assert len(seen) > 40
+
+
+def test_every_command_that_scores_a_pool_takes_every_scoring_option():
+    """options.SCORING declares how a pool is read and scored; score takes each, and so do the
+    other commands that score a pool with the user's model (select --pool, simulate's rounds)."""
+    hints = typing.get_type_hints(score, include_extras=True)
+    names = {name for name, hint in hints.items() if any(hint is o for o in options.SCORING)}
+    assert len(names) == len(options.SCORING) and {"normalize", "resize", "workers"} <= names
+    for command in ("select", "simulate"):
+        missing = sorted(n.replace("_", "-") for n in names - set(params(command)))
+        assert not missing, f"{command} lacks --{', --'.join(missing)}"

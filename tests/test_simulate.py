@@ -179,3 +179,46 @@ def test_failed_training_quotes_the_log_tail_reading_a_bounded_part(folder):
     assert peak < 8 * LOG_TAIL, peak  # the tail, a few copies of it; not the whole log
     assert "exited with code 3" in str(err.value) and str(err.value).endswith("aaaaTHE-END)")
     assert "its last line: ..." in str(err.value) and len(str(err.value)) < 400
+
+
+FLAT = """import torch.nn as nn
+
+
+def Net():
+    return nn.Sequential(nn.Flatten(), nn.Linear(48, 2))  # 4x4 RGB images
+"""
+
+# ignores the labels: class 1 ("pos") where the mean input is above 0, class 0 ("neg") below
+FIXED = """import sys
+import torch
+from flat import Net
+
+net = Net()
+with torch.no_grad():
+    net[1].weight.copy_(torch.stack([-torch.ones(48), torch.ones(48)]) / 48)
+    net[1].bias.zero_()
+torch.save(net.state_dict(), sys.argv[2])
+"""
+
+
+def test_simulate_scores_with_the_transform_flags(tmp_path):
+    """--normalize reaches each round's scoring: images of 0.4 (neg) and 0.9 (pos) are all of
+    positive mean as read, so the fixed model calls all pos (accuracy 0.5); normalized around
+    0.65 they fall on either side of 0 (accuracy 1)."""
+    from PIL import Image
+    for split, count in (("pool", 6), ("test", 4)):
+        for name, value in (("neg", 102), ("pos", 230)):
+            (tmp_path / split / name).mkdir(parents=True)
+            for i in range(count):
+                Image.new("RGB", (4, 4), (value,) * 3).save(tmp_path / split / name / f"{name}{i}.png")
+    (tmp_path / "flat.py").write_text(FLAT)
+    (tmp_path / "fixed.py").write_text(FIXED)
+    args = ("simulate", "pool", "--eval", "test", "--labels-from-folders", "--arch", "flat:Net",
+            "--trust-checkpoint", "--train", PYTHON + " fixed.py {labeled} {model}", "--init", 2, "-n", 2, "--rounds", 1,
+            "--strategies", "margin", "--seeds", 1)
+    accuracy = {}
+    for extra in ((), ("--normalize", "0.65,0.65,0.65/0.1,0.1,0.1")):
+        out = alcli(*args, *extra, "-o", f"curves{len(extra)}.csv", cwd=tmp_path)
+        assert out.returncode == 0, out.stderr
+        accuracy[extra] = [float(r["accuracy"]) for r in read(tmp_path / f"curves{len(extra)}.csv")]
+    assert accuracy == {(): [0.5, 0.5], ("--normalize", "0.65,0.65,0.65/0.1,0.1,0.1"): [1.0, 1.0]}

@@ -93,6 +93,23 @@ def test_score_then_select_ten_for_every_task(ws, task):
     assert "not diverse" not in picked.stderr and "no embeddings" not in picked.stderr
 
 
+def summary_of(result) -> dict:
+    """The summary object of a run with --log-format json."""
+    lines = [json.loads(line) for line in result.stderr.splitlines() if line.startswith("{")]
+    return next(line for line in lines if line.get("event") == "summary")
+
+
+@pytest.mark.parametrize("task", SCORES)
+def test_the_summary_names_the_engine_method_that_ran(ws, task):
+    """Each task's gradients go through the engine with the task's own loss (regression egl: one
+    output's value); `auto` settles on a method for it, and the summary names that method."""
+    done = run(ws, "score", *SCORES[task], "-b", "8", "-o", f"method-{task}.csv", "--log-format", "json")
+    facts = summary_of(done)
+    assert facts["strategy"] == "egl"
+    assert facts["method"] in ("ghost", "vmap", "loop"), facts
+    assert "not decided" not in facts["method_reason"] and facts["method_reason"], facts
+
+
 def test_the_task_flag_is_in_the_run_key_and_inspect_names_the_task(ws):
     shown = run(ws, "inspect", "--model", "ner")
     assert "task: token-classification" in shown.stdout
@@ -213,6 +230,30 @@ def test_multilabel_and_regression_labels(ws):
     t = torch.tensor([[value(i, None)] for i in range(len(rows))], dtype=torch.float64)
     check_against(table, rows, *oracle_rows(ws, "value", "regression", [r["text"] for r in rows], t))
     assert float(table["t03"]["label"]) == 0.25
+
+
+def test_multilabel_labels_are_shown_by_name_and_an_empty_cell_is_unknown(ws):
+    """With class names known, `label` names the classes as `pred` does, whether the pool gave
+    indices or names; a text labeled with none of the labels shows `[]`, an unlabeled one an
+    empty cell (docs/tasks.md)."""
+    (ws / "tag_names.txt").write_text("red\ngreen\nblue\n")
+    labels = {0: [0, 2], 1: ["green"], 2: "0|green", 3: [], 4: None}
+    labeled_texts(ws, "tags_named.jsonl", lambda i, words: labels.get(i, [1]))
+    table = scored(ws, "tags_named.csv", "tags_named.jsonl", "--model", "tags", "--class-names", "tag_names.txt")
+    shown = {k: table[k]["label"] for k in ("t00", "t01", "t02", "t03", "t04")}
+    assert shown == {"t00": "red|blue", "t01": "green", "t02": "red|green", "t03": "[]", "t04": ""}
+    assert all(set(filter(None, r["pred"].split("|"))) <= {"red", "green", "blue"} for r in table.values())
+    # the cells are labels as a manifest gives them: `[]` is the empty set, an empty cell no label
+    with open(ws / "tags_again.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["id", "text", "label"])
+        for line in (ws / "tags_named.jsonl").read_text().splitlines():
+            row = json.loads(line)
+            w.writerow([row["id"], row["text"], table[row["id"]]["label"]])
+    again = scored(ws, "tags_again_out.csv", "tags_again.csv", "--model", "tags", "--class-names",
+                   "tag_names.txt", "--task", "multilabel")
+    assert {k: r["label"] for k, r in again.items()} == {k: r["label"] for k, r in table.items()}
+    assert {k: r["loss"] for k, r in again.items()} == {k: r["loss"] for k, r in table.items()}
 
 
 def masks(ws, folder="masks", size=16):

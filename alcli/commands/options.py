@@ -273,3 +273,12 @@ Null = Annotated[bool, typer.Option(
 NullOutput = Annotated[bool, typer.Option(
     "--null", "-0", help="-f paths and -f ids: end each record with NUL instead of a newline, "
     "for xargs -0.", rich_help_panel=OUTPUT)]
+
+# How a pool is read, what model reads it, how it is scored and on what: every command that scores
+# a pool with the user's model passes these through (score; simulate's rounds, which choose the
+# strategy, the checkpoint, the seed and the pool themselves). tests/test_help.py checks that a
+# command taking one of score's scoring options takes them all, declared as here.
+SCORING = (LabelsFromFolders, ClassNames, TextColumnOpt, ImageColumn, IdColumn, LabelColumn, Split,
+           MaxLength, Arch, ArchKwargs, Ema, Trust, TrustRemoteCode, Task, TopClasses, EglSamples,
+           Aggregate, BoxThreshold, Layers, Resize, CenterCrop, Grayscale, Normalize, BatchSize,
+           Device, Workers, Precision, Decode, Method, Compile)

@@ -10,12 +10,17 @@ from ..files.config import DEFAULT_CONFIG, Settings, load_settings
 from ..terminal import Reporter, warning_origin
 
 
+def given_flags(flags: dict) -> dict:
+    """The flags given: a switch left off is "not given", except for those whose default is
+    decided later."""
+    return {k: (None if (v is False and k not in ("diverse", "embeddings", "grayscale"))
+                or v == [] else v)
+            for k, v in flags.items()}
+
+
 def settings_from(config: str | None, flags: dict) -> Settings:
     """Defaults < config (./configs/default.yaml when no --config and no --model) < flags."""
-    # a switch left off is "not given", except for those whose default is decided later
-    given = {k: (None if (v is False and k not in ("diverse", "embeddings", "grayscale"))
-                 or v == [] else v)
-             for k, v in flags.items()}
+    given = given_flags(flags)
     if config is None and given.get("model") is None and DEFAULT_CONFIG.is_file():
         config = str(DEFAULT_CONFIG)
     settings = load_settings(config, given)

@@ -11,8 +11,10 @@ from ..errors import AlcliError
 from ..files.config import load_settings
 from . import shared
 from .options import (
-    Arch, ArchKwargs, BatchSize, ClassNames, Config, Device, IdColumn, ImageColumn, LabelColumn,
-    LabelsFromFolders, Quiet, TextColumnOpt, Trust)
+    Aggregate, Arch, ArchKwargs, BatchSize, BoxThreshold, CenterCrop, ClassNames, Compile, Config,
+    Decode, Device, EglSamples, Ema, Grayscale, IdColumn, ImageColumn, LabelColumn,
+    LabelsFromFolders, Layers, MaxLength, Method, Normalize, Precision, Quiet, Resize, Split, Task,
+    TextColumnOpt, TopClasses, Trust, TrustRemoteCode, Workers)
 
 EPILOG = """The training command's contract:
 
@@ -36,6 +38,11 @@ alcli simulate pool/ --labels-from-folders --eval test/ --arch mynet:Net \\
     --init 20 -n 20 --rounds 5 --strategies margin,egl+badge,random \\
     --seeds 3 -o curves.csv --plot curves.png
 """
+
+
+# simulate's own options: the plan of the rounds (the rest are settings, as score reads them)
+PLAN = ("pool", "train", "eval_pool", "strategies", "seeds", "init", "budget", "rounds", "output",
+        "plot_file", "workdir", "config")
 
 
 def simulate(
@@ -72,26 +79,32 @@ def simulate(
     workdir: Annotated[Optional[str], typer.Option(
         metavar="DIR", help="Each round's labeled.csv, checkpoint and train.log. [default: "
         "OUTPUT.runs, or .alcli/simulate]")] = None,
-    config: Config = None, arch: Arch = None, arch_kwargs: ArchKwargs = None,
-    trust_checkpoint: Trust = False, labels_from_folders: LabelsFromFolders = False,
-    text_column: TextColumnOpt = None, image_column: ImageColumn = None, id_column: IdColumn = None,
-    label_column: LabelColumn = None, class_names: ClassNames = None,
-    batch_size: BatchSize = None, device: Device = None, quiet: Quiet = False,
+    # the scoring options (options.SCORING), passed through to every round's scoring
+    config: Config = None, labels_from_folders: LabelsFromFolders = False,
+    class_names: ClassNames = None, text_column: TextColumnOpt = None,
+    image_column: ImageColumn = None, id_column: IdColumn = None, label_column: LabelColumn = None,
+    split: Split = None, max_length: MaxLength = None,
+    arch: Arch = None, arch_kwargs: ArchKwargs = None, ema: Ema = False,
+    trust_checkpoint: Trust = False, trust_remote_code: TrustRemoteCode = False, task: Task = None,
+    top_classes: TopClasses = None, egl_samples: EglSamples = None, aggregate: Aggregate = None,
+    box_threshold: BoxThreshold = None, layers: Layers = None,
+    resize: Resize = None, center_crop: CenterCrop = None, grayscale: Grayscale = None,
+    normalize: Normalize = None,
+    batch_size: BatchSize = None, device: Device = None, workers: Workers = None,
+    precision: Precision = None, decode: Decode = None, method: Method = None,
+    compile: Compile = False, quiet: Quiet = False,
 ):
     """Learning curves on your own labeled pool: hide its labels, train with your command on
     a random start, then select, reveal and retrain round by round, per strategy and seed; print
     the mean AULC (mean accuracy over the rounds) per strategy."""
+    flags = {k: v for k, v in locals().items() if k not in PLAN}
     import csv
     from pathlib import Path
 
     from ..files.atomic import make_folder
     from ..simulate import Plan, aulc, check_strategies, plot, simulate as run_simulation
-    flags = {k: v for k, v in locals().items() if k in (
-        "arch", "arch_kwargs", "trust_checkpoint", "labels_from_folders", "text_column",
-        "image_column", "id_column", "label_column", "class_names", "batch_size", "device",
-        "quiet")}
     # no ./configs/default.yaml here: the demo's model settings are not the user's
-    settings = load_settings(config, {k: None if v is False else v for k, v in flags.items()})
+    settings = load_settings(config, shared.given_flags(flags))
     r = shared.reporter(settings)
     if "{model}" not in train:
         raise AlcliError("option --train must name {model}, the checkpoint the command writes "

@@ -26,7 +26,7 @@ from ..files.pool import Batch, Pool, collate, collate_sized, decoded
 from ..files.table import clip_text
 from .. import tasks
 from ..tasks import TASKS, labels as task_labels
-from ..tasks.common import no_positions
+from ..tasks.common import engine_loss, no_positions
 from .strategies import DEFAULT_TOP_CLASSES, STRATEGIES, StrategyInputs
 
 
@@ -173,7 +173,7 @@ def score_batch(model: nn.Module, batch: Batch, settings: Settings, device: torc
         if names and spec.class_pred:
             row["pred_index"] = pred
         if has_labels and spec.given_labels:
-            row["label"] = task_labels.shown(pool, id_)
+            row["label"] = task_labels.shown(pool, id_, spec.label_shown)
         elif has_labels:
             row["label"] = class_name(labels_home[i], names) if labels_home[i] >= 0 else None
         for key in list(columns)[3:]:
@@ -413,7 +413,7 @@ def run(model: nn.Module, pool: Pool, settings: Settings, device: torch.device, 
     if spec is not None and settings.strategy in spec.gradient_utilities:
         stats.method, stats.method_reason = spec.method(model, settings.method)
     elif STRATEGIES[settings.strategy].gradients:
-        stats.method, stats.method_reason = engine_method(model, settings)
+        stats.method, stats.method_reason = engine_method(model, settings, engine_loss(spec, settings.strategy))
     if mass_left:
         k = settings.top_classes or DEFAULT_TOP_CLASSES
         stats.notes.append(f"--top-classes {k} leaves out probability mass "
@@ -421,9 +421,10 @@ def run(model: nn.Module, pool: Pool, settings: Settings, device: torch.device, 
     return stats
 
 
-def engine_method(model: nn.Module, settings: Settings) -> tuple[str, str]:
-    """Which engine method served the gradient strategy, and why."""
+def engine_method(model: nn.Module, settings: Settings, loss_fn: Callable | None) -> tuple[str, str]:
+    """Which engine method served the gradient strategy, and why: `auto` settles per (model,
+    layers, loss), so it is asked with the loss the task's strategy took gradients of."""
     if settings.method != "auto":
         return settings.method, "asked for with --method"
-    choice = auto_choice(model, settings.layers)
+    choice = auto_choice(model, settings.layers, loss_fn)
     return choice if choice else ("auto", "not decided yet")

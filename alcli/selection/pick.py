@@ -321,6 +321,10 @@ def _look_up(settings: Settings, plan: SelectPlan, rows: list[dict], notes: list
     """A table without its embeddings file beside it (on stdin, or written to stdout and saved
     by the shell) finds it under ./.alcli/ by its rows' ids and scores; else the plain top N,
     with the warning that says how to get a diverse batch (an error when --diverse asks for it)."""
+    no_badge = TASKS[export_task(settings, plan.meta, rows)].no_badge
+    if no_badge:  # no file can hold them: say what spreads a batch without them
+        _without_embeddings(settings, plan, no_badge, notes)
+        return
     found = find_for_rows(STREAM_FOLDER, rows)
     if found:
         plan.embeddings_file = found
@@ -340,6 +344,21 @@ def _look_up(settings: Settings, plan: SelectPlan, rows: list[dict], notes: list
     plan.diverse = False
     notes.append(f"selected the best scores without --diverse: {problem}; pass "
                  f"{settings.option('embeddings_file', 'FILE')}")
+
+
+WITHOUT_EMBEDDINGS = ("--no-diverse takes the best scores, --per-class proportional|equal spreads "
+                      "them over the predicted classes, --sampling power|softmax draws them from "
+                      "the scores")
+
+
+def _without_embeddings(settings: Settings, plan: SelectPlan, no_badge: str, notes: list[str]) -> None:
+    """The rows' task has no BADGE embeddings (Task.no_badge): --diverse or --typical is an
+    error, else the best scores, each with what works instead."""
+    if _embeddings_flag(settings):
+        raise ConfigError(f"{settings.where(_embeddings_flag(settings))} needs the rows' "
+                          f"embeddings, and {no_badge}; {WITHOUT_EMBEDDINGS}")
+    plan.diverse = False
+    notes.append(f"no --diverse batch: {no_badge}; {WITHOUT_EMBEDDINGS}")
 
 
 def check_rows(rows: list) -> None:

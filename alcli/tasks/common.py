@@ -70,6 +70,7 @@ class Task:
     from_rank: int | None = None
     # --- scored through the engine: its loss_fn (logits, targets) -> [B], distributions, targets
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+    egl_loss: Callable | None = None  # the loss egl takes gradients of, when not `loss` (regression)
     dists: Callable[[torch.Tensor], torch.Tensor] | None = None     # logits -> probs [B, N, K]
     # position labels [S, B, N] long (valid [B, N]) -> S target sets in the loss's layout [S, B, ...]
     label_targets: Callable | None = None
@@ -91,6 +92,7 @@ class Task:
     # --- its labels: read as given from the pool (lists, numbers, masks, word labels), or class indices
     given_labels: bool = True
     read_labels: Callable | None = None   # (pool, ids, logits, words) -> (targets, known [B] bool)
+    label_shown: Callable | None = None   # (label as given, class names) -> its `label` cell (None: as given)
     check_labels: Callable | None = None  # (logits, labels [B], ids, pool): a RunError for unusable labels
     words: Callable = _none           # (batch, pool, inputs) -> (each token's word [B, T], counts) | None
     # --- BADGE: the head's module types, a check of its input, the factors; or why there are none
@@ -216,6 +218,14 @@ def seeded_uniform(seed: int, id_: str) -> float:
 
 
 # --- the engine's norms, for the gradient utilities ----------------------------------------------
+
+def engine_loss(spec: Task | None, strategy: str) -> Callable | None:
+    """The loss whose per-example gradients a gradient strategy of this task takes (None: the
+    engine's default, cross-entropy): what `auto` settled its method for."""
+    if spec is None:
+        return None
+    return spec.egl_loss if strategy == "egl" and spec.egl_loss is not None else spec.loss
+
 
 def grad_norms(s, choose: Callable, loss_fn=None) -> torch.Tensor:
     """[K, B] float64 norms of each example's loss gradient at each target set `choose(s)` picks

@@ -32,12 +32,15 @@ def has(pool: Pool) -> bool:
     return bool(getattr(base(pool), "task_labels", None))
 
 
-def shown(pool: Pool, id_: str):
-    """The `label` column: a list joined by |, a number, a mask file's path; None if unlabeled."""
+def shown(pool: Pool, id_: str, show: Callable | None = None):
+    """The `label` column: `show(label, class names)` (Task.label_shown), else a list joined by |,
+    a number, a mask file's path; None if unlabeled."""
     entry = (getattr(base(pool), "task_labels", None) or {}).get(id_)
     if entry is None:
         return None
     value = entry[1]
+    if show is not None:
+        return show(value, pool.classes)
     return "|".join("" if v is None else str(v) for v in value) if isinstance(value, list) else value
 
 
@@ -87,6 +90,6 @@ def _items(value) -> list:
     """A label list as given: a JSON list, `a|b`, or one label."""
     if isinstance(value, list):
         return value
-    if isinstance(value, str):
-        return [v for v in value.split("|") if v.strip()] if value.strip() else []
+    if isinstance(value, str):  # `[]`: the empty list, as the multilabel `label` column shows it
+        return [v for v in value.split("|") if v.strip()] if value.strip() not in ("", "[]") else []
     return [value]

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from . import labels as given
+from ..files.classnames import class_name
 from .common import (Task, all_positions, egl_sampled, exact_dtype, given_or_predicted, hf_problem, named_set,
                      per_position, position_loss, predicted, refuse_single_labels, set_columns)
 from .labelstudio import _named, names_control, predicted_labels
@@ -38,6 +39,14 @@ def _label_set(value, where: str, classes: int, names) -> torch.Tensor:
     return y
 
 
+def label_shown(value, names) -> str:
+    """The `label` cell: the labels by name where named (given as indices or names), joined by |;
+    `[]` for an example labeled with none of them (an empty cell: not labeled)."""
+    items = [v.strip() if isinstance(v, str) else v for v in given._items(value)]
+    index = [int(v) if isinstance(v, str) and v.lstrip("-").isdigit() else v for v in items]
+    return "|".join(str(class_name(v, names)) for v in index) or "[]"
+
+
 def _read(value, where, i, logits, pool, words) -> torch.Tensor:
     return _label_set(value, where, logits.shape[1], pool.classes)
 
@@ -64,6 +73,7 @@ TASK = Task(
     valid=all_positions(lambda z: z.shape[-1] if z.dim() > 1 else 1), classes=lambda z: z.shape[1],
     targets=given_or_predicted, egl=egl_sampled, uncertainty=per_position, table_loss=position_loss,
     columns=set_columns(_predicted_set), pred_values=named_set,
+    label_shown=label_shown,
     read_labels=given.reader(lambda z: torch.zeros(z.shape[0], z.shape[1], dtype=torch.float64), _read),
     check_labels=refuse_single_labels("multilabel"),
     badge=badge, probe=lambda z, inputs: (TASK.loss, predicted(TASK, z, TASK.valid(z, inputs))),

@@ -49,7 +49,7 @@ def egl(s) -> dict:
         d = s.logits.reshape(b, -1).shape[1]
         return [torch.full((b,), j, dtype=torch.long, device=s.logits.device) for j in range(d)]
 
-    norms = grad_norms(s, outputs, loss_fn=output_component)  # [D, B]
+    norms = grad_norms(s, outputs, loss_fn=s.spec.egl_loss)  # [D, B]
     return {"score": 2.0 * norms.square().sum(0).sqrt()}
 
 
@@ -123,7 +123,7 @@ def _named_regression(model) -> bool:
 TASK = Task(
     name="regression", shape="[batch, outputs] or [batch]", fits=lambda z: z.dim() in (1, 2),
     names_model=_named_regression,
-    loss=regression_loss, valid=all_positions(lambda z: 1), classes=lambda z: None,
+    loss=regression_loss, egl_loss=output_component, valid=all_positions(lambda z: 1), classes=lambda z: None,
     targets=targets, needs_targets=True, egl=egl, uncertainty=uncertainty, table_loss=position_loss,
     columns=columns, pred_values=pred_values, has_confidence=False,
     read_labels=reader(lambda z: torch.zeros(z.shape[0], z.reshape(z.shape[0], -1).shape[1],
