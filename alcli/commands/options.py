@@ -212,11 +212,12 @@ Exclude = Annotated[Optional[List[str]], typer.Option(
                                       "exports, else one per line; repeatable).",
     rich_help_panel=SELECTION)]
 FromName = Annotated[Optional[str], typer.Option(
-    "--from-name", metavar="NAME", help="-f labelstudio: the name of the Choices tag the "
-    "predicted class pre-selects. [default: label]", rich_help_panel=LABELING)]
+    "--from-name", metavar="NAME", help="-f labelstudio, push, pull: the name of the control tag "
+    "(Choices, RectangleLabels, ...) the pre-labels fill. [default: label]",
+    rich_help_panel=LABELING)]
 ToName = Annotated[Optional[str], typer.Option(
-    "--to-name", metavar="NAME", help="-f labelstudio: the name of the Image or Text tag it "
-    "labels. [default: image, or text for text pools]", rich_help_panel=LABELING)]
+    "--to-name", metavar="NAME", help="-f labelstudio, push: the name of the Image or Text tag "
+    "it labels. [default: image, or text for text pools]", rich_help_panel=LABELING)]
 LabelStudioConfig = Annotated[Optional[str], typer.Option(
     "--labelstudio-config", metavar="XML", help="Also write the Label Studio labeling config "
     "the tasks' pre-labels fit (class names from the model or --class-names).",
@@ -238,8 +239,22 @@ Normalize = Annotated[Optional[str], typer.Option(
     "--normalize", metavar="MEAN/STD", help="Normalise pixels (0..1): imagenet, none, or "
     "per-channel numbers, e.g. 0.5,0.5,0.5/0.25,0.25,0.25.", rich_help_panel=IMAGES)]
 ImageRoot = Annotated[Optional[str], typer.Option(
-    "--image-root", metavar="URL", help="-f labelstudio: prefix ids with this URL or path in "
-                                        "data.image.", rich_help_panel=LABELING)]
+    "--image-root", metavar="URL", help="-f labelstudio, push: prefix ids with this URL or path "
+                                        "in data.image.", rich_help_panel=LABELING)]
+# a running Label Studio server (alcli push, alcli pull)
+SERVER = "Label Studio server"
+Url = Annotated[Optional[str], typer.Option(
+    "--url", metavar="URL", envvar="LABEL_STUDIO_URL", show_default=False, show_envvar=False,
+    help="The server, "
+    "e.g. http://localhost:8080. [default: $LABEL_STUDIO_URL]", rich_help_panel=SERVER)]
+Token = Annotated[Optional[str], typer.Option(
+    "--token", metavar="TOKEN", envvar="LABEL_STUDIO_API_KEY", show_default=False,
+    show_envvar=False, help="An access token of the server (Account & Settings), never printed; "
+    "the environment keeps it out of the process list. [default: $LABEL_STUDIO_API_KEY]",
+    rich_help_panel=SERVER)]
+Project = Annotated[str, typer.Option(
+    "--project", "-p", metavar="TITLE|ID", show_default=False, help="The project, by its title "
+    "or id.", rich_help_panel=SERVER)]
 ImageDir = Annotated[Optional[str], typer.Option(
     "--image-dir", metavar="DIR", help="--contact-sheet: the folder the image ids are relative to. "
     "[default: the config's pool]", rich_help_panel=LABELING)]

@@ -435,20 +435,29 @@ def write_batch(rows: list[dict], dest: str | None, settings: Settings,
 
 def _write_tasks(rows: list[dict], dest: str | None, settings: Settings, meta: dict | None,
                  texts: list[str] | None, class_names: list[str] | None, task: str) -> None:
-    model = (meta or {}).get("model_file") or settings.model
-    version = model_version_from(model) if model else "unknown"
+    tasks = labelstudio_tasks(rows, settings, meta, texts, class_names, task)
     try:
-        write_json(to_labelstudio(rows, settings.image_root, version, texts=texts,
-                                  class_names=class_names, task=task,
-                                  from_name=settings.from_name or "label",
-                                  to_name=settings.to_name), dest or "-")
-    except ImageRootError as err:
-        raise ConfigError(f"{settings.where('image_root')} {settings.image_root}: "
-                          f"{_sentence(err)}") from None
-    except ValueError as err:  # a score that JSON cannot hold
+        write_json(tasks, dest or "-")
+    except ValueError as err:  # a value that JSON cannot hold
         raise TableError(f"cannot write Label Studio tasks: {_sentence(err)}") from None
     except OSError as err:
         raise TableError(f"cannot write output {dest} ({err.strerror or err})") from None
+
+
+def labelstudio_tasks(rows: list[dict], settings: Settings, meta: dict | None,
+                      texts: list[str] | None, class_names: list[str] | None, task: str) -> list[dict]:
+    """The batch as Label Studio tasks with `task`'s pre-labels (-f labelstudio, alcli push)."""
+    model = (meta or {}).get("model_file") or settings.model
+    version = model_version_from(model) if model else "unknown"
+    try:
+        return to_labelstudio(rows, settings.image_root, version, texts=texts,
+                              class_names=class_names, task=task,
+                              from_name=settings.from_name or "label", to_name=settings.to_name)
+    except ImageRootError as err:
+        raise ConfigError(f"{settings.where('image_root')} {settings.image_root}: "
+                          f"{_sentence(err)}") from None
+    except ValueError as err:  # a score that JSON cannot hold, a bad boxes or pred_mask cell
+        raise TableError(f"cannot write Label Studio tasks: {_sentence(err)}") from None
 
 
 def _config(settings: Settings, task: str, class_names: list[str] | None, text: bool) -> str | None:

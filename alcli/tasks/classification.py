@@ -16,7 +16,7 @@ from ..gradnorm.loss import cross_entropy
 from ..selection.diverse import badge_factors
 from . import labels as given
 from .common import Task, _categorical, all_positions, exact_dtype, grad_norms, predicted
-from .labelstudio import names_control, predicted_name
+from .labelstudio import chosen, names_control, predicted_name
 
 DEFAULT_TOP_CLASSES = 10  # egl over more classes than this sums the 10 most probable by default
 
@@ -144,4 +144,5 @@ TASK = Task(
     unnamed=lambda row, names: row.get("pred") is not None and predicted_name(row, names) is None,
     unnamed_note="no predicted class",
     control=names_control("classification", "Choices", "Choice", ' choice="single"'),
+    from_annotation=lambda regions, names: {"label": (chosen(regions, "choices") or [None])[0]},
 )

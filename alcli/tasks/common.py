@@ -108,6 +108,9 @@ class Task:
     unnamed_note: str = "predicted classes without a name, left out"
     shown_by_rows: Callable = _never  # row: do its columns say it is of this task?
     control: Callable | None = None   # (names, from_name, to_name) -> the control tag (XML)
+    # (an annotation's regions of the control tag, class names) -> the labels file's cells
+    # {column: value}; a numpy array is a mask, written as a PNG (alcli pull)
+    from_annotation: Callable | None = None
     # --- a task scoring its own batches (detectors: a list of images of their own sizes)
     sized_images: bool = False
     model_kind: str | None = None     # the one kind of model it scores ("an object detector")

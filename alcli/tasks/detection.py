@@ -44,7 +44,7 @@ from ..files.classnames import class_name
 from ..gradnorm import auto_choice
 from . import retinanet
 from .common import Task, aggregate, exact_dtype, seeded_uniform, uniforms
-from .labelstudio import _json_list, _loose_list, _named, _size, names_control
+from .labelstudio import _json_list, _loose_list, _named, _size, class_index, names_control, offered
 
 DETECTOR_CLASSES = ("GeneralizedRCNN", "RetinaNet", "FCOS", "SSD")  # torchvision's, by class name
 UTILITIES = ("egl", "gradnorm", "loss", "entropy", "margin", "least-confidence", "uncertain-boxes",
@@ -357,6 +357,21 @@ def _rectangles(row, n, tag, names, ref) -> list[dict]:
     return out
 
 
+def _boxes(regions, names) -> dict:
+    """Rectangles (percent of the image) -> the labels file's `boxes`, [[x0, y0, x1, y1, class],
+    ...] in pixels of the original image (class: its index among the names, else its name), and
+    the image's `width` and `height`."""
+    boxes, size = [], (None, None)
+    for r in regions:
+        v, w, h = r["value"], r["original_width"], r["original_height"]
+        size = (w, h)
+        for label in v.get("rectanglelabels", []):
+            x0, y0 = v["x"] * w / 100.0, v["y"] * h / 100.0
+            boxes.append([x0, y0, x0 + v["width"] * w / 100.0, y0 + v["height"] * h / 100.0,
+                          class_index(label, names)])
+    return {"boxes": json.dumps(boxes, ensure_ascii=False), "width": size[0], "height": size[1]}
+
+
 def _unnamed(row, names) -> bool:
     found = [int(b[4]) for b in _loose_list(row.get("boxes"))
              if isinstance(b, list) and len(b) == 6 and isinstance(b[4], (int, float))]
@@ -369,7 +384,7 @@ TASK = Task(
     or type(model).__name__.endswith("ForObjectDetection"),
     no_badge="a detector's rows have no BADGE embeddings",
     prelabels=_rectangles, unnamed=_unnamed, shown_by_rows=lambda row: "boxes" in row,
-    control=names_control("detection", "RectangleLabels"),
+    control=names_control("detection", "RectangleLabels", labels=offered), from_annotation=_boxes,
     sized_images=True, model_kind="an object detector", needs_model=not_a_detector,
     normalised_outside=is_hf, model_classes=classes, predict=predict, rows=rows, method=method,
     gradient_utilities=GRADIENT_UTILITIES,

@@ -3,6 +3,8 @@ the control tag a region fills, class names, the JSON list columns rows carry, e
 from __future__ import annotations
 
 import json
+
+import numpy as np
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 from xml.sax.saxutils import quoteattr
@@ -138,3 +140,81 @@ def names_control(task: str, tag: str, item: str = "Label", more: str = "",
         return (f"  <{tag} name={quoteattr(from_name)} toName={quoteattr(to_name)}{more}>{items}"
                 f"\n  </{tag}>")
     return control
+
+
+# --- brush masks: Label Studio's run-length encoding ------------------------------------------------
+# A brush region's `value.rle` is a byte list holding a bit stream: a 32-bit count N of values (the
+# image's RGBA bytes, H x W x 4, row by row), the word size - 1 (5 bits), four run-length field
+# sizes - 1 (4 bits each); then records until N values are out: 1 bit (1: one word repeated, 0: a
+# list of words), 2 bits choosing a field size, that many bits holding the run length - 1, then the
+# word (or the words). A pixel is painted where its alpha byte is not 0.
+
+RLE_SIZES = (3, 4, 8, 16)
+LONGEST = 1 << RLE_SIZES[3]
+
+
+def mask_to_rle(mask: np.ndarray) -> list[int]:
+    """A boolean mask [H, W] -> a brush region's `rle`: every pixel's RGBA bytes 255 where painted,
+    0 elsewhere, written as repeated runs of at most 2^16 bytes."""
+    flat = np.repeat(mask.astype(bool).reshape(-1), 4)
+    bits = [f"{flat.size:032b}", f"{8 - 1:05b}", *(f"{s - 1:04b}" for s in RLE_SIZES)]
+    change = np.flatnonzero(np.diff(flat.view(np.int8))) + 1
+    for start, end in zip([0, *change], [*change, flat.size]):
+        word = "11111111" if flat[start] else "00000000"
+        for at in range(start, end, LONGEST):
+            bits.append(f"111{min(LONGEST, end - at) - 1:016b}{word}")
+    stream = "".join(bits)
+    stream += "0" * (-len(stream) % 8)
+    return np.packbits(np.frombuffer(stream.encode(), np.uint8) - ord("0")).tolist()
+
+
+def rle_to_mask(rle, height: int, width: int) -> np.ndarray:
+    """A brush region's `rle` -> a boolean mask [height, width] (alpha byte not 0); a ValueError
+    when the stream does not hold height x width x 4 values."""
+    bits = (np.unpackbits(np.asarray(rle, dtype=np.uint8)) + ord("0")).tobytes().decode()
+    at = 0
+
+    def read(n: int) -> int:
+        nonlocal at
+        if at + n > len(bits):
+            raise ValueError("the brush mask's run-length stream ends early")
+        value = int(bits[at:at + n], 2)
+        at += n
+        return value
+
+    count, word = read(32), read(5) + 1
+    sizes = [read(4) + 1 for _ in range(4)]
+    if count != height * width * 4:
+        raise ValueError(f"the brush mask holds {count} values, not those of a {width}x{height} "
+                         f"image (x 4)")
+    out = np.zeros(count, dtype=np.uint8)
+    i = 0
+    while i < count:
+        repeated = read(1)
+        end = min(count, i + 1 + read(sizes[read(2)]))
+        if repeated:
+            out[i:end] = read(word)
+        else:
+            for k in range(i, end):
+                out[k] = read(word)
+        i = end
+    return out.reshape(height, width, 4)[:, :, 3] > 0
+
+
+# --- annotations read back (alcli pull) ---------------------------------------------------------
+
+def chosen(regions: Sequence[Mapping], kind: str) -> list:
+    """The values of kind `kind` (choices, labels, ...) the regions hold, in order."""
+    return [v for r in regions for v in r.get("value", {}).get(kind, [])]
+
+
+def class_index(name: str, names: Sequence[str] | None):
+    """A label as the labels file holds it: its index among `names`, else the name itself."""
+    return list(names).index(name) if names and name in names else name
+
+
+def offered(names: Sequence[str]) -> list[str]:
+    """The class names a box or mask config offers: torchvision's class 0 left out when it is its
+    background (named `background` or `__background__`), which no annotator draws."""
+    first = str(names[0]).strip("_").lower() if names else ""
+    return list(dict.fromkeys(names[1:] if first == "background" else names))

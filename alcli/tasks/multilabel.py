@@ -12,7 +12,7 @@ from . import labels as given
 from ..files.classnames import class_name
 from .common import (Task, all_positions, egl_sampled, exact_dtype, given_or_predicted, hf_problem, named_set,
                      per_position, position_loss, predicted, refuse_single_labels, set_columns)
-from .labelstudio import _named, names_control, predicted_labels
+from .labelstudio import _named, chosen, names_control, predicted_labels
 
 
 def multilabel_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -80,5 +80,6 @@ TASK = Task(
     prelabels=prelabels,
     unnamed=lambda row, names: any(_named(v, names) is None for v in predicted_labels(row, names)),
     control=names_control("multilabel", "Choices", "Choice", ' choice="multiple"'),
+    from_annotation=lambda regions, names: {"label": "|".join(chosen(regions, "choices"))},
     joins_labels=True,  # its labels are written and read as a|b|c
 )

@@ -1,8 +1,10 @@
 """Semantic segmentation: a class per pixel. logits [B, C, H, W], targets [B, H, W] long, the mean
 cross-entropy over an example's valid pixels. Labels as given: a mask image (column `mask`, or
 `label`), a class index per pixel, 255 = ignore, resized and cropped as the images are. Its rows
-show the classes predicted at any pixel, joined by |; Label Studio gets no pre-label (a row
-carries no mask in the image's pixels), and a BrushLabels config.
+show the classes predicted at any pixel, joined by |. Label Studio: a BrushLabels config (torchvision's
+class 0, background, not offered: unpainted pixels are it), brush pre-labels from a row's
+`pred_mask` (a PNG of class indices at the original image's size), and annotations read back as
+such a PNG (unpainted pixels: background where class 0 is it, else 255, ignored).
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from .common import (IGNORE, Task, _categorical, _labels_to_dense, _mean_ce, all
                      egl_sampled, given_or_predicted, named_set, per_position, position_badge,
                      position_loss, predicted, refuse_single_labels, set_columns)
 from .labels import base, reader
-from .labelstudio import names_control
+from .labelstudio import _named, mask_to_rle, names_control, offered, rle_to_mask
 
 MASK_IGNORE = 255  # a mask pixel of this value counts in no loss
 
@@ -74,6 +76,50 @@ def _read(value, where, i, logits, pool, words) -> torch.Tensor:
     return _mask(value, where, logits.shape[1], tuple(logits.shape[2:]), pool)
 
 
+def _brushes(row, n, tag, names, ref) -> list[dict]:
+    """The row's `pred_mask` (a PNG of class indices at the original image's size; none: no
+    pre-label) as one brush region per class painted in it (background and 255 left out)."""
+    path = row.get("pred_mask")
+    if not path:
+        return []
+    try:
+        with Image.open(path) as img:
+            m = np.array(img)
+    except Exception as err:  # noqa: BLE001 - any unreadable mask is a sentence naming it
+        raise ValueError(f"row {n} (id '{row.get('id')}'): pred_mask {path} cannot be read "
+                         f"({first_line(err)})") from None
+    if m.ndim != 2:
+        raise ValueError(f"row {n} (id '{row.get('id')}'): pred_mask {path} is not a single-channel "
+                         f"image of class indices")
+    h, w = m.shape
+    out = []
+    for index in np.unique(m).tolist():
+        name = _named(index, names)
+        if index == MASK_IGNORE or name is None or name not in offered(names or [name]):
+            continue
+        out.append(tag.region(f"alcli-{n}-{index}", "brushlabels", {
+            "format": "rle", "rle": mask_to_rle(m == index), "brushlabels": [name]},
+            original_width=w, original_height=h, image_rotation=0))
+    return out
+
+
+def _painted(regions, names) -> dict:
+    """Brush regions -> the labels file's `mask`: class indices [H, W] uint8 (a later region over an
+    earlier one), unpainted pixels background (class 0, where names[0] is it) or 255."""
+    if not names:
+        raise ValueError("a segmentation mask holds class indices, and no class names are known")
+    unpainted = 0 if offered(names) != list(dict.fromkeys(names)) else MASK_IGNORE
+    mask = None
+    for r in regions:
+        h, w = r["original_height"], r["original_width"]
+        mask = np.full((h, w), unpainted, np.uint8) if mask is None else mask
+        for label in r["value"].get("brushlabels", []):
+            if label not in names:
+                raise ValueError(f"the brush label '{label}' is not among the class names")
+            mask[rle_to_mask(r["value"]["rle"], h, w)] = list(names).index(label)
+    return {"mask": mask}
+
+
 def _dists(z: torch.Tensor) -> torch.Tensor:
     return _categorical(z, 1)
 
@@ -91,7 +137,8 @@ TASK = Task(
     head_types=(nn.Linear, nn.Conv2d),  # a 1x1 convolution heads segmentation models
     badge=position_badge(_dists),
     probe=lambda z, inputs: (TASK.loss, predicted(TASK, z, TASK.valid(z, inputs))),
-    control=names_control("segmentation", "BrushLabels"),
+    control=names_control("segmentation", "BrushLabels", labels=offered),
+    prelabels=_brushes, from_annotation=_painted,
     loss_over_positions=True,
     no_position=lambda z: None if math.prod(z.shape[2:]) else (
         f"the model returns segmentation outputs of shape {list(z.shape)}, with no pixel to score; "

@@ -8,6 +8,7 @@ its word. Its rows show the classes predicted at any token, and each word's pred
 """
 from __future__ import annotations
 
+import json
 import re
 
 import numpy as np
@@ -145,6 +146,9 @@ TASK = Task(
                                    for t in _loose_list(row.get("pred_words")) if t is not None),
     shown_by_rows=lambda row: "pred_words" in row,
     control=names_control("token-classification", "Labels", labels=entity_labels),
+    from_annotation=lambda regions, names: {"label": json.dumps(
+        [[r["value"]["start"], r["value"]["end"], label] for r in regions
+         for label in r["value"].get("labels", [])], ensure_ascii=False)},
     loss_over_positions=True,
     no_position=lambda z: None if z.shape[1] else (
         f"the model returns token-classification outputs of shape {list(z.shape)}, with no token "
