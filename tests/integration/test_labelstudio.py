@@ -5,24 +5,15 @@ config, the tasks imported through its HTTP API, the pre-labels read back as the
 exported as JSON, and the export given to `alcli select --exclude`: the next batch leaves out
 exactly the labeled examples.
 
-Label Studio pins its own Django, numpy and pyarrow, so it lives in a virtual environment of its
-own: the test finds its `label-studio` executable through ALCLI_LABEL_STUDIO, else PATH, and skips
-without one (docs/labeling.md: "The round trip, tested"). The first run migrates a database once (about two
-minutes on two cores) into a template under .pytest_cache; later runs copy it and start in ~20 s.
+The server (conftest.py) is shared with test_labelstudio_live.py; without a Label Studio
+installation both skip.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import shutil
-import signal
-import socket
 import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -32,8 +23,6 @@ from alcli.cli import app
 
 pytestmark = pytest.mark.labelstudio
 
-TOKEN = "a1c11ab5e1a5700a1c11ab5e1a5700a1c11ab5e1"
-USER, PASSWORD = "alcli@example.com", "alcli-round-trip"
 NAMES = ["cat", "dog", "bird"]
 TAGS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
 TEXTS = ["Ann Lee met Bob in Oslo", "  Paris   is far  ", "Zoë and Émile Zola live in São Paulo",
@@ -41,122 +30,8 @@ TEXTS = ["Ann Lee met Bob in Oslo", "  Paris   is far  ", "Zoë and Émile Zola 
 runner = CliRunner()
 
 
-def executable() -> str | None:
-    return os.environ.get("ALCLI_LABEL_STUDIO") or shutil.which("label-studio")
-
-
 def log(msg: str) -> None:
     print(f"[labelstudio {time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-# --- the server ----------------------------------------------------------------------------------
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _env(data_dir: Path) -> dict:
-    return {**os.environ, "LABEL_STUDIO_BASE_DATA_DIR": str(data_dir),
-            "LATEST_VERSION_CHECK": "false", "COLLECT_ANALYTICS": "false",
-            "DJANGO_DB": "sqlite", "PYTHONPATH": ""}
-
-
-def _start(exe: str, data_dir: Path, port: int, out: Path) -> subprocess.Popen:
-    with open(out, "ab") as f:
-        return subprocess.Popen(
-            [exe, "start", "--no-browser", "--internal-host", "127.0.0.1", "-p", str(port),
-             "--username", USER, "--password", PASSWORD, "--user-token", TOKEN,
-             "--enable-legacy-api-token"],
-            env=_env(data_dir), stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def _wait(proc: subprocess.Popen, port: int, limit: float, out: Path) -> None:
-    end = time.monotonic() + limit
-    while time.monotonic() < end:
-        if proc.poll() is not None:
-            pytest.fail(f"label-studio exited ({proc.returncode}): {out.read_text()[-2000:]}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except (OSError, urllib.error.URLError):
-            pass
-        time.sleep(0.5)
-    pytest.fail(f"label-studio did not answer within {limit:.0f} s: {out.read_text()[-2000:]}")
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    """The server and the workers it started (its own process group, started here)."""
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
-def _template(exe: str, cache: Path, out: Path) -> Path:
-    """A migrated data folder with the test user, made once per label-studio install."""
-    done = cache / "template"
-    if (done / "label_studio.sqlite3").is_file():
-        return done
-    work = cache / f"making-{os.getpid()}"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    t0 = time.monotonic()
-    proc = _start(exe, work, _free_port(), out)
-    try:
-        _wait(proc, int(proc.args[proc.args.index("-p") + 1]), 900, out)
-    finally:
-        _stop(proc)
-    log(f"migrated a template database in {time.monotonic() - t0:.1f} s ({done})")
-    shutil.rmtree(done, ignore_errors=True)
-    work.rename(done)
-    return done
-
-
-class Server:
-    def __init__(self, port: int, exe: str):
-        self.base = f"http://127.0.0.1:{port}"
-        self.python = Path(exe).parent / "python"  # the venv's, for its SDK's validator
-
-    def call(self, method: str, path: str, body=None):
-        req = urllib.request.Request(
-            self.base + path, method=method,
-            data=None if body is None else json.dumps(body).encode(),
-            headers={"Authorization": f"Token {TOKEN}", "Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=120) as r:
-                return json.loads(r.read() or b"null")
-        except urllib.error.HTTPError as err:
-            raise AssertionError(f"{method} {path}: {err.code} {err.read()[:800]!r}") from None
-
-
-@pytest.fixture(scope="module")
-def server(request, tmp_path_factory):
-    exe = executable()
-    if not exe:
-        pytest.skip("label-studio is not installed (set ALCLI_LABEL_STUDIO to its executable; "
-                    "docs/labeling.md: The round trip, tested)")
-    key = hashlib.sha1(os.path.realpath(exe).encode()).hexdigest()[:12]
-    cache = Path(request.config.cache.mkdir(f"label-studio-{key}"))
-    root = tmp_path_factory.mktemp("labelstudio")
-    out = root / "server.log"
-    template = _template(exe, cache, out)
-    data = root / "data"
-    shutil.copytree(template, data)
-    port = _free_port()
-    t0 = time.monotonic()
-    proc = _start(exe, data, port, out)
-    try:
-        _wait(proc, port, 300, out)
-        log(f"server up on port {port} in {time.monotonic() - t0:.1f} s")
-        yield Server(port, exe)
-    finally:
-        _stop(proc)
 
 
 # --- alcli's side --------------------------------------------------------------------------------
@@ -218,7 +93,7 @@ def _write_table(folder: Path, task: str) -> Path:
     return table
 
 
-def _validate(server: Server, config: str, predictions: list[dict]) -> list[list[str]]:
+def _validate(server, config: str, predictions: list[dict]) -> list[list[str]]:
     """Label Studio's own SDK checks each prediction against the labeling config."""
     if not server.python.is_file():
         return [[] for _ in predictions]

@@ -1,0 +1,265 @@
+"""`alcli push` and `alcli pull` against the real Label Studio server (conftest.py): three rounds of
+score (--exclude what is labeled) -> push -> annotate over the API (one task's pre-labels
+accepted, one changed, one skipped) -> pull, for classification, detection and segmentation; no
+task is ever duplicated, the pulled labels equal what was submitted, and brush masks are checked
+against Label Studio's own run-length codec (its SDK, in the server's environment).
+"""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+from typer.testing import CliRunner
+
+from alcli.cli import app
+
+pytestmark = pytest.mark.labelstudio
+REPO = Path(__file__).resolve().parents[2]
+NAMES = ["background", "cat", "dog", "bird"]  # torchvision's class 0 first
+ROOT = "http://images.example/"
+runner = CliRunner()
+
+
+def log(msg: str) -> None:
+    print(f"[labelstudio {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def run(cwd: Path, *args, code: int = 0, token: str | None = None):
+    old = os.getcwd()
+    os.chdir(cwd)
+    try:
+        result = runner.invoke(app, [str(a) for a in args], env={"LABEL_STUDIO_API_KEY": token})
+    finally:
+        os.chdir(old)
+    assert result.exit_code == code, result.stderr + result.stdout
+    return result
+
+
+def tasks_of(server, title: str) -> list[dict]:
+    project = next(p for p in server.call("GET", "/api/projects?page_size=100")["results"]
+                   if p["title"] == title)
+    return server.call("GET", f"/api/tasks?project={project['id']}&fields=all&page_size=100")["tasks"]
+
+
+def read_csv(path: Path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def sdk(server, script: str, payload):
+    """Run `script` in the server's Python (its SDK), `payload` on stdin as JSON -> its JSON out."""
+    done = subprocess.run([str(server.python), "-c", "import json, sys\n" + script],
+                          input=json.dumps(payload), capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": ""}, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout)
+
+
+# --- the three tasks: a pool scored each round, and an annotator's answer to each pre-label ------
+
+def classification_round(tmp: Path, exclude: list[str]) -> list[str]:
+    """`alcli score` of a 24-image slice of the demo pool with the demo model -> scores.csv."""
+    if not (tmp / "pool").is_dir():
+        for k, path in enumerate(sorted((REPO / "data/demo/pool").rglob("*.png"))[::16][:24]):
+            (tmp / "pool" / path.parent.name).mkdir(parents=True, exist_ok=True)
+            shutil.copy(path, tmp / "pool" / path.parent.name / path.name)
+        (tmp / "names.txt").write_text("".join(f"digit {d}\n" for d in range(10)))
+    run(tmp, "score", "pool", "--model", REPO / "data/demo/model.pt", "--arch", "alcli.demo:DigitsCNN",
+        "--arch-kwargs", '{"num_classes": 10}', "--normalize", "0.3/0.4", "--strategy", "margin",
+        "--class-names", "names.txt", "-o", "scores.csv", "-q",
+        *[a for f in exclude for a in ("--exclude", f)])
+    return ["scores.csv", "--class-names", "names.txt"]
+
+
+def detection_round(tmp: Path, exclude: list[str]) -> list[str]:
+    """`alcli score` of twelve random images with a small untrained torchvision detector."""
+    if not (tmp / "imgs").is_dir():
+        import torch
+        import torchvision
+        rng = np.random.default_rng(0)
+        (tmp / "imgs").mkdir()
+        for i in range(12):
+            h, w = 48 + 4 * (i % 3), 64 + 8 * (i % 4)  # as changed() knows them
+            Image.fromarray((rng.random((h, w, 3)) * 255).astype(np.uint8)).save(tmp / "imgs" / f"{i:02d}.png")
+        torch.manual_seed(0)
+        model = torchvision.models.get_model("fasterrcnn_mobilenet_v3_large_320_fpn", weights=None,
+                                             weights_backbone=None, num_classes=4, min_size=64,
+                                             max_size=96)
+        torch.save(model.state_dict(), tmp / "det.pt")
+        (tmp / "names.txt").write_text("\n".join(NAMES) + "\n")
+    run(tmp, "score", "imgs", "--model", "det.pt", "--arch",
+        "torchvision:fasterrcnn_mobilenet_v3_large_320_fpn", "--arch-kwargs",
+        '{"num_classes": 4, "min_size": 64, "max_size": 96}', "--strategy", "entropy",
+        "--box-threshold", "0.05", "--class-names", "names.txt", "-o", "scores.csv", "-q",
+        *[a for f in exclude for a in ("--exclude", f)])
+    return ["scores.csv"]
+
+
+def segmentation_round(tmp: Path, exclude: list[str]) -> list[str]:
+    """Segmentation rows as a model writes them, each with its predicted mask at the image's own
+    size (pred_mask); the batch left after --exclude, as `select` writes it (no meta.json)."""
+    if not (tmp / "seg.csv").is_file():
+        (tmp / "masks").mkdir()
+        rows = []
+        for i in range(12):
+            h, w = 30 + i, 40 + 2 * i
+            m = np.zeros((h, w), np.uint8)
+            m[2:10 + i, 3:15] = 1 + i % 3
+            m[h - 6:h - 1, w - 9:w - 2] = 3
+            Image.fromarray(m).save(tmp / "masks" / f"{i:02d}.png")
+            rows.append({"rank": i + 1, "id": f"seg/{i:02d}.png", "score": 1.0 - i / 20,
+                         "pred": "x", "pred_mask": f"masks/{i:02d}.png"})
+        with open(tmp / "seg.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+        (tmp / "names.txt").write_text("\n".join(NAMES) + "\n")
+    run(tmp, "select", "seg.csv", "-n", 100, "--no-diverse", "-o", "batch.csv",
+        *[a for f in exclude for a in ("--exclude", f)])
+    return ["batch.csv", "--task", "segmentation", "--class-names", "names.txt"]
+
+
+def changed(task: str, result: list[dict], k: int, masks: list) -> list[dict]:
+    """An annotator's edit of a pre-label: another class, a box of its own, a mask of its own."""
+    if task == "classification":
+        new = json.loads(json.dumps(result[0]))
+        new["value"]["choices"] = ["digit 7" if new["value"]["choices"] != ["digit 7"] else "digit 1"]
+        return [new]
+    if task == "detection":
+        w, h = 64 + 8 * (k % 4), 48 + 4 * (k % 3)  # image k's size (detection_round)
+        return [{"id": f"drawn{k}", "type": "rectanglelabels", "from_name": "label",
+                 "to_name": "image", "original_width": w, "original_height": h, "image_rotation": 0,
+                 "value": {"x": 12.5, "y": 25.0, "width": 50.0, "height": 37.5, "rotation": 0,
+                           "rectanglelabels": ["dog"]}}]
+    h, w = masks[k]["shape"]  # [H, W]
+    return [{"id": f"painted{k}", "type": "brushlabels", "from_name": "label", "to_name": "image",
+             "original_width": w, "original_height": h, "image_rotation": 0,
+             "value": {"format": "rle", "rle": masks[k]["rle"], "brushlabels": ["bird"]}}]
+
+
+def expected(task: str, result: list[dict], tmp: Path, alcli_id: str, masks_by_id: dict) -> dict:
+    """The labels file's cells for a submitted result, computed here (not by alcli)."""
+    if task == "classification":
+        return {"label": result[0]["value"]["choices"][0]}
+    if task == "detection":
+        boxes = []
+        for r in result:
+            v, w, h = r["value"], r["original_width"], r["original_height"]
+            boxes.append([v["x"] * w / 100, v["y"] * h / 100, (v["x"] + v["width"]) * w / 100,
+                          (v["y"] + v["height"]) * h / 100, NAMES.index(v["rectanglelabels"][0])])
+        return {"boxes": boxes}
+    return {"mask": masks_by_id[alcli_id]}
+
+
+ROUNDS = {"classification": classification_round, "detection": detection_round,
+          "segmentation": segmentation_round}
+
+
+SIZES = [(30 + i, 40 + 2 * i) for i in range(12)]  # the segmentation images' (height, width)
+
+
+def painted_masks(server) -> list[dict]:
+    """An annotator's brush for each segmentation image (its class: bird), encoded by Label
+    Studio's SDK (not alcli): {shape, rle, mask}."""
+    masks = []
+    for k, shape in enumerate(SIZES):
+        m = np.zeros(shape, np.uint8)
+        m[1:8, 2 + k % 5:20] = 255
+        masks.append(m)
+    rles = sdk(server, "from label_studio_sdk.converter.brush import encode_rle\nimport numpy as np\n"
+               "print(json.dumps([[int(b) for b in encode_rle(np.repeat(np.array(m, np.uint8)"
+               ".reshape(-1), 4))] for m in json.load(sys.stdin)]))", [m.tolist() for m in masks])
+    return [{"shape": m.shape, "rle": r, "mask": np.where(m > 0, NAMES.index("bird"), 0)}
+            for m, r in zip(masks, rles)]
+
+
+@pytest.mark.parametrize("task", list(ROUNDS))
+def test_three_rounds_of_push_annotate_pull(server, tmp_path, task):
+    t0 = time.monotonic()
+    title = f"live {task}"
+    push = ["-p", title, "--url", server.base, "--image-root", ROOT]
+    masks = painted_masks(server) if task == "segmentation" else []
+    exclude: list[str] = []
+    submitted: dict[str, list] = {}   # alcli id -> the result submitted
+    skipped: set[str] = set()
+    masks_by_id: dict[str, np.ndarray] = {}
+    pushed_ids: list[str] = []
+    for round_ in range(3):
+        source = ROUNDS[task](tmp_path, exclude)
+        first = run(tmp_path, "push", *source, "-n", 3, *push, "--setup", token=server.token)
+        assert "3 new, 0 updated" in first.stderr
+        again = run(tmp_path, "push", *source, "-n", 3, *push, token=server.token)
+        assert "0 new, 3 updated" in again.stderr
+        stored = tasks_of(server, title)
+        ids = [t["data"]["alcli_id"] for t in stored]
+        assert len(ids) == len(set(ids)) == 3 * (round_ + 1)  # never a task twice
+        assert all(len(t["predictions"]) == 1 for t in stored)
+        fresh = sorted((t for t in stored if not t["annotations"]),
+                       key=lambda t: -t["data"]["alcli_score"])
+        assert len(fresh) == 3 and not {t["data"]["alcli_id"] for t in fresh} & set(pushed_ids)
+        pushed_ids += [t["data"]["alcli_id"] for t in fresh]
+        # one accepted as pre-labelled, one changed, one skipped
+        for n, t in enumerate(fresh):
+            alcli_id, result = t["data"]["alcli_id"], t["predictions"][0]["result"]
+            if n == 2:
+                server.call("POST", f"/api/tasks/{t['id']}/annotations",
+                            {"result": [], "was_cancelled": True})
+                skipped.add(alcli_id)
+                continue
+            k = int(alcli_id[-6:-4])  # the image's number
+            answer = result if n == 0 else changed(task, result, k, masks)
+            if task == "segmentation":
+                masks_by_id[alcli_id] = masks[k]["mask"] if n == 1 else \
+                    np.array(Image.open(tmp_path / "masks" / f"{k:02d}.png"))
+            server.call("POST", f"/api/tasks/{t['id']}/annotations", {"result": answer})
+            submitted[alcli_id] = answer
+        run(tmp_path, "pull", "-p", title, "-o", "labels.csv", "--url", server.base,
+            *(["--class-names", "names.txt"] if task != "classification" else []), token=server.token)
+        exclude = ["labels.csv", "labels.skipped.csv"]
+        pulled = {r["id"]: r for r in read_csv(tmp_path / "labels.csv")}
+        assert set(pulled) == set(submitted)
+        assert {r["id"] for r in read_csv(tmp_path / "labels.skipped.csv")} == skipped
+        for alcli_id, result in submitted.items():
+            want, got = expected(task, result, tmp_path, alcli_id, masks_by_id), pulled[alcli_id]
+            if task == "classification":
+                assert got["label"] == want["label"]
+            elif task == "detection":
+                boxes = json.loads(got["boxes"])
+                assert len(boxes) == len(want["boxes"])
+                for a, b in zip(boxes, want["boxes"]):
+                    assert a[4] == b[4] and a[:4] == pytest.approx(b[:4], abs=1e-6)
+            else:
+                assert np.array_equal(np.array(Image.open(tmp_path / got["mask"])), want["mask"])
+    if task == "segmentation":  # alcli's brush pre-labels, read by Label Studio's own decoder
+        regions = [(t["data"]["alcli_id"], r) for t in tasks_of(server, title)
+                   for r in t["predictions"][0]["result"]]
+        decoded = sdk(server, "from label_studio_sdk.converter.brush import decode_rle\n"
+                      "print(json.dumps([(decode_rle(r['value']['rle']).reshape(r['original_height'], "
+                      "r['original_width'], 4)[:, :, 3] > 0).tolist() for _, r in json.load(sys.stdin)]))",
+                      regions)
+        assert len(regions) == 9 * 2  # two classes painted in each predicted mask
+        for (alcli_id, r), painted in zip(regions, decoded):
+            m = np.array(Image.open(tmp_path / "masks" / f"{alcli_id[-6:-4]}.png"))
+            assert np.array_equal(np.array(painted), m == NAMES.index(r["value"]["brushlabels"][0]))
+    log(f"{task}: 3 rounds, {len(pushed_ids)} tasks pushed, {len(submitted)} labels and "
+        f"{len(skipped)} skipped pulled ({time.monotonic() - t0:.1f} s)")
+
+
+def test_a_refused_token_is_one_sentence(server, tmp_path):
+    (tmp_path / "t.csv").write_text("id,score,pred\na.png,1.0,cat\n")
+    result = run(tmp_path, "push", "t.csv", "-p", "any", "--url", server.base, "--image-root", ROOT,
+                 code=1, token="not-the-token-0123456789")
+    assert result.stderr.count("\n") == 1 and "refused the token (401)" in result.stderr
+    assert "not-the-token" not in result.stderr + result.stdout
+    result = run(tmp_path, "pull", "-p", "nothing here", "-o", "l.csv", "--url", server.base, code=1,
+                 token=server.token)
+    assert result.stderr == (f"alcli: error: Label Studio at {server.base} has no project "
+                             f"'nothing here'\n")
