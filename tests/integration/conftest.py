@@ -126,7 +126,9 @@ def server(request, tmp_path_factory):
         pytest.skip("label-studio is not installed (set ALCLI_LABEL_STUDIO to its executable; "
                     "docs/labeling.md: The round trip, tested)")
     key = hashlib.sha1(os.path.realpath(exe).encode()).hexdigest()[:12]
-    cache = Path(request.config.cache.mkdir(f"label-studio-{key}"))
+    cache = Path(request.config.cache.mkdir(f"label-studio-{key}")
+                 if getattr(request.config, "cache", None) else  # -p no:cacheprovider
+                 tmp_path_factory.mktemp(f"label-studio-{key}"))
     root = tmp_path_factory.mktemp("labelstudio")
     out = root / "server.log"
     template = _template(exe, cache, out)
