@@ -149,8 +149,9 @@ TableFormat = Annotated[Optional[str], typer.Option(
     "line) or ids (one id per line); with -0, paths and ids end in NUL.", rich_help_panel=OUTPUT)]
 SelectFormat = Annotated[Optional[str], typer.Option(
     "--format", "-f", metavar="FORMAT", help="csv (the default), jsonl, paths (one image file per "
-    "line), ids (one id per line), or labelstudio (Label Studio tasks JSON); with -0, paths and "
-    "ids end in NUL.", rich_help_panel=OUTPUT)]
+    "line), ids (one id per line), labelstudio (Label Studio tasks JSON), or, for detection and "
+    "keypoints, coco (a COCO JSON) or yolo (a folder: -o DIR); with -0, paths and ids end in NUL.",
+    rich_help_panel=OUTPUT)]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress and no summary on "
                                      "stderr; warnings and errors still.",
     rich_help_panel=MESSAGES)]

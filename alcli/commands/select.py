@@ -116,7 +116,7 @@ def select(
                f"{settings.config_file or 'the settings'} first")
     # --task also names what a table's rows predict, for the Label Studio pre-labels
     unused = [key for key in SCORING_FLAGS if flags.get(key) not in (None, False)
-              and not (key == "task" and (settings.format == "labelstudio"
+              and not (key == "task" and (settings.format in ("labelstudio", "coco", "yolo")
                                           or settings.labelstudio_config))]
     if not score_first and unused:
         more = f" (and {len(unused) - 1} more scoring options)" if len(unused) > 1 else ""

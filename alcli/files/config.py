@@ -25,7 +25,7 @@ from ..errors import ConfigError
 from .remote import is_url
 
 DEFAULT_CONFIG = Path("configs") / "default.yaml"  # used by the CLI when neither --config nor --model
-FORMATS = ("csv", "jsonl", "paths", "ids", "labelstudio")  # labelstudio: `select` only
+FORMATS = ("csv", "jsonl", "paths", "ids", "labelstudio", "coco", "yolo")  # the last three: `select` only
 LOG_FORMATS = ("text", "json")
 # keys holding a file or folder: in a config file, relative to the config file's folder
 PATH_KEYS = ("model", "pool", "output", "scores", "embeddings_file", "exclude", "image_dir",

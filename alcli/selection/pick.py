@@ -33,6 +33,7 @@ from ..files.table import (LINE_FORMATS, MORE, SIDECARS, read_meta, remove_sidec
                            write_table)
 from ..tasks import TASKS, from_rows
 from .choose import choose
+from .coco_yolo import to_coco, to_yolo, write_yolo
 from .exclusions import Exclusions, ExclusionsError, excluded_ids, read_exclusion_files
 from .export import (ImageRootError, contact_sheet, labeling_config, model_version_from, text_sheet,
                      to_labelstudio, unnamed, write_json, write_text)
@@ -418,10 +419,12 @@ def write_batch(rows: list[dict], dest: str | None, settings: Settings,
     `class_names` name integer preds."""
     task = task or export_task(settings, meta or {}, rows)
     config = _config(settings, task, class_names, texts is not None)  # refused before any output
-    if settings.format != "labelstudio":
-        write_table(rows, dest, settings.format, settings.null)
-    else:
+    if settings.format == "labelstudio":
         _write_tasks(rows, dest, settings, meta, texts, class_names, task)
+    elif settings.format in ("coco", "yolo"):
+        _write_boxes(rows, dest, settings, class_names, task)
+    else:
+        write_table(rows, dest, settings.format, settings.null)
     if config is not None:
         try:
             write_text(config, settings.labelstudio_config)
@@ -440,6 +443,23 @@ def _write_tasks(rows: list[dict], dest: str | None, settings: Settings, meta: d
         write_json(tasks, dest or "-")
     except ValueError as err:  # a value that JSON cannot hold
         raise TableError(f"cannot write Label Studio tasks: {_sentence(err)}") from None
+    except OSError as err:
+        raise TableError(f"cannot write output {dest} ({err.strerror or err})") from None
+
+
+def _write_boxes(rows: list[dict], dest: str | None, settings: Settings,
+                 class_names: list[str] | None, task: str) -> None:
+    """-f coco (a JSON document to DEST or stdout) or -f yolo (a folder, -o DIR)."""
+    if settings.format == "yolo" and dest in (None, "-"):
+        raise ConfigError(f"{settings.where('format')} yolo writes a folder of files; name it with "
+                          f"{settings.option('output', 'DIR')}")
+    try:
+        if settings.format == "coco":
+            write_json(to_coco(rows, class_names, task), dest or "-")
+        else:
+            write_yolo(to_yolo(rows, class_names, task), dest)
+    except ValueError as err:
+        raise TableError(f"cannot write {settings.format.upper()} files: {_sentence(err)}") from None
     except OSError as err:
         raise TableError(f"cannot write output {dest} ({err.strerror or err})") from None
 

@@ -111,6 +111,9 @@ class Task:
     # (an annotation's regions of the control tag, class names) -> the labels file's cells
     # {column: value}; a numpy array is a mask, written as a PNG (alcli pull)
     from_annotation: Callable | None = None
+    # --- COCO and YOLO files (select -f coco / yolo): (row, n) -> its instances, each
+    # (box [x0, y0, x1, y1] in pixels, class index, score, keypoints [[x, y, score] * K] or None)
+    instances: Callable | None = None
     # --- a task scoring its own batches (detectors: a list of images of their own sizes)
     sized_images: bool = False
     model_kind: str | None = None     # the one kind of model it scores ("an object detector")

@@ -44,7 +44,7 @@ from ..files.classnames import class_name
 from ..gradnorm import auto_choice
 from . import retinanet
 from .common import Task, aggregate, exact_dtype, seeded_uniform, uniforms
-from .labelstudio import _json_list, _loose_list, _named, _size, class_index, names_control, offered
+from .labelstudio import Tag, _json_list, _loose_list, _named, _size, class_index, names_control, offered
 
 DETECTOR_CLASSES = ("GeneralizedRCNN", "RetinaNet", "FCOS", "SSD")  # torchvision's, by class name
 UTILITIES = ("egl", "gradnorm", "loss", "entropy", "margin", "least-confidence", "uncertain-boxes",
@@ -357,6 +357,12 @@ def _rectangles(row, n, tag, names, ref) -> list[dict]:
     return out
 
 
+def instances(row, n) -> list[tuple]:
+    """A row's boxes as (box, class, score, None) (Task.instances), checked as its pre-labels are."""
+    _rectangles(row, n, Tag("label", "image"), None, None)  # a ValueError for a bad row
+    return [(b[:4], int(b[4]), float(b[5]), None) for b in _json_list(row, n, "boxes")]
+
+
 def _boxes(regions, names) -> dict:
     """Rectangles (percent of the image) -> the labels file's `boxes`, [[x0, y0, x1, y1, class],
     ...] in pixels of the original image (class: its index among the names, else its name), and
@@ -385,6 +391,7 @@ TASK = Task(
     no_badge="a detector's rows have no BADGE embeddings",
     prelabels=_rectangles, unnamed=_unnamed, shown_by_rows=lambda row: "boxes" in row,
     control=names_control("detection", "RectangleLabels", labels=offered), from_annotation=_boxes,
+    instances=instances,
     sized_images=True, model_kind="an object detector", needs_model=not_a_detector,
     normalised_outside=is_hf, model_classes=classes, predict=predict, rows=rows, method=method,
     gradient_utilities=GRADIENT_UTILITIES,

@@ -132,6 +132,16 @@ def prelabels(row, n, tag, names, ref) -> list[dict]:
     return out
 
 
+def instances(row, n) -> list[tuple]:
+    """Detection's instances, each with its keypoints (Task.instances)."""
+    points = _points(row, n)
+    boxes = detection.instances(row, n)
+    if len(points) != len(boxes):
+        raise ValueError(f"row {n} (id '{row.get('id')}') has {len(boxes)} boxes and keypoints of "
+                         f"{len(points)} instances")
+    return [(box, c, s, p) for (box, c, s, _), p in zip(boxes, points)]
+
+
 def _unnamed(row, names) -> bool:
     """A keypoint without a name (fewer names than keypoints) loses its region."""
     counts = [len(p) for p in _loose_list(row.get("keypoints")) if isinstance(p, list)]
@@ -144,7 +154,7 @@ TASK = Task(
     no_badge="a keypoint detector's rows have no BADGE embeddings",
     prelabels=prelabels, unnamed=_unnamed, unnamed_note="keypoints without a name, left out",
     shown_by_rows=lambda row: "keypoints" in row,
-    control=names_control("keypoints", "KeyPointLabels"),
+    control=names_control("keypoints", "KeyPointLabels"), instances=instances,
     names_classes=False,  # --class-names names the keypoints
     sized_images=True, model_kind="a keypoint detector", needs_model=not_a_keypoint_detector,
     model_classes=detection.classes, predict=detection.predict, rows=rows, method=detection.method,

@@ -1,0 +1,126 @@
+"""`select -f coco` and `-f yolo`: a detection (or keypoint) batch's predictions as the files other
+labeling tools (CVAT, Ultralytics, ...) import, images named by their ids (paths relative to the
+pool's folder).
+
+COCO: one JSON document {images, annotations, categories}; an image's `id` is its place in the
+batch (1, 2, ...), a box is [x, y, width, height] in pixels (x, y: top-left corner), its category
+the model's class index (torchvision's background, class 0, is no category), keypoints as
+[x, y, 2 (visible)] * K with the category's `keypoints` names.
+YOLO: a folder: labels/ID.txt per image (the id's suffix replaced; one line per box:
+`class x_center y_center width height`, fractions of the image, then `x y 2` per keypoint),
+images.txt (the ids, in batch order) and data.yaml (the class names, kpt_shape). YOLO classes
+count from 0: a torchvision detector's class c is c - 1.
+"""
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+from typing import Mapping, Sequence
+
+from ..files.atomic import atomic_open
+from ..tasks import TASKS
+from ..tasks.labelstudio import _size, offered
+
+VISIBLE = 2  # COCO's and YOLO's keypoint visibility flag: labeled and visible
+
+
+def _relative(row_id: str) -> str:
+    path = str(row_id).replace("\\", "/")
+    norm = posixpath.normpath(path)
+    if posixpath.isabs(norm) or norm == ".." or norm.startswith("../"):
+        raise ValueError(f"the id '{row_id}' is not a path relative to the pool's folder, which COCO "
+                         f"and YOLO files name images by")
+    return norm
+
+
+def _first_class(names: Sequence[str] | None) -> int:
+    """1 when names[0] is torchvision's background (not a class of the files), else 0."""
+    return 1 if names and offered(names) != list(dict.fromkeys(names)) else 0
+
+
+def _instances(rows: Sequence[Mapping], task: str):
+    """Per row: (n, row, width, height, its instances clipped to the image)."""
+    spec = TASKS[task]
+    if spec.instances is None:
+        raise ValueError(f"COCO and YOLO files hold boxes, and {task} rows have none (detection and "
+                         f"keypoint rows do)")
+    for n, row in enumerate(rows, 1):
+        w, h = _size(row, n, "width"), _size(row, n, "height")
+        found = []
+        for (x0, y0, x1, y1), c, score, points in spec.instances(row, n):
+            x0, x1 = (min(max(v, 0.0), w) for v in (x0, x1))
+            y0, y1 = (min(max(v, 0.0), h) for v in (y0, y1))
+            found.append(((x0, y0, x1, y1), c, score, points))
+        yield n, row, w, h, found
+
+
+def to_coco(rows: Sequence[Mapping], names: Sequence[str] | None, task: str) -> dict:
+    """The batch's predictions as a COCO document. Detection: `names` name the classes (by index);
+    keypoints: they name the keypoints, and the categories are the class indices."""
+    keypoints = TASKS[task].names_classes is False
+    images, annotations, seen = [], [], set()
+    for n, row, w, h, found in _instances(rows, task):
+        images.append({"id": n, "file_name": _relative(row["id"]), "width": w, "height": h})
+        for (x0, y0, x1, y1), c, score, points in found:
+            seen.add(c)
+            ann = {"id": len(annotations) + 1, "image_id": n, "category_id": c,
+                   "bbox": [x0, y0, x1 - x0, y1 - y0], "area": (x1 - x0) * (y1 - y0), "iscrowd": 0,
+                   "score": score}
+            if points is not None:
+                ann["keypoints"] = [v for x, y, _ in points for v in (x, y, VISIBLE)]
+                ann["num_keypoints"] = len(points)
+            annotations.append(ann)
+    if keypoints:
+        count = max((len(a["keypoints"]) // 3 for a in annotations), default=len(names or ()))
+        points = [str(names[k]) if names and k < len(names) else str(k) for k in range(count)]
+        categories = [{"id": c, "name": f"class {c}", "keypoints": points, "skeleton": []}
+                      for c in sorted(seen)]
+    else:
+        start = _first_class(names)
+        named = range(start, len(names)) if names else []
+        categories = [{"id": c, "name": str(names[c]) if names and c < len(names) else str(c)}
+                      for c in sorted(set(named) | seen)]
+    return {"info": {"description": "alcli select -f coco: a batch's predictions"},
+            "images": images, "annotations": annotations, "categories": categories}
+
+
+def to_yolo(rows: Sequence[Mapping], names: Sequence[str] | None, task: str) -> dict[str, str]:
+    """The batch's predictions as YOLO text files: {relative path: content}."""
+    keypoints = TASKS[task].names_classes is False
+    start = 0 if keypoints else _first_class(names)
+    files, listed, classes, kpt = {}, [], set(), 0
+    for n, row, w, h, found in _instances(rows, task):
+        path = _relative(row["id"])
+        listed.append(path)
+        lines = []
+        for (x0, y0, x1, y1), c, score, points in found:
+            classes.add(c - start)
+            fields = [c - start, (x0 + x1) / 2 / w, (y0 + y1) / 2 / h, (x1 - x0) / w, (y1 - y0) / h]
+            for x, y, _ in points or ():
+                fields += [min(max(x, 0.0), w) / w, min(max(y, 0.0), h) / h, VISIBLE]
+            kpt = max(kpt, len(points or ()))
+            lines.append(" ".join(str(v) if isinstance(v, int) else f"{v:.6f}" for v in fields))
+        files[posixpath.join("labels", posixpath.splitext(path)[0] + ".txt")] = \
+            "".join(line + "\n" for line in lines)
+    if keypoints or not names:
+        class_names = {k: f"class {k + start}" for k in sorted(classes)}
+    else:
+        class_names = {k - start: str(names[k]) for k in range(start, len(names))}
+    yaml = ["# alcli select -f yolo: a batch's predictions (labels/), its images (images.txt)",
+            "train: images.txt", "val: images.txt", "names:",
+            *(f"  {k}: {json.dumps(v, ensure_ascii=False)}" for k, v in sorted(class_names.items()))]
+    if keypoints:
+        yaml.append(f"kpt_shape: [{kpt}, 3]")
+    files["data.yaml"] = "\n".join(yaml) + "\n"
+    files["images.txt"] = "".join(p + "\n" for p in listed)
+    return files
+
+
+def write_yolo(files: Mapping[str, str], folder: str) -> None:
+    """The YOLO files under `folder` (each written whole)."""
+    for rel, text in files.items():
+        path = os.path.join(folder, *rel.split("/"))
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with atomic_open(path, "w", encoding="utf-8", newline="\n") as fh:
+            fh.write(text)
