@@ -23,6 +23,7 @@ from ..tasks import TASKS
 from ..tasks.labelstudio import _size, offered
 
 VISIBLE = 2  # COCO's and YOLO's keypoint visibility flag: labeled and visible
+POINTS = "keypoints"  # COCO's field of an annotation's and a category's keypoints
 
 
 def _relative(row_id: str) -> str:
@@ -68,13 +69,13 @@ def to_coco(rows: Sequence[Mapping], names: Sequence[str] | None, task: str) -> 
                    "bbox": [x0, y0, x1 - x0, y1 - y0], "area": (x1 - x0) * (y1 - y0), "iscrowd": 0,
                    "score": score}
             if points is not None:
-                ann["keypoints"] = [v for x, y, _ in points for v in (x, y, VISIBLE)]
+                ann[POINTS] = [v for x, y, _ in points for v in (x, y, VISIBLE)]
                 ann["num_keypoints"] = len(points)
             annotations.append(ann)
     if keypoints:
-        count = max((len(a["keypoints"]) // 3 for a in annotations), default=len(names or ()))
+        count = max((len(a[POINTS]) // 3 for a in annotations), default=len(names or ()))
         points = [str(names[k]) if names and k < len(names) else str(k) for k in range(count)]
-        categories = [{"id": c, "name": f"class {c}", "keypoints": points, "skeleton": []}
+        categories = [{"id": c, "name": f"class {c}", POINTS: points, "skeleton": []}
                       for c in sorted(seen)]
     else:
         start = _first_class(names)
