@@ -255,12 +255,21 @@ def test_three_rounds_of_push_annotate_pull(server, tmp_path, task):
         f"{len(skipped)} skipped pulled ({time.monotonic() - t0:.1f} s)")
 
 
-def test_a_refused_token_is_one_sentence(server, tmp_path):
+def test_a_refused_token_a_missing_project_a_config_of_another_task_are_one_sentence(server, tmp_path):
     (tmp_path / "t.csv").write_text("id,score,pred\na.png,1.0,cat\n")
     result = run(tmp_path, "push", "t.csv", "-p", "any", "--url", server.base, "--image-root", ROOT,
                  code=1, token="not-the-token-0123456789")
     assert result.stderr.count("\n") == 1 and "refused the token (401)" in result.stderr
     assert "not-the-token" not in result.stderr + result.stdout
+    # a project whose config is for another task: classification rows to a box project
+    (tmp_path / "d.csv").write_text('id,score,boxes,width,height\na.png,1.0,"[[1, 2, 3, 4, 1, 0.5]]",8,8\n')
+    (tmp_path / "n.txt").write_text("background\ncat\n")
+    run(tmp_path, "push", "d.csv", "-p", "boxes only", "--setup", "--class-names", "n.txt", "--url",
+        server.base, "--image-root", ROOT, token=server.token)
+    result = run(tmp_path, "push", "t.csv", "-p", "boxes only", "--url", server.base, "--image-root", ROOT,
+                 code=1, token=server.token)
+    assert result.stderr.count("\n") == 1 and "does not fit classification pre-labels: they need " \
+        "<Choices name=\"label\" toName=\"image\"> and its control 'label' is <RectangleLabels" in result.stderr
     result = run(tmp_path, "pull", "-p", "nothing here", "-o", "l.csv", "--url", server.base, code=1,
                  token=server.token)
     assert result.stderr == (f"alcli: error: Label Studio at {server.base} has no project "
