@@ -2,13 +2,15 @@
 make, every failure one sentence (unreachable, refused token, missing project, any other answer).
 
 Written on urllib rather than label-studio-sdk: the SDK pulls a large dependency tree and pins
-numpy below the version alcli installs, and these are a dozen JSON calls. The token is sent in the
-`Authorization: Token ...` header (Label Studio's legacy access token, Account & Settings) and
-never appears in a message, a log line or a file.
+numpy below the version alcli installs, and these are a dozen JSON calls. A personal access token
+(a JWT, Label Studio's default since 1.18) is exchanged for a short-lived access token
+(/api/token/refresh) sent as `Authorization: Bearer ...`; a legacy token is sent as `Token ...`.
+Neither appears in a message, a log line or a file.
 """
 from __future__ import annotations
 
 import json
+import re
 import socket
 import urllib.error
 import urllib.parse
@@ -19,6 +21,7 @@ from ..errors import ConfigError
 from .redact import redacted
 
 TIMEOUT_S = 60
+REFRESH = "/api/token/refresh"  # a personal access token -> an access token
 PAGE = 100  # tasks per page when listing a project's tasks
 
 
@@ -30,6 +33,7 @@ class LabelStudioError(ConfigError):
 class Server:
     url: str    # http(s)://host:port, no trailing '/'
     token: str  # never shown
+    auth: str = ""  # the Authorization header, once known
 
     @property
     def shown(self) -> str:
@@ -38,10 +42,11 @@ class Server:
     def call(self, method: str, path: str, body=None, query: dict | None = None):
         """One JSON request; the decoded answer (None for an empty one)."""
         target = self.url + path + ("?" + urllib.parse.urlencode(query) if query else "")
-        req = urllib.request.Request(
-            target, method=method, data=None if body is None else json.dumps(body).encode(),
-            headers={"Authorization": f"Token {self.token}", "Content-Type": "application/json",
-                     "Accept": "application/json"})
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        if path != REFRESH:
+            headers["Authorization"] = self.auth or self._authorization()
+        req = urllib.request.Request(target, method=method, headers=headers,
+                                     data=None if body is None else json.dumps(body).encode())
         try:
             with urllib.request.urlopen(req, timeout=TIMEOUT_S) as answer:
                 raw = answer.read()
@@ -59,6 +64,19 @@ class Server:
         except ValueError:
             raise LabelStudioError(f"{self.shown}{path} did not answer JSON; is --url (or "
                                    f"LABEL_STUDIO_URL) the address of a Label Studio server?") from None
+
+    def _authorization(self) -> str:
+        """`Token LEGACY`, or `Bearer ACCESS` for a personal access token (a JWT: three base64url
+        parts), exchanged once."""
+        if re.fullmatch(r"[\w-]+\.[\w-]+\.[\w-]+", self.token):
+            access = (self.call("POST", REFRESH, {"refresh": self.token}) or {}).get("access")
+            if not access:
+                raise LabelStudioError(f"Label Studio at {self.shown} gave no access token for the "
+                                       f"personal access token")
+            self.auth = f"Bearer {access}"
+        else:
+            self.auth = f"Token {self.token}"
+        return self.auth
 
     def _refused(self, method: str, path: str, err: urllib.error.HTTPError) -> LabelStudioError:
         if err.code in (401, 403):

@@ -270,6 +270,16 @@ def test_a_refused_token_a_missing_project_a_config_of_another_task_are_one_sent
                  code=1, token=server.token)
     assert result.stderr.count("\n") == 1 and "does not fit classification pre-labels: they need " \
         "<Choices name=\"label\" toName=\"image\"> and its control 'label' is <RectangleLabels" in result.stderr
+    # a personal access token (a JWT, Label Studio's default) works; one with a bad signature is refused
+    pat = server.call("POST", "/api/token/", {})["token"]
+    run(tmp_path, "pull", "-p", "boxes only", "-o", "l.csv", "--url", server.base, token=pat)
+    assert [r["id"] for r in read_csv(tmp_path / "l.csv")] == []
+    head, claims, signature = pat.split(".")
+    forged = ".".join((head, claims, signature[::-1]))
+    result = run(tmp_path, "pull", "-p", "boxes only", "-o", "l.csv", "--url", server.base, code=1,
+                 token=forged)
+    assert result.stderr.count("\n") == 1 and "refused the token (401)" in result.stderr
+    assert signature not in result.stderr and claims not in result.stderr
     result = run(tmp_path, "pull", "-p", "nothing here", "-o", "l.csv", "--url", server.base, code=1,
                  token=server.token)
     assert result.stderr == (f"alcli: error: Label Studio at {server.base} has no project "
