@@ -137,3 +137,13 @@ def test_torchvision_background_is_never_offered(task, tag):
         assert [e.get("value") for e in control] == ["cat", "dog"]
     control = ET.fromstring(labeling_config(task, ["sky", "cat"])).find(tag)
     assert [e.get("value") for e in control] == ["sky", "cat"]
+
+
+def test_keypoints_come_back_in_pixels_by_their_index():
+    regions = [{"original_width": 400, "original_height": 300,
+                "value": {"x": 25.0, "y": 50.0, "width": 0.5, "keypointlabels": ["eye"]}},
+               {"original_width": 400, "original_height": 300,
+                "value": {"x": 100.0, "y": 0.0, "width": 0.5, "keypointlabels": ["nose"]}}]
+    cells = TASKS["keypoints"].from_annotation(regions, ["nose", "eye"])
+    assert json.loads(cells["keypoints"]) == [[100.0, 150.0, 1], [400.0, 0.0, 0]]
+    assert (cells["width"], cells["height"]) == (400, 300)

@@ -26,7 +26,7 @@ from torch import nn
 from ..errors import RunError
 from . import detection
 from .common import Task, uniforms
-from .labelstudio import _json_list, _loose_list, _named, _size, names_control
+from .labelstudio import _json_list, _loose_list, _named, _size, class_index, names_control
 
 POINT_WIDTH = 0.5  # a keypoint's drawn size in Label Studio, percent of the image width
 
@@ -142,6 +142,19 @@ def instances(row, n) -> list[tuple]:
     return [(box, c, s, p) for (box, c, s, _), p in zip(boxes, points)]
 
 
+def _points_back(regions, names) -> dict:
+    """Keypoint regions (percent of the image) -> the labels file's `keypoints`, [[x, y, keypoint],
+    ...] in pixels (keypoint: its index among the names, else its name; Label Studio does not
+    group them into instances), with the image's `width` and `height`."""
+    points, size = [], (None, None)
+    for r in regions:
+        v, w, h = r["value"], r["original_width"], r["original_height"]
+        size = (w, h)
+        points += [[v["x"] * w / 100.0, v["y"] * h / 100.0, class_index(label, names)]
+                   for label in v.get("keypointlabels", [])]
+    return {"keypoints": json.dumps(points, ensure_ascii=False), "width": size[0], "height": size[1]}
+
+
 def _unnamed(row, names) -> bool:
     """A keypoint without a name (fewer names than keypoints) loses its region."""
     counts = [len(p) for p in _loose_list(row.get("keypoints")) if isinstance(p, list)]
@@ -155,6 +168,7 @@ TASK = Task(
     prelabels=prelabels, unnamed=_unnamed, unnamed_note="keypoints without a name, left out",
     shown_by_rows=lambda row: "keypoints" in row,
     control=names_control("keypoints", "KeyPointLabels"), instances=instances,
+    from_annotation=_points_back,
     names_classes=False,  # --class-names names the keypoints
     sized_images=True, model_kind="a keypoint detector", needs_model=not_a_keypoint_detector,
     model_classes=detection.classes, predict=detection.predict, rows=rows, method=detection.method,
