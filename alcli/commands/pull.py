@@ -9,14 +9,15 @@ import typer
 from ..files.classnames import read_class_names
 from ..files.labelstudio_api import connect
 from . import shared
-from .options import (LABELING, OUTPUT, ClassNames, FromName, LogFormat, Project, Quiet, Task, Token, Url,
-                      under)
+from .options import (LABELING, OUTPUT, ClassNames, FromName, LogFormat, Project, Quiet, Task,
+                      Token, Url, under)
 
 EPILOG = """The labels file: a CSV, one row per annotated task (its latest submitted annotation):
 id, then what the task's labels are: label (a class name; names joined by |;
 a number; [[start, end, type], ...] spans), boxes ([[x0, y0, x1, y1, class],
-...] in pixels, class by its index in --class-names, else by name) with width
-and height, or mask (a PNG of class indices under OUTPUT_masks/). The tasks
+...] in pixels, class by its index in --class-names, else by name) or
+keypoints ([[x, y, keypoint], ...]) with width and height, or mask (a PNG of
+class indices under OUTPUT_masks/, OUTPUT's name without .csv). The tasks
 skipped by annotators go to OUTPUT.skipped.csv (id,reason). Both files name
 examples by id, as --exclude reads them.
 
