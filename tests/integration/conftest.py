@@ -6,6 +6,7 @@ minutes on two cores) into a template under .pytest_cache; later runs copy it.
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -82,23 +83,26 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 def _template(exe: str, cache: Path, out: Path) -> Path:
-    """A migrated data folder with the test user, made once per label-studio install."""
+    """A migrated data folder with the test user, made once per label-studio install (pytest-xdist
+    workers wait for the one making it: a lock file)."""
     done = cache / "template"
-    if (done / "label_studio.sqlite3").is_file():
+    with open(cache / "template.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (done / "label_studio.sqlite3").is_file():
+            return done
+        work = cache / f"making-{os.getpid()}"
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
+        t0 = time.monotonic()
+        proc = _start(exe, work, _free_port(), out)
+        try:
+            _wait(proc, int(proc.args[proc.args.index("-p") + 1]), 900, out)
+        finally:
+            _stop(proc)
+        log(f"migrated a template database in {time.monotonic() - t0:.1f} s ({done})")
+        shutil.rmtree(done, ignore_errors=True)
+        work.rename(done)
         return done
-    work = cache / f"making-{os.getpid()}"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    t0 = time.monotonic()
-    proc = _start(exe, work, _free_port(), out)
-    try:
-        _wait(proc, int(proc.args[proc.args.index("-p") + 1]), 900, out)
-    finally:
-        _stop(proc)
-    log(f"migrated a template database in {time.monotonic() - t0:.1f} s ({done})")
-    shutil.rmtree(done, ignore_errors=True)
-    work.rename(done)
-    return done
 
 
 class Server:
