@@ -348,7 +348,7 @@ def test_help_reads_cleanly_at_80_columns():
     """Every command's help at COLUMNS=80: no line over 80, no Typer type tags, no `{ARG}`, no
     line broken after "[default:" or inside a hyphenated word, examples whole on their lines, and
     --format naming labelstudio only where select takes it."""
-    for command in ("", "score", "merge", "select", "inspect", "simulate"):
+    for command in ("", "score", "merge", "select", "push", "pull", "inspect", "simulate"):
         text = ok(cli(*filter(None, [command]), "--help", env={"COLUMNS": "80"})).stdout
         lines = text.splitlines()
         assert max(map(len, lines)) <= 80, command

@@ -25,7 +25,8 @@ Examples:
 
 \b
 alcli pull -p cats -o labels.csv
-alcli score pool/ --exclude labels.csv --exclude labels.skipped.csv -o scores.csv
+alcli score pool/ -o scores.csv --exclude labels.csv \\
+    --exclude labels.skipped.csv
 """
 
 

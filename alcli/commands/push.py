@@ -11,13 +11,16 @@ from . import shared
 from .options import (LABELING, SELECTION, ClassNames, Config, Exclude, FromName, ImageRoot,
                       LogFormat, Project, Quiet, Task, Token, ToName, Url, Verbose, under)
 
-EPILOG = """Examples:
+EPILOG = """The examples find the server and its token in LABEL_STUDIO_URL and
+LABEL_STUDIO_API_KEY.
+
+Examples:
 
 \b
-export LABEL_STUDIO_URL=http://localhost:8080 LABEL_STUDIO_API_KEY=...
 alcli push scores.csv -n 100 -p cats --setup --class-names names.txt \\
     --image-root 'http://localhost:8080/data/local-files/?d=pool'
-alcli select scores.csv -n 100 --diverse -o batch.csv && alcli push batch.csv -p cats
+alcli select scores.csv -n 100 --diverse -o batch.csv
+alcli push batch.csv -p cats
 alcli pull -p cats -o labels.csv
 alcli push scores2.csv -n 100 -p cats --exclude labels.csv
 """
