@@ -13,7 +13,6 @@ from __future__ import annotations
 import csv
 import hashlib
 import os
-import re
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,12 +25,10 @@ from .errors import ConfigError
 from .files.atomic import atomic_open
 from .files.config import Settings
 from .files.labelstudio_api import LabelStudioError, Server
-from .selection.export import ImageRootError, _inside, labeling_config
+from .selection.export import (IMAGE_ROOT_HINT, ImageRootError, _inside, labeling_config,
+                               unreachable_image)
 from .selection.pick import labelstudio_tasks
 from .tasks import TASKS
-
-_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://|/)")  # what a server can open: a URL, a path on it
-
 
 @dataclass
 class Pushed:
@@ -103,12 +100,9 @@ def push(server: Server, settings: Settings, scores: str, project: str, setup: b
     field_ = "image" if picked.texts is None else "text"
     tasks = labelstudio_tasks(picked.rows, settings, picked.meta, picked.texts,
                               picked.class_names, picked.task)
-    if field_ == "image":
-        bare = next((t["data"]["image"] for t in tasks if not _URL.match(t["data"]["image"])), None)
-        if bare is not None:
-            raise ConfigError(f"the image '{bare}' is no address the server can open; pass "
-                              f"--image-root URL (an object store's, or the server's own local files: "
-                              f"its address and /data/local-files/?d=FOLDER)")
+    bare = unreachable_image(tasks)
+    if bare is not None:
+        raise ConfigError(f"the image '{bare}' is no address the server can open; {IMAGE_ROOT_HINT}")
     found = server.find_project(project)
     config = None
     if setup:

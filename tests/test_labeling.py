@@ -147,3 +147,15 @@ def test_keypoints_come_back_in_pixels_by_their_index():
     cells = TASKS["keypoints"].from_annotation(regions, ["nose", "eye"])
     assert json.loads(cells["keypoints"]) == [[100.0, 150.0, 1], [400.0, 0.0, 0]]
     assert (cells["width"], cells["height"]) == (400, 300)
+
+
+def test_bare_ids_in_label_studio_tasks_are_warned_about(tmp_path, monkeypatch):
+    """Without --image-root, data.image holds the ids, which a server cannot open: said once."""
+    (tmp_path / "t.csv").write_text("id,score,pred\nimgs/a.png,1.0,cat\nhttp://h/b.png,0.5,cat\n")
+    result = run(tmp_path, monkeypatch, "select", "t.csv", "-n", 2, "--no-diverse", "-f", "labelstudio")
+    assert result.exit_code == 0
+    assert ("data.image holds ids a Label Studio server cannot open (the first is 'imgs/a.png'); "
+            "pass --image-root URL") in result.stderr
+    result = run(tmp_path, monkeypatch, "select", "t.csv", "-n", 2, "--no-diverse", "-f", "labelstudio",
+                 "--image-root", "http://images.example/")
+    assert result.exit_code == 0 and "cannot open" not in result.stderr

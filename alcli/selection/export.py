@@ -110,6 +110,18 @@ def to_labelstudio(rows: Sequence[Mapping], image_root: str | None, model_versio
     return tasks
 
 
+def unreachable_image(tasks: Sequence[Mapping]) -> str | None:
+    """The first `data.image` a Label Studio server cannot open (neither a URL nor a path on the
+    server such as its /data/local-files/?d=...), or None."""
+    return next((t["data"]["image"] for t in tasks if "image" in t["data"]
+                 and not _URL.match(t["data"]["image"]) and not t["data"]["image"].startswith("/data/")),
+                None)
+
+
+IMAGE_ROOT_HINT = ("pass --image-root URL (an object store's, or the server's own local files: its "
+                   "address and /data/local-files/?d=FOLDER)")
+
+
 def _nothing(row, n, tag, names, ref) -> list[dict]:
     return []
 

@@ -35,8 +35,9 @@ from ..tasks import TASKS, from_rows
 from .choose import choose
 from .coco_yolo import to_coco, to_yolo, write_yolo
 from .exclusions import Exclusions, ExclusionsError, excluded_ids, read_exclusion_files
-from .export import (ImageRootError, contact_sheet, labeling_config, model_version_from, text_sheet,
-                     to_labelstudio, unnamed, write_json, write_text)
+from .export import (IMAGE_ROOT_HINT, ImageRootError, contact_sheet, labeling_config,
+                     model_version_from, text_sheet, to_labelstudio, unnamed, unreachable_image,
+                     write_json, write_text)
 from .rank import is_scored, order_key, rank
 from .typical import select_typical
 
@@ -238,12 +239,24 @@ def pick(settings: Settings, rows: list[dict], plan: SelectPlan, *, embeddings=N
     if handoff and is_text(chosen, pool, plan.meta):
         picked.texts, more = whole_texts(chosen, settings, pool, plan.meta)
         picked.notes.extend(more)
+    if settings.format == "labelstudio" and picked.texts is None and not settings.image_root:
+        picked.notes.extend(_unopenable(chosen))
     if settings.contact_sheet and picked.texts is not None:
         draw_text_sheet(chosen, picked.texts, settings)
     elif settings.contact_sheet:
         paths = image_files(chosen, settings, pool, plan.meta)
         picked.notes.extend(draw_sheet(chosen, paths, settings))
     return picked
+
+
+def _unopenable(rows: list[dict]) -> list[str]:
+    """A warning when, without --image-root, data.image will hold ids a Label Studio server cannot
+    open (not URLs)."""
+    bare = unreachable_image([{"data": {"image": str(r["id"])}} for r in rows])
+    if bare is None:
+        return []
+    return [f"data.image holds ids a Label Studio server cannot open (the first is '{bare}'); "
+            f"{IMAGE_ROOT_HINT}"]
 
 
 def _cold_start_note(settings: Settings, ranked: list[dict], labeled: int) -> list[str]:
