@@ -49,12 +49,15 @@ def test_an_unreachable_server_is_one_sentence_without_the_token(tmp_path, monke
 
 
 @pytest.mark.parametrize("env, culprit", [
+    ({"LABEL_STUDIO_URL": "http://localhost:1", "LABEL_STUDIO_API_KEY": TOKEN, "OUT": "-"},
+     "pull writes a labels file with its masks and skipped tasks beside it; name it with -o FILE"),
     ({}, "no Label Studio server given; pass --url URL or set LABEL_STUDIO_URL"),
     ({"LABEL_STUDIO_URL": "http://localhost:1"}, "no Label Studio access token given"),
     ({"LABEL_STUDIO_URL": "ftp://x", "LABEL_STUDIO_API_KEY": TOKEN}, "--url ftp://x is not an http(s)"),
 ])
 def test_a_missing_server_or_token_is_one_sentence(tmp_path, monkeypatch, env, culprit):
-    assert_one_error(run(tmp_path, monkeypatch, "pull", "-p", "x", "-o", "l.csv", env=env), culprit, env)
+    out = env.pop("OUT", "l.csv")
+    assert_one_error(run(tmp_path, monkeypatch, "pull", "-p", "x", "-o", out, env=env), culprit, env)
 
 
 def test_bare_ids_are_refused_before_the_server_is_asked(tmp_path, monkeypatch):

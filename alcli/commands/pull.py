@@ -6,6 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from ..errors import AlcliError
 from ..files.classnames import read_class_names
 from ..files.labelstudio_api import connect
 from . import shared
@@ -48,6 +49,9 @@ def pull(
     settings = shared.settings_from(None, {"quiet": quiet, "log_format": log_format,
                                            "task": task, "model": "(pull reads no config)"})
     r = shared.reporter(settings)
+    if output == "-":
+        raise AlcliError("pull writes a labels file with its masks and skipped tasks beside it; "
+                         "name it with -o FILE")
     names = read_class_names(class_names, "option --class-names") if class_names else None
     out = Path(output)
     skipped = skipped or str(out.with_name(out.stem + ".skipped.csv"))
