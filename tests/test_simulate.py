@@ -128,7 +128,9 @@ def test_simulate_bad_input_is_one_sentence(folder):
               "the training command exited with code 3 in round 0 (strategy margin, seed 0)"),
              (("pool.pt", "--train", "true {model}"), "the training command wrote no checkpoint"),
              (("pool.pt", "--train", TRAIN_CMD, "--strategies", "margin+kmeans"),
-              "option --strategies: 'margin+kmeans' is not NAME or NAME+MODE")]
+              "option --strategies: 'margin+kmeans' is not NAME or NAME+MODE"),
+             (("pool.pt", "--train", TRAIN_CMD + " {foo}"),
+              "option --train: {foo} is not a placeholder alcli fills")]
     for extra, says in cases:
         strategies = () if "--strategies" in extra else ("--strategies", "margin")
         out = alcli("simulate", *extra, *args, *strategies, cwd=folder)
@@ -222,3 +224,93 @@ def test_simulate_scores_with_the_transform_flags(tmp_path):
         assert out.returncode == 0, out.stderr
         accuracy[extra] = [float(r["accuracy"]) for r in read(tmp_path / f"curves{len(extra)}.csv")]
     assert accuracy == {(): [0.5, 0.5], ("--normalize", "0.65,0.65,0.65/0.1,0.1,0.1"): [1.0, 1.0]}
+
+
+def test_seeds_as_a_count_a_range_or_a_list():
+    from alcli.errors import ConfigError
+    from alcli.simulate import parse_seeds
+
+    assert parse_seeds("3") == [0, 1, 2] and parse_seeds("5-7") == [5, 6, 7]
+    assert parse_seeds("0,3,7") == [0, 3, 7] and parse_seeds("4") == [0, 1, 2, 3]
+    for bad in ("3-1", "a", "1,1", "-2", ""):
+        with pytest.raises(ConfigError, match="option --seeds"):
+            parse_seeds(bad)
+
+
+def test_t_p_is_student_t_two_sided():
+    from alcli.simulate import t_p
+
+    scipy_stats = pytest.importorskip("scipy.stats")
+    for df in (1, 2, 3, 4, 7, 10, 29):
+        for t in (0.0, 0.3, 1.0, 2.1, -2.1, 4.5):
+            assert t_p(t, df) == pytest.approx(2 * scipy_stats.t.sf(abs(t), df), abs=1e-12)
+
+
+def test_simulate_split_by_seed_merges_resumes_and_reports(folder):
+    """{pool} reaches the command (the pools live in data/, the script reads the one it is
+    given); one process over seeds 0,2 against two processes (0-0, 2-2) sharing a work folder and
+    a third run of all the seeds that trains nothing; the report against the table by hand."""
+    import statistics
+
+    (folder / "data").mkdir()
+    (folder / "pool.pt").rename(folder / "data" / "pool.pt")
+    (folder / "train.py").write_text(TRAIN.replace('torch.load("pool.pt")', "torch.load(sys.argv[4])"))
+    train = TRAIN_CMD + " {pool} && echo {pool} {strategy} {seed} {round} >> runs.txt"
+    args = ("simulate", "data/pool.pt", "--eval", "test.pt", "--arch", "toy:Net",
+            "--trust-checkpoint", "--train", train, "--init", 6, "-n", 5, "--rounds", 1,
+            "--strategies", "margin,random")
+
+    def runs():
+        return (folder / "runs.txt").read_text().splitlines()
+
+    one = alcli(*args, "--seeds", "0,2", "-o", "one.csv", "--workdir", "w1", cwd=folder)
+    assert one.returncode == 0, one.stderr
+    assert sorted(runs()) == sorted(f"data/pool.pt {s} {seed} {r}" for s in ("margin", "random")
+                                    for seed in (0, 2) for r in (0, 1))
+    for seeds in ("0-0", "2-2"):
+        part = alcli(*args, "--seeds", seeds, "-o", f"part{seeds}.csv", "--workdir", "w2", cwd=folder)
+        assert part.returncode == 0, part.stderr
+    assert len(runs()) == 16
+    merged = alcli(*args, "--seeds", "0,2", "-o", "all.csv", "--workdir", "w2",
+                   "--report", "report.csv", cwd=folder)
+    assert merged.returncode == 0, merged.stderr
+    assert len(runs()) == 16  # every round was finished: no training
+    assert read(folder / "all.csv") == read(folder / "one.csv")
+    assert [r["seed"] for r in read(folder / "all.csv")] == ["0"] * 4 + ["2"] * 4
+
+    other = alcli(*args, "--seeds", "0,2", "--init", 5, "-o", "x.csv", "--workdir", "w2", cwd=folder)
+    assert other.returncode == 1 and "Traceback" not in other.stderr
+    assert other.stderr.strip().splitlines()[-1].startswith(
+        "alcli: error: the work folder w2 holds rounds run with other settings (init: 6, now 5)")
+    assert len(runs()) == 16
+
+    # the report by hand: AULC per seed = mean accuracy over the rounds, in points
+    table = read(folder / "one.csv")
+    per = {s: {seed: 100 * np.mean([float(r["accuracy"]) for r in table
+                                    if r["strategy"] == s and r["seed"] == seed])
+               for seed in ("0", "2")} for s in ("margin", "random")}
+    report = {r["strategy"]: r for r in read(folder / "report.csv")}
+    assert set(report) == {"margin", "random"}
+    for s, seeds in per.items():
+        assert float(report[s]["aulc"]) == pytest.approx(np.mean(list(seeds.values())), abs=1e-3)
+        assert float(report[s]["sd"]) == pytest.approx(statistics.stdev(seeds.values()), abs=1e-3)
+        assert float(report[s]["score_s_per_round"]) > 0
+        assert float(report[s]["aulc_per_score_s"]) == pytest.approx(
+            float(report[s]["aulc"]) / float(report[s]["score_s_per_round"]), rel=1e-6)
+    d = [per["margin"][k] - per["random"][k] for k in ("0", "2")]
+    margin = report["margin"]
+    assert float(margin["vs_random"]) == pytest.approx(np.mean(d), abs=1e-3)
+    assert int(margin["vs_random_wins"]) == sum(v > 1e-6 for v in d)
+    assert int(margin["vs_random_losses"]) == sum(v < -1e-6 for v in d)
+    assert report["random"]["vs_random"] == "" and margin["vs_default"] == ""  # egl+badge not run
+    if np.std(d, ddof=1) > 1e-3:
+        try:
+            from scipy.stats import ttest_rel
+        except ImportError:
+            want = None
+        else:
+            want = ttest_rel([per["margin"][k] for k in ("0", "2")],
+                             [per["random"][k] for k in ("0", "2")]).pvalue
+        if want is not None:
+            assert float(margin["vs_random_p"]) == pytest.approx(want, abs=1e-3)
+    assert "margin: AULC" in merged.stderr and "(sd " in merged.stderr and "vs random" in merged.stderr
