@@ -178,7 +178,8 @@ def same_plan(plan: Plan) -> None:
     """Record the plan in the work folder, or refuse one whose finished rounds ran otherwise (a
     folder with no finished round takes the new plan)."""
     mine = {k: getattr(plan, k) for k in SAME}
-    mine["settings"] = {k: str(v) for k, v in sorted(plan.settings.items())}
+    mine["settings"] = {k: str(v) for k, v in sorted(plan.settings.items())
+                        if v is not None and k != "quiet"}
     path = plan.workdir / PLAN_FILE
     if path.is_file() and any(plan.workdir.glob(f"*/seed*/round*/{DONE}")):
         theirs = json.loads(path.read_text())
