@@ -27,7 +27,8 @@ EPILOG = """The training command's contract:
   {pool}     the pool as given (POOL), for a pool whose labeled.csv
              holds only id,label (a tensor file)
   {round} {seed} {strategy} {workdir}: for its logs or seeds
-Any other {name} is refused. It runs in a shell, in the current folder, each placeholder replaced by
+  any other {name} is refused
+It runs in a shell, in the current folder, each placeholder replaced by
 its value quoted as one word (do not quote placeholders yourself); a
 non-zero exit stops the simulation. Each round's labeled.csv and
 train.log stay in --workdir; checkpoints are removed once used.
@@ -67,7 +68,7 @@ def simulate(
         show_default=False)]
     = "margin,egl,random",
     seeds: Annotated[str, typer.Option(
-        metavar="N|A-B|A,B", show_default=False, help="A count N (seeds 0..N-1), a range A-B or "
+        metavar="SEEDS", show_default=False, help="A count N (seeds 0..N-1), a range A-B or "
         "a list A,B,C; a seed's first random examples are the same for every strategy. "
         "[default: 3]")] = "3",
     init: Annotated[int, typer.Option(
