@@ -17,32 +17,16 @@ from pathlib import Path
 
 import pytest
 import yaml
-from typer.testing import CliRunner
 
-from alcli.cli import app
 from alcli.files.config import PATH_KEYS
 from alcli.files.outputs import OUTPUT_KEYS
 from alcli.files.table import read_table, write_table
 from cli_errors import assert_one_error
+from shell import invoke_in as run, ok
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "configs" / "default.yaml"
 NAMES = [str(k) for k in range(1, 11)]  # seq 1 10: class index i is named i + 1
-runner = CliRunner()
-
-
-def run(cwd: Path, *args, stdin=None):
-    old = os.getcwd()
-    os.chdir(cwd)
-    try:
-        return runner.invoke(app, [str(a) for a in args], input=stdin)
-    finally:
-        os.chdir(old)
-
-
-def ok(result):
-    assert result.exit_code == 0, result.stderr + result.stdout
-    return result
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +69,7 @@ def test_a_piped_table_with_pred_index_is_read_by_it(scored):
     """On stdin there is no meta.json: the pred_index column says pred holds names."""
     want = predicted(scored)
     out = ok(run(scored, "select", "-", "-n", 60, "--no-diverse", "-f", "labelstudio",
-                 "--class-names", "names.txt", stdin=(scored / "t.csv").read_text()))
+                 "--class-names", "names.txt", input=(scored / "t.csv").read_text()))
     got = choices(out.stdout)
     assert len(got) == 60 and all(got[i] == [want[i]] for i in got)
     # the batch written back as a table keeps each row's class
@@ -246,7 +230,7 @@ def test_a_cell_with_any_line_break_reads_back(tmp_path, fmt):
     assert [(r["id"], r["text"]) for r in back] == [(r["id"], r["text"]) for r in rows]
     stdin = path.read_bytes().decode()
     out = ok(run(tmp_path, "select", "-", "-n", len(rows), "--no-diverse", "-f", "jsonl",
-                 stdin=stdin))
+                 input=stdin))
     got = [json.loads(line) for line in out.stdout.splitlines()]
     assert [(r["id"], r["text"]) for r in got] == [(r["id"], r["text"]) for r in rows]
 

@@ -19,37 +19,19 @@ import pytest
 import torch
 import torch.nn.functional as F
 from PIL import Image
-from typer.testing import CliRunner
 
-from alcli.cli import app
 from alcli.selection.export import PAD, sheet_layout
 from cli_errors import assert_one_error
 from conftest import parse_csv
+from shell import invoke_in as cli, ok
 
 pytest.importorskip("transformers")
 import hf_models  # noqa: E402
 
-runner = CliRunner()
 EXPORTS = Path(__file__).resolve().parent / "data" / "labelstudio"
 NAMES = ["sports", "politics", "science"]
 TEXTS = [line for line in (EXPORTS / "texts.txt").read_text().splitlines()]
 LONG = 5  # TEXTS[LONG] is 81 characters: cut in tables of --text-width 30 or less
-
-
-def cli(root, *args, input=None):
-    """`alcli ARGS` with `root` as the working directory."""
-    import os
-    old = os.getcwd()
-    os.chdir(root)
-    try:
-        return runner.invoke(app, [str(a) for a in args], input=input)
-    finally:
-        os.chdir(old)
-
-
-def ok(result):
-    assert result.exit_code == 0, result.stderr + result.stdout
-    return result
 
 
 @pytest.fixture(scope="module")
