@@ -103,6 +103,7 @@ PROTOCOLS = {"digits": (20, (10, 20, 50), 300), "breast_cancer": (20, (10, 20, 5
              "seattle_weather": (20, (20,), 300), "chatterbot_text": (20, (20,), 300),
              "textures": (20, (20,), 300), "colour_patches": (20, (20,), 300)}
 TEXT_MIN_CONVERSATIONS = 40  # chatterbot_text keeps the topics with at least this many
+LONG_TAILED = ("seattle_weather", "textures")  # largest class >= 15x the smallest: the rare-class test
 IMAGE_SETS = ("digits", "textures", "colour_patches")  # [N, channels, H, W]; the CNN runs on these
 CNN_ONLY = ("textures", "colour_patches")              # no MLP setting for these
 GREY_SOURCES = ("brick", "grass", "gravel", "camera", "coins", "moon", "page", "text", "cell",
@@ -745,13 +746,17 @@ def default_table(curves: dict, default: str = "egl+div") -> list[str]:
                 (better if d > 0 else worse).append(f"{setting} ({'balanced ' if metric == 'bacc' else ''}"
                                                     f"accuracy {d:+.2f}, p {p:.3f})")
     keep = not worse and bool(better)
+    rare = [f"{s.split('/')[0]} {_cell(pm, default, cheapest, 'bacc')[2]}" for s, pm in curves.items()
+            if s.split("/")[0] in LONG_TAILED]
     lines += ["", f"Scoring seconds per round over all settings: " + ", ".join(
         f"{m} {score_s[m]:.3f}" for m in sorted(informed, key=score_s.get)) + ".",
               "", f"Default rule (issue 39): keep {default} only if it is not significantly worse "
               f"(paired t, p < 0.05) than the cheapest informed strategy ({cheapest}) on any data "
               f"set, and significantly better somewhere. Significantly worse: "
               f"{'; '.join(worse) or 'nowhere'}. Significantly better: {'; '.join(better) or 'nowhere'}. "
-              f"=> {'keep ' + default if keep else 'switch to ' + cheapest}."]
+              f"=> {'keep ' + default if keep else 'switch to ' + cheapest}.",
+              "", f"Rare classes ({default} - {cheapest} on the balanced-accuracy AULC of the "
+              f"long-tailed sets, p, seeds won/lost): {'; '.join(rare) or 'none run'}."]
     return lines
 
 
