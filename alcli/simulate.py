@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import json
 import math
 import os
 import re
 import shlex
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,7 +35,7 @@ from .files.config import DIVERSE_MODES, STRATEGY_NAMES, Settings
 from .files.sources import open_pool
 from .files.pool import PoolOptions
 
-PLACEHOLDERS = ("labeled", "model", "round", "seed", "strategy", "workdir")
+PLACEHOLDERS = ("labeled", "model", "pool", "round", "seed", "strategy", "workdir")
 COLUMNS = ("strategy", "seed", "round", "labels", "accuracy")
 
 
@@ -45,12 +47,45 @@ class Plan:
     eval_pool: str
     train: str                 # the training command, with {labeled} and {model} in it
     strategies: list[str]      # NAME or NAME+badge / NAME+cluster-margin
-    seeds: int
+    seeds: list[int]
     init: int                  # random labeled examples before round 0
     budget: int                # examples selected per round
     rounds: int                # selections; rounds + 1 checkpoints are evaluated
     workdir: Path
     output: str | None = None  # the curves CSV, rewritten after every round
+    settings: dict = dataclasses.field(default_factory=dict)  # the scoring flags given
+
+
+# what a finished round must have been run with to be reused (strategies and seeds may grow)
+SAME = ("pool", "eval_pool", "train", "init", "budget", "rounds", "settings")
+
+
+def parse_seeds(spec: str) -> list[int]:
+    """'3' -> [0, 1, 2] (a count); '5-9' -> [5..9]; '0,3,7' -> [0, 3, 7]; else a ConfigError."""
+    spec = spec.strip()
+    try:
+        if re.fullmatch(r"\d+", spec):
+            seeds = list(range(int(spec)))
+        elif re.fullmatch(r"\d+-\d+", spec):
+            first, last = map(int, spec.split("-"))
+            seeds = list(range(first, last + 1))
+        else:
+            seeds = [int(v) for v in spec.split(",") if v.strip()]
+    except ValueError:
+        seeds = []
+    if not seeds or min(seeds) < 0 or len(set(seeds)) != len(seeds):
+        raise ConfigError(f"option --seeds: '{spec}' is not a count N (seeds 0..N-1), a range "
+                          f"A-B or a list of distinct seeds A,B,C")
+    return seeds
+
+
+def check_train(command: str) -> None:
+    """A {name} in the training command that alcli does not fill is a ConfigError (${VAR}, the
+    shell's, is left alone)."""
+    for name in re.findall(r"(?<!\$)\{([A-Za-z_]\w*)\}", command):
+        if name not in PLACEHOLDERS:
+            raise ConfigError(f"option --train: {{{name}}} is not a placeholder alcli fills; it "
+                              f"fills {', '.join('{' + p + '}' for p in PLACEHOLDERS)}")
 
 
 def check_strategies(spec: str) -> list[str]:
@@ -104,25 +139,68 @@ def simulate(base: Settings, plan: Plan, say=lambda line: None) -> list[dict]:
                           f"needs more labels than the pool {plan.pool} has ({len(ids)} examples)")
     pool_labels(base, plan.eval_pool, "the eval pool")  # labeled, before any training
     make_folder(plan.workdir, f"the work folder {plan.workdir}")
+    same_plan(plan)
     rows: list[dict] = []
-    for seed in range(plan.seeds):
+    for seed in plan.seeds:
         start = np.random.default_rng(seed).choice(len(ids), plan.init, replace=False)
         for strategy in plan.strategies:
             labeled = [ids[i] for i in sorted(start.tolist())]  # the same start for every strategy
             for r in range(plan.rounds + 1):
                 where = plan.workdir / strategy / f"seed{seed}" / f"round{r}"
-                model = train(plan, where, labeled, ids, labels, paths, strategy, seed, r)
-                acc = accuracy(base, plan.eval_pool, model)
+                done = finished(where, labeled)
+                if done is None:
+                    model = train(plan, where, labeled, ids, labels, paths, strategy, seed, r)
+                    acc = accuracy(base, plan.eval_pool, model)
+                    began = time.perf_counter()
+                    picked = choose(base, plan, model, strategy, seed, labeled) \
+                        if r < plan.rounds else []
+                    done = {"labels": len(labeled), "accuracy": acc, "picked": picked,
+                            "score_s": time.perf_counter() - began if r < plan.rounds else None}
+                    with atomic_open(where / DONE, "w") as f:  # last: the round's mark
+                        json.dump(done, f)
+                    model.unlink()  # labeled.csv and train.log stay; checkpoints can be large
+                    say(f"{strategy} seed {seed} round {r}: {len(labeled)} labels, "
+                        f"accuracy {100 * acc:.1f}%")
                 rows.append({"strategy": strategy, "seed": seed, "round": r,
-                             "labels": len(labeled), "accuracy": acc})
-                say(f"{strategy} seed {seed} round {r}: {len(labeled)} labels, "
-                    f"accuracy {100 * acc:.1f}%")
+                             "labels": done["labels"], "accuracy": done["accuracy"],
+                             "score_s": done["score_s"]})
                 if plan.output:
                     write_curves(rows, plan.output)
-                if r < plan.rounds:
-                    labeled += choose(base, plan, model, strategy, seed, labeled)
-                model.unlink()  # labeled.csv and train.log stay; checkpoints can be large
+                labeled = labeled + done["picked"]
     return rows
+
+
+DONE = "done.json"  # a finished round: its accuracy, the ids it picked, its scoring time
+PLAN_FILE = "plan.json"  # the settings the work folder's rounds were run with
+
+
+def same_plan(plan: Plan) -> None:
+    """Record the plan in the work folder, or refuse one whose finished rounds ran otherwise (a
+    folder with no finished round takes the new plan)."""
+    mine = {k: getattr(plan, k) for k in SAME}
+    mine["settings"] = {k: str(v) for k, v in sorted(plan.settings.items())
+                        if v is not None and k != "quiet"}
+    path = plan.workdir / PLAN_FILE
+    if path.is_file() and any(plan.workdir.glob(f"*/seed*/round*/{DONE}")):
+        theirs = json.loads(path.read_text())
+        differs = next((k for k in SAME if theirs.get(k) != mine[k]), None)
+        if differs:
+            raise ConfigError(f"the work folder {plan.workdir} holds rounds run with other "
+                              f"settings ({differs}: {theirs.get(differs)!r}, now "
+                              f"{mine[differs]!r}); give another --workdir or the same settings")
+        return
+    with atomic_open(path, "w") as f:
+        json.dump(mine, f)
+
+
+def finished(where: Path, labeled: list[str]) -> dict | None:
+    """The round's record when it finished with these labeled ids (its labeled.csv), else None."""
+    if not (where / DONE).is_file() or not (where / "labeled.csv").is_file():
+        return None
+    with open(where / "labeled.csv", newline="") as f:
+        if [row["id"] for row in csv.DictReader(f)] != [str(i) for i in labeled]:
+            return None
+    return json.loads((where / DONE).read_text())
 
 
 def train(plan: Plan, where: Path, labeled: list[str], ids: list[str], labels: list,
@@ -137,7 +215,7 @@ def train(plan: Plan, where: Path, labeled: list[str], ids: list[str], labels: l
         for i in labeled:
             w.writerow([i, labels[index[i]]] + ([paths[index[i]]] if paths else []))
     model.unlink(missing_ok=True)
-    values = {"labeled": listing, "model": model, "round": r, "seed": seed, "strategy": strategy,
+    values = {"labeled": listing, "model": model, "pool": plan.pool, "round": r, "seed": seed, "strategy": strategy,
               "workdir": plan.workdir}
     # one pass, each value one shell word whatever it holds ($, ;, spaces, a placeholder's name)
     command = re.sub(r"\{(" + "|".join(PLACEHOLDERS) + r")\}",
@@ -194,25 +272,109 @@ def choose(base: Settings, plan: Plan, model: Path, strategy: str, seed: int,
 
 def write_curves(rows: list[dict], dest: str) -> None:
     with atomic_open(dest, "w", newline="") as f:
-        w = csv.DictWriter(f, COLUMNS)
+        w = csv.DictWriter(f, COLUMNS, extrasaction="ignore")
         w.writeheader()
         for r in rows:
             w.writerow({**r, "accuracy": f"{r['accuracy']:.6f}"})
 
 
-def aulc(rows: list[dict]) -> dict[str, tuple[float, float]]:
-    """strategy -> (mean, std over seeds) of the AULC: the mean accuracy over the evaluated
-    rounds, in points (as benchmarks/learning_curves.py's AUC)."""
+def aulc(rows: list[dict]) -> dict[str, dict[int, float]]:
+    """strategy -> seed -> the AULC: the mean accuracy over the evaluated rounds, in points (as
+    benchmarks/learning_curves.py's AUC)."""
     per: dict[str, dict[int, list[float]]] = {}
     for r in rows:
-        per.setdefault(r["strategy"], {}).setdefault(r["seed"], []).append(100 * r["accuracy"])
-    out = {}
-    for strategy, seeds in per.items():
-        values = [sum(v) / len(v) for v in seeds.values()]
-        mean = sum(values) / len(values)
-        std = math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
-        out[strategy] = (mean, std)
-    return out
+        per.setdefault(r["strategy"], {}).setdefault(int(r["seed"]), []).append(100 * r["accuracy"])
+    return {s: {seed: sum(v) / len(v) for seed, v in seeds.items()} for s, seeds in per.items()}
+
+
+def t_p(t: float, df: int) -> float:
+    """Two-sided p of Student's t with integer df, exactly, without scipy (Abramowitz & Stegun
+    26.7.3-4: with c = cos(atan(t / sqrt(df))), P(|T| < t) is a finite series in c^2)."""
+    theta = math.atan(abs(t) / math.sqrt(df))
+    c2, term, series = math.cos(theta) ** 2, 1.0, 1.0
+    if df % 2:  # odd: (2/pi) (theta + sin cos (1 + 2/3 c^2 + 2*4/(3*5) c^4 + ...))
+        for k in range(1, (df - 1) // 2):
+            term *= c2 * (2 * k) / (2 * k + 1)
+            series += term
+        inside = 2 / math.pi * (theta + (math.sin(theta) * math.cos(theta) * series
+                                         if df > 1 else 0.0))
+    else:  # even: sin (1 + 1/2 c^2 + 1*3/(2*4) c^4 + ...)
+        for k in range(1, df // 2):
+            term *= c2 * (2 * k - 1) / (2 * k)
+            series += term
+        inside = math.sin(theta) * series
+    return min(1.0, max(0.0, 1.0 - inside))
+
+
+def paired(mine: dict[int, float], other: dict[int, float]) -> dict | None:
+    """Over the seeds both ran: mean of mine - other, the paired t-test's two-sided p, wins and
+    losses; None with fewer than 2 common seeds."""
+    seeds = sorted(set(mine) & set(other))
+    if len(seeds) < 2:
+        return None
+    d = [mine[s] - other[s] for s in seeds]
+    mean, sd = float(np.mean(d)), float(np.std(d, ddof=1))
+    p = (1.0 if mean == 0 else 0.0) if sd == 0 else t_p(mean / (sd / math.sqrt(len(d))), len(d) - 1)
+    return {"diff": mean, "p": p, "wins": sum(v > 0 for v in d), "losses": sum(v < 0 for v in d)}
+
+
+REPORT = ("strategy", "seeds", "aulc", "sd", "vs_random", "vs_random_p", "vs_random_wins",
+          "vs_random_losses", "vs_default", "vs_default_p", "vs_default_wins",
+          "vs_default_losses", "score_s_per_round", "aulc_per_score_s")
+
+
+def summarize(rows: list[dict], default: str) -> list[dict]:
+    """Per strategy, best AULC first: mean and sample sd over seeds, paired differences against
+    random and `default` (where they ran), mean scoring seconds per selection, AULC per second."""
+    curves = aulc(rows)
+    out = []
+    for strategy, seeds in curves.items():
+        values = list(seeds.values())
+        times = [r["score_s"] for r in rows if r["strategy"] == strategy
+                 and r.get("score_s") is not None]
+        row = {"strategy": strategy, "seeds": len(values), "aulc": float(np.mean(values)),
+               "sd": float(np.std(values, ddof=1)) if len(values) > 1 else None,
+               "score_s_per_round": float(np.mean(times)) if times else None}
+        row["aulc_per_score_s"] = row["aulc"] / row["score_s_per_round"] \
+            if row["score_s_per_round"] else None
+        for name, other in (("vs_random", "random"), ("vs_default", default)):
+            test = paired(seeds, curves[other]) if other in curves and other != strategy else None
+            for key, value in (test or {}).items():
+                row[name if key == "diff" else f"{name}_{key}"] = value
+        out.append(row)
+    return sorted(out, key=lambda r: -r["aulc"])
+
+
+def shown(value, digits: int = 2) -> str:
+    if value is None:
+        return ""
+    return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+
+
+def write_report(summary: list[dict], dest: str, default: str) -> None:
+    """`dest` as CSV (a .csv name: REPORT's columns, full precision) or a markdown table."""
+    with atomic_open(dest, "w", newline="") as f:
+        if dest.lower().endswith(".csv"):
+            w = csv.DictWriter(f, REPORT, extrasaction="ignore")
+            w.writeheader()
+            w.writerows({k: ("" if r.get(k) is None else r[k]) for k in REPORT} for r in summary)
+            return
+        f.write(f"| strategy | AULC (mean) | sd | vs random (p, wins/losses) | vs {default} "
+                f"(p, wins/losses) | scoring s per round | AULC per scoring s |\n"
+                f"|---|---|---|---|---|---|---|\n")
+        for r in summary:
+            f.write(f"| {r['strategy']} | {shown(r['aulc'])} | {shown(r.get('sd'))} | "
+                    f"{versus(r, 'vs_random')} | {versus(r, 'vs_default')} | "
+                    f"{shown(r['score_s_per_round'], 3)} | {shown(r['aulc_per_score_s'], 1)} |\n")
+        f.write("\nAULC: mean accuracy over the rounds, in points; sd: sample standard deviation "
+                "over seeds; p: two-sided paired t-test over the seeds both ran.\n")
+
+
+def versus(row: dict, name: str) -> str:
+    if name not in row:
+        return ""
+    return (f"{row[name]:+.2f} (p {row[name + '_p']:.3g}, "
+            f"{row[name + '_wins']}/{row[name + '_losses']})")
 
 
 def plot(rows: list[dict], dest: str) -> bool:
@@ -227,8 +389,11 @@ def plot(rows: list[dict], dest: str) -> bool:
     for strategy in dict.fromkeys(r["strategy"] for r in rows):
         mine = [r for r in rows if r["strategy"] == strategy]
         xs = sorted({r["labels"] for r in mine})
-        ys = [100 * np.mean([r["accuracy"] for r in mine if r["labels"] == x]) for x in xs]
-        ax.plot(xs, ys, marker="o", label=strategy)
+        at = [[100 * r["accuracy"] for r in mine if r["labels"] == x] for x in xs]
+        ys = np.array([np.mean(v) for v in at])
+        sds = np.array([np.std(v, ddof=1) if len(v) > 1 else 0.0 for v in at])
+        line, = ax.plot(xs, ys, marker="o", label=strategy)
+        ax.fill_between(xs, ys - sds, ys + sds, color=line.get_color(), alpha=0.2)  # mean ± sd
     ax.set_xlabel("labeled examples")
     ax.set_ylabel("accuracy on the eval pool (%)")
     ax.legend()

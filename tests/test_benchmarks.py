@@ -50,8 +50,12 @@ def test_learning_curves_packaged_datasets_quick(tmp_path):
                            "lfw,seattle_weather", "--models", "mlp", "--seeds", "2",
                            "--batch-sizes", "10", "--max-labels", "30", "--epochs", "3",
                            "--strategies", "egl,egl+div,margin+power,random", "--out", str(out),
-                           "--markdown", str(md)], capture_output=True, text=True, timeout=600)
+                           "--markdown", str(md), "--default-md", str(tmp_path / "default.md")],
+                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
+    default = (tmp_path / "default.md").read_text()
+    assert "| seattle_weather/mlp/b10 (2 seeds) | egl+div |" in default
+    assert "Default rule (issue 39): keep egl+div only if" in default and "=> " in default
     rows = [line.split("|")[1:-1] for line in md.read_text().splitlines()
             if line.startswith("| lfw/") or line.startswith("| seattle_weather/")]
     cells = {(r[0].split()[0], r[1].strip()): r for r in rows}
@@ -90,3 +94,52 @@ def test_learning_curves_metrics_and_data(tmp_path):
     counts = local_data.seattle_weather()["weather"].value_counts().sort_index().tolist()
     weather = lc.load_data("seattle_weather")
     assert np.bincount(weather.y.numpy()).tolist() == counts and weather.x.shape == (1461, 6)
+
+
+def test_learning_curves_bait_and_badge_gn_against_oracles():
+    """bait: the Woodbury-updated greedy choice equals forward-then-backward selection on the
+    trace tr(M_S⁻¹ F) computed directly (float64); badge-gn: alcli's gradient norms behind its
+    embedding lengths equal the per-example loop's. The two image sets: their class counts."""
+    import numpy as np
+    import torch
+    lc = _learning_curves_module()
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(5, 12), torch.nn.ReLU(), torch.nn.Linear(12, 3)).eval()
+    x = torch.randn(40, 5)
+    labeled, unlabeled = np.arange(8), np.arange(8, 40)
+    chosen = lc.select_bait(net, x, labeled, unlabeled, 3)
+    _, a, b = lc.pool_gradients(net, x)
+    v = lc.fisher_factors(a, b, lc.BAIT_RANK)
+    fisher = torch.einsum("nck,ncl->kl", v, v) / len(v)
+
+    def trace(picked):  # tr((λI + Σ_{L∪S} I(x) / (n_L + budget))⁻¹ F)
+        rows = np.concatenate([labeled, unlabeled[list(picked)]])
+        m = lc.BAIT_LAMBDA * torch.eye(v.shape[2], dtype=v.dtype) + torch.einsum(
+            "nck,ncl->kl", v[rows], v[rows]) / (len(labeled) + 3)
+        return torch.trace(torch.linalg.solve(m, fisher)).item()
+
+    want: list[int] = []
+    for _ in range(6):
+        want.append(min((i for i in range(32) if i not in want), key=lambda i: trace(want + [i])))
+    while len(want) > 3:
+        want.pop(min(range(len(want)), key=lambda j: trace(want[:j] + want[j + 1:])))
+    assert chosen == want
+    norms, _, _ = lc.pool_gradients(net, x)
+    import copy
+    net64 = copy.deepcopy(net).double()
+    for i in range(len(x)):  # the oracle: one example at a time, float64
+        out = net64(x[i:i + 1].double())
+        grads = torch.autograd.grad(torch.nn.functional.cross_entropy(out, out.argmax(1)),
+                                    list(net64.parameters()))
+        assert norms[i] == pytest.approx(torch.sqrt(sum((g ** 2).sum() for g in grads)).item(),
+                                         rel=1e-4)
+    from alcli.selection.diverse import kmeanspp_dense
+    picks = lc.select_badge_gn(net, x[unlabeled], 4, 0)
+    _, a, b = lc.pool_gradients(net, x[unlabeled])
+    u = (a[:, :, None] * b[:, None, :]).flatten(1)               # explicit u_i = a_i ⊗ b_i [U, C·D]
+    u = u * torch.from_numpy(norms[unlabeled])[:, None] / u.norm(dim=1, keepdim=True)
+    assert picks == kmeanspp_dense(u, 4, 0) and picks[0] == int(np.argmax(norms[unlabeled]))
+    pytest.importorskip("skimage")
+    textures = lc.load_data("textures")
+    assert np.bincount(textures.y.numpy()).tolist() == [300, 222, 164, 122, 90, 67, 49, 37, 27, 20]
+    assert textures.x.shape[1:] == (1, 28, 28)

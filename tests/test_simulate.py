@@ -81,42 +81,33 @@ def read(path):
 
 
 def test_simulate_curves_labels_and_picks(folder):
+    """Real training: the label files, the accuracy against the script's own, margin's picks by
+    hand. (Starts shared by the strategies, random's picks: the split-by-seed test.)"""
     out = alcli("simulate", "pool.pt", "--eval", "test.pt", "--arch", "toy:Net", "--trust-checkpoint", "--train",
-                TRAIN_CMD, "--init", 6, "-n", 5, "--rounds", 1, "--strategies", "margin,random",
+                TRAIN_CMD, "--init", 6, "-n", 5, "--rounds", 1, "--strategies", "margin",
                 "--seeds", 1, "-o", "curves.csv", "--workdir", "runs", cwd=folder)
     assert out.returncode == 0, out.stderr
     pool = torch.load(folder / "pool.pt")
     truth = dict(zip(pool["ids"], pool["y"].tolist()))
     curves = read(folder / "curves.csv")
     assert [(r["strategy"], r["round"], r["labels"]) for r in curves] == \
-        [(s, str(r), str(6 + 5 * r)) for s in ("margin", "random") for r in range(2)]
+        [("margin", str(r), str(6 + 5 * r)) for r in range(2)]
     for r in curves:  # alcli's accuracy = the training script's own float64 accuracy
         acc = float((folder / f"runs/keep-{r['strategy']}-0-{r['round']}.acc").read_text())
         assert float(r["accuracy"]) == pytest.approx(acc, abs=1e-6)
-    labeled = {(s, r): read(folder / f"runs/{s}/seed0/round{r}/labeled.csv")
-               for s in ("margin", "random") for r in range(2)}
-    for rows in labeled.values():  # only labeled ids, each with its true label
+    labeled = [read(folder / f"runs/margin/seed0/round{r}/labeled.csv") for r in range(2)]
+    for rows in labeled:  # only labeled ids, each with its true label
         assert all(int(row["label"]) == truth[row["id"]] for row in rows)
-    start = [row["id"] for row in labeled["margin", 0]]
-    assert start == [row["id"] for row in labeled["random", 0]] and len(start) == 6
-    new = {}
-    for s in ("margin", "random"):
-        for r in (1,):
-            before = [row["id"] for row in labeled[s, r - 1]]
-            now = [row["id"] for row in labeled[s, r]]
-            assert now[:len(before)] == before and len(now) == len(before) + 5
-            new[s, r] = now[len(before):]
+    before, now = ([row["id"] for row in rows] for rows in labeled)
+    assert len(before) == 6 and now[:6] == before and len(now) == 11
     # margin's picks: the 5 smallest margins p1 - p2 among the unlabeled (float64, by hand)
-    for r in (1,):
-        state = torch.load(folder / f"runs/keep-margin-0-{r - 1}.pt")
-        p = torch.softmax(pool["x"].double() @ state["weight"].double().T + state["bias"].double(), 1)
-        top = p.topk(2, 1).values
-        gap = dict(zip(pool["ids"], (top[:, 0] - top[:, 1]).tolist()))
-        done = {row["id"] for row in labeled["margin", r - 1]}
-        want = sorted((i for i in pool["ids"] if i not in done), key=lambda i: gap[i])[:5]
-        assert set(new["margin", r]) == set(want)
-    assert set(new["random", 1]) != set(new["margin", 1])
-    assert "margin: AULC" in out.stderr and "random: AULC" in out.stderr
+    state = torch.load(folder / "runs/keep-margin-0-0.pt")
+    p = torch.softmax(pool["x"].double() @ state["weight"].double().T + state["bias"].double(), 1)
+    top = p.topk(2, 1).values
+    gap = dict(zip(pool["ids"], (top[:, 0] - top[:, 1]).tolist()))
+    want = sorted((i for i in pool["ids"] if i not in before), key=lambda i: gap[i])[:5]
+    assert set(now[6:]) == set(want)
+    assert "margin: AULC" in out.stderr
 
 
 def test_simulate_bad_input_is_one_sentence(folder):
@@ -128,7 +119,9 @@ def test_simulate_bad_input_is_one_sentence(folder):
               "the training command exited with code 3 in round 0 (strategy margin, seed 0)"),
              (("pool.pt", "--train", "true {model}"), "the training command wrote no checkpoint"),
              (("pool.pt", "--train", TRAIN_CMD, "--strategies", "margin+kmeans"),
-              "option --strategies: 'margin+kmeans' is not NAME or NAME+MODE")]
+              "option --strategies: 'margin+kmeans' is not NAME or NAME+MODE"),
+             (("pool.pt", "--train", TRAIN_CMD + " {foo}"),
+              "option --train: {foo} is not a placeholder alcli fills")]
     for extra, says in cases:
         strategies = () if "--strategies" in extra else ("--strategies", "margin")
         out = alcli("simulate", *extra, *args, *strategies, cwd=folder)
@@ -222,3 +215,108 @@ def test_simulate_scores_with_the_transform_flags(tmp_path):
         assert out.returncode == 0, out.stderr
         accuracy[extra] = [float(r["accuracy"]) for r in read(tmp_path / f"curves{len(extra)}.csv")]
     assert accuracy == {(): [0.5, 0.5], ("--normalize", "0.65,0.65,0.65/0.1,0.1,0.1"): [1.0, 1.0]}
+
+
+def test_seeds_as_a_count_a_range_or_a_list():
+    from alcli.errors import ConfigError
+    from alcli.simulate import parse_seeds
+
+    assert parse_seeds("3") == [0, 1, 2] and parse_seeds("5-7") == [5, 6, 7]
+    assert parse_seeds("0,3,7") == [0, 3, 7] and parse_seeds("4") == [0, 1, 2, 3]
+    for bad in ("3-1", "a", "1,1", "-2", ""):
+        with pytest.raises(ConfigError, match="option --seeds"):
+            parse_seeds(bad)
+
+
+def test_t_p_is_student_t_two_sided():
+    from alcli.simulate import t_p
+
+    scipy_stats = pytest.importorskip("scipy.stats")
+    for df in (1, 2, 3, 4, 7, 10, 29):
+        for t in (0.0, 0.3, 1.0, 2.1, -2.1, 4.5):
+            assert t_p(t, df) == pytest.approx(2 * scipy_stats.t.sf(abs(t), df), abs=1e-12)
+
+
+# a stand-in for training, no torch import per round: one of 8 fixed checkpoints next to the pool
+# it is given, picked by the checksum of labeled.csv, so a round's accuracy depends on exactly
+# which examples (and labels) it has
+HASH_TRAIN = ("n=$(( $(cksum < {labeled} | cut -d' ' -f1) % 8 )) && cp {pool}.nets/$n.pt {model}"
+              " && echo {pool} {strategy} {seed} {round} >> runs.txt")
+
+
+def test_simulate_split_by_seed_merges_resumes_and_reports(folder):
+    """{pool} reaches the command (the pool lives in data/, its checkpoints beside it); one
+    process over seeds 0,2 against two processes (0-0, 2-2) sharing a work folder and a third run
+    of all the seeds that trains nothing; changed settings refused; the report by hand."""
+    import statistics
+
+    (folder / "data").mkdir()
+    (folder / "pool.pt").rename(folder / "data" / "pool.pt")
+    (folder / "data" / "pool.pt.nets").mkdir()
+    pool = torch.load(folder / "data" / "pool.pt")
+    torch.manual_seed(0)
+    for n in range(8):  # logistic regressions on 3 + n random examples: accuracies that differ
+        pick = torch.randperm(60)[:3 + n]
+        net = torch.nn.Linear(4, 3)
+        opt = torch.optim.SGD(net.parameters(), lr=0.5)
+        for _ in range(20):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(net(pool["x"][pick]), pool["y"][pick]).backward()
+            opt.step()
+        torch.save(net.state_dict(), folder / "data" / "pool.pt.nets" / f"{n}.pt")
+    args = ("simulate", "data/pool.pt", "--eval", "test.pt", "--arch", "toy:Net",
+            "--trust-checkpoint", "--train", HASH_TRAIN, "--init", 6, "-n", 5, "--rounds", 1,
+            "--strategies", "margin,random")
+
+    def runs():
+        return (folder / "runs.txt").read_text().splitlines()
+
+    one = alcli(*args, "--seeds", "0,2", "-o", "one.csv", "--workdir", "w1", cwd=folder)
+    assert one.returncode == 0, one.stderr
+    assert sorted(runs()) == sorted(f"data/pool.pt {s} {seed} {r}" for s in ("margin", "random")
+                                    for seed in (0, 2) for r in (0, 1))
+    start = {s: read(folder / f"w1/{s}/seed0/round0/labeled.csv") for s in ("margin", "random")}
+    assert start["margin"] == start["random"] and len(start["margin"]) == 6  # paired starts
+    picked = {s: read(folder / f"w1/{s}/seed0/round1/labeled.csv")[6:] for s in ("margin", "random")}
+    assert picked["margin"] != picked["random"]
+    for seeds in ("0-0", "2-2"):
+        part = alcli(*args, "--seeds", seeds, "-o", f"part{seeds}.csv", "--workdir", "w2", cwd=folder)
+        assert part.returncode == 0, part.stderr
+    assert len(runs()) == 16
+    merged = alcli(*args, "--seeds", "0,2", "-o", "all.csv", "--workdir", "w2",
+                   "--report", "report.csv", cwd=folder)
+    assert merged.returncode == 0, merged.stderr
+    assert len(runs()) == 16  # every round was finished: no training
+    assert read(folder / "all.csv") == read(folder / "one.csv")
+    assert [r["seed"] for r in read(folder / "all.csv")] == ["0"] * 4 + ["2"] * 4
+
+    other = alcli(*args, "--seeds", "0,2", "--init", 5, "-o", "x.csv", "--workdir", "w2", cwd=folder)
+    assert other.returncode == 1 and "Traceback" not in other.stderr
+    assert other.stderr.strip().splitlines()[-1].startswith(
+        "alcli: error: the work folder w2 holds rounds run with other settings (init: 6, now 5)")
+    assert len(runs()) == 16
+
+    # the report by hand: AULC per seed = mean accuracy over the rounds, in points
+    table = read(folder / "one.csv")
+    per = {s: {seed: 100 * np.mean([float(r["accuracy"]) for r in table
+                                    if r["strategy"] == s and r["seed"] == seed])
+               for seed in ("0", "2")} for s in ("margin", "random")}
+    report = {r["strategy"]: r for r in read(folder / "report.csv")}
+    assert set(report) == {"margin", "random"}
+    for s, seeds in per.items():
+        assert float(report[s]["aulc"]) == pytest.approx(np.mean(list(seeds.values())), abs=1e-3)
+        assert float(report[s]["sd"]) == pytest.approx(statistics.stdev(seeds.values()), abs=1e-3)
+        assert float(report[s]["score_s_per_round"]) > 0
+        assert float(report[s]["aulc_per_score_s"]) == pytest.approx(
+            float(report[s]["aulc"]) / float(report[s]["score_s_per_round"]), rel=1e-6)
+    d = [per["margin"][k] - per["random"][k] for k in ("0", "2")]
+    margin = report["margin"]
+    assert float(margin["vs_random"]) == pytest.approx(np.mean(d), abs=1e-3)
+    assert int(margin["vs_random_wins"]) == sum(v > 1e-6 for v in d)
+    assert int(margin["vs_random_losses"]) == sum(v < -1e-6 for v in d)
+    assert report["random"]["vs_random"] == "" and margin["vs_default"] == ""  # egl+badge not run
+    assert np.std(d, ddof=1) > 1e-3  # the checkpoints differ enough for the t-test to be defined
+    from scipy.stats import ttest_rel
+    want = ttest_rel([per["margin"][k] for k in ("0", "2")], [per["random"][k] for k in ("0", "2")])
+    assert float(margin["vs_random_p"]) == pytest.approx(want.pvalue, abs=1e-3)
+    assert "margin: AULC" in merged.stderr and "(sd " in merged.stderr and "vs random" in merged.stderr

@@ -24,11 +24,18 @@ EPILOG = """The training command's contract:
              ever written there
   {model}    the checkpoint it must write; alcli loads it as --model
              (with --arch)
+  {pool}     the pool as given (POOL), for a pool whose labeled.csv
+             holds only id,label (a tensor file)
   {round} {seed} {strategy} {workdir}: for its logs or seeds
+  any other {name} is refused
 It runs in a shell, in the current folder, each placeholder replaced by
 its value quoted as one word (do not quote placeholders yourself); a
 non-zero exit stops the simulation. Each round's labeled.csv and
 train.log stay in --workdir; checkpoints are removed once used.
+Run again with the same --workdir and settings, a finished round is
+not rerun: more seeds or strategies extend it, a crash resumes, and
+processes run by seed with one --workdir merge into one table when
+the command is run once more with all the seeds.
 
 Examples:
 
@@ -42,7 +49,7 @@ alcli simulate pool/ --labels-from-folders --eval test/ --arch mynet:Net \\
 
 # simulate's own options: the plan of the rounds (the rest are settings, as score reads them)
 PLAN = ("pool", "train", "eval_pool", "strategies", "seeds", "init", "budget", "rounds", "output",
-        "plot_file", "workdir", "config")
+        "plot_file", "report", "workdir", "config")
 
 
 def simulate(
@@ -60,9 +67,10 @@ def simulate(
         "or NAME+badge / NAME+cluster-margin (that diverse batch). [default: margin,egl,random]",
         show_default=False)]
     = "margin,egl,random",
-    seeds: Annotated[int, typer.Option(
-        metavar="N", show_default=False, min=1, help="Runs per strategy, seeds 0..N-1; a seed's "
-        "first random examples are the same for every strategy. [default: 3]")] = 3,
+    seeds: Annotated[str, typer.Option(
+        metavar="SEEDS", show_default=False, help="A count N (seeds 0..N-1), a range A-B or "
+        "a list A,B,C; a seed's first random examples are the same for every strategy. "
+        "[default: 3]")] = "3",
     init: Annotated[int, typer.Option(
         metavar="N", show_default=False, min=1, help="Random labeled examples before the first "
         "round. [default: 20]")] = 20,
@@ -75,7 +83,11 @@ def simulate(
         "--output", "-o", metavar="FILE", help="The curves CSV (strategy, seed, round, labels, "
         "accuracy), rewritten after every round. [default: stdout, at the end]")] = None,
     plot_file: Annotated[Optional[str], typer.Option(
-        "--plot", metavar="PNG", help="Also draw the mean curves (needs matplotlib).")] = None,
+        "--plot", metavar="PNG", help="Also draw the mean curves, a band of one sd over seeds "
+        "(needs matplotlib).")] = None,
+    report: Annotated[Optional[str], typer.Option(
+        "--report", metavar="FILE", help="The summary as a table: CSV for a .csv name, else "
+        "markdown.")] = None,
     workdir: Annotated[Optional[str], typer.Option(
         metavar="DIR", help="Each round's labeled.csv, checkpoint and train.log. [default: "
         "OUTPUT.runs, or .alcli/simulate]")] = None,
@@ -102,29 +114,47 @@ def simulate(
     from pathlib import Path
 
     from ..files.atomic import make_folder
-    from ..simulate import Plan, aulc, check_strategies, plot, simulate as run_simulation
+    from ..files.config import Settings
+    from ..simulate import (Plan, check_strategies, check_train, parse_seeds, plot,
+                            simulate as run_simulation, summarize, versus, write_report)
     # no ./configs/default.yaml here: the demo's model settings are not the user's
-    settings = load_settings(config, shared.given_flags(flags))
+    given = shared.given_flags(flags)
+    settings = load_settings(config, given)
     r = shared.reporter(settings)
     if "{model}" not in train:
         raise AlcliError("option --train must name {model}, the checkpoint the command writes "
                          "(and read {labeled}, the labeled examples)")
+    check_train(train)
     if output and output != "-":
         make_folder(Path(output).parent, f"option --output {output}")
-    plan = Plan(pool, eval_pool, train, check_strategies(strategies), seeds, init, budget, rounds,
+    plan = Plan(pool, eval_pool, train, check_strategies(strategies), parse_seeds(seeds), init,
+                budget, rounds,
                 Path(workdir or (f"{output}.runs" if output and output != "-"
                                  else ".alcli/simulate")),
-                output if output != "-" else None)
+                output if output != "-" else None, settings=given)
     rows = run_simulation(settings, plan, say=r.info)
     if not plan.output:
         out = io.StringIO()
-        w = csv.DictWriter(out, ("strategy", "seed", "round", "labels", "accuracy"))
+        w = csv.DictWriter(out, ("strategy", "seed", "round", "labels", "accuracy"),
+                           extrasaction="ignore")
         w.writeheader()
         w.writerows({**row, "accuracy": f"{row['accuracy']:.6f}"} for row in rows)
         sys.stdout.write(out.getvalue())
-    summary = sorted(aulc(rows).items(), key=lambda kv: -kv[1][0])
-    for strategy, (mean, std) in summary:
-        r.info(f"{strategy}: AULC {mean:.2f} ± {std:.2f} points (mean accuracy over the "
-               f"{rounds + 1} rounds, over {seeds} seeds)")
+    default = f"{Settings.strategy}+{Settings.diverse_mode}"  # select's default batch
+    summary = summarize(rows, default)
+    for row in summary:
+        sd = f" (sd {row['sd']:.2f})" if row["sd"] is not None else ""
+        cost = (f"; scoring {row['score_s_per_round']:.3f} s per round, "
+                f"{row['aulc_per_score_s']:.1f} AULC per scoring s"
+                if row["score_s_per_round"] else "")
+        pairs = "".join(f"; vs {name}: {versus(row, key)}" for key, name in
+                        (("vs_random", "random"), ("vs_default", default)) if key in row)
+        r.info(f"{row['strategy']}: AULC {row['aulc']:.2f}{sd} points over {row['seeds']} "
+               f"seeds{pairs}{cost}")
+    r.info(f"AULC: mean accuracy over the {rounds + 1} rounds; sd: sample sd over seeds; vs: "
+           f"mean paired difference (p of the paired t-test, wins/losses over seeds)")
+    if report:
+        make_folder(Path(report).parent, f"option --report {report}")
+        write_report(summary, report, default)
     if plot_file and not plot(rows, plot_file):
         r.warn(f"--plot {plot_file}: matplotlib is not installed; no picture drawn")
