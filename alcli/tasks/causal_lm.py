@@ -21,8 +21,9 @@ NOT_SCORED = -1  # `words` of a token that is no target: prompt, padding, specia
 
 
 def is_causal_lm(model: nn.Module) -> bool:
-    """GPT-2's *LMHeadModel, every *ForCausalLM, and a PEFT model for causal LM."""
-    return type(model).__name__.endswith(("ForCausalLM", "LMHeadModel"))
+    """GPT-2's *LMHeadModel, every *ForCausalLM, and a PEFT model on one."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return type(inner).__name__.endswith(("ForCausalLM", "LMHeadModel"))
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -64,15 +65,17 @@ def scored_tokens(batch, pool, inputs) -> tuple[torch.Tensor, list[int]] | None:
 
 def next_scored(logits: torch.Tensor, inputs, words: torch.Tensor | None = None) -> torch.Tensor:
     """[B, T] bool: the positions whose next token is scored (`words`); without them (a tensor
-    pool of input ids), those whose next token is not padding."""
-    b, t = logits.shape[:2]
+    pool of input ids), those whose next token is not padding. Known before the logits are
+    (`logits` may be None): the answers are the inputs' own tokens."""
+    ids = input_ids(inputs)
+    b, t = ids.shape[:2]
     if words is not None:
         nxt = words[:, 1:] >= 0
     elif isinstance(inputs, dict) and isinstance(inputs.get("attention_mask"), torch.Tensor):
         nxt = inputs["attention_mask"][:, 1:].bool()
     else:
-        nxt = torch.ones(b, t - 1, dtype=torch.bool, device=logits.device)
-    return F.pad(nxt.to(logits.device), (0, 1), value=False)
+        nxt = torch.ones(b, t - 1, dtype=torch.bool, device=ids.device)
+    return F.pad(nxt.to(ids.device), (0, 1), value=False)
 
 
 def input_ids(inputs) -> torch.Tensor:

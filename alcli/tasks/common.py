@@ -242,11 +242,14 @@ def grad_norms(s, choose: Callable, loss_fn=None) -> torch.Tensor:
     One forward: when `s.logits` is not known yet, the engine's forward provides it before the
     targets are chosen."""
     def target_sets(logits: torch.Tensor) -> list[torch.Tensor]:
+        # a batch of one runs as two copies (the engine's ONE_EXAMPLE_BUG): s keeps its own one
+        copies = logits.shape[0] // max(len(s.ids), 1)
         if s.logits is None:
             if s.check_logits is not None:
-                s.check_logits(logits)
-            s.logits = logits
-        return choose(s)
+                s.check_logits(logits[:len(s.ids)])
+            s.logits = logits[:len(s.ids)]
+        sets = choose(s)
+        return sets if copies == 1 else [t.repeat(copies, *[1] * (t.dim() - 1)) for t in sets]
 
     norms, _ = grad_norms_per_target(s.model, s.inputs, target_sets, params=s.layers, method=s.method,
                                      loss_fn=loss_fn or s.spec.loss, compile=s.compile)

@@ -1,0 +1,211 @@
+"""--task causal-lm end to end: `alcli score POOL.jsonl -m DIR` on tiny GPT-2, Llama (RMSNorm,
+rotary, grouped-query attention, SwiGLU, tied embeddings), Qwen2 and Mistral models and a LoRA
+adapter, against a float64 loop in which every row is tokenized alone (no padding) and its loss
+is the mean next-token cross-entropy over its response's tokens (those beginning at or after the
+prompt's last character)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from cli_errors import assert_one_error
+from conftest import parse_csv, score_in
+
+pytest.importorskip("transformers")
+import hf_models  # noqa: E402
+
+TEMPLATE = ("{% for m in messages %}{{ m['role'] }} : {{ m['content'] }} {% endfor %}"
+            "{% if add_generation_prompt %}assistant : {% endif %}")
+ROWS = [
+    {"id": "p1", "prompt": "the cat sat on", "response": " the mat"},
+    {"id": "t1", "text": "a dog ran fast and then stopped"},
+    {"id": "p2", "prompt": "big red bird", "response": " flew away and then stopped on a small blue mat"},
+    {"id": "c1", "messages": [{"role": "user", "content": "the dog ran"},
+                              {"role": "assistant", "content": "fast and then stopped"}]},
+    {"id": "p3", "prompt": "small", "response": " bird"},
+    {"id": "q1", "prompt": "the red dog"},   # no answer: its loss and gradnorm are NaN
+]
+
+
+def lm(family: str, vocab: int):
+    import transformers as tf
+    common = dict(vocab_size=vocab, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0)
+    if family == "gpt2":
+        return tf.GPT2LMHeadModel(tf.GPT2Config(vocab_size=vocab, n_embd=32, n_layer=2, n_head=2,
+                                                n_positions=64, pad_token_id=0, bos_token_id=2, eos_token_id=3))
+    if family == "llama":
+        return tf.LlamaForCausalLM(tf.LlamaConfig(tie_word_embeddings=True, **common))
+    if family == "qwen2":
+        return tf.Qwen2ForCausalLM(tf.Qwen2Config(tie_word_embeddings=False, **common))
+    return tf.MistralForCausalLM(tf.MistralConfig(sliding_window=None, **common))
+
+
+MODELS = {"gpt2-right": ("gpt2", "right"), "gpt2-left": ("gpt2", "left"), "llama-left": ("llama", "left"),
+          "qwen2-right": ("qwen2", "right"), "mistral-left": ("mistral", "left")}
+
+
+@pytest.fixture(scope="module")
+def ws(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lm_ws")
+    torch.manual_seed(0)
+    for name, (family, side) in MODELS.items():
+        lm(family, len(hf_models.VOCAB)).save_pretrained(root / name)
+        tok = hf_models.tokenizer(root / name, token_types=False)
+        tok.chat_template = TEMPLATE
+        tok.save_pretrained(root / name)
+        config = json.loads((root / name / "tokenizer_config.json").read_text())
+        config["padding_side"] = side  # what transformers reads back (the attribute is not saved)
+        (root / name / "tokenizer_config.json").write_text(json.dumps(config))
+    (root / "pool.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    return root
+
+
+def sequence(row: dict) -> tuple[str, str | None]:
+    """(the whole text, its prompt) as the template and the fields give them, written out here."""
+    if "messages" in row:
+        user, answer = row["messages"]
+        prompt = f"user : {user['content']} assistant : "
+        return prompt + f"{answer['content']} ", prompt
+    if "text" in row:
+        return row["text"], ""
+    return row["prompt"] + row.get("response", ""), row["prompt"] if "response" in row else None
+
+
+def oracle(model, tok, rows, only=None) -> tuple[list[float], list[float]]:
+    """(loss, gradient norm) per row in float64, each row alone: the loss over the tokens that
+    begin at or after its prompt's last character (special tokens left out); norm over `only`
+    (a name filter) or every parameter that requires grad."""
+    m = model.double().eval()
+    params = [p.requires_grad_() for n, p in m.named_parameters() if (only(n) if only else p.requires_grad)]
+    losses, norms = [], []
+    for row in rows:
+        text, prompt = sequence(row)
+        enc = tok(text, return_offsets_mapping=True, return_special_tokens_mask=True)
+        ids = torch.tensor([enc["input_ids"]])                                 # [1, T]
+        scored = [t for t, ((start, _), special) in enumerate(zip(enc["offset_mapping"], enc["special_tokens_mask"]))
+                  if prompt is not None and t > 0 and start >= len(prompt) and not special]
+        if not scored:
+            losses.append(float("nan"))
+            norms.append(float("nan"))
+            continue
+        logits = m(input_ids=ids).logits[0]                                    # [T, V]
+        loss = F.cross_entropy(logits[[t - 1 for t in scored]], ids[0, scored])  # position t-1 predicts t
+        grads = torch.autograd.grad(loss, params, allow_unused=True)
+        losses.append(loss.item())
+        norms.append(torch.sqrt(sum(g.square().sum() for g in grads if g is not None)).item())
+    return losses, norms
+
+
+def by_id(text: str) -> dict:
+    return {r["id"]: r for r in parse_csv(text)}
+
+
+def assert_close(got: dict, want: list[float], column: str, rel=1e-6):
+    for row, w in zip(ROWS, want):
+        value = float(got[row["id"]][column])
+        if w != w:
+            assert value != value, (row["id"], column, value)
+        else:
+            assert abs(value - w) <= rel * abs(w), (row["id"], column, value, w)
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_gradnorm_and_loss_match_the_float64_loop_on_every_family(ws, name):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    result = score_in(ws, "pool.jsonl", "-m", name, "--task", "causal-lm", "-s", "gradnorm", "-b", "4",
+                      "--no-embeddings")
+    rows = by_id(result.stdout)
+    loss_rows = by_id(score_in(ws, "pool.jsonl", "-m", name, "-s", "loss", "-b", "6",
+                               "--no-embeddings").stdout)
+    tok = AutoTokenizer.from_pretrained(ws / name)
+    losses, norms = oracle(AutoModelForCausalLM.from_pretrained(ws / name), tok, ROWS)
+    assert_close(rows, norms, "score")
+    assert_close(loss_rows, losses, "score")
+    assert_close(loss_rows, [float(torch.tensor(x).exp()) for x in losses], "perplexity")
+
+
+def test_every_layer_has_its_rule_and_auto_is_ghost(ws):
+    """RMSNorm, rotary attention (q/k/v/o Linears), SwiGLU and the tied embedding: a layer rule
+    each, none the generic fallback, and auto settles on ghost."""
+    from transformers import AutoModelForCausalLM
+    from alcli.gradnorm import explain, per_example_grad_norms
+    from alcli.tasks.causal_lm import lm_loss
+    model = AutoModelForCausalLM.from_pretrained(ws / "llama-left").eval()
+    ids = torch.randint(5, 25, (3, 6))
+    per_example_grad_norms(model, {"input_ids": ids}, F.pad(ids[:, 1:], (0, 1), value=-100), loss_fn=lm_loss)
+    seen = explain(model, loss_fn=lm_loss)
+    assert seen["auto"][0] == "ghost"
+    rules = {name: rule for name, _, rule, _ in seen["rules"]}
+    assert rules["model.norm"] == "norm" and rules["model.layers.0.input_layernorm"] == "norm"
+    assert "generic" not in rules.values()
+
+
+@pytest.fixture(scope="module")
+def adapter(ws):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+    torch.manual_seed(1)
+    peft_model = get_peft_model(AutoModelForCausalLM.from_pretrained(ws / "llama-left"),
+                                LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    with torch.no_grad():  # lora_B starts at zero: make the adapter do something
+        for n, p in peft_model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.1)
+    peft_model.save_pretrained(ws / "lora")
+    config = json.loads((ws / "lora" / "adapter_config.json").read_text())
+    config["base_model_name_or_path"] = "../llama-left"  # relative to the adapter directory
+    (ws / "lora" / "adapter_config.json").write_text(json.dumps(config))
+    return ws / "lora"
+
+
+def test_a_lora_adapter_is_scored_over_its_own_parameters_by_default(ws, adapter):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    rows = by_id(score_in(ws, "pool.jsonl", "-m", "lora", "-s", "gradnorm", "-b", "4",
+                          "--no-embeddings").stdout)
+    tok = AutoTokenizer.from_pretrained(ws / "llama-left")
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(ws / "llama-left"), str(adapter))
+    _, norms = oracle(model, tok, ROWS, only=lambda n: "lora_" in n)
+    assert_close(rows, norms, "score")
+    # --layers chooses otherwise: the frozen base's last RMSNorm and output layer
+    rows = by_id(score_in(ws, "pool.jsonl", "-m", "lora", "-s", "gradnorm", "-b", "4", "--no-embeddings",
+                          "--layers", "base_model.model.model.norm", "--layers", "base_model.model.lm_head").stdout)
+    _, norms = oracle(model, tok, ROWS, only=lambda n: n.endswith(("model.model.norm.weight", "embed_tokens.weight")))
+    assert_close(rows, norms, "score")
+
+
+def test_bad_input_is_one_sentence(ws, tmp_path):
+    (tmp_path / "nofields.jsonl").write_text(json.dumps({"id": "x", "answer": "the cat"}) + "\n")
+    (tmp_path / "chat.jsonl").write_text(json.dumps(ROWS[3]) + "\n")
+    cases = [
+        (["nofields.jsonl", "-m", ws / "gpt2-right"], "line 1 has none of the fields"),
+    ]
+    for args, words in cases:
+        result = score_in(tmp_path, *args, "--task", "causal-lm", ok=False)
+        assert_one_error(result, words, str(args))
+    # a tokenizer without a chat template
+    import shutil
+    shutil.copytree(ws / "gpt2-right", tmp_path / "plain")
+    cfg = json.loads((tmp_path / "plain" / "tokenizer_config.json").read_text())
+    cfg.pop("chat_template", None)
+    (tmp_path / "plain" / "tokenizer_config.json").write_text(json.dumps(cfg))
+    (tmp_path / "plain" / "chat_template.jinja").unlink(missing_ok=True)
+    assert_one_error(score_in(tmp_path, "chat.jsonl", "-m", "plain", ok=False), "no chat template", "chat")
+    # a model that is not a causal LM
+    hf_models.bert(len(hf_models.VOCAB)).save_pretrained(tmp_path / "bert")
+    hf_models.tokenizer(tmp_path / "bert").save_pretrained(tmp_path / "bert")
+    assert_one_error(score_in(tmp_path, "chat.jsonl", "-m", "bert", "--task", "causal-lm", ok=False),
+                     "needs a causal language model", "bert")
+
+
+def test_sequences_past_the_limit_are_cut_and_said_once(ws):
+    result = score_in(ws, "pool.jsonl", "-m", "gpt2-right", "-s", "loss", "--max-length", "6",
+                      "--no-embeddings")
+    said = [line for line in result.stderr.splitlines() if "longer than the model's limit" in line]
+    assert len(said) == 1 and "4 sequence(s)" in said[0], result.stderr
+    assert len(parse_csv(result.stdout)) == len(ROWS)
