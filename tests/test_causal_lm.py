@@ -209,3 +209,26 @@ def test_sequences_past_the_limit_are_cut_and_said_once(ws):
     said = [line for line in result.stderr.splitlines() if "longer than the model's limit" in line]
     assert len(said) == 1 and "4 sequence(s)" in said[0], result.stderr
     assert len(parse_csv(result.stdout)) == len(ROWS)
+
+
+def test_entropy_of_a_prompt_alone_is_that_of_its_next_token(ws):
+    """A prompt without an answer: the entropy of the distribution after its last token; with
+    one: the mean over the answer's positions. Oracle: each row alone in float64."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    rows = by_id(score_in(ws, "pool.jsonl", "-m", "gpt2-left", "-s", "entropy", "-b", "6",
+                          "--no-embeddings").stdout)
+    model = AutoModelForCausalLM.from_pretrained(ws / "gpt2-left").double().eval()
+    tok = AutoTokenizer.from_pretrained(ws / "gpt2-left")
+    for row in (ROWS[0], ROWS[5]):
+        text, prompt = sequence(row)
+        enc = tok(text, return_offsets_mapping=True, return_special_tokens_mask=True)
+        with torch.no_grad():
+            logp = model(input_ids=torch.tensor([enc["input_ids"]])).logits[0].log_softmax(-1)
+        entropy = -(logp.exp() * logp).sum(-1)                                  # [T]
+        if "response" in row:
+            scored = [t for t, ((start, _), sp) in enumerate(zip(enc["offset_mapping"], enc["special_tokens_mask"]))
+                      if t > 0 and start >= len(prompt) and not sp]
+            want = entropy[[t - 1 for t in scored]].mean().item()
+        else:
+            want = entropy[-1].item()
+        assert abs(float(rows[row["id"]]["score"]) - want) <= 1e-6 * want, row["id"]

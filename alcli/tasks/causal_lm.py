@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import RunError
-from .common import (IGNORE, Task, _categorical, _labels_to_dense, _mean_ce, confidence,
-                     per_position, position_badge, position_loss)
+from .common import (IGNORE, UTILITIES, Task, _categorical, _labels_to_dense, _mean_ce, aggregate,
+                     confidence, position_badge, position_loss)
 
 NOT_SCORED = -1  # `words` of a token that is no target: prompt, padding, special tokens
 
@@ -95,6 +95,21 @@ def answers(s) -> torch.Tensor:
     return next_tokens(s.inputs, s.valid)
 
 
+def uncertainty(s, name: str) -> dict:
+    """entropy, margin or least-confidence of the next token, aggregated (--aggregate) over the
+    answer's positions; for a prompt without an answer, at its last token (what it would say
+    first)."""
+    valid = s.valid
+    ids = input_ids(s.inputs)
+    mask = s.inputs.get("attention_mask") if isinstance(s.inputs, dict) else None
+    mask = torch.ones_like(ids) if mask is None else mask
+    last = (torch.arange(ids.shape[1], device=ids.device) * mask).argmax(1)      # [B] last real token
+    at_last = F.one_hot(last, ids.shape[1]).bool().to(valid.device)
+    valid = torch.where(valid.any(1, keepdim=True), valid, at_last)
+    score = aggregate(UTILITIES[name](_dists(s.logits)), valid, s.aggregate)
+    return {"score": score, "margin": 1.0 - score} if name == "margin" else {"score": score}
+
+
 def columns(s, score: torch.Tensor):
     """No pred; the mean probability of the predicted next token over the scored positions; the
     loss at the answers (NaN without one)."""
@@ -126,7 +141,7 @@ TASK = Task(
     name="causal-lm", shape="[batch, tokens, vocabulary]", fits=lambda z: z.dim() == 3,
     names_model=is_causal_lm,
     loss=lm_loss, dists=_dists, label_targets=_labels_to_dense, valid=next_scored,
-    classes=lambda z: z.shape[-1], targets=answers, egl=no_egl, uncertainty=per_position,
+    classes=lambda z: z.shape[-1], targets=answers, egl=no_egl, uncertainty=uncertainty,
     table_loss=position_loss, columns=columns, extra_columns=perplexity,
     pred_values=lambda preds, extras, names: ["" for _ in preds],
     given_labels=False, check_labels=lambda *args: None, words=scored_tokens,
