@@ -232,3 +232,46 @@ def test_entropy_of_a_prompt_alone_is_that_of_its_next_token(ws):
         else:
             want = entropy[-1].item()
         assert abs(float(rows[row["id"]]["score"]) - want) <= 1e-6 * want, row["id"]
+
+
+def test_egl_over_the_models_own_completions(ws):
+    """--egl-samples pseudo: the one greedy completion of each prompt (the part before its answer),
+    decoded here alone in float64, and the norm of its loss's gradient, with the mean entropy of
+    the distributions its tokens came from. Sampled (S = 3): seeded, so the same per row whatever
+    the batch, and another seed gives other scores."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    args = ["pool.jsonl", "-m", "llama-left", "-s", "egl", "--max-new-tokens", "4", "--no-embeddings"]
+    rows = by_id(score_in(ws, *args, "--egl-samples", "pseudo", "-b", "6").stdout)
+    model = AutoModelForCausalLM.from_pretrained(ws / "llama-left").double().eval()
+    tok = AutoTokenizer.from_pretrained(ws / "llama-left")
+    params = [p for p in model.parameters()]
+    for row in ROWS:
+        text, prompt = sequence(row)
+        enc = tok(text, return_offsets_mapping=True, return_special_tokens_mask=True)
+        if prompt is None:  # no answer: the prompt as the tokenizer encodes it
+            ids = list(enc["input_ids"])
+        else:  # the tokens before the answer's first
+            first = next(t for t, ((start, _), sp) in enumerate(zip(enc["offset_mapping"], enc["special_tokens_mask"]))
+                         if t > 0 and start >= len(prompt) and not sp)
+            ids = list(enc["input_ids"][:first])
+        entropies = []
+        for _ in range(4):
+            with torch.no_grad():
+                logp = model(input_ids=torch.tensor([ids])).logits[0, -1].log_softmax(-1)
+            entropies.append(-(logp.exp() * logp).sum().item())
+            ids.append(int(logp.argmax()))
+            if ids[-1] == model.config.eos_token_id:
+                break
+        n = len(entropies)
+        x = torch.tensor([ids])
+        loss = F.cross_entropy(model(input_ids=x).logits[0, -n - 1:-1], x[0, -n:])
+        norm = torch.sqrt(sum(g.square().sum() for g in torch.autograd.grad(loss, params))).item()
+        got = rows[row["id"]]
+        assert abs(float(got["score"]) - norm) <= 1e-6 * norm, row["id"]
+        assert abs(float(got["completion_entropy"]) - sum(entropies) / n) <= 1e-6, row["id"]
+    sampled = [by_id(score_in(ws, *args, "--egl-samples", "3", "-b", b, "--seed", seed).stdout)
+               for b, seed in (("6", "0"), ("2", "0"), ("6", "1"))]
+    for row in ROWS:
+        assert abs(float(sampled[0][row["id"]]["score"]) - float(sampled[1][row["id"]]["score"])) <= 1e-5
+    assert any(sampled[0][r["id"]]["score"] != sampled[2][r["id"]]["score"] for r in ROWS)
+    assert all(float(r["egl_se"]) >= 0 for r in sampled[0].values())

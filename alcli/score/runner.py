@@ -135,6 +135,7 @@ def score_batch(model: nn.Module, batch: Batch, settings: Settings, device: torc
                        check_logits=lambda out: _check_output(task, _checked_logits(out), batch.labels,
                                                               batch.ids, pool),
                        task=task, egl_samples=settings.egl_samples, aggregate=settings.aggregate,
+                       temperature=settings.temperature, max_new_tokens=settings.max_new_tokens,
                        words=word_ids, given=_given(task, pool, batch.ids, words))
     try:
         with autocast(settings.precision, device):

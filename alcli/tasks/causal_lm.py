@@ -8,14 +8,16 @@ Its rows show the loss and the perplexity exp(loss).
 """
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import RunError
-from .common import (IGNORE, UTILITIES, Task, _categorical, _labels_to_dense, _mean_ce, aggregate,
-                     confidence, position_badge, position_loss)
+from ..gradnorm import call_model, grad_norms_per_target, logits_of
+from .common import (IGNORE, UTILITIES, Task, _categorical, _generator, _labels_to_dense, _mean_ce,
+                     aggregate, confidence, exact_dtype, position_badge, position_loss)
 
 NOT_SCORED = -1  # `words` of a token that is no target: prompt, padding, special tokens
 
@@ -120,10 +122,104 @@ def perplexity(s, loss: torch.Tensor | None) -> dict:
     return {} if loss is None else {"perplexity": loss.exp()}
 
 
-def no_egl(s):
-    raise RunError("--strategy egl on a causal-lm task needs completions sampled from the model, "
-                   "which alcli does not do yet; use gradnorm or loss with answers, or entropy "
-                   "for prompts alone")
+def prompt_of(s, i: int) -> torch.Tensor:
+    """Example i's prompt [P]: its real tokens before its answer's first (all of them, as the
+    tokenizer encodes the prompt, without an answer; at least the first token)."""
+    ids = input_ids(s.inputs)[i]
+    mask = s.inputs.get("attention_mask") if isinstance(s.inputs, dict) else None
+    real = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask[i].bool()
+    if s.words is not None and bool((s.words[i] >= 0).any()):
+        first = int((s.words[i] >= 0).nonzero()[0])
+        real = real & (torch.arange(ids.shape[0], device=ids.device) < max(first, 1))
+    return ids[real]
+
+
+def sample(model, prompt: torch.Tensor, samples: int, temperature: float, steps: int, stop: set,
+           generator: torch.Generator | None) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """`samples` completions of `prompt` [P], token by token with the model's cache: drawn from
+    softmax(logits / temperature) with `generator`, or the most likely token without one; each
+    stops after an end-of-text token (`stop`). -> (completions, each [<= steps] long; the mean
+    entropy of the distributions its tokens were drawn from [S])."""
+    x = prompt.unsqueeze(0).repeat(samples, 1)                        # [S, P]
+    out, past = [], None
+    done = torch.zeros(samples, dtype=torch.bool)
+    entropy_sum, counted = torch.zeros(samples, dtype=torch.float64), torch.zeros(samples)
+    with torch.no_grad():
+        for _ in range(steps):
+            with warnings.catch_warnings():  # transformers 5 renames past_key_values (cache)
+                warnings.filterwarnings("ignore", message=".*past_key_values.*")
+                o = model(input_ids=x, past_key_values=past, use_cache=True)
+            past = getattr(o, "past_key_values", None)
+            logp = (o.logits[:, -1].double() / temperature).log_softmax(-1).cpu()   # [S, V]
+            live = ~done
+            entropy_sum += torch.where(live, -(logp.exp() * logp).sum(-1), 0.0)
+            counted += live
+            token = (torch.multinomial(logp.exp(), 1, generator=generator)[:, 0] if generator is not None
+                     else logp.argmax(-1))
+            out.append(torch.where(live, token, -1))
+            if stop:
+                done |= torch.isin(token, torch.tensor(sorted(stop), dtype=token.dtype))
+            if bool(done.all()):
+                break
+            x = token.unsqueeze(1).to(prompt.device)
+            if past is None:  # a model without a cache: read the whole sequence again
+                made = torch.stack(out, 1).clamp_min(0).to(prompt.device)
+                x = torch.cat([prompt.unsqueeze(0).repeat(samples, 1), made], 1)
+    tokens = torch.stack(out, 1)                                       # [S, steps'], -1 after the end
+    return [t[t >= 0].to(prompt.device) for t in tokens], entropy_sum / counted.clamp_min(1)
+
+
+def sequences(prompts: list[torch.Tensor], completions: list[list[torch.Tensor]], pad: int
+              ) -> tuple[dict, torch.Tensor]:
+    """Every prompt + each of its completions as one right-padded batch [B*S, L] and its
+    targets: each completion token at the position before it, IGNORE elsewhere."""
+    rows = [(p, c) for p, cs in zip(prompts, completions) for c in cs]
+    length = max(len(p) + len(c) for p, c in rows)
+    ids = torch.full((len(rows), length), pad, dtype=torch.long, device=prompts[0].device)
+    mask = torch.zeros_like(ids)
+    targets = torch.full_like(ids, IGNORE)
+    for r, (p, c) in enumerate(rows):
+        n = len(p) + len(c)
+        ids[r, :n] = torch.cat([p, c])
+        mask[r, :n] = 1
+        targets[r, len(p) - 1:n - 1] = c
+    return {"input_ids": ids, "attention_mask": mask}, targets
+
+
+def egl_completions(s) -> dict:
+    """E_y ||grad loss(x, y)|| over completions y the model itself would write after the prompt:
+    S of them sampled per example (seeded by --seed and the id; --temperature, --max-new-tokens),
+    their norms through one engine pass, the mean as the score with its standard error
+    (`egl_se`), and `completion_entropy`, the mean entropy of the distributions their tokens were
+    drawn from (a cheap utility of the same samples). `--egl-samples pseudo`: the one most likely
+    completion (greedy)."""
+    greedy = s.egl_samples == "pseudo"
+    count = 1 if greedy else int(s.egl_samples)
+    config = getattr(s.model, "config", None)
+    eos = getattr(config, "eos_token_id", None)
+    stop = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+    prompts, completions, entropies = [], [], []
+    for i, id_ in enumerate(s.ids):
+        prompt = prompt_of(s, i)
+        made, entropy = sample(s.model, prompt, count, s.temperature, s.max_new_tokens, stop,
+                               None if greedy else _generator(s.seed, id_))
+        prompts.append(prompt)
+        completions.append(made)
+        entropies.append(entropy.mean())
+    pad = getattr(config, "pad_token_id", None)
+    inputs, targets = sequences(prompts, completions, pad if isinstance(pad, int) else 0)
+    norms, _ = grad_norms_per_target(s.model, inputs, [targets], params=s.layers, method=s.method,
+                                     loss_fn=lm_loss, compile=s.compile)
+    if s.logits is None:  # the rows' loss and confidence: the model on the batch as given
+        with torch.no_grad():
+            s.logits = logits_of(call_model(s.model, s.inputs)).detach()
+    dtype = exact_dtype(s.logits)
+    norms = norms[0].to(s.logits.device, dtype).view(len(s.ids), count)          # [B, S]
+    cols = {"score": norms.mean(1),
+            "completion_entropy": torch.stack(entropies).to(s.logits.device, dtype)}
+    if count > 1:
+        cols["egl_se"] = norms.std(1) / count ** 0.5
+    return cols
 
 
 def not_a_causal_lm(model: nn.Module) -> str | None:
@@ -141,7 +237,7 @@ TASK = Task(
     name="causal-lm", shape="[batch, tokens, vocabulary]", fits=lambda z: z.dim() == 3,
     names_model=is_causal_lm,
     loss=lm_loss, dists=_dists, label_targets=_labels_to_dense, valid=next_scored,
-    classes=lambda z: z.shape[-1], targets=answers, egl=no_egl, uncertainty=uncertainty,
+    classes=lambda z: z.shape[-1], targets=answers, egl=egl_completions, uncertainty=uncertainty,
     table_loss=position_loss, columns=columns, extra_columns=perplexity,
     pred_values=lambda preds, extras, names: ["" for _ in preds],
     given_labels=False, check_labels=lambda *args: None, words=scored_tokens,
