@@ -275,3 +275,15 @@ def test_egl_over_the_models_own_completions(ws):
         assert abs(float(sampled[0][row["id"]]["score"]) - float(sampled[1][row["id"]]["score"])) <= 1e-5
     assert any(sampled[0][r["id"]]["score"] != sampled[2][r["id"]]["score"] for r in ROWS)
     assert all(float(r["egl_se"]) >= 0 for r in sampled[0].values())
+
+
+def test_select_hands_prompts_to_label_studio_as_text_generation_tasks(ws):
+    from shell import invoke_in, ok
+    ok(invoke_in(ws, "score", "pool.jsonl", "-m", "gpt2-right", "-s", "loss", "-o", "lm.csv", "-q"))
+    result = ok(invoke_in(ws, "select", "lm.csv", "-n", "3", "-f", "labelstudio", "--labelstudio-config",
+                          "lm.xml", "-o", "lm.json", "-q"))
+    tasks = json.loads((ws / "lm.json").read_text())
+    texts = {sequence(r)[0] for r in ROWS}
+    assert len(tasks) == 3 and all(t["data"]["text"] in texts for t in tasks), result.stderr
+    config = (ws / "lm.xml").read_text()
+    assert '<Text name="text" value="$text"/>' in config and '<TextArea name="label" toName="text"' in config

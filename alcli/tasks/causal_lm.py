@@ -9,6 +9,7 @@ Its rows show the loss and the perplexity exp(loss).
 from __future__ import annotations
 
 import warnings
+from xml.sax.saxutils import quoteattr
 
 import numpy as np
 import torch
@@ -229,6 +230,12 @@ def not_a_causal_lm(model: nn.Module) -> str | None:
             f"directory, or an adapter on one), and the model is a {type(model).__name__}")
 
 
+def text_area(names, from_name: str, to_name: str) -> str:
+    """Label Studio's text-generation control: the annotator writes the answer to the text."""
+    return (f"  <TextArea name={quoteattr(from_name)} toName={quoteattr(to_name)} rows=\"6\" "
+            f"editable=\"true\" maxSubmissions=\"1\" placeholder=\"the answer\"/>")
+
+
 def _dists(z: torch.Tensor) -> torch.Tensor:
     return _categorical(z, -1)
 
@@ -244,5 +251,5 @@ TASK = Task(
     badge=position_badge(_dists, tokens=True),
     probe=lambda z, inputs: (lm_loss, next_tokens(inputs, next_scored(z, inputs))),
     loss_over_positions=True, model_kind="a causal language model", needs_model=not_a_causal_lm,
-    reads_prompts=True,
+    reads_prompts=True, control=text_area, names_classes=False,
 )
