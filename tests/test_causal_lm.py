@@ -46,7 +46,18 @@ def lm(family: str, vocab: int):
 
 
 MODELS = {"gpt2-right": ("gpt2", "right"), "gpt2-left": ("gpt2", "left"), "llama-left": ("llama", "left"),
-          "qwen2-right": ("qwen2", "right"), "mistral-left": ("mistral", "left")}
+          "qwen2-right": ("qwen2", "right"), "mistral-left": ("mistral", "left"),
+          "gpt2-plain-left": ("gpt2", "left")}  # a tokenizer adding no special token, as GPT-2's
+
+
+def plain_tokenizer(directory: Path):
+    """A word-level tokenizer over VOCAB that adds no special token (no [CLS] first, as GPT-2's)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    core = Tokenizer(models.WordLevel({w: i for i, w in enumerate(hf_models.VOCAB)}, unk_token="[UNK]"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=core, pad_token="[PAD]", unk_token="[UNK]",
+                                   model_max_length=64, model_input_names=["input_ids", "attention_mask"])
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +66,7 @@ def ws(tmp_path_factory):
     torch.manual_seed(0)
     for name, (family, side) in MODELS.items():
         lm(family, len(hf_models.VOCAB)).save_pretrained(root / name)
-        tok = hf_models.tokenizer(root / name, token_types=False)
+        tok = plain_tokenizer(root / name) if "plain" in name else hf_models.tokenizer(root / name, token_types=False)
         tok.chat_template = TEMPLATE
         tok.save_pretrained(root / name)
         config = json.loads((root / name / "tokenizer_config.json").read_text())

@@ -72,12 +72,10 @@ def next_scored(logits: torch.Tensor, inputs, words: torch.Tensor | None = None)
     (`logits` may be None): the answers are the inputs' own tokens."""
     ids = input_ids(inputs)
     b, t = ids.shape[:2]
-    if words is not None:
-        nxt = words[:, 1:] >= 0
-    elif isinstance(inputs, dict) and isinstance(inputs.get("attention_mask"), torch.Tensor):
-        nxt = inputs["attention_mask"][:, 1:].bool()
-    else:
-        nxt = torch.ones(b, t - 1, dtype=torch.bool, device=ids.device)
+    mask = inputs.get("attention_mask") if isinstance(inputs, dict) else None
+    real = torch.ones(b, t, dtype=torch.bool, device=ids.device) if mask is None else mask.bool()
+    nxt = (words[:, 1:] >= 0) if words is not None else real[:, 1:]
+    nxt = nxt & real[:, :-1]  # a padding position predicts nothing (left padding, no BOS)
     return F.pad(nxt.to(ids.device), (0, 1), value=False)
 
 
