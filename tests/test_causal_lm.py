@@ -298,3 +298,14 @@ def test_select_hands_prompts_to_label_studio_as_text_generation_tasks(ws):
     assert len(tasks) == 3 and all(t["data"]["text"] in texts for t in tasks), result.stderr
     config = (ws / "lm.xml").read_text()
     assert '<Text name="text" value="$text"/>' in config and '<TextArea name="label" toName="text"' in config
+
+
+def test_a_parquet_pool_reads_as_its_jsonl_does(ws):
+    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow as pa
+    columns = {k: [r.get(k) for r in ROWS] for k in ("id", "text", "prompt", "response", "messages")}
+    pq.write_table(pa.table(columns), ws / "pool.parquet")
+    args = ["-m", "gpt2-left", "-s", "loss", "--no-embeddings"]
+    from_jsonl = by_id(score_in(ws, "pool.jsonl", *args).stdout)
+    from_parquet = by_id(score_in(ws, "pool.parquet", *args).stdout)
+    assert {k: v["score"] for k, v in from_parquet.items()} == {k: v["score"] for k, v in from_jsonl.items()}
