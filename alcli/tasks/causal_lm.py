@@ -34,6 +34,20 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return _mean_ce(logits, targets, -1)
 
 
+def lm_cotangent(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """d(sum_i lm_loss_i)/d logits = (softmax - onehot(target)) / n_i at each scored position,
+    0 elsewhere: [B, T, V], built in place in one [B, T, V] tensor (torch.func.grad of the loss
+    would hold several)."""
+    valid = targets != IGNORE                                                  # [B, T]
+    scale = valid / valid.sum(1, keepdim=True).clamp_min(1)                    # [B, T]: 1/n_i or 0
+    out = logits.softmax(-1)
+    out.scatter_add_(-1, targets.clamp_min(0).unsqueeze(-1), -torch.ones_like(targets, dtype=out.dtype).unsqueeze(-1))
+    return out.mul_(scale.to(out.dtype).unsqueeze(-1))
+
+
+lm_loss.cotangent = lm_cotangent  # the engine's closed form of lm_loss's gradient
+
+
 def scored_tokens(batch, pool, inputs) -> tuple[torch.Tensor, list[int]] | None:
     """[B, T]: 0 at a token the loss predicts (a response's, or any of a text's), NOT_SCORED at
     prompt, padding and special tokens; and each example's count of them. From the pool's
