@@ -156,35 +156,49 @@ def test_every_layer_has_its_rule_and_auto_is_ghost(ws):
     assert "generic" not in rules.values()
 
 
-@pytest.fixture(scope="module")
-def adapter(ws):
+ADAPTED = {"llama-left": ["q_proj", "v_proj"], "gpt2-left": ["c_attn", "c_fc"],
+           "qwen2-right": ["k_proj", "down_proj"]}  # GPT-2's targets are Conv1D (fan_in_fan_out)
+
+
+def make_adapter(ws, base: str) -> Path:
+    """A LoRA adapter (r = 4, lora_B drawn at random, not zero) on `base`, saved with its base
+    named relative to the adapter directory."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
     torch.manual_seed(1)
-    peft_model = get_peft_model(AutoModelForCausalLM.from_pretrained(ws / "llama-left"),
-                                LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    peft_model = get_peft_model(AutoModelForCausalLM.from_pretrained(ws / base),
+                                LoraConfig(r=4, lora_alpha=8, target_modules=ADAPTED[base],
+                                           fan_in_fan_out=base.startswith("gpt2")))
     with torch.no_grad():  # lora_B starts at zero: make the adapter do something
         for n, p in peft_model.named_parameters():
             if "lora_B" in n:
                 p.normal_(0, 0.1)
-    peft_model.save_pretrained(ws / "lora")
-    config = json.loads((ws / "lora" / "adapter_config.json").read_text())
-    config["base_model_name_or_path"] = "../llama-left"  # relative to the adapter directory
-    (ws / "lora" / "adapter_config.json").write_text(json.dumps(config))
-    return ws / "lora"
+    folder = ws / f"lora-{base}"
+    peft_model.save_pretrained(folder)
+    config = json.loads((folder / "adapter_config.json").read_text())
+    config["base_model_name_or_path"] = f"../{base}"  # relative to the adapter directory
+    (folder / "adapter_config.json").write_text(json.dumps(config))
+    return folder
 
 
-def test_a_lora_adapter_is_scored_over_its_own_parameters_by_default(ws, adapter):
+@pytest.mark.parametrize("base", list(ADAPTED))
+def test_a_lora_adapter_is_scored_over_its_own_parameters_by_default(ws, base):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    rows = by_id(score_in(ws, "pool.jsonl", "-m", "lora", "-s", "gradnorm", "-b", "4",
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # peft on fan_in_fan_out
+        adapter = make_adapter(ws, base)
+    rows = by_id(score_in(ws, "pool.jsonl", "-m", adapter.name, "-s", "gradnorm", "-b", "4",
                           "--no-embeddings").stdout)
-    tok = AutoTokenizer.from_pretrained(ws / "llama-left")
-    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(ws / "llama-left"), str(adapter))
+    tok = AutoTokenizer.from_pretrained(ws / base)
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(ws / base), str(adapter))
     _, norms = oracle(model, tok, ROWS, only=lambda n: "lora_" in n)
     assert_close(rows, norms, "score")
-    # --layers chooses otherwise: the frozen base's last RMSNorm and output layer
-    rows = by_id(score_in(ws, "pool.jsonl", "-m", "lora", "-s", "gradnorm", "-b", "4", "--no-embeddings",
+    if base != "llama-left":
+        return
+    # --layers chooses otherwise: the frozen base's last RMSNorm and (tied) output layer
+    rows = by_id(score_in(ws, "pool.jsonl", "-m", adapter.name, "-s", "gradnorm", "-b", "4", "--no-embeddings",
                           "--layers", "base_model.model.model.norm", "--layers", "base_model.model.lm_head").stdout)
     _, norms = oracle(model, tok, ROWS, only=lambda n: n.endswith(("model.model.norm.weight", "embed_tokens.weight")))
     assert_close(rows, norms, "score")
