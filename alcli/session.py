@@ -98,7 +98,8 @@ def pool_for(settings: Settings, model: nn.Module, pool=None, stdin=None) -> Poo
     own_sizes = spec is not None and spec.sized_images  # a detector's images keep their sizes
     opts = PoolOptions(settings.labels_from_folders, settings.transform, model_channels(model),
                        settings.null, decode=settings.decode, class_names=names,
-                       class_names_file=names_file, labels_as_given=spec is not None and spec.given_labels)
+                       class_names_file=names_file, labels_as_given=spec is not None and spec.given_labels,
+                       prompts=spec is not None and spec.reads_prompts)
     hf_options(opts, settings, model)
     if own_sizes:
         opts.transform = detector_transform(opts.transform, settings, spec.normalised_outside(model))

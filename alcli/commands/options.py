@@ -95,8 +95,8 @@ TopClasses = Annotated[Optional[int], typer.Option(
     "[default: 10 for models with more than 10 classes, else all]", rich_help_panel=STRATEGY)]
 Task = Annotated[Optional[str], typer.Option(
     metavar="TASK", help="What one example's output is: auto (read from the model), "
-    "classification, multilabel, segmentation, token-classification, regression, detection or "
-    "keypoints. "
+    "classification, multilabel, segmentation, token-classification, regression, causal-lm, "
+    "detection or keypoints. "
     "[default: auto]", rich_help_panel=MODEL)]
 EglSamples = Annotated[Optional[str], typer.Option(
     metavar="S|pseudo", help="egl on multilabel, segmentation and token classification: S label "
@@ -106,6 +106,12 @@ Aggregate = Annotated[Optional[str], typer.Option(
     metavar="mean|max|top:Q", help="How per-position (per-label) entropy, margin and "
     "least-confidence make one score per example; top:Q = the mean of the top fraction Q. "
     "[default: mean]", rich_help_panel=STRATEGY)]
+Temperature = Annotated[Optional[float], typer.Option(
+    metavar="T", help="causal-lm egl: the temperature completions are sampled at (seeded). "
+    "[default: 1.0]", rich_help_panel=STRATEGY)]
+MaxNewTokens = Annotated[Optional[int], typer.Option(
+    metavar="N", help="causal-lm egl: tokens per sampled completion, at most (it stops at the "
+    "end-of-text token). [default: 32]", rich_help_panel=STRATEGY)]
 BoxThreshold = Annotated[Optional[float], typer.Option(
     metavar="P", help="Detection: predicted boxes scoring at least P are the pseudo-labels of "
     "gradnorm and loss, and the table's boxes. [default: 0.5]", rich_help_panel=STRATEGY)]
@@ -296,5 +302,5 @@ NullOutput = Annotated[bool, typer.Option(
 # command taking one of score's scoring options takes them all, declared as here.
 SCORING = (LabelsFromFolders, ClassNames, TextColumnOpt, ImageColumn, IdColumn, LabelColumn, Split,
            MaxLength, Arch, ArchKwargs, Ema, Trust, TrustRemoteCode, Task, TopClasses, EglSamples,
-           Aggregate, BoxThreshold, Layers, Resize, CenterCrop, Grayscale, Normalize, BatchSize,
+           Aggregate, Temperature, MaxNewTokens, BoxThreshold, Layers, Resize, CenterCrop, Grayscale, Normalize, BatchSize,
            Device, Workers, Precision, Decode, Method, Compile)

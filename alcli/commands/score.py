@@ -9,7 +9,7 @@ import typer
 from ..errors import AlcliError
 from . import shared
 from .options import (
-    Aggregate, Arch, ArchKwargs, BatchSize, BoxThreshold, CenterCrop, CheckpointEvery, ClassNames,
+    Aggregate, Arch, ArchKwargs, BatchSize, BoxThreshold, MaxNewTokens, Temperature, CenterCrop, CheckpointEvery, ClassNames,
     Compile, Config, Decode, Device, EglSamples, Ema, Grayscale, IdColumn, ImageColumn,
     LabelColumn, LabelsFromFolders, Layers, LogFormat, MaxLength, Method, Model, Normalize, Null,
     Output, Precision, ProgressEvery, Quiet, Resize, Restart, Resume, ScoreExclude, Seed, Shard,
@@ -48,7 +48,8 @@ def score(
     trust_checkpoint: Trust = False, trust_remote_code: TrustRemoteCode = False,
     task: Task = None,
     strategy: Strategy = None, top_classes: TopClasses = None, egl_samples: EglSamples = None,
-    aggregate: Aggregate = None, box_threshold: BoxThreshold = None, layers: Layers = None,
+    aggregate: Aggregate = None, box_threshold: BoxThreshold = None, temperature: Temperature = None,
+    max_new_tokens: MaxNewTokens = None, layers: Layers = None,
     seed: Seed = None,
     resize: Resize = None, center_crop: CenterCrop = None, grayscale: Grayscale = None,
     normalize: Normalize = None,

@@ -10,7 +10,7 @@ from ..errors import AlcliError
 from ..files.config import flag
 from . import shared
 from .options import (
-    LABELING, SELECTION, Aggregate, Arch, ArchKwargs, BatchSize, BoxThreshold, CenterCrop,
+    LABELING, SELECTION, Aggregate, Arch, ArchKwargs, BatchSize, BoxThreshold, MaxNewTokens, Temperature, CenterCrop,
     ClassNames, Compile, Config, ContactSheet, Decode, Device, Diverse, DiverseCandidates,
     DiverseClusters, DiverseMode, EglSamples, Ema, Exclude, FromName, Grayscale, IdColumn,
     ImageColumn, ImageDir, ImageRoot, LabelColumn, LabelsFromFolders, LabelStudioConfig, Layers,
@@ -73,6 +73,7 @@ def select(
     task: scoring(Task) = None, strategy: scoring(Strategy) = None,
     top_classes: scoring(TopClasses) = None, egl_samples: scoring(EglSamples) = None,
     aggregate: scoring(Aggregate) = None, box_threshold: scoring(BoxThreshold) = None,
+    temperature: scoring(Temperature) = None, max_new_tokens: scoring(MaxNewTokens) = None,
     layers: scoring(Layers) = None, labels_from_folders: scoring(LabelsFromFolders) = False,
     text_column: scoring(TextColumnOpt) = None, image_column: scoring(ImageColumn) = None,
     id_column: scoring(IdColumn) = None, label_column: scoring(LabelColumn) = None,
@@ -146,6 +147,6 @@ def select(
 SCORING_FLAGS = ("arch", "arch_kwargs", "trust_checkpoint", "trust_remote_code", "ema",
                  "text_column", "image_column", "id_column", "label_column", "split",
                  "max_length", "text_width", "labels_from_folders", "strategy", "task",
-                 "egl_samples", "aggregate", "box_threshold", "top_classes", "layers", "method",
+                 "egl_samples", "aggregate", "temperature", "max_new_tokens", "box_threshold", "top_classes", "layers", "method",
                  "compile", "precision", "decode", "batch_size", "device", "workers", "resize",
                  "center_crop", "grayscale", "normalize")

@@ -11,7 +11,7 @@ from ..errors import AlcliError
 from ..files.config import load_settings
 from . import shared
 from .options import (
-    Aggregate, Arch, ArchKwargs, BatchSize, BoxThreshold, CenterCrop, ClassNames, Compile, Config,
+    Aggregate, Arch, ArchKwargs, BatchSize, BoxThreshold, MaxNewTokens, Temperature, CenterCrop, ClassNames, Compile, Config,
     Decode, Device, EglSamples, Ema, Grayscale, IdColumn, ImageColumn, LabelColumn,
     LabelsFromFolders, Layers, MaxLength, Method, Normalize, Precision, Quiet, Resize, Split, Task,
     TextColumnOpt, TopClasses, Trust, TrustRemoteCode, Workers)
@@ -99,7 +99,8 @@ def simulate(
     arch: Arch = None, arch_kwargs: ArchKwargs = None, ema: Ema = False,
     trust_checkpoint: Trust = False, trust_remote_code: TrustRemoteCode = False, task: Task = None,
     top_classes: TopClasses = None, egl_samples: EglSamples = None, aggregate: Aggregate = None,
-    box_threshold: BoxThreshold = None, layers: Layers = None,
+    box_threshold: BoxThreshold = None, temperature: Temperature = None,
+    max_new_tokens: MaxNewTokens = None, layers: Layers = None,
     resize: Resize = None, center_crop: CenterCrop = None, grayscale: Grayscale = None,
     normalize: Normalize = None,
     batch_size: BatchSize = None, device: Device = None, workers: Workers = None,

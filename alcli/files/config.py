@@ -42,7 +42,7 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 # the labeling tasks (alcli.tasks.TASKS, plus auto: read from the model); config is read before
 # any model, and cannot import the task modules (they read pools: a cycle); a test keeps them equal
 TASK_NAMES = ("auto", "classification", "multilabel", "segmentation", "token-classification",
-              "regression", "keypoints", "detection")
+              "regression", "causal-lm", "keypoints", "detection")
 DECODERS = ("cpu", "gpu")  # where image files are decoded: the loader's workers, or the device
 DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 MAX_SIDE = 4096  # pixels per side an image may be resized or cropped to (a model directory's
@@ -90,6 +90,8 @@ class Settings:
     egl_samples: int | str = 8       # egl on multilabel/segmentation/token tasks: S sampled label
                                      # sets, or "pseudo" (the predicted labels, one set)
     aggregate: str = "mean"          # per-position utilities -> one per example: mean | max | top:Q
+    temperature: float = 1.0         # causal-lm egl: completions sampled at this temperature
+    max_new_tokens: int = 32         # causal-lm egl: tokens per sampled completion, at most
     box_threshold: float = 0.5       # detection: predicted boxes at least this confident are the
                                      # pseudo-labels and the table's boxes
     layers: list[str] | None = None
@@ -462,7 +464,8 @@ CHECKS: dict[str, Callable[[Any], Any]] = {
     "pool": _pool, "null": _bool, "labels_from_folders": _bool, "transform": _transform,
     "strategy": _choice(STRATEGY_NAMES), "top_classes": _opt(_int(0)), "layers": _layers,
     "task": _choice(TASK_NAMES), "egl_samples": _egl_samples, "aggregate": _aggregate,
-    "box_threshold": _probability,
+    "box_threshold": _probability, "temperature": _number_in(0, 100, low_allowed=False, what="above 0, at most 100"),
+    "max_new_tokens": _int(1, 4096),
     "method": _choice(METHOD_NAMES), "compile": _bool, "precision": _choice(PRECISIONS), "decode": _choice(DECODERS), "batch_size": _int(1),
     "device": _device, "workers": _opt(_workers),
     "seed": _int(0), "output": _opt_str, "format": _choice(FORMATS), "scores": _opt_str,

@@ -1,7 +1,10 @@
 """Hugging Face model directories (`save_pretrained`): the model, its tokenizer, its image settings.
 
 A directory with a config.json is loaded with AutoModelForSequenceClassification,
-AutoModelForImageClassification or AutoModelForTokenClassification, whichever the config names, offline: nothing is downloaded.
+AutoModelForImageClassification, AutoModelForTokenClassification or AutoModelForCausalLM, whichever
+the config names, offline: nothing is downloaded. A PEFT adapter directory (adapter_config.json)
+is loaded on its base model (`base_model_name_or_path`, a local directory) with its adapter
+parameters trainable and the base's frozen, so the engine's default selection is the adapter's.
 Text pools are tokenized with the directory's tokenizer when a batch is collated; image pools use
 the directory's image processor settings (size, crop, mean/std) unless the config sets a transform.
 A directory's own Python code (`auto_map` in its config) runs only with --trust-remote-code:
@@ -26,7 +29,11 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "voca
 
 
 def is_model_dir(path: Path) -> bool:
-    return path.is_dir() and (path / "config.json").is_file()
+    return path.is_dir() and ((path / "config.json").is_file() or is_adapter_dir(path))
+
+
+def is_adapter_dir(path: Path) -> bool:
+    return path.is_dir() and (path / "adapter_config.json").is_file()
 
 
 def transformers():
@@ -61,8 +68,10 @@ def refuse_remote_code(path: Path, trust_remote_code: bool, names=("config.json"
 
 
 def load_model(path: Path, trust_remote_code: bool = False) -> nn.Module:
-    """The classification (token classification, object detection) model saved in `path`, in
-    eval mode."""
+    """The classification (token classification, object detection, causal LM) model saved in
+    `path`, in eval mode; an adapter directory on its base."""
+    if is_adapter_dir(path) and not (path / "config.json").is_file():
+        return load_adapter(path, trust_remote_code)
     refuse_remote_code(path, trust_remote_code)
     tf = transformers()
     try:
@@ -74,6 +83,7 @@ def load_model(path: Path, trust_remote_code: bool = False) -> nn.Module:
     auto = (tf.AutoModelForObjectDetection if _names(config, "ForObjectDetection")
             else tf.AutoModelForImageClassification if _is_image_model(tf, config)
             else tf.AutoModelForTokenClassification if _is_token_model(config)
+            else tf.AutoModelForCausalLM if is_causal_lm_config(config)
             else tf.AutoModelForSequenceClassification)
     try:
         model = auto.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
@@ -83,9 +93,51 @@ def load_model(path: Path, trust_remote_code: bool = False) -> nn.Module:
     return model.eval()
 
 
+def base_dir(path: Path) -> Path:
+    """The base model directory an adapter directory names (adapter_config.json's
+    `base_model_name_or_path`, relative to the adapter directory when not absolute)."""
+    where = path / "adapter_config.json"
+    try:
+        base = json.loads(where.read_text()).get("base_model_name_or_path")
+    except (OSError, ValueError, AttributeError) as err:
+        raise CheckpointError(f"{where} is not a readable JSON object ({first_line(err)})") from None
+    if not isinstance(base, str) or not base:
+        raise CheckpointError(f"{where} names no base model (base_model_name_or_path)")
+    found = Path(base) if Path(base).is_absolute() else path / base
+    if not (found / "config.json").is_file():
+        found = Path(base)
+    if not (found / "config.json").is_file():
+        raise CheckpointError(f"the adapter in {path} is for the base model {base}, which is not a "
+                              f"model directory here (nothing is downloaded); point "
+                              f"base_model_name_or_path in {where} at a local directory")
+    return found
+
+
+def load_adapter(path: Path, trust_remote_code: bool = False) -> nn.Module:
+    """A PEFT adapter directory on its base model: the adapter's parameters trainable (what
+    fine-tuning would move), the base's frozen; in eval mode."""
+    base = load_model(base_dir(path), trust_remote_code)
+    try:
+        from peft import PeftModel
+    except ImportError:
+        raise CheckpointError(f"adapter directory {path} needs the peft package; pip install 'alcli[lm]'") from None
+    try:
+        model = PeftModel.from_pretrained(base, str(path), is_trainable=True)
+    except Exception as err:  # noqa: BLE001 - peft raises many types for a bad adapter
+        raise CheckpointError(f"adapter directory {path} cannot be loaded on its base model "
+                              f"({first_line(err)})") from None
+    return model.eval()
+
+
+def is_causal_lm_config(config) -> bool:
+    """A causal language model (GPT-2's LMHeadModel, Llama's ForCausalLM), as the config's
+    architectures name it."""
+    return _names(config, "ForCausalLM") or _names(config, "LMHeadModel")
+
+
 def _names(config, kind: str) -> bool:
     """Does the config's `architectures` name a model of this kind (a class name ending)?"""
-    return any(n.endswith(kind) for n in config.architectures or [])
+    return any(n.endswith(kind) for n in getattr(config, "architectures", None) or [])
 
 
 def _is_token_model(config) -> bool:
@@ -108,7 +160,10 @@ def model_dir(model: nn.Module, path: str | None) -> Path | None:
     `from_pretrained` model remembers (the Python API given the model object)."""
     for candidate in (path, getattr(model, "name_or_path", None)):
         if candidate and is_model_dir(Path(candidate)):
-            return Path(candidate)
+            found = Path(candidate)
+            if is_adapter_dir(found) and not any((found / n).is_file() for n in TOKENIZER_FILES):
+                return base_dir(found)  # an adapter without a tokenizer of its own: its base's
+            return found
     return None
 
 
@@ -120,13 +175,19 @@ class Tokenize:
 
     PAD_MULTIPLE = 8
 
-    def __init__(self, tokenizer, max_length: int | None, accepted: set[str] | None):
+    def __init__(self, tokenizer, max_length: int | None, accepted: set[str] | None,
+                 positions: bool = False):
         self.tokenizer, self.max_length, self.accepted = tokenizer, max_length, accepted
+        self.positions = positions  # the model takes position_ids: given where padding is on the left
 
     def __call__(self, texts: list[str]) -> dict:
         enc = self.tokenizer(texts, padding="longest", truncation=self.max_length is not None,
                              max_length=self.max_length, return_tensors="pt")
         enc = {k: v for k, v in enc.items() if self.accepted is None or k in self.accepted}
+        if self.positions and self.tokenizer.padding_side == "left" and "attention_mask" in enc:
+            # each text's own positions 0, 1, ... from its first real token (GPT-2 would count
+            # the left padding, moving every position)
+            enc["position_ids"] = (enc["attention_mask"].cumsum(1) - 1).clamp_min(0)
         return self._round_up(enc)
 
     def _round_up(self, enc: dict) -> dict:
@@ -159,13 +220,17 @@ def tokenizer_for(directory: Path, model: nn.Module, max_length: int | None,
         raise PoolError(f"the tokenizer in {directory} cannot be loaded ({first_line(err)})") from None
     config = getattr(model, "config", None)
     pad = getattr(config, "pad_token_id", None)
+    if tok.pad_token_id is None and pad is None and tok.eos_token_id is not None \
+            and is_causal_lm_config(config):
+        pad = tok.eos_token_id  # a causal LM's usual padding (masked out, counted in no loss)
     if tok.pad_token_id is None:
         if pad is None:
             raise PoolError(f"the tokenizer in {directory} has no padding token and the model's "
                             f"config sets no pad_token_id, so texts of different lengths cannot "
                             f"share a batch")
         tok.pad_token_id = pad
-    return Tokenize(tok, max_length or _longest(tok, config), _forward_args(model))
+    return Tokenize(tok, max_length or _longest(tok, config), _forward_args(model),
+                    _takes_positions(model))
 
 
 def _longest(tok, config) -> int | None:
@@ -177,6 +242,12 @@ def _longest(tok, config) -> int | None:
         if isinstance(value, int):
             return value
     return None
+
+
+def _takes_positions(model: nn.Module) -> bool:
+    """Does the model (a PEFT model: its base) take position_ids?"""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "position_ids" in inspect.signature(inner.forward).parameters
 
 
 def _forward_args(model: nn.Module) -> set[str] | None:

@@ -56,6 +56,7 @@ class PoolOptions:
     image_column: str | None = None  # table pools: the image column (None: 'image' if there)
     id_column: str | None = None     # table pools: the id column (None: the row numbers)
     label_column: str | None = None  # table pools: the label column (None: 'label' if there)
+    prompts: bool = False            # rows of text, prompt + response, or messages (files/prompts.py)
     split: str | None = None         # Hugging Face DatasetDict pools: the split scored
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from .pool import Pool, PoolOptions, from_manifest
+from .prompts import from_prompt_file
 from .pool import open_pool as open_file_pool
 from .regular import check_regular
 from .remote import is_url, kind, locate, reading, shown
@@ -31,6 +32,8 @@ def open_pool(spec: str | list[str], opts: PoolOptions, stdin=None) -> Pool:
         return open_file_pool(spec, opts, stdin)
     if spec == "-":
         return open_file_pool(spec, opts, stdin)
+    if opts.prompts and not is_url(spec):
+        return from_prompt_file(spec, opts)
     if is_url(spec):
         return _remote([spec], opts)
     path = Path(spec)

@@ -299,6 +299,9 @@ def _cotangents(logits, target_sets, loss_fn) -> torch.Tensor:
 
     if loss_fn is cross_entropy and z.dim() == 2:
         return cross_entropy_cotangents(z, torch.stack(list(target_sets)))
+    closed = getattr(loss_fn, "cotangent", None)  # a loss's own closed-form gradient (logits, targets)
+    if closed is not None:
+        return torch.stack([closed(z, t) for t in target_sets])
 
     def one(targets):
         return torch.func.grad(lambda l: loss_fn(l, targets).sum())(z)
@@ -309,6 +312,21 @@ def _cotangents(logits, target_sets, loss_fn) -> torch.Tensor:
         except (RuntimeError, NotImplementedError, TypeError, ValueError):
             pass  # a loss function torch.func cannot vmap: one target set at a time
     return torch.stack([one(t) for t in target_sets])
+
+
+SQ_BLOCK = 1 << 22  # elements of the batch's per-example gradients squared at once in float64
+
+
+def _sq_norms(g: torch.Tensor, acc: torch.dtype) -> torch.Tensor:
+    """[B, *shape] -> [B] sums of squares in `acc`, a block of columns at a time, so that a large
+    per-example gradient (a tied embedding's [B, V, d]) is never copied whole into float64."""
+    flat = g.reshape(g.shape[0], -1)
+    step = max(1, SQ_BLOCK // max(flat.shape[0], 1))
+    parts = [part.to(acc).square().sum(1) for part in flat.split(step, 1)]
+    total = parts[0]
+    for part in parts[1:]:
+        total = total + part
+    return total
 
 
 def _acc_dtype(device) -> torch.dtype:
@@ -435,7 +453,7 @@ class _Pass:
         if self.small:  # one cat, square and sum for all of them: [B, sum n] -> [B]
             self.sq.append(torch.cat(self.small, 1).square().sum(1))
         for g in self.summed_grads.values():
-            self.sq.append(g.reshape(g.shape[0], -1).to(acc).square().sum(1))
+            self.sq.append(_sq_norms(g, acc))
         if not self.sq:
             return torch.zeros(batch, dtype=acc, device=device)
         # one stack and one sum for the whole pass: [P, B] -> [B], accumulated in float64

@@ -236,7 +236,7 @@ def run_key(settings: Settings, full: Pool, net: nn.Module) -> dict:
             # settings that change the numbers, recorded when they are not the default
             **{k: getattr(settings, k) for k, default in (("decode", "cpu"), ("precision", "fp32"),
                                                           ("task", "auto"), ("egl_samples", 8),
-                                                          ("aggregate", "mean"),
+                                                          ("aggregate", "mean"), ("temperature", 1.0), ("max_new_tokens", 32),
                                                           ("box_threshold", 0.5))
                if getattr(settings, k) != default}}
 

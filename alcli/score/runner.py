@@ -135,6 +135,7 @@ def score_batch(model: nn.Module, batch: Batch, settings: Settings, device: torc
                        check_logits=lambda out: _check_output(task, _checked_logits(out), batch.labels,
                                                               batch.ids, pool),
                        task=task, egl_samples=settings.egl_samples, aggregate=settings.aggregate,
+                       temperature=settings.temperature, max_new_tokens=settings.max_new_tokens,
                        words=word_ids, given=_given(task, pool, batch.ids, words))
     try:
         with autocast(settings.precision, device):
@@ -153,9 +154,9 @@ def score_batch(model: nn.Module, batch: Batch, settings: Settings, device: torc
         finite &= torch.isfinite(loss.to(score.device)) | undefined
     score = torch.where(finite, score, torch.full_like(score, math.nan))  # ranked last, counted
     columns = {"score": score, "pred": pred, "confidence": conf,
-               **({"loss": loss} if loss is not None else {}), **cols}
+               **({"loss": loss} if loss is not None else {}), **spec.extra_columns(s, loss), **cols}
     pending = embeddings.pending() if embeddings else []
-    per_word = [] if words is None else [s.logits.argmax(-1), word_ids]  # [B, T] each
+    per_word = [s.logits.argmax(-1), word_ids] if words is not None and spec.word_preds else []  # [B, T] each
     lists, extras = _home(list(columns.values()), pending + pred_sets + per_word)
     if embeddings is not None:
         embeddings.keep(extras[:len(pending)])

@@ -40,6 +40,8 @@ class StrategyInputs:
     check_logits: Callable[[torch.Tensor], None] | None = None  # validates the engine's logits
     task: str = "classification"      # its name in alcli.tasks.TASKS
     egl_samples: int | str = DEFAULT_EGL_SAMPLES  # egl's label sets per example, or "pseudo"
+    temperature: float = 1.0          # causal-lm egl: completions sampled at this temperature,
+    max_new_tokens: int = 32          # of at most this many tokens
     aggregate: str = "mean"           # per-position utilities -> one per example
     # other tasks' given labels: logits -> (targets in the loss's layout, known [B] bool)
     # (Task.read_labels); None: the pool has none

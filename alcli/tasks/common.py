@@ -34,6 +34,10 @@ def _nothing(*args) -> list:
     return []
 
 
+def _nothing_dict(*args) -> dict:
+    return {}
+
+
 def _none(*args) -> None:
     return None
 
@@ -85,6 +89,8 @@ class Task:
     # --- what its rows show
     columns: Callable | None = None   # (s, score) -> (pred [B], confidence [B], loss [B] | None, [extras])
     pred_values: Callable | None = None   # (preds, extras, class names) -> the pred column
+    extra_columns: Callable = _nothing_dict  # (s, loss [B] | None) -> more [B] columns (perplexity)
+    word_preds: bool = False          # rows show each word's prediction (`pred_words`, from `words`)
     class_pred: bool = False          # pred and label are one class: by name, with pred_index
     joins_labels: bool = False        # a row's labels are joined by '|': no class name may hold one
     names_classes: bool = True        # --class-names names the model's classes (keypoints: its keypoints)
@@ -126,6 +132,8 @@ class Task:
     gradient_utilities: tuple = ()    # its strategies that take gradients (`method` says how)
     # --- outputs with positions (pixels, tokens): a loss over none is undefined (NaN, ranked last)
     loss_over_positions: bool = False
+    # --- its pool's rows are text, prompt + response, or chat messages (files/prompts.py)
+    reads_prompts: bool = False
     no_position: Callable = _none     # logits -> a sentence when the output has no position to score
 
 
@@ -240,11 +248,14 @@ def grad_norms(s, choose: Callable, loss_fn=None) -> torch.Tensor:
     One forward: when `s.logits` is not known yet, the engine's forward provides it before the
     targets are chosen."""
     def target_sets(logits: torch.Tensor) -> list[torch.Tensor]:
+        # a batch of one runs as two copies (the engine's ONE_EXAMPLE_BUG): s keeps its own one
+        copies = logits.shape[0] // max(len(s.ids), 1)
         if s.logits is None:
             if s.check_logits is not None:
-                s.check_logits(logits)
-            s.logits = logits
-        return choose(s)
+                s.check_logits(logits[:len(s.ids)])
+            s.logits = logits[:len(s.ids)]
+        sets = choose(s)
+        return sets if copies == 1 else [t.repeat(copies, *[1] * (t.dim() - 1)) for t in sets]
 
     norms, _ = grad_norms_per_target(s.model, s.inputs, target_sets, params=s.layers, method=s.method,
                                      loss_fn=loss_fn or s.spec.loss, compile=s.compile)

@@ -138,7 +138,7 @@ TASK = Task(
     targets=given_or_predicted, egl=egl_sampled, uncertainty=per_position, table_loss=position_loss,
     columns=set_columns(), pred_values=named_set,
     read_labels=reader(lambda z: torch.full(z.shape[:2], IGNORE, dtype=torch.long), _read),
-    check_labels=refuse_single_labels("token-classification"), words=words,
+    check_labels=refuse_single_labels("token-classification"), words=words, word_preds=True,
     badge=position_badge(_dists, tokens=True),
     probe=lambda z, inputs: (TASK.loss, predicted(TASK, z, TASK.valid(z, inputs))),
     prelabels=_spans,

@@ -85,3 +85,16 @@ if hasattr(nn, "RMSNorm"):
         x = call.args[0]
         x_hat = F.rms_norm(x, module.normalized_shape, None, module.eps)
         return _affine_grads(x_hat, call.grad_out, len(module.normalized_shape), wanted)
+
+
+# Hugging Face's RMSNorm of Llama, Qwen2 and Mistral (one forward, copied per model):
+# y = w * (x_hat in x's dtype), x_hat = x / sqrt(mean(x^2) + eps) computed in float32
+@register("transformers.models.llama.modeling_llama.LlamaRMSNorm",
+          "transformers.models.qwen2.modeling_qwen2.Qwen2RMSNorm",
+          "transformers.models.mistral.modeling_mistral.MistralRMSNorm", layout="anywhere",
+          accepts=lambda m: isinstance(getattr(m, "variance_epsilon", None), float) and m.weight.dim() == 1)
+def hf_rmsnorm_rule(module, call, wanted):
+    x = call.args[0]
+    x32 = x.to(torch.float32)
+    x_hat = (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + module.variance_epsilon)).to(x.dtype)
+    return _affine_grads(x_hat.to(call.grad_out.dtype), call.grad_out, 1, wanted)

@@ -1,0 +1,267 @@
+"""Causal language models (GPT-2, Llama, Qwen2, Mistral; a PEFT adapter on one): the next token
+at every position. logits [B, T, V]; position t predicts token t + 1, so the targets [B, T] are
+the input ids moved left by one, IGNORE where the next token is not scored (the prompt, padding,
+special tokens, the last position). The loss is the mean cross-entropy over an example's scored
+tokens: the response's (prompt + response, or chat messages ending with the assistant's), or
+every token of a `text` (files/prompts.py reads the pool; `scored_tokens` finds its tokens).
+Its rows show the loss and the perplexity exp(loss).
+"""
+from __future__ import annotations
+
+import warnings
+from xml.sax.saxutils import quoteattr
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..gradnorm import call_model, grad_norms_per_target, logits_of
+from .common import (IGNORE, UTILITIES, Task, _categorical, _generator, _labels_to_dense, _mean_ce,
+                     aggregate, confidence, exact_dtype, position_badge, position_loss)
+
+NOT_SCORED = -1  # `words` of a token that is no target: prompt, padding, special tokens
+
+
+def is_causal_lm(model: nn.Module) -> bool:
+    """GPT-2's *LMHeadModel, every *ForCausalLM, and a PEFT model on one."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return type(inner).__name__.endswith(("ForCausalLM", "LMHeadModel"))
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """logits [B, T, V], targets [B, T] (IGNORE where not scored) -> mean CE over scored tokens [B]."""
+    return _mean_ce(logits, targets, -1)
+
+
+def lm_cotangent(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """d(sum_i lm_loss_i)/d logits = (softmax - onehot(target)) / n_i at each scored position,
+    0 elsewhere: [B, T, V], built in place in one [B, T, V] tensor (torch.func.grad of the loss
+    would hold several)."""
+    valid = targets != IGNORE                                                  # [B, T]
+    scale = valid / valid.sum(1, keepdim=True).clamp_min(1)                    # [B, T]: 1/n_i or 0
+    out = logits.softmax(-1)
+    out.scatter_add_(-1, targets.clamp_min(0).unsqueeze(-1), -torch.ones_like(targets, dtype=out.dtype).unsqueeze(-1))
+    return out.mul_(scale.to(out.dtype).unsqueeze(-1))
+
+
+lm_loss.cotangent = lm_cotangent  # the engine's closed form of lm_loss's gradient
+
+
+def scored_tokens(batch, pool, inputs) -> tuple[torch.Tensor, list[int]] | None:
+    """[B, T]: 0 at a token the loss predicts (a response's, or any of a text's), NOT_SCORED at
+    prompt, padding and special tokens; and each example's count of them. From the pool's
+    `start_of` (the character each example's scored part begins at, None: a prompt without an
+    answer) and the tokens' character offsets, tokenized as the pool's Tokenize does (a fast
+    tokenizer; else the prompt's own token count marks the boundary). None off a prompt pool."""
+    base = getattr(pool, "base", pool)
+    start_of, tokenize = getattr(base, "start_of", None), getattr(base, "tokenize", None)
+    if start_of is None or batch.texts is None or not isinstance(inputs, dict) or "input_ids" not in inputs:
+        return None
+    steps = inputs["input_ids"].shape[1]
+    starts = [start_of[i] for i in batch.ids]
+    tok = tokenize.tokenizer
+    cut = {"truncation": tokenize.max_length is not None, "max_length": tokenize.max_length}
+    enc = tok(batch.texts, padding="longest", return_special_tokens_mask=True,
+              return_offsets_mapping=bool(getattr(tok, "is_fast", False)), return_tensors="np", **cut)
+    real = (enc["attention_mask"] == 1) & (enc["special_tokens_mask"] == 0)     # [B, T']
+    if "offset_mapping" in enc:
+        begins = enc["offset_mapping"][..., 0]                                  # [B, T'] characters
+        after = np.stack([b >= (s if s is not None else np.inf) for b, s in zip(begins, starts)])
+    else:  # the prompt's own tokens come first; the rest of the real tokens are the response's
+        prompts = [len(tok(t[:s], **cut)["input_ids"]) if s is not None else None
+                   for t, s in zip(batch.texts, starts)]
+        index = np.cumsum(enc["attention_mask"], 1) - 1                         # position among real tokens
+        after = np.stack([index[i] >= (p if p is not None else np.inf) for i, p in enumerate(prompts)])
+    marks = np.full((len(starts), steps), NOT_SCORED, dtype=np.int64)
+    width = min(steps, real.shape[1])
+    marks[:, :width] = np.where((real & after)[:, :width], 0, NOT_SCORED)
+    words = torch.from_numpy(marks).to(inputs["input_ids"].device)
+    return words, (words >= 0).sum(1).tolist()
+
+
+def next_scored(logits: torch.Tensor, inputs, words: torch.Tensor | None = None) -> torch.Tensor:
+    """[B, T] bool: the positions whose next token is scored (`words`); without them (a tensor
+    pool of input ids), those whose next token is not padding. Known before the logits are
+    (`logits` may be None): the answers are the inputs' own tokens."""
+    ids = input_ids(inputs)
+    b, t = ids.shape[:2]
+    mask = inputs.get("attention_mask") if isinstance(inputs, dict) else None
+    real = torch.ones(b, t, dtype=torch.bool, device=ids.device) if mask is None else mask.bool()
+    nxt = (words[:, 1:] >= 0) if words is not None else real[:, 1:]
+    nxt = nxt & real[:, :-1]  # a padding position predicts nothing (left padding, no BOS)
+    return F.pad(nxt.to(ids.device), (0, 1), value=False)
+
+
+def input_ids(inputs) -> torch.Tensor:
+    return inputs["input_ids"] if isinstance(inputs, dict) else inputs
+
+
+def next_tokens(inputs, valid: torch.Tensor) -> torch.Tensor:
+    """[B, T]: the token after each position where it is scored, IGNORE elsewhere."""
+    ids = input_ids(inputs).to(valid.device)
+    moved = F.pad(ids[:, 1:], (0, 1), value=IGNORE)
+    return torch.where(valid, moved, torch.full_like(moved, IGNORE))
+
+
+def answers(s) -> torch.Tensor:
+    """The given answers' tokens as targets [B, T] (an example without one has none: its loss
+    and gradnorm are NaN, ranked last)."""
+    return next_tokens(s.inputs, s.valid)
+
+
+def uncertainty(s, name: str) -> dict:
+    """entropy, margin or least-confidence of the next token, aggregated (--aggregate) over the
+    answer's positions; for a prompt without an answer, at its last token (what it would say
+    first)."""
+    valid = s.valid
+    ids = input_ids(s.inputs)
+    mask = s.inputs.get("attention_mask") if isinstance(s.inputs, dict) else None
+    mask = torch.ones_like(ids) if mask is None else mask
+    last = (torch.arange(ids.shape[1], device=ids.device) * mask).argmax(1)      # [B] last real token
+    at_last = F.one_hot(last, ids.shape[1]).bool().to(valid.device)
+    valid = torch.where(valid.any(1, keepdim=True), valid, at_last)
+    score = aggregate(UTILITIES[name](_dists(s.logits)), valid, s.aggregate)
+    return {"score": score, "margin": 1.0 - score} if name == "margin" else {"score": score}
+
+
+def columns(s, score: torch.Tensor):
+    """No pred; the mean probability of the predicted next token over the scored positions; the
+    loss at the answers (NaN without one)."""
+    return torch.zeros_like(score), confidence(TASK, s.logits, s.valid), position_loss(s), []
+
+
+def perplexity(s, loss: torch.Tensor | None) -> dict:
+    return {} if loss is None else {"perplexity": loss.exp()}
+
+
+def prompt_of(s, i: int) -> torch.Tensor:
+    """Example i's prompt [P]: its real tokens before its answer's first (all of them, as the
+    tokenizer encodes the prompt, without an answer; at least the first token)."""
+    ids = input_ids(s.inputs)[i]
+    mask = s.inputs.get("attention_mask") if isinstance(s.inputs, dict) else None
+    real = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask[i].bool()
+    if s.words is not None and bool((s.words[i] >= 0).any()):
+        first = int((s.words[i] >= 0).nonzero()[0])
+        real = real & (torch.arange(ids.shape[0], device=ids.device) < max(first, 1))
+    return ids[real]
+
+
+def sample(model, prompt: torch.Tensor, samples: int, temperature: float, steps: int, stop: set,
+           generator: torch.Generator | None) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """`samples` completions of `prompt` [P], token by token with the model's cache: drawn from
+    softmax(logits / temperature) with `generator`, or the most likely token without one; each
+    stops after an end-of-text token (`stop`). -> (completions, each [<= steps] long; the mean
+    entropy of the distributions its tokens were drawn from [S])."""
+    x = prompt.unsqueeze(0).repeat(samples, 1)                        # [S, P]
+    out, past = [], None
+    done = torch.zeros(samples, dtype=torch.bool)
+    entropy_sum, counted = torch.zeros(samples, dtype=torch.float64), torch.zeros(samples)
+    with torch.no_grad():
+        for _ in range(steps):
+            with warnings.catch_warnings():  # transformers 5 renames past_key_values (cache)
+                warnings.filterwarnings("ignore", message=".*past_key_values.*")
+                o = model(input_ids=x, past_key_values=past, use_cache=True)
+            past = getattr(o, "past_key_values", None)
+            logp = (o.logits[:, -1].double() / temperature).log_softmax(-1).cpu()   # [S, V]
+            live = ~done
+            entropy_sum += torch.where(live, -(logp.exp() * logp).sum(-1), 0.0)
+            counted += live
+            token = (torch.multinomial(logp.exp(), 1, generator=generator)[:, 0] if generator is not None
+                     else logp.argmax(-1))
+            out.append(torch.where(live, token, -1))
+            if stop:
+                done |= torch.isin(token, torch.tensor(sorted(stop), dtype=token.dtype))
+            if bool(done.all()):
+                break
+            x = token.unsqueeze(1).to(prompt.device)
+            if past is None:  # a model without a cache: read the whole sequence again
+                made = torch.stack(out, 1).clamp_min(0).to(prompt.device)
+                x = torch.cat([prompt.unsqueeze(0).repeat(samples, 1), made], 1)
+    tokens = torch.stack(out, 1)                                       # [S, steps'], -1 after the end
+    return [t[t >= 0].to(prompt.device) for t in tokens], entropy_sum / counted.clamp_min(1)
+
+
+def sequences(prompts: list[torch.Tensor], completions: list[list[torch.Tensor]], pad: int
+              ) -> tuple[dict, torch.Tensor]:
+    """Every prompt + each of its completions as one right-padded batch [B*S, L] and its
+    targets: each completion token at the position before it, IGNORE elsewhere."""
+    rows = [(p, c) for p, cs in zip(prompts, completions) for c in cs]
+    length = max(len(p) + len(c) for p, c in rows)
+    ids = torch.full((len(rows), length), pad, dtype=torch.long, device=prompts[0].device)
+    mask = torch.zeros_like(ids)
+    targets = torch.full_like(ids, IGNORE)
+    for r, (p, c) in enumerate(rows):
+        n = len(p) + len(c)
+        ids[r, :n] = torch.cat([p, c])
+        mask[r, :n] = 1
+        targets[r, len(p) - 1:n - 1] = c
+    return {"input_ids": ids, "attention_mask": mask}, targets
+
+
+def egl_completions(s) -> dict:
+    """E_y ||grad loss(x, y)|| over completions y the model itself would write after the prompt:
+    S of them sampled per example (seeded by --seed and the id; --temperature, --max-new-tokens),
+    their norms through one engine pass, the mean as the score with its standard error
+    (`egl_se`), and `completion_entropy`, the mean entropy of the distributions their tokens were
+    drawn from (a cheap utility of the same samples). `--egl-samples pseudo`: the one most likely
+    completion (greedy)."""
+    greedy = s.egl_samples == "pseudo"
+    count = 1 if greedy else int(s.egl_samples)
+    config = getattr(s.model, "config", None)
+    eos = getattr(config, "eos_token_id", None)
+    stop = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+    prompts, completions, entropies = [], [], []
+    for i, id_ in enumerate(s.ids):
+        prompt = prompt_of(s, i)
+        made, entropy = sample(s.model, prompt, count, s.temperature, s.max_new_tokens, stop,
+                               None if greedy else _generator(s.seed, id_))
+        prompts.append(prompt)
+        completions.append(made)
+        entropies.append(entropy.mean())
+    pad = getattr(config, "pad_token_id", None)
+    inputs, targets = sequences(prompts, completions, pad if isinstance(pad, int) else 0)
+    norms, _ = grad_norms_per_target(s.model, inputs, [targets], params=s.layers, method=s.method,
+                                     loss_fn=lm_loss, compile=s.compile)
+    if s.logits is None:  # the rows' loss and confidence: the model on the batch as given
+        with torch.no_grad():
+            s.logits = logits_of(call_model(s.model, s.inputs)).detach()
+    dtype = exact_dtype(s.logits)
+    norms = norms[0].to(s.logits.device, dtype).view(len(s.ids), count)          # [B, S]
+    cols = {"score": norms.mean(1),
+            "completion_entropy": torch.stack(entropies).to(s.logits.device, dtype)}
+    if count > 1:
+        cols["egl_se"] = norms.std(1) / count ** 0.5
+    return cols
+
+
+def not_a_causal_lm(model: nn.Module) -> str | None:
+    if is_causal_lm(model):
+        return None
+    return (f"--task causal-lm needs a causal language model (a *ForCausalLM or *LMHeadModel "
+            f"directory, or an adapter on one), and the model is a {type(model).__name__}")
+
+
+def text_area(names, from_name: str, to_name: str) -> str:
+    """Label Studio's text-generation control: the annotator writes the answer to the text."""
+    return (f"  <TextArea name={quoteattr(from_name)} toName={quoteattr(to_name)} rows=\"6\" "
+            f"editable=\"true\" maxSubmissions=\"1\" placeholder=\"the answer\"/>")
+
+
+def _dists(z: torch.Tensor) -> torch.Tensor:
+    return _categorical(z, -1)
+
+
+TASK = Task(
+    name="causal-lm", shape="[batch, tokens, vocabulary]", fits=lambda z: z.dim() == 3,
+    names_model=is_causal_lm,
+    loss=lm_loss, dists=_dists, label_targets=_labels_to_dense, valid=next_scored,
+    classes=lambda z: z.shape[-1], targets=answers, egl=egl_completions, uncertainty=uncertainty,
+    table_loss=position_loss, columns=columns, extra_columns=perplexity,
+    pred_values=lambda preds, extras, names: ["" for _ in preds],
+    given_labels=False, check_labels=lambda *args: None, words=scored_tokens,
+    badge=position_badge(_dists, tokens=True),
+    probe=lambda z, inputs: (lm_loss, next_tokens(inputs, next_scored(z, inputs))),
+    loss_over_positions=True, model_kind="a causal language model", needs_model=not_a_causal_lm,
+    reads_prompts=True, control=text_area, names_classes=False,
+)

@@ -1,0 +1,131 @@
+"""Causal LMs (issue 36): gradnorm (ghost, exact per-example norms of the mean next-token loss)
+against the floor, one plain forward + backward of the summed per-example loss, side by side in
+one process; and each one's peak memory at a long length, each in a child process of its own
+(ru_maxrss: the child's peak resident memory, model included).
+
+Models, random weights, eval mode, every parameter selected:
+- gpt2-small: GPT2LMHeadModel at GPT-2 small's size (768 wide, 12 layers, 12 heads, vocabulary
+  50257, tied input/output embeddings);
+- tiny-llama: LlamaForCausalLM (512 wide, 8 layers, 8 heads with 4 key/value heads, SwiGLU 1408,
+  RMSNorm, rotary positions, vocabulary 32000, tied embeddings).
+Each batch: B sequences of T random tokens, the last quarter of the second one padding; the loss
+over all real tokens.
+
+    nice -n 10 python benchmarks/causal_lm.py [--models gpt2-small tiny-llama] [--length 512]
+        [--batch 2] [--rounds 3] [--memory-length 2048] [--threads N]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's alcli
+
+from alcli.gradnorm import per_example_grad_norms  # noqa: E402
+from alcli.tasks.causal_lm import lm_loss  # noqa: E402
+
+
+def build(name: str):
+    import transformers as tf
+    torch.manual_seed(0)
+    if name == "gpt2-small":
+        return tf.GPT2LMHeadModel(tf.GPT2Config(n_positions=4096)).eval()
+    return tf.LlamaForCausalLM(tf.LlamaConfig(
+        vocab_size=32000, hidden_size=512, intermediate_size=1408, num_hidden_layers=8,
+        num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=4096,
+        tie_word_embeddings=True)).eval()
+
+
+def batch(model, b: int, t: int):
+    vocab = model.config.vocab_size
+    ids = torch.randint(0, vocab, (b, t))
+    mask = torch.ones(b, t, dtype=torch.long)
+    if b > 1:
+        mask[1, 3 * t // 4:] = 0
+    targets = torch.where(F.pad(mask[:, 1:], (0, 1)) == 1, F.pad(ids[:, 1:], (0, 1)), -100)
+    return {"input_ids": ids, "attention_mask": mask}, targets
+
+
+def floor(model, inputs, targets):
+    """One plain forward and backward of the summed per-example loss, all parameters."""
+    for p in model.parameters():
+        p.grad = None
+    logits = model(**inputs).logits
+    lm_loss(logits, targets).sum().backward()
+
+
+def gradnorm(model, inputs, targets):
+    return per_example_grad_norms(model, inputs, targets, loss_fn=lm_loss, method="ghost")
+
+
+def timed(name: str, length: int, b: int, rounds: int) -> str:
+    model = build(name)
+    inputs, targets = batch(model, b, length)
+    gradnorm(model, inputs, targets)  # ghost's first call probes the model
+    floor(model, inputs, targets)
+    times = {"floor": [], "gradnorm": []}
+    for _ in range(rounds):  # interleaved
+        for what, fn in (("floor", floor), ("gradnorm", gradnorm)):
+            start = time.perf_counter()
+            fn(model, inputs, targets)
+            times[what].append(time.perf_counter() - start)
+    f, g = statistics.median(times["floor"]), statistics.median(times["gradnorm"])
+    return f"{name:11s} T={length:<5d} B={b}  floor {f:7.2f} s  gradnorm {g:7.2f} s  gradnorm / floor {g / f:5.2f}"
+
+
+def one(name: str, what: str, length: int, b: int) -> None:
+    """In a child: build, run `what` once, print the peak resident memory (MiB)."""
+    model = build(name)
+    inputs, targets = batch(model, b, length)
+    {"floor": floor, "gradnorm": gradnorm}[what](model, inputs, targets)
+    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+
+
+def memory(name: str, length: int, b: int, threads: int) -> str:
+    peaks = {}
+    for what in ("build", "floor", "gradnorm"):
+        out = subprocess.run([sys.executable, __file__, "--one", name, what, str(length), str(b),
+                              "--threads", str(threads)], capture_output=True, text=True, check=True)
+        peaks[what] = float(out.stdout.split()[-1])
+    f, g = peaks["floor"] - peaks["build"], peaks["gradnorm"] - peaks["build"]
+    return (f"{name:11s} T={length:<5d} B={b}  peak above the model: floor {f:7.0f} MiB  gradnorm "
+            f"{g:7.0f} MiB  gradnorm / floor {g / f:5.2f}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", nargs="+", default=["gpt2-small", "tiny-llama"])
+    ap.add_argument("--length", type=int, default=512)
+    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--memory-length", type=int, default=2048, help="0: no memory runs")
+    ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    ap.add_argument("--one", nargs=4, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    if args.one:
+        name, what, length, b = args.one
+        if what == "build":
+            build(name)
+            print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+        else:
+            one(name, what, int(length), int(b))
+        return
+    print(f"torch {torch.__version__}, {args.threads} threads, medians of {args.rounds} interleaved rounds")
+    for name in args.models:
+        print(timed(name, args.length, args.batch, args.rounds), flush=True)
+    if args.memory_length:
+        for name in args.models:
+            print(memory(name, args.memory_length, 1, args.threads), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,325 @@
+"""--task causal-lm end to end: `alcli score POOL.jsonl -m DIR` on tiny GPT-2, Llama (RMSNorm,
+rotary, grouped-query attention, SwiGLU, tied embeddings), Qwen2 and Mistral models and a LoRA
+adapter, against a float64 loop in which every row is tokenized alone (no padding) and its loss
+is the mean next-token cross-entropy over its response's tokens (those beginning at or after the
+prompt's last character)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from cli_errors import assert_one_error
+from conftest import parse_csv, score_in
+
+pytest.importorskip("transformers")
+import hf_models  # noqa: E402
+
+TEMPLATE = ("{% for m in messages %}{{ m['role'] }} : {{ m['content'] }} {% endfor %}"
+            "{% if add_generation_prompt %}assistant : {% endif %}")
+ROWS = [
+    {"id": "p1", "prompt": "the cat sat on", "response": " the mat"},
+    {"id": "t1", "text": "a dog ran fast and then stopped"},
+    {"id": "p2", "prompt": "big red bird", "response": " flew away and then stopped on a small blue mat"},
+    {"id": "c1", "messages": [{"role": "user", "content": "the dog ran"},
+                              {"role": "assistant", "content": "fast and then stopped"}]},
+    {"id": "p3", "prompt": "small", "response": " bird"},
+    {"id": "q1", "prompt": "the red dog"},   # no answer: its loss and gradnorm are NaN
+]
+
+
+def lm(family: str, vocab: int):
+    import transformers as tf
+    common = dict(vocab_size=vocab, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0)
+    if family == "gpt2":
+        return tf.GPT2LMHeadModel(tf.GPT2Config(vocab_size=vocab, n_embd=32, n_layer=2, n_head=2,
+                                                n_positions=64, pad_token_id=0, bos_token_id=2, eos_token_id=3))
+    if family == "llama":
+        return tf.LlamaForCausalLM(tf.LlamaConfig(tie_word_embeddings=True, **common))
+    if family == "qwen2":
+        return tf.Qwen2ForCausalLM(tf.Qwen2Config(tie_word_embeddings=False, **common))
+    return tf.MistralForCausalLM(tf.MistralConfig(sliding_window=None, **common))
+
+
+MODELS = {"gpt2-right": ("gpt2", "right"), "gpt2-left": ("gpt2", "left"), "llama-left": ("llama", "left"),
+          "qwen2-right": ("qwen2", "right"), "mistral-left": ("mistral", "left"),
+          "gpt2-plain-left": ("gpt2", "left")}  # a tokenizer adding no special token, as GPT-2's
+
+
+def plain_tokenizer(directory: Path):
+    """A word-level tokenizer over VOCAB that adds no special token (no [CLS] first, as GPT-2's)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    core = Tokenizer(models.WordLevel({w: i for i, w in enumerate(hf_models.VOCAB)}, unk_token="[UNK]"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=core, pad_token="[PAD]", unk_token="[UNK]",
+                                   model_max_length=64, model_input_names=["input_ids", "attention_mask"])
+
+
+@pytest.fixture(scope="module")
+def ws(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lm_ws")
+    torch.manual_seed(0)
+    for name, (family, side) in MODELS.items():
+        lm(family, len(hf_models.VOCAB)).save_pretrained(root / name)
+        tok = plain_tokenizer(root / name) if "plain" in name else hf_models.tokenizer(root / name, token_types=False)
+        tok.chat_template = TEMPLATE
+        tok.save_pretrained(root / name)
+        config = json.loads((root / name / "tokenizer_config.json").read_text())
+        config["padding_side"] = side  # what transformers reads back (the attribute is not saved)
+        (root / name / "tokenizer_config.json").write_text(json.dumps(config))
+    (root / "pool.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    return root
+
+
+def sequence(row: dict) -> tuple[str, str | None]:
+    """(the whole text, its prompt) as the template and the fields give them, written out here."""
+    if "messages" in row:
+        user, answer = row["messages"]
+        prompt = f"user : {user['content']} assistant : "
+        return prompt + f"{answer['content']} ", prompt
+    if "text" in row:
+        return row["text"], ""
+    return row["prompt"] + row.get("response", ""), row["prompt"] if "response" in row else None
+
+
+def oracle(model, tok, rows, only=None) -> tuple[list[float], list[float]]:
+    """(loss, gradient norm) per row in float64, each row alone: the loss over the tokens that
+    begin at or after its prompt's last character (special tokens left out); norm over `only`
+    (a name filter) or every parameter that requires grad."""
+    m = model.double().eval()
+    params = [p.requires_grad_() for n, p in m.named_parameters() if (only(n) if only else p.requires_grad)]
+    losses, norms = [], []
+    for row in rows:
+        text, prompt = sequence(row)
+        enc = tok(text, return_offsets_mapping=True, return_special_tokens_mask=True)
+        ids = torch.tensor([enc["input_ids"]])                                 # [1, T]
+        scored = [t for t, ((start, _), special) in enumerate(zip(enc["offset_mapping"], enc["special_tokens_mask"]))
+                  if prompt is not None and t > 0 and start >= len(prompt) and not special]
+        if not scored:
+            losses.append(float("nan"))
+            norms.append(float("nan"))
+            continue
+        logits = m(input_ids=ids).logits[0]                                    # [T, V]
+        loss = F.cross_entropy(logits[[t - 1 for t in scored]], ids[0, scored])  # position t-1 predicts t
+        grads = torch.autograd.grad(loss, params, allow_unused=True)
+        losses.append(loss.item())
+        norms.append(torch.sqrt(sum(g.square().sum() for g in grads if g is not None)).item())
+    return losses, norms
+
+
+def by_id(text: str) -> dict:
+    return {r["id"]: r for r in parse_csv(text)}
+
+
+def assert_close(got: dict, want: list[float], column: str, rel=1e-6):
+    for row, w in zip(ROWS, want):
+        value = float(got[row["id"]][column])
+        if w != w:
+            assert value != value, (row["id"], column, value)
+        else:
+            assert abs(value - w) <= rel * abs(w), (row["id"], column, value, w)
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_gradnorm_and_loss_match_the_float64_loop_on_every_family(ws, name):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    result = score_in(ws, "pool.jsonl", "-m", name, "--task", "causal-lm", "-s", "gradnorm", "-b", "4",
+                      "--no-embeddings")
+    rows = by_id(result.stdout)
+    loss_rows = by_id(score_in(ws, "pool.jsonl", "-m", name, "-s", "loss", "-b", "6",
+                               "--no-embeddings").stdout)
+    tok = AutoTokenizer.from_pretrained(ws / name)
+    losses, norms = oracle(AutoModelForCausalLM.from_pretrained(ws / name), tok, ROWS)
+    assert_close(rows, norms, "score")
+    assert_close(loss_rows, losses, "score")
+    assert_close(loss_rows, [float(torch.tensor(x).exp()) for x in losses], "perplexity")
+
+
+def test_every_layer_has_its_rule_and_auto_is_ghost(ws):
+    """RMSNorm, rotary attention (q/k/v/o Linears), SwiGLU and the tied embedding: a layer rule
+    each, none the generic fallback, and auto settles on ghost."""
+    from transformers import AutoModelForCausalLM
+    from alcli.gradnorm import explain, per_example_grad_norms
+    from alcli.tasks.causal_lm import lm_loss
+    model = AutoModelForCausalLM.from_pretrained(ws / "llama-left").eval()
+    ids = torch.randint(5, 25, (3, 6))
+    per_example_grad_norms(model, {"input_ids": ids}, F.pad(ids[:, 1:], (0, 1), value=-100), loss_fn=lm_loss)
+    seen = explain(model, loss_fn=lm_loss)
+    assert seen["auto"][0] == "ghost"
+    rules = {name: rule for name, _, rule, _ in seen["rules"]}
+    assert rules["model.norm"] == "norm" and rules["model.layers.0.input_layernorm"] == "norm"
+    assert "generic" not in rules.values()
+
+
+ADAPTED = {"llama-left": ["q_proj", "v_proj"], "gpt2-left": ["c_attn", "c_fc"],
+           "qwen2-right": ["k_proj", "down_proj"]}  # GPT-2's targets are Conv1D (fan_in_fan_out)
+
+
+def make_adapter(ws, base: str) -> Path:
+    """A LoRA adapter (r = 4, lora_B drawn at random, not zero) on `base`, saved with its base
+    named relative to the adapter directory."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+    torch.manual_seed(1)
+    peft_model = get_peft_model(AutoModelForCausalLM.from_pretrained(ws / base),
+                                LoraConfig(r=4, lora_alpha=8, target_modules=ADAPTED[base],
+                                           fan_in_fan_out=base.startswith("gpt2")))
+    with torch.no_grad():  # lora_B starts at zero: make the adapter do something
+        for n, p in peft_model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.1)
+    folder = ws / f"lora-{base}"
+    peft_model.save_pretrained(folder)
+    config = json.loads((folder / "adapter_config.json").read_text())
+    config["base_model_name_or_path"] = f"../{base}"  # relative to the adapter directory
+    (folder / "adapter_config.json").write_text(json.dumps(config))
+    return folder
+
+
+@pytest.mark.parametrize("base", list(ADAPTED))
+def test_a_lora_adapter_is_scored_over_its_own_parameters_by_default(ws, base):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # peft on fan_in_fan_out
+        adapter = make_adapter(ws, base)
+    rows = by_id(score_in(ws, "pool.jsonl", "-m", adapter.name, "-s", "gradnorm", "-b", "4",
+                          "--no-embeddings").stdout)
+    tok = AutoTokenizer.from_pretrained(ws / base)
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(ws / base), str(adapter))
+    _, norms = oracle(model, tok, ROWS, only=lambda n: "lora_" in n)
+    assert_close(rows, norms, "score")
+    if base != "llama-left":
+        return
+    # --layers chooses otherwise: the frozen base's last RMSNorm and (tied) output layer
+    rows = by_id(score_in(ws, "pool.jsonl", "-m", adapter.name, "-s", "gradnorm", "-b", "4", "--no-embeddings",
+                          "--layers", "base_model.model.model.norm", "--layers", "base_model.model.lm_head").stdout)
+    _, norms = oracle(model, tok, ROWS, only=lambda n: n.endswith(("model.model.norm.weight", "embed_tokens.weight")))
+    assert_close(rows, norms, "score")
+
+
+def test_bad_input_is_one_sentence(ws, tmp_path):
+    (tmp_path / "nofields.jsonl").write_text(json.dumps({"id": "x", "answer": "the cat"}) + "\n")
+    (tmp_path / "chat.jsonl").write_text(json.dumps(ROWS[3]) + "\n")
+    cases = [
+        (["nofields.jsonl", "-m", ws / "gpt2-right"], "line 1 has none of the fields"),
+    ]
+    for args, words in cases:
+        result = score_in(tmp_path, *args, "--task", "causal-lm", ok=False)
+        assert_one_error(result, words, str(args))
+    # a tokenizer without a chat template
+    import shutil
+    shutil.copytree(ws / "gpt2-right", tmp_path / "plain")
+    cfg = json.loads((tmp_path / "plain" / "tokenizer_config.json").read_text())
+    cfg.pop("chat_template", None)
+    (tmp_path / "plain" / "tokenizer_config.json").write_text(json.dumps(cfg))
+    (tmp_path / "plain" / "chat_template.jinja").unlink(missing_ok=True)
+    assert_one_error(score_in(tmp_path, "chat.jsonl", "-m", "plain", ok=False), "no chat template", "chat")
+    # a model that is not a causal LM
+    hf_models.bert(len(hf_models.VOCAB)).save_pretrained(tmp_path / "bert")
+    hf_models.tokenizer(tmp_path / "bert").save_pretrained(tmp_path / "bert")
+    assert_one_error(score_in(tmp_path, "chat.jsonl", "-m", "bert", "--task", "causal-lm", ok=False),
+                     "needs a causal language model", "bert")
+
+
+def test_sequences_past_the_limit_are_cut_and_said_once(ws):
+    result = score_in(ws, "pool.jsonl", "-m", "gpt2-right", "-s", "loss", "--max-length", "6",
+                      "--no-embeddings")
+    said = [line for line in result.stderr.splitlines() if "longer than the model's limit" in line]
+    assert len(said) == 1 and "4 sequence(s)" in said[0], result.stderr
+    assert len(parse_csv(result.stdout)) == len(ROWS)
+
+
+def test_entropy_of_a_prompt_alone_is_that_of_its_next_token(ws):
+    """A prompt without an answer: the entropy of the distribution after its last token; with
+    one: the mean over the answer's positions. Oracle: each row alone in float64."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    rows = by_id(score_in(ws, "pool.jsonl", "-m", "gpt2-left", "-s", "entropy", "-b", "6",
+                          "--no-embeddings").stdout)
+    model = AutoModelForCausalLM.from_pretrained(ws / "gpt2-left").double().eval()
+    tok = AutoTokenizer.from_pretrained(ws / "gpt2-left")
+    for row in (ROWS[0], ROWS[5]):
+        text, prompt = sequence(row)
+        enc = tok(text, return_offsets_mapping=True, return_special_tokens_mask=True)
+        with torch.no_grad():
+            logp = model(input_ids=torch.tensor([enc["input_ids"]])).logits[0].log_softmax(-1)
+        entropy = -(logp.exp() * logp).sum(-1)                                  # [T]
+        if "response" in row:
+            scored = [t for t, ((start, _), sp) in enumerate(zip(enc["offset_mapping"], enc["special_tokens_mask"]))
+                      if t > 0 and start >= len(prompt) and not sp]
+            want = entropy[[t - 1 for t in scored]].mean().item()
+        else:
+            want = entropy[-1].item()
+        assert abs(float(rows[row["id"]]["score"]) - want) <= 1e-6 * want, row["id"]
+
+
+def test_egl_over_the_models_own_completions(ws):
+    """--egl-samples pseudo: the one greedy completion of each prompt (the part before its answer),
+    decoded here alone in float64, and the norm of its loss's gradient, with the mean entropy of
+    the distributions its tokens came from. Sampled (S = 3): seeded, so the same per row whatever
+    the batch, and another seed gives other scores."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    args = ["pool.jsonl", "-m", "llama-left", "-s", "egl", "--max-new-tokens", "4", "--no-embeddings"]
+    rows = by_id(score_in(ws, *args, "--egl-samples", "pseudo", "-b", "6").stdout)
+    model = AutoModelForCausalLM.from_pretrained(ws / "llama-left").double().eval()
+    tok = AutoTokenizer.from_pretrained(ws / "llama-left")
+    params = [p for p in model.parameters()]
+    for row in ROWS:
+        text, prompt = sequence(row)
+        enc = tok(text, return_offsets_mapping=True, return_special_tokens_mask=True)
+        if prompt is None:  # no answer: the prompt as the tokenizer encodes it
+            ids = list(enc["input_ids"])
+        else:  # the tokens before the answer's first
+            first = next(t for t, ((start, _), sp) in enumerate(zip(enc["offset_mapping"], enc["special_tokens_mask"]))
+                         if t > 0 and start >= len(prompt) and not sp)
+            ids = list(enc["input_ids"][:first])
+        entropies = []
+        for _ in range(4):
+            with torch.no_grad():
+                logp = model(input_ids=torch.tensor([ids])).logits[0, -1].log_softmax(-1)
+            entropies.append(-(logp.exp() * logp).sum().item())
+            ids.append(int(logp.argmax()))
+            if ids[-1] == model.config.eos_token_id:
+                break
+        n = len(entropies)
+        x = torch.tensor([ids])
+        loss = F.cross_entropy(model(input_ids=x).logits[0, -n - 1:-1], x[0, -n:])
+        norm = torch.sqrt(sum(g.square().sum() for g in torch.autograd.grad(loss, params))).item()
+        got = rows[row["id"]]
+        assert abs(float(got["score"]) - norm) <= 1e-6 * norm, row["id"]
+        assert abs(float(got["completion_entropy"]) - sum(entropies) / n) <= 1e-6, row["id"]
+    sampled = [by_id(score_in(ws, *args, "--egl-samples", "3", "-b", b, "--seed", seed).stdout)
+               for b, seed in (("6", "0"), ("2", "0"), ("6", "1"))]
+    for row in ROWS:
+        assert abs(float(sampled[0][row["id"]]["score"]) - float(sampled[1][row["id"]]["score"])) <= 1e-5
+    assert any(sampled[0][r["id"]]["score"] != sampled[2][r["id"]]["score"] for r in ROWS)
+    assert all(float(r["egl_se"]) >= 0 for r in sampled[0].values())
+
+
+def test_select_hands_prompts_to_label_studio_as_text_generation_tasks(ws):
+    from shell import invoke_in, ok
+    ok(invoke_in(ws, "score", "pool.jsonl", "-m", "gpt2-right", "-s", "loss", "-o", "lm.csv", "-q"))
+    result = ok(invoke_in(ws, "select", "lm.csv", "-n", "3", "-f", "labelstudio", "--labelstudio-config",
+                          "lm.xml", "-o", "lm.json", "-q"))
+    tasks = json.loads((ws / "lm.json").read_text())
+    texts = {sequence(r)[0] for r in ROWS}
+    assert len(tasks) == 3 and all(t["data"]["text"] in texts for t in tasks), result.stderr
+    config = (ws / "lm.xml").read_text()
+    assert '<Text name="text" value="$text"/>' in config and '<TextArea name="label" toName="text"' in config
+
+
+def test_a_parquet_pool_reads_as_its_jsonl_does(ws):
+    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow as pa
+    columns = {k: [r.get(k) for r in ROWS] for k in ("id", "text", "prompt", "response", "messages")}
+    pq.write_table(pa.table(columns), ws / "pool.parquet")
+    args = ["-m", "gpt2-left", "-s", "loss", "--no-embeddings"]
+    from_jsonl = by_id(score_in(ws, "pool.jsonl", *args).stdout)
+    from_parquet = by_id(score_in(ws, "pool.parquet", *args).stdout)
+    assert {k: v["score"] for k, v in from_parquet.items()} == {k: v["score"] for k, v in from_jsonl.items()}
