@@ -356,3 +356,21 @@ def test_select_on_a_detection_table_advises_what_works_without_embeddings(tmp_p
         assert refused.returncode == 1 and refused.stderr.count("\n") == 1, refused.stderr
         assert flag in refused.stderr and detection.TASK.no_badge in refused.stderr
         assert "--embeddings" not in refused.stderr and "--no-diverse" in refused.stderr
+
+
+def test_a_slow_cpu_run_times_its_first_image_alone_and_says_the_estimate(detector_files, tmp_path,
+                                                                          monkeypatch):
+    """On the CPU a detector's first image is scored alone, and a run estimated past
+    LONG_RUN_SECONDS (0 here, so this small run is one) says so once, with what cuts it."""
+    from alcli import api
+    from alcli.score import runner
+    root, model = detector_files
+    monkeypatch.setattr(runner, "LONG_RUN_SECONDS", 0.0)
+    notes, batches = [], []
+    settings = api.settings_for(pool=str(root / "imgs"), strategy="egl", egl_samples=1, batch_size=3,
+                                box_threshold=0.0, device="cpu")
+    api.score_to_table(settings, str(tmp_path / "s.csv"), model=copy.deepcopy(model),
+                       say=notes.append, on_batch=batches.append)
+    assert batches == [1, 3]
+    assert len(notes) == 1 and notes[0].startswith("on the CPU this run takes about ")
+    assert "3 examples left" in notes[0] and "`-s gradnorm`" in notes[0]
