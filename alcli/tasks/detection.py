@@ -22,9 +22,10 @@ or resume. The utilities (`--strategy`):
 - least-confidence: 1 - max_j p_j (1 without boxes); uncertain-boxes: how many predicted boxes
   score below --box-threshold.
 
-RetinaNet's loss splits by image, so its same-sized images go through the engine in one batch
-(alcli.tasks.retinanet); the other detectors' gradient utilities run one forward and one backward
-per image and label set (a loop: their losses are not per-example functions of a batch). The
+RetinaNet's, FCOS's and SSD's losses split by image, so their images go through the engine in one
+batch per padded size (alcli.tasks.batched); Faster R-CNN's and DETR's gradient utilities run one
+forward and one backward per image and label set (a loop: their losses are not per-example
+functions of a batch). The
 predictions come from one no-grad forward per group of same-sized images, which a batch of one
 would give.
 """
@@ -42,7 +43,7 @@ from torch import nn
 from ..errors import RunError
 from ..files.classnames import class_name
 from ..gradnorm import auto_choice
-from . import retinanet
+from . import batched
 from .common import Task, aggregate, exact_dtype, seeded_uniform, uniforms
 from .labelstudio import _json_list, _loose_list, _named, _size, names_control
 
@@ -51,7 +52,7 @@ UTILITIES = ("egl", "gradnorm", "loss", "entropy", "margin", "least-confidence",
              "random")
 GRADIENT_UTILITIES = ("egl", "gradnorm")
 METHOD_REASON = ("a detector's loss is not a per-example function of its batch: a backward per image "
-                 "(RetinaNet's is, and goes through the engine batched)")
+                 "(RetinaNet's, FCOS's and SSD's are, and go through the engine batched)")
 
 
 HF_MIN_SCORE = 0.05  # a DETR-style model's queries whose best class scores less predict no box
@@ -257,10 +258,12 @@ def _target(found: dict) -> dict:
 
 def gradient_norms(model: nn.Module, images: list[torch.Tensor], sets: list[list[dict]], ids: list,
                    settings) -> tuple[list[list[float]], list[list[float]]]:
-    """Each image's K target sets -> its K gradient norms and losses: RetinaNet's same-sized
-    images through the engine in one batch (alcli.tasks.retinanet), else one image at a time."""
-    if settings.method != "loop" and retinanet.servable(model):
-        return _batched(model, images, sets, settings.method)
+    """Each image's K target sets -> its K gradient norms and losses: RetinaNet's, FCOS's and
+    SSD's images through the engine batched (alcli.tasks.batched), else one image at a time."""
+    if settings.method != "loop" and batched.kind(model) is not None:
+        k = len(sets[0])
+        grads, values = batched.norms(model, images, [[s[j] for s in sets] for j in range(k)], settings.method)
+        return grads.T.tolist(), values.T.tolist()
     params = [p for p in model.parameters() if p.requires_grad]
     norms, losses = [], []
     with loss_mode(model):
@@ -271,25 +274,14 @@ def gradient_norms(model: nn.Module, images: list[torch.Tensor], sets: list[list
     return norms, losses
 
 
-def _batched(model, images, sets, method) -> tuple[list[list[float]], list[list[float]]]:
-    norms: list = [None] * len(images)
-    losses: list = [None] * len(images)
-    k = len(sets[0])
-    for members in same_size(images):
-        per_set = [[sets[i][j] for i in members] for j in range(k)]
-        grads, values = retinanet.norms(model, [images[i] for i in members], per_set, method)
-        for col, i in enumerate(members):
-            norms[i], losses[i] = grads[:, col].tolist(), values[:, col].tolist()
-    return norms, losses
-
-
 def method(model: nn.Module, setting: str) -> tuple[str, str]:
     """(the method the gradient utilities ran with, why) for the summary and `alcli inspect`."""
-    if setting != "loop" and retinanet.servable(model):
-        choice = auto_choice(retinanet.heads(model), None, retinanet.per_image_loss) if setting == "auto" else None
+    kind = batched.kind(model)
+    if setting != "loop" and kind is not None:
+        choice = auto_choice(batched.heads(model), None, kind.per_image_loss) if setting == "auto" else None
         name = choice[0] if choice else setting
-        return name, ("RetinaNet's loss splits by image: images of one size go through the engine "
-                      "in one batch")
+        return name, (f"batched: {type(model).__name__}'s loss splits by image, each normalised over "
+                      f"its own foreground: images of one padded size go through the engine in one batch")
     return "loop", METHOD_REASON
 
 
