@@ -150,21 +150,47 @@ def test_float32_matches_float64_at_drawn_boxes(name):
     assert not model.training
 
 
-@pytest.mark.parametrize("strategy", ["egl"])  # gradnorm: the float64 loop test above
-def test_retinanet_goes_through_the_engine_batched_and_equals_the_loop(strategy):
-    """Its loss splits by image: images of one size share one batched forward and backward
-    (alcli.tasks.retinanet), and give the per-image loop's numbers; another size, another group."""
-    model = build("retinanet_resnet50_fpn")
+ONE_STAGE = ["retinanet_resnet50_fpn", "fcos_resnet50_fpn", "ssdlite320_mobilenet_v3_large"]
+
+
+@pytest.mark.parametrize("name", ONE_STAGE)
+def test_one_stage_detectors_egl_goes_through_the_engine_batched_and_equals_the_loop(name):
+    """Their losses split by image: images of one padded size share one batched forward and
+    backward (alcli.tasks.batched), and give the per-image loop's numbers."""
+    model = build(name)
     imgs = images() + [images()[0].flip(-1)]
     ids = [*IDS, "mirrored"]
-    batched = detection.rows(model, imgs, ids, Settings(strategy, box_threshold=0.0), None)
-    looped = detection.rows(model, imgs, ids, Settings(strategy, box_threshold=0.0, method="loop"), None)
-    assert detection.method(model, "auto")[0] != "loop" and detection.method(model, "loop")[0] == "loop"
+    batched = detection.rows(model, imgs, ids, Settings("egl", box_threshold=0.0), None)
+    looped = detection.rows(model, imgs, ids, Settings("egl", box_threshold=0.0, method="loop"), None)
+    assert detection.method(model, "auto")[1].startswith("batched") and detection.method(model, "loop")[0] == "loop"
     assert any(json.loads(r["boxes"]) for r in batched)
     for b, l in zip(batched, looped):
         assert b["score"] == pytest.approx(l["score"], rel=1e-9)
-        if strategy == "gradnorm":
-            assert b["loss"] == pytest.approx(l["loss"], rel=1e-9)
+
+
+# hand-drawn targets: two boxes, none, one; the third image's own size pads as the first's does
+DRAWN = [([[5.0, 6.0, 40.0, 50.0], [30.0, 10.0, 70.0, 30.0]], [1, 2]), ([], []), ([[10.0, 8.0, 60.0, 40.0]], [2])]
+
+
+@pytest.mark.parametrize("name", ["fcos_resnet50_fpn", "ssdlite320_mobilenet_v3_large"])
+def test_a_batch_of_other_sizes_and_an_image_without_boxes_is_each_image_alone(name):
+    """Each image's loss over its own foreground count (SSD: its own hard negatives), whatever
+    its neighbours hold: a batch of different sizes padded alike, one image without boxes,
+    against torchvision's own float64 loss of each image alone."""
+    from alcli.tasks import batched
+    model = build(name)
+    g = torch.Generator().manual_seed(3)
+    imgs = [images()[0], images()[0].flip(1), torch.rand(3, 63, 84, generator=g, dtype=torch.float64)]
+    with torch.no_grad():
+        assert len(batched.padded_groups(model, imgs)) == 1  # one batch: three originals, one padded size
+    targets = [{"boxes": torch.tensor(b, dtype=torch.float64).reshape(-1, 4), "labels": torch.tensor(c, dtype=torch.long)}
+               for b, c in DRAWN]
+    grads, losses = batched.norms(model, imgs, [targets], "auto")
+    for i, (img, (boxes, labels)) in enumerate(zip(imgs, DRAWN)):
+        assert grads[0, i] == pytest.approx(oracle_norm(model, img, boxes, labels, 0), rel=1e-9)
+    if name.startswith("ssd"):
+        assert grads[0, 1] == 0 and losses[0, 1] == 0  # no box: SSD's loss is 0
+    assert batched.heads(model) is batched.heads(model)
 
 
 def test_a_row_does_not_depend_on_its_batch():
