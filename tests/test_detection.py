@@ -150,13 +150,13 @@ def test_float32_matches_float64_at_drawn_boxes(name):
     assert not model.training
 
 
-ONE_STAGE = ["retinanet_resnet50_fpn", "fcos_resnet50_fpn", "ssdlite320_mobilenet_v3_large"]
-
-
-@pytest.mark.parametrize("name", ONE_STAGE)
+# RetinaNet's and FCOS's random heads score about 0.01: their drawn label sets are mostly empty;
+# their batched gradnorm is checked against the float64 loop above, and FCOS's below
+@pytest.mark.parametrize("name", ["ssdlite320_mobilenet_v3_large"])
 def test_one_stage_detectors_egl_goes_through_the_engine_batched_and_equals_the_loop(name):
     """Their losses split by image: images of one padded size share one batched forward and
-    backward (alcli.tasks.batched), and give the per-image loop's numbers."""
+    backward (alcli.tasks.batched), all S label sets through it, and give the per-image loop's
+    numbers."""
     model = build(name)
     imgs = images() + [images()[0].flip(-1)]
     ids = [*IDS, "mirrored"]

@@ -95,8 +95,8 @@ TopClasses = Annotated[Optional[int], typer.Option(
     "[default: 10 for models with more than 10 classes, else all]", rich_help_panel=STRATEGY)]
 Task = Annotated[Optional[str], typer.Option(
     metavar="TASK", help="What one example's output is: auto (read from the model), "
-    "classification, multilabel, segmentation, token-classification, regression, detection or "
-    "keypoints. "
+    "classification, multilabel, segmentation, token-classification, regression, detection, "
+    "keypoints or instance-segmentation. "
     "[default: auto]", rich_help_panel=MODEL)]
 EglSamples = Annotated[Optional[str], typer.Option(
     metavar="S|pseudo", help="egl on multilabel, segmentation and token classification: S label "
