@@ -199,12 +199,45 @@ def grad_norm(model: nn.Module, image: torch.Tensor, target: dict, seed: int,
               params: list[torch.Tensor]) -> tuple[float, float]:
     """(||∇θ ℓ(x, T)||, ℓ(x, T)): the squares summed in float64 (float32 on MPS), as the
     engine's loop does (summed in float32, a 12.8M-weight layer's norm was off by up to 1e-3)."""
-    loss = image_loss(model, image, target, seed)
+    return _norm_and_value(image_loss(model, image, target, seed), params)
+
+
+def _norm_and_value(loss: torch.Tensor, params: list[torch.Tensor], keep: bool = False) -> tuple[float, float]:
     sq = 0.0
-    for g in torch.autograd.grad(loss, params, allow_unused=True):
+    for g in torch.autograd.grad(loss, params, allow_unused=True, retain_graph=keep):
         if g is not None:
             sq = sq + g.to(exact_dtype(g)).square().sum()  # stays on the device until float()
     return math.sqrt(float(sq)), float(loss.detach())
+
+
+def is_rcnn(model: nn.Module) -> bool:
+    """torchvision's two-stage detectors (Faster, Mask and Keypoint R-CNN): a backbone, an RPN
+    and RoI heads."""
+    return not is_hf(model) and any(k.__name__ == "GeneralizedRCNN" for k in type(model).__mro__)
+
+
+def rcnn_set_norms(model: nn.Module, image: torch.Tensor, targets: list[dict], seed: int,
+                   params: list[torch.Tensor]) -> list[tuple[float, float]]:
+    """grad_norm of one image at each of its K target sets, the R-CNN's backbone and FPN run once:
+    each set's RPN and RoI losses from those features, the sampling seeded as image_loss seeds it
+    (the training transform's size draw, then the RPN's anchors, then the RoI proposals), one
+    backward per set (in loss_mode)."""
+    from collections import OrderedDict
+    batch, _ = model.transform([image])
+    features = model.backbone(batch.tensors)
+    if isinstance(features, torch.Tensor):
+        features = OrderedDict([("0", features)])
+    devices = [image.device] if image.device.type == "cuda" else []
+    out = []
+    for j, target in enumerate(targets):
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(seed)
+            batch_j, resized = model.transform([image], [target])
+            proposals, rpn_terms = model.rpn(batch_j, features, resized)
+            _, roi_terms = model.roi_heads(features, proposals, batch_j.image_sizes, resized)
+        loss = sum({**roi_terms, **rpn_terms}.values())  # the order GeneralizedRCNN sums them in
+        out.append(_norm_and_value(loss, params, keep=j < len(targets) - 1))
+    return out
 
 
 # --- the utilities -------------------------------------------------------------------------------
@@ -259,7 +292,8 @@ def _target(found: dict) -> dict:
 def gradient_norms(model: nn.Module, images: list[torch.Tensor], sets: list[list[dict]], ids: list,
                    settings) -> tuple[list[list[float]], list[list[float]]]:
     """Each image's K target sets -> its K gradient norms and losses: RetinaNet's, FCOS's and
-    SSD's images through the engine batched (alcli.tasks.batched), else one image at a time."""
+    SSD's images through the engine batched (alcli.tasks.batched), else one image at a time (an
+    R-CNN's backbone once per image for all K sets)."""
     if settings.method != "loop" and batched.kind(model) is not None:
         k = len(sets[0])
         grads, values = batched.norms(model, images, [[s[j] for s in sets] for j in range(k)], settings.method)
@@ -268,7 +302,9 @@ def gradient_norms(model: nn.Module, images: list[torch.Tensor], sets: list[list
     norms, losses = [], []
     with loss_mode(model):
         for img, targets, id_ in zip(images, sets, ids):
-            pairs = [grad_norm(model, img, t, image_seed(settings.seed, id_), params) for t in targets]
+            seed = image_seed(settings.seed, id_)
+            pairs = rcnn_set_norms(model, img, targets, seed, params) if is_rcnn(model) else \
+                [grad_norm(model, img, t, seed, params) for t in targets]
             norms.append([n for n, _ in pairs])
             losses.append([v for _, v in pairs])
     return norms, losses
