@@ -172,25 +172,28 @@ def test_one_stage_detectors_egl_goes_through_the_engine_batched_and_equals_the_
 DRAWN = [([[5.0, 6.0, 40.0, 50.0], [30.0, 10.0, 70.0, 30.0]], [1, 2]), ([], []), ([[10.0, 8.0, 60.0, 40.0]], [2])]
 
 
-@pytest.mark.parametrize("name", ["fcos_resnet50_fpn", "ssdlite320_mobilenet_v3_large"])
+@pytest.mark.parametrize("name", ["fcos_resnet50_fpn", "ssdlite320_mobilenet_v3_large",
+                                  "fasterrcnn_mobilenet_v3_large_320_fpn"])
 def test_a_batch_of_other_sizes_and_an_image_without_boxes_is_each_image_alone(name):
-    """Each image's loss over its own foreground count (SSD: its own hard negatives), whatever
-    its neighbours hold: a batch of different sizes padded alike, one image without boxes,
-    against torchvision's own float64 loss of each image alone."""
+    """Each image's loss over its own foreground count (SSD: its own hard negatives; Faster
+    R-CNN: its own sampled anchors and proposals, drawn as the loop draws them), whatever its
+    neighbours hold: a batch of different sizes padded alike, one image without boxes, against
+    torchvision's own float64 loss of each image alone."""
     from alcli.tasks import batched
     model = build(name)
     g = torch.Generator().manual_seed(3)
     imgs = [images()[0], images()[0].flip(1), torch.rand(3, 63, 84, generator=g, dtype=torch.float64)]
+    ids = ["two", "none", "one"]
     with torch.no_grad():
         assert len(batched.padded_groups(model, imgs)) == 1  # one batch: three originals, one padded size
-    targets = [{"boxes": torch.tensor(b, dtype=torch.float64).reshape(-1, 4), "labels": torch.tensor(c, dtype=torch.long)}
-               for b, c in DRAWN]
-    grads, losses = batched.norms(model, imgs, [targets], "auto")
-    for i, (img, (boxes, labels)) in enumerate(zip(imgs, DRAWN)):
-        assert grads[0, i] == pytest.approx(oracle_norm(model, img, boxes, labels, 0), rel=1e-9)
+    sets = [[{"boxes": torch.tensor(b, dtype=torch.float64).reshape(-1, 4), "labels": torch.tensor(c, dtype=torch.long)}]
+            for b, c in DRAWN]
+    norms, losses = detection.gradient_norms(model, imgs, sets, ids, Settings("gradnorm"))
+    assert detection.method(model, "auto")[1].startswith("batched")
+    for img, (boxes, labels), id_, norm in zip(imgs, DRAWN, ids, norms):
+        assert norm[0] == pytest.approx(oracle_norm(model, img, boxes, labels, detection.image_seed(0, id_)), rel=1e-9)
     if name.startswith("ssd"):
-        assert grads[0, 1] == 0 and losses[0, 1] == 0  # no box: SSD's loss is 0
-    assert batched.heads(model) is batched.heads(model)
+        assert norms[1] == [0.0] and losses[1] == [0.0]  # no box: SSD's loss is 0
 
 
 def test_a_row_does_not_depend_on_its_batch():
@@ -250,7 +253,7 @@ def alcli(*args, cwd, stdin=None):
 
 
 def test_score_ranks_a_folder_of_images_of_any_size(detector_files):
-    """The command's float32 rows against the loop in float32 too: with a random detector's
+    """The command's float32 rows (Faster R-CNN batched) against the loop in float32 too: with a random detector's
     predicted boxes as targets, float32 and float64 can differ by an anchor or proposal assigned
     differently (the tests above compare with float64 where that cannot happen)."""
     root, model = detector_files
@@ -258,7 +261,7 @@ def test_score_ranks_a_folder_of_images_of_any_size(detector_files):
                  json.dumps(CLI_KWARGS), "--strategy", "gradnorm", "--box-threshold", "0",
                  "--batch-size", "3", "-o", "scores.csv", cwd=root)
     assert done.returncode == 0, done.stderr
-    assert "method    loop" in done.stderr
+    assert "method    ghost (batched: FasterRCNN's loss splits by image" in done.stderr
     rows = list(csv.DictReader(open(root / "scores.csv")))
     assert sorted(r["id"] for r in rows) == ["a.png", "b.png", "c.png", "d.jpg"]
     assert json.load(open(root / "scores.csv.meta.json"))["task"] == "detection"

@@ -43,7 +43,7 @@ from torch import nn
 from ..errors import RunError
 from ..files.classnames import class_name
 from ..gradnorm import auto_choice
-from . import batched
+from . import batched, rcnn
 from .common import Task, aggregate, exact_dtype, seeded_uniform, uniforms
 from .labelstudio import _json_list, _loose_list, _named, _size, names_control
 
@@ -52,7 +52,7 @@ UTILITIES = ("egl", "gradnorm", "loss", "entropy", "margin", "least-confidence",
              "random")
 GRADIENT_UTILITIES = ("egl", "gradnorm")
 METHOD_REASON = ("a detector's loss is not a per-example function of its batch: a backward per image "
-                 "(RetinaNet's, FCOS's and SSD's are, and go through the engine batched)")
+                 "(Faster R-CNN's, RetinaNet's, FCOS's and SSD's are, and go through the engine batched)")
 
 
 HF_MIN_SCORE = 0.05  # a DETR-style model's queries whose best class scores less predict no box
@@ -292,11 +292,17 @@ def _target(found: dict) -> dict:
 def gradient_norms(model: nn.Module, images: list[torch.Tensor], sets: list[list[dict]], ids: list,
                    settings) -> tuple[list[list[float]], list[list[float]]]:
     """Each image's K target sets -> its K gradient norms and losses: RetinaNet's, FCOS's and
-    SSD's images through the engine batched (alcli.tasks.batched), else one image at a time (an
+    SSD's images through the engine batched (alcli.tasks.batched), Faster R-CNN's too once its
+    random choices are drawn (alcli.tasks.rcnn), else one image at a time (Mask and Keypoint
     R-CNN's backbone once per image for all K sets)."""
+    per_set = [[s[j] for s in sets] for j in range(len(sets[0]))]
     if settings.method != "loop" and batched.kind(model) is not None:
-        k = len(sets[0])
-        grads, values = batched.norms(model, images, [[s[j] for s in sets] for j in range(k)], settings.method)
+        grads, values = batched.norms(model, images, per_set, settings.method)
+        return grads.T.tolist(), values.T.tolist()
+    if settings.method != "loop" and rcnn.servable(model):
+        with loss_mode(model):
+            grads, values = rcnn.norms(model, images, per_set, [image_seed(settings.seed, i) for i in ids],
+                                       settings.method)
         return grads.T.tolist(), values.T.tolist()
     params = [p for p in model.parameters() if p.requires_grad]
     norms, losses = [], []
@@ -313,11 +319,12 @@ def gradient_norms(model: nn.Module, images: list[torch.Tensor], sets: list[list
 def method(model: nn.Module, setting: str) -> tuple[str, str]:
     """(the method the gradient utilities ran with, why) for the summary and `alcli inspect`."""
     kind = batched.kind(model)
-    if setting != "loop" and kind is not None:
-        choice = auto_choice(batched.heads(model), None, kind.per_image_loss) if setting == "auto" else None
+    if setting != "loop" and (kind is not None or rcnn.servable(model)):
+        heads, loss = (batched.heads(model), kind.per_image_loss) if kind else (rcnn.heads(model), rcnn.per_image_loss)
+        choice = auto_choice(heads, None, loss) if setting == "auto" else None
         name = choice[0] if choice else setting
         return name, (f"batched: {type(model).__name__}'s loss splits by image, each normalised over "
-                      f"its own foreground: images of one padded size go through the engine in one batch")
+                      f"its own samples: images of one padded size go through the engine in one batch")
     return "loop", METHOD_REASON
 
 
