@@ -23,9 +23,9 @@ or resume. The utilities (`--strategy`):
   score below --box-threshold.
 
 RetinaNet's, FCOS's and SSD's losses split by image, so their images go through the engine in one
-batch per padded size (alcli.tasks.batched); Faster R-CNN's and DETR's gradient utilities run one
-forward and one backward per image and label set (a loop: their losses are not per-example
-functions of a batch). The
+batch per padded size (alcli.tasks.batched); Faster R-CNN's too once its random choices are drawn
+(alcli.tasks.rcnn). Mask and Keypoint R-CNN's and DETR's gradient utilities run one backward per
+image and label set (a loop). The
 predictions come from one no-grad forward per group of same-sized images, which a batch of one
 would give.
 """
