@@ -158,8 +158,8 @@ def test_one_stage_detectors_egl_goes_through_the_engine_batched_and_equals_the_
     backward (alcli.tasks.batched), all S label sets through it, and give the per-image loop's
     numbers."""
     model = build(name)
-    imgs = images() + [images()[0].flip(-1)]
-    ids = [*IDS, "mirrored"]
+    imgs = [images()[0], images()[0].flip(-1)]
+    ids = ["wide", "mirrored"]
     batched = detection.rows(model, imgs, ids, Settings("egl", box_threshold=0.0), None)
     looped = detection.rows(model, imgs, ids, Settings("egl", box_threshold=0.0, method="loop"), None)
     assert detection.method(model, "auto")[1].startswith("batched") and detection.method(model, "loop")[0] == "loop"
