@@ -102,9 +102,15 @@ def test_gradnorm_at_the_predicted_boxes_is_the_float64_per_image_loop(name):
 
 @pytest.mark.parametrize("name", ["fasterrcnn_mobilenet_v3_large_320_fpn"])
 def test_egl_is_the_mean_norm_over_box_sets_drawn_from_the_scores(name):
+    """Under auto the loop, its backbone once per image for the S sets; with --method ghost
+    batched, all S sets' proposals through one forward."""
     model, imgs = build(name), images()
     rows = detection.rows(model, imgs, IDS, Settings("egl"), None)
-    for row, img in zip(rows, imgs):
+    assert detection.method(model, "auto")[0] == "loop"
+    ghost = detection.rows(model, imgs, IDS, Settings("egl", method="ghost"), None)
+    assert detection.method(model, "ghost")[1].startswith("batched")
+    for row, img, other in zip(rows, imgs, ghost):
+        assert other["score"] == pytest.approx(row["score"], rel=1e-9)
         found = oracle_predictions(model, img)
         k = len(found["scores"])
         u = tasks.uniforms([row["id"]], max(k, 1), 2, 0, "cpu")[:, 0, :k]  # the seeded draws

@@ -299,7 +299,7 @@ def gradient_norms(model: nn.Module, images: list[torch.Tensor], sets: list[list
     if settings.method != "loop" and batched.kind(model) is not None:
         grads, values = batched.norms(model, images, per_set, settings.method)
         return grads.T.tolist(), values.T.tolist()
-    if settings.method != "loop" and rcnn.servable(model):
+    if rcnn_batched(model, settings.method, len(per_set)):
         with loss_mode(model):
             grads, values = rcnn.norms(model, images, per_set, [image_seed(settings.seed, i) for i in ids],
                                        settings.method)
@@ -316,15 +316,26 @@ def gradient_norms(model: nn.Module, images: list[torch.Tensor], sets: list[list
     return norms, losses
 
 
+def rcnn_batched(model: nn.Module, setting: str, sets: int) -> bool:
+    """Faster R-CNN through the engine: for one label set under auto (its S egl sets each run the
+    box head at all S sets' proposals and cost more than its loop, which shares the backbone: see
+    docs/benchmarks.md), for any number under a named engine method."""
+    return rcnn.servable(model) and setting != "loop" and (sets == 1 or setting != "auto")
+
+
 def method(model: nn.Module, setting: str) -> tuple[str, str]:
     """(the method the gradient utilities ran with, why) for the summary and `alcli inspect`."""
     kind = batched.kind(model)
-    if setting != "loop" and (kind is not None or rcnn.servable(model)):
+    ran = kind is not None or (rcnn.servable(model) and (setting != "auto" or rcnn.ran(model)))
+    if setting != "loop" and ran:
         heads, loss = (batched.heads(model), kind.per_image_loss) if kind else (rcnn.heads(model), rcnn.per_image_loss)
         choice = auto_choice(heads, None, loss) if setting == "auto" else None
         name = choice[0] if choice else setting
         return name, (f"batched: {type(model).__name__}'s loss splits by image, each normalised over "
                       f"its own samples: images of one padded size go through the engine in one batch")
+    if rcnn.servable(model) and setting == "auto":
+        return "loop", ("Faster R-CNN's egl label sets: a backward per image and set, its backbone once "
+                        "per image (batched, each set would run the box head at every set's proposals)")
     return "loop", METHOD_REASON
 
 

@@ -107,6 +107,14 @@ def heads(model: nn.Module) -> Heads:
     return _heads[model]
 
 
+_ran: "weakref.WeakSet[nn.Module]" = weakref.WeakSet()
+
+
+def ran(model: nn.Module) -> bool:
+    """Has this model's gradient been taken batched (`auto` batches one label set only)?"""
+    return model in _ran
+
+
 def norms(model: nn.Module, images: list[torch.Tensor], target_sets: list[list[dict]], seeds: list[int],
           method: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Images, K target sets (each a target per image) and each image's seed -> ([K, B] gradient
@@ -116,6 +124,7 @@ def norms(model: nn.Module, images: list[torch.Tensor], target_sets: list[list[d
     from ..gradnorm import grad_norms_per_target
     from .batched import padded_groups
     heads_ = heads(model)
+    _ran.add(model)
     k = model.roi_heads.fg_bg_sampler.batch_size_per_image
     grads = torch.zeros(len(target_sets), len(images), dtype=torch.float64)
     losses = torch.zeros_like(grads)
