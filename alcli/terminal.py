@@ -158,10 +158,17 @@ def _readable(facts: dict) -> dict:
     if method and reason.startswith(f"{method}: "):
         reason = reason[len(method) + 2:]
     return {"examples": examples, "time": f"{facts['seconds']:.2f} s",
-            "speed": f"{facts['per_second']:,.1f} examples/s", "device": facts.get("device"),
+            "speed": rate_text(facts["per_second"], "examples"), "device": facts.get("device"),
             "strategy": facts.get("strategy"),
             "method": (f"{method} ({reason})" if reason else method) if method else
             "no gradients needed"}
+
+
+def rate_text(per_second: float, unit: str) -> str:
+    """`12.5 examples/s`, or below one a second `3.2 s/example` (`0.0 examples/s` says nothing)."""
+    if 0 < per_second < 1:
+        return f"{1 / per_second:,.1f} s/{unit.rstrip('s')}"
+    return f"{per_second:,.1f} {unit}/s"
 
 
 def _short(value) -> str:
@@ -174,7 +181,7 @@ def _short(value) -> str:
 def _bar(what: str):
     class Speed(ProgressColumn):
         def render(self, task):
-            return Text(f"{task.speed:,.0f} ex/s" if task.speed else "")
+            return Text(rate_text(task.speed, "ex") if task.speed else "")
 
     console = Console(stderr=True, highlight=False, soft_wrap=True)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), Speed(),
@@ -218,7 +225,7 @@ class _Lines:
                 "eta_seconds": round(eta, 1) if eta is not None else None}) + "\n")
         else:
             pct = f" ({100 * self.done / self.total:.0f}%)" if self.total else ""
-            speed = f", {rate:,.1f} ex/s" if rate else ""
+            speed = f", {rate_text(rate, 'ex')}" if rate else ""
             left = f", eta {_duration(eta)}" if eta is not None else ""
             sys.stderr.write(f"alcli: {self.what} {self.done:,}/{self.total:,}{pct}{speed}{left}\n")
         sys.stderr.flush()

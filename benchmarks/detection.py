@@ -1,7 +1,9 @@
 """Detection speed: alcli's per-image utilities ÷ one plain forward+backward of the batch's summed
-training loss (the floor), side by side in one process, median of several rounds.
+training loss (the floor), side by side in one process, median of several rounds: gradnorm and
+egl with S label sets as `auto` runs them (batched through the engine for RetinaNet, FCOS and
+SSD) and, beside them, the per-image loop (`--method loop`).
 
-    python benchmarks/detection.py [--size 128] [--batch 4] [--rounds 3] [--threads N]
+    nice -n 10 python benchmarks/detection.py [--size 320] [--batch 8] [--samples 8] [--rounds 1]
 
 Random weights, `--size` square images (SSD resizes to 320 itself), targets = the predicted
 boxes scoring at least 0.05 (the same pseudo-labels for the floor and for alcli).
@@ -38,8 +40,9 @@ def floor(model, images, targets) -> None:
     model.zero_grad(set_to_none=True)
 
 
-def timed(fn, rounds: int) -> float:
-    fn()  # warm-up
+def timed(fn, rounds: int, warm: bool = True) -> float:
+    if warm:
+        fn()  # warm-up (the engine's first call learns the model's layout)
     times = []
     for _ in range(rounds):
         start = time.perf_counter()
@@ -50,35 +53,41 @@ def timed(fn, rounds: int) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--size", type=int, default=128)
-    ap.add_argument("--batch", type=int, default=4)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--size", type=int, default=320)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--samples", type=int, default=8, help="egl's label sets S")
+    ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--only", nargs="*", default=DETECTORS)
-    ap.add_argument("--method", default="auto", help="auto (RetinaNet batched through the engine) or loop")
+    ap.add_argument("--no-loop", action="store_true", help="leave the loop's columns out")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     g = torch.Generator().manual_seed(0)
     images = [torch.rand(3, args.size, args.size, generator=g) for _ in range(args.batch)]
     ids = [f"img{i}" for i in range(args.batch)]
-    print(f"batch {args.batch} x {args.size}px, {args.threads} threads, median of {args.rounds}, --method {args.method}")
-    print("| detector | floor (s) | predict | gradnorm | gradnorm ÷ floor | egl-4 ÷ floor | boxes/image |")
-    print("|---|---|---|---|---|---|---|")
+    print(f"batch {args.batch} x {args.size}px, {args.threads} threads, median of {args.rounds}, egl S = {args.samples}")
+    print("| detector | method | floor (s) | gradnorm ÷ floor | egl ÷ floor | loop: gradnorm ÷ floor | loop: egl ÷ floor | boxes/image |")
+    print("|---|---|---|---|---|---|---|---|")
     for name in args.only:
         model = build(name, args.size)
         found = detection.predict(model, images)
         targets = [{k: v for k, v in detection.kept(f, 0.05).items() if k != "scores"} for f in found]
-        settings = SimpleNamespace(box_threshold=0.05, aggregate="mean", seed=0, egl_samples=4,
-                                   method=args.method)
         t_floor = timed(lambda: floor(model, images, targets), args.rounds)
-        t_pred = timed(lambda: detection.predict(model, images), args.rounds)
-        t_grad = timed(lambda: detection.utility("gradnorm", model, images, detection.predict(model, images),
-                                                 ids, settings), args.rounds)
-        t_egl = timed(lambda: detection.utility("egl", model, images, detection.predict(model, images),
-                                                ids, settings), max(1, args.rounds // 2))
+
+        def ratio(strategy: str, method: str) -> str:
+            settings = SimpleNamespace(box_threshold=0.05, aggregate="mean", seed=0, egl_samples=args.samples,
+                                       method=method)
+            t = timed(lambda: detection.utility(strategy, model, images, detection.predict(model, images),
+                                                ids, settings), args.rounds, warm=method != "loop")
+            return f"{t / t_floor:.2f}x"
+
+        batched = detection.method(model, "auto")[1].startswith("batched")
+        cells = [ratio("gradnorm", "auto"), ratio("egl", "auto")]
+        loop = ["(as left)"] * 2 if not batched else ["-"] * 2 if args.no_loop else \
+            [ratio("gradnorm", "loop"), ratio("egl", "loop")]
         boxes = statistics.mean(len(t["boxes"]) for t in targets)
-        print(f"| {name} ({detection.method(model, args.method)[0]}) | {t_floor:.3f} | {t_pred:.3f} | {t_grad:.3f} | {t_grad / t_floor:.2f}x | "
-              f"{t_egl / t_floor:.2f}x | {boxes:.0f} |", flush=True)
+        print(f"| {name} | {detection.method(model, 'auto')[0]} | {t_floor:.3f} | {' | '.join(cells + loop)} | "
+              f"{boxes:.0f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -102,9 +102,15 @@ def test_gradnorm_at_the_predicted_boxes_is_the_float64_per_image_loop(name):
 
 @pytest.mark.parametrize("name", ["fasterrcnn_mobilenet_v3_large_320_fpn"])
 def test_egl_is_the_mean_norm_over_box_sets_drawn_from_the_scores(name):
+    """Under auto the loop, its backbone once per image for the S sets; with --method ghost
+    batched, all S sets' proposals through one forward."""
     model, imgs = build(name), images()
     rows = detection.rows(model, imgs, IDS, Settings("egl"), None)
-    for row, img in zip(rows, imgs):
+    assert detection.method(model, "auto")[0] == "loop"
+    ghost = detection.rows(model, imgs, IDS, Settings("egl", method="ghost"), None)
+    assert detection.method(model, "ghost")[1].startswith("batched")
+    for row, img, other in zip(rows, imgs, ghost):
+        assert other["score"] == pytest.approx(row["score"], rel=1e-9)
         found = oracle_predictions(model, img)
         k = len(found["scores"])
         u = tasks.uniforms([row["id"]], max(k, 1), 2, 0, "cpu")[:, 0, :k]  # the seeded draws
@@ -150,21 +156,50 @@ def test_float32_matches_float64_at_drawn_boxes(name):
     assert not model.training
 
 
-@pytest.mark.parametrize("strategy", ["egl"])  # gradnorm: the float64 loop test above
-def test_retinanet_goes_through_the_engine_batched_and_equals_the_loop(strategy):
-    """Its loss splits by image: images of one size share one batched forward and backward
-    (alcli.tasks.retinanet), and give the per-image loop's numbers; another size, another group."""
-    model = build("retinanet_resnet50_fpn")
-    imgs = images() + [images()[0].flip(-1)]
-    ids = [*IDS, "mirrored"]
-    batched = detection.rows(model, imgs, ids, Settings(strategy, box_threshold=0.0), None)
-    looped = detection.rows(model, imgs, ids, Settings(strategy, box_threshold=0.0, method="loop"), None)
-    assert detection.method(model, "auto")[0] != "loop" and detection.method(model, "loop")[0] == "loop"
+# RetinaNet's and FCOS's random heads score about 0.01: their drawn label sets are mostly empty;
+# their batched gradnorm is checked against the float64 loop above, and FCOS's below
+@pytest.mark.parametrize("name", ["ssdlite320_mobilenet_v3_large"])
+def test_one_stage_detectors_egl_goes_through_the_engine_batched_and_equals_the_loop(name):
+    """Their losses split by image: images of one padded size share one batched forward and
+    backward (alcli.tasks.batched), all S label sets through it, and give the per-image loop's
+    numbers."""
+    model = build(name)
+    imgs = [images()[0], images()[0].flip(-1)]
+    ids = ["wide", "mirrored"]
+    batched = detection.rows(model, imgs, ids, Settings("egl", box_threshold=0.0), None)
+    looped = detection.rows(model, imgs, ids, Settings("egl", box_threshold=0.0, method="loop"), None)
+    assert detection.method(model, "auto")[1].startswith("batched") and detection.method(model, "loop")[0] == "loop"
     assert any(json.loads(r["boxes"]) for r in batched)
     for b, l in zip(batched, looped):
         assert b["score"] == pytest.approx(l["score"], rel=1e-9)
-        if strategy == "gradnorm":
-            assert b["loss"] == pytest.approx(l["loss"], rel=1e-9)
+
+
+# hand-drawn targets: two boxes, none, one; the third image's own size pads as the first's does
+DRAWN = [([[5.0, 6.0, 40.0, 50.0], [30.0, 10.0, 70.0, 30.0]], [1, 2]), ([], []), ([[10.0, 8.0, 60.0, 40.0]], [2])]
+
+
+@pytest.mark.parametrize("name", ["fcos_resnet50_fpn", "ssdlite320_mobilenet_v3_large",
+                                  "fasterrcnn_mobilenet_v3_large_320_fpn"])
+def test_a_batch_of_other_sizes_and_an_image_without_boxes_is_each_image_alone(name):
+    """Each image's loss over its own foreground count (SSD: its own hard negatives; Faster
+    R-CNN: its own sampled anchors and proposals, drawn as the loop draws them), whatever its
+    neighbours hold: a batch of different sizes padded alike, one image without boxes, against
+    torchvision's own float64 loss of each image alone."""
+    from alcli.tasks import batched
+    model = build(name)
+    g = torch.Generator().manual_seed(3)
+    imgs = [images()[0], images()[0].flip(1), torch.rand(3, 63, 84, generator=g, dtype=torch.float64)]
+    ids = ["two", "none", "one"]
+    with torch.no_grad():
+        assert len(batched.padded_groups(model, imgs)) == 1  # one batch: three originals, one padded size
+    sets = [[{"boxes": torch.tensor(b, dtype=torch.float64).reshape(-1, 4), "labels": torch.tensor(c, dtype=torch.long)}]
+            for b, c in DRAWN]
+    norms, losses = detection.gradient_norms(model, imgs, sets, ids, Settings("gradnorm"))
+    assert detection.method(model, "auto")[1].startswith("batched")
+    for img, (boxes, labels), id_, norm in zip(imgs, DRAWN, ids, norms):
+        assert norm[0] == pytest.approx(oracle_norm(model, img, boxes, labels, detection.image_seed(0, id_)), rel=1e-9)
+    if name.startswith("ssd"):
+        assert norms[1] == [0.0] and losses[1] == [0.0]  # no box: SSD's loss is 0
 
 
 def test_a_row_does_not_depend_on_its_batch():
@@ -224,7 +259,7 @@ def alcli(*args, cwd, stdin=None):
 
 
 def test_score_ranks_a_folder_of_images_of_any_size(detector_files):
-    """The command's float32 rows against the loop in float32 too: with a random detector's
+    """The command's float32 rows (Faster R-CNN batched) against the loop in float32 too: with a random detector's
     predicted boxes as targets, float32 and float64 can differ by an anchor or proposal assigned
     differently (the tests above compare with float64 where that cannot happen)."""
     root, model = detector_files
@@ -232,7 +267,7 @@ def test_score_ranks_a_folder_of_images_of_any_size(detector_files):
                  json.dumps(CLI_KWARGS), "--strategy", "gradnorm", "--box-threshold", "0",
                  "--batch-size", "3", "-o", "scores.csv", cwd=root)
     assert done.returncode == 0, done.stderr
-    assert "method    loop" in done.stderr
+    assert "method    ghost (batched: FasterRCNN's loss splits by image" in done.stderr
     rows = list(csv.DictReader(open(root / "scores.csv")))
     assert sorted(r["id"] for r in rows) == ["a.png", "b.png", "c.png", "d.jpg"]
     assert json.load(open(root / "scores.csv.meta.json"))["task"] == "detection"
@@ -356,3 +391,21 @@ def test_select_on_a_detection_table_advises_what_works_without_embeddings(tmp_p
         assert refused.returncode == 1 and refused.stderr.count("\n") == 1, refused.stderr
         assert flag in refused.stderr and detection.TASK.no_badge in refused.stderr
         assert "--embeddings" not in refused.stderr and "--no-diverse" in refused.stderr
+
+
+def test_a_slow_cpu_run_times_its_first_image_alone_and_says_the_estimate(detector_files, tmp_path,
+                                                                          monkeypatch):
+    """On the CPU a detector's first image is scored alone, and a run estimated past
+    LONG_RUN_SECONDS (0 here, so this small run is one) says so once, with what cuts it."""
+    from alcli import api
+    from alcli.score import runner
+    root, model = detector_files
+    monkeypatch.setattr(runner, "LONG_RUN_SECONDS", 0.0)
+    notes, batches = [], []
+    settings = api.settings_for(pool=str(root / "imgs"), strategy="egl", egl_samples=1, batch_size=3,
+                                box_threshold=0.0, device="cpu")
+    api.score_to_table(settings, str(tmp_path / "s.csv"), model=copy.deepcopy(model),
+                       say=notes.append, on_batch=batches.append)
+    assert batches == [1, 3]
+    assert len(notes) == 1 and notes[0].startswith("on the CPU this run takes about ")
+    assert "3 examples left" in notes[0] and "`-s gradnorm`" in notes[0]

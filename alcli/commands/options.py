@@ -96,7 +96,7 @@ TopClasses = Annotated[Optional[int], typer.Option(
 Task = Annotated[Optional[str], typer.Option(
     metavar="TASK", help="What one example's output is: auto (read from the model), "
     "classification, multilabel, segmentation, token-classification, regression, causal-lm, "
-    "detection or keypoints. "
+    "detection, keypoints or instance-segmentation. "
     "[default: auto]", rich_help_panel=MODEL)]
 EglSamples = Annotated[Optional[str], typer.Option(
     metavar="S|pseudo", help="egl on multilabel, segmentation and token classification: S label "

@@ -42,7 +42,7 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 # the labeling tasks (alcli.tasks.TASKS, plus auto: read from the model); config is read before
 # any model, and cannot import the task modules (they read pools: a cycle); a test keeps them equal
 TASK_NAMES = ("auto", "classification", "multilabel", "segmentation", "token-classification",
-              "regression", "causal-lm", "keypoints", "detection")
+              "regression", "causal-lm", "keypoints", "instance-segmentation", "detection")
 DECODERS = ("cpu", "gpu")  # where image files are decoded: the loader's workers, or the device
 DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 MAX_SIDE = 4096  # pixels per side an image may be resized or cropped to (a model directory's

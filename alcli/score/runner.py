@@ -392,10 +392,20 @@ def run(model: nn.Module, pool: Pool, settings: Settings, device: torch.device, 
     errors: list[tuple[str, str]] = []
     micro = MicroBatches(say)
     mass_left: list[float] = []  # [sum, max]
+    timed = device.type == "cpu" and STRATEGIES[settings.strategy].gradients
+    own = tasks.named(settings.task, model)
+    if timed and batches is None and own is not None and own.rows is not None:
+        batches = first_alone(len(pool), settings.batch_size)
+    scored = 0
     for batch_rows in iter_rows(model, pool, settings, device, embeddings=embeddings,
                                 on_errors=None if settings.strict else errors.extend,
                                 batches=batches, micro=micro):
         done = len(batch_rows) + len(errors)
+        if timed and say and scored == 0:
+            note = estimate(time.perf_counter() - start, done, len(pool), settings.strategy)
+            if note:
+                say(note)
+        scored += done
         stats.count += len(batch_rows)
         stats.skipped += len(errors)
         stats.nans += sum(1 for r in batch_rows if r["score"] != r["score"])
@@ -420,6 +430,30 @@ def run(model: nn.Module, pool: Pool, settings: Settings, device: torch.device, 
         stats.notes.append(f"--top-classes {k} leaves out probability mass "
                            f"{mass_left[0] / stats.count:.3g} on average, {mass_left[1]:.3g} at most")
     return stats
+
+
+LONG_RUN_SECONDS = 180  # a CPU run estimated longer than this is announced after its first batch
+
+
+def first_alone(n: int, size: int) -> list[list[int]]:
+    """Pool positions in batches: the first example alone, then batches of `size`, so a task
+    scoring its own batches (a detector: seconds per image on a CPU) is timed before the rest."""
+    return [[0]] + [list(range(i, min(n, i + size))) for i in range(1, n, size)] if n else []
+
+
+def estimate(seconds: float, done: int, total: int, strategy: str) -> str | None:
+    """The one line announcing a long CPU run, from its first `done` examples' `seconds`; None
+    for a run estimated under LONG_RUN_SECONDS."""
+    if done <= 0 or total <= done:
+        return None
+    per = seconds / done
+    left = per * (total - done)
+    if left <= LONG_RUN_SECONDS:
+        return None
+    cut = ("`-s gradnorm` (one label set) or a smaller `--egl-samples` cut it" if strategy == "egl"
+           else "`-s loss` or `-s entropy` need no gradients")
+    return (f"on the CPU this run takes about {left / 60:,.0f} min more ({per:,.1f} s per example, "
+            f"{total - done:,} examples left); {cut}")
 
 
 def engine_method(model: nn.Module, settings: Settings, loss_fn: Callable | None) -> tuple[str, str]:

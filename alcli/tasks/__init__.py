@@ -10,6 +10,7 @@ task object (`TASKS[name]`), never compares a task's name (tests/test_task_names
 | token-classification | [B, T, C] | mean cross-entropy over its valid tokens | token_classification.py |
 | regression | [B, D] ([B]: D = 1) | squared error summed over the D outputs | regression.py |
 | keypoints | boxes, labels, scores, keypoints per image | the detector's own training loss | keypoints.py |
+| instance-segmentation | boxes, labels, scores, masks per image | the detector's own training loss | instances.py |
 | detection | boxes, labels, scores per image | the detector's own training loss | detection.py |
 | causal-lm | [B, T, V] | mean cross-entropy over its scored (response) tokens | causal_lm.py |
 """
@@ -22,14 +23,15 @@ import torch
 from torch import nn
 
 from ..errors import RunError
-from . import (causal_lm, classification, common, detection, keypoints, multilabel, regression,
-               segmentation, token_classification)
+from . import (causal_lm, classification, common, detection, instances, keypoints, multilabel,
+               regression, segmentation, token_classification)
 from .common import DEFAULT_EGL_SAMPLES, IGNORE, Task, aggregate, exact_dtype, uniforms  # noqa: F401
 
 # the registry; under --task auto the first whose `names_model` holds is the model's task
 TASKS: dict[str, Task] = {t.name: t for t in (
     classification.TASK, multilabel.TASK, segmentation.TASK, token_classification.TASK,
-    regression.TASK, causal_lm.TASK, keypoints.TASK, detection.TASK,  # keypoints first: a Keypoint R-CNN is a detector too
+    regression.TASK, causal_lm.TASK, keypoints.TASK, instances.TASK,  # before detection: these are detectors too
+    detection.TASK,
 )}
 DEFAULT = classification.TASK  # rows that say nothing else
 

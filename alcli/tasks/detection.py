@@ -22,9 +22,10 @@ or resume. The utilities (`--strategy`):
 - least-confidence: 1 - max_j p_j (1 without boxes); uncertain-boxes: how many predicted boxes
   score below --box-threshold.
 
-RetinaNet's loss splits by image, so its same-sized images go through the engine in one batch
-(alcli.tasks.retinanet); the other detectors' gradient utilities run one forward and one backward
-per image and label set (a loop: their losses are not per-example functions of a batch). The
+RetinaNet's, FCOS's and SSD's losses split by image, so their images go through the engine in one
+batch per padded size (alcli.tasks.batched); Faster R-CNN's too once its random choices are drawn
+(alcli.tasks.rcnn). Mask and Keypoint R-CNN's and DETR's gradient utilities run one backward per
+image and label set (a loop). The
 predictions come from one no-grad forward per group of same-sized images, which a batch of one
 would give.
 """
@@ -42,7 +43,7 @@ from torch import nn
 from ..errors import RunError
 from ..files.classnames import class_name
 from ..gradnorm import auto_choice
-from . import retinanet
+from . import batched, rcnn
 from .common import Task, aggregate, exact_dtype, seeded_uniform, uniforms
 from .labelstudio import Tag, _json_list, _loose_list, _named, _size, class_index, names_control, offered
 
@@ -51,7 +52,7 @@ UTILITIES = ("egl", "gradnorm", "loss", "entropy", "margin", "least-confidence",
              "random")
 GRADIENT_UTILITIES = ("egl", "gradnorm")
 METHOD_REASON = ("a detector's loss is not a per-example function of its batch: a backward per image "
-                 "(RetinaNet's is, and goes through the engine batched)")
+                 "(Faster R-CNN's, RetinaNet's, FCOS's and SSD's are, and go through the engine batched)")
 
 
 HF_MIN_SCORE = 0.05  # a DETR-style model's queries whose best class scores less predict no box
@@ -198,12 +199,45 @@ def grad_norm(model: nn.Module, image: torch.Tensor, target: dict, seed: int,
               params: list[torch.Tensor]) -> tuple[float, float]:
     """(||∇θ ℓ(x, T)||, ℓ(x, T)): the squares summed in float64 (float32 on MPS), as the
     engine's loop does (summed in float32, a 12.8M-weight layer's norm was off by up to 1e-3)."""
-    loss = image_loss(model, image, target, seed)
+    return _norm_and_value(image_loss(model, image, target, seed), params)
+
+
+def _norm_and_value(loss: torch.Tensor, params: list[torch.Tensor], keep: bool = False) -> tuple[float, float]:
     sq = 0.0
-    for g in torch.autograd.grad(loss, params, allow_unused=True):
+    for g in torch.autograd.grad(loss, params, allow_unused=True, retain_graph=keep):
         if g is not None:
             sq = sq + g.to(exact_dtype(g)).square().sum()  # stays on the device until float()
     return math.sqrt(float(sq)), float(loss.detach())
+
+
+def is_rcnn(model: nn.Module) -> bool:
+    """torchvision's two-stage detectors (Faster, Mask and Keypoint R-CNN): a backbone, an RPN
+    and RoI heads."""
+    return not is_hf(model) and any(k.__name__ == "GeneralizedRCNN" for k in type(model).__mro__)
+
+
+def rcnn_set_norms(model: nn.Module, image: torch.Tensor, targets: list[dict], seed: int,
+                   params: list[torch.Tensor]) -> list[tuple[float, float]]:
+    """grad_norm of one image at each of its K target sets, the R-CNN's backbone and FPN run once:
+    each set's RPN and RoI losses from those features, the sampling seeded as image_loss seeds it
+    (the training transform's size draw, then the RPN's anchors, then the RoI proposals), one
+    backward per set (in loss_mode)."""
+    from collections import OrderedDict
+    batch, _ = model.transform([image])
+    features = model.backbone(batch.tensors)
+    if isinstance(features, torch.Tensor):
+        features = OrderedDict([("0", features)])
+    devices = [image.device] if image.device.type == "cuda" else []
+    out = []
+    for j, target in enumerate(targets):
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(seed)
+            batch_j, resized = model.transform([image], [target])
+            proposals, rpn_terms = model.rpn(batch_j, features, resized)
+            _, roi_terms = model.roi_heads(features, proposals, batch_j.image_sizes, resized)
+        loss = sum({**roi_terms, **rpn_terms}.values())  # the order GeneralizedRCNN sums them in
+        out.append(_norm_and_value(loss, params, keep=j < len(targets) - 1))
+    return out
 
 
 # --- the utilities -------------------------------------------------------------------------------
@@ -257,39 +291,51 @@ def _target(found: dict) -> dict:
 
 def gradient_norms(model: nn.Module, images: list[torch.Tensor], sets: list[list[dict]], ids: list,
                    settings) -> tuple[list[list[float]], list[list[float]]]:
-    """Each image's K target sets -> its K gradient norms and losses: RetinaNet's same-sized
-    images through the engine in one batch (alcli.tasks.retinanet), else one image at a time."""
-    if settings.method != "loop" and retinanet.servable(model):
-        return _batched(model, images, sets, settings.method)
+    """Each image's K target sets -> its K gradient norms and losses: RetinaNet's, FCOS's and
+    SSD's images through the engine batched (alcli.tasks.batched), Faster R-CNN's too once its
+    random choices are drawn (alcli.tasks.rcnn), else one image at a time (Mask and Keypoint
+    R-CNN's backbone once per image for all K sets)."""
+    per_set = [[s[j] for s in sets] for j in range(len(sets[0]))]
+    if settings.method != "loop" and batched.kind(model) is not None:
+        grads, values = batched.norms(model, images, per_set, settings.method)
+        return grads.T.tolist(), values.T.tolist()
+    if rcnn_batched(model, settings.method, len(per_set)):
+        with loss_mode(model):
+            grads, values = rcnn.norms(model, images, per_set, [image_seed(settings.seed, i) for i in ids],
+                                       settings.method)
+        return grads.T.tolist(), values.T.tolist()
     params = [p for p in model.parameters() if p.requires_grad]
     norms, losses = [], []
     with loss_mode(model):
         for img, targets, id_ in zip(images, sets, ids):
-            pairs = [grad_norm(model, img, t, image_seed(settings.seed, id_), params) for t in targets]
+            seed = image_seed(settings.seed, id_)
+            pairs = rcnn_set_norms(model, img, targets, seed, params) if is_rcnn(model) else \
+                [grad_norm(model, img, t, seed, params) for t in targets]
             norms.append([n for n, _ in pairs])
             losses.append([v for _, v in pairs])
     return norms, losses
 
 
-def _batched(model, images, sets, method) -> tuple[list[list[float]], list[list[float]]]:
-    norms: list = [None] * len(images)
-    losses: list = [None] * len(images)
-    k = len(sets[0])
-    for members in same_size(images):
-        per_set = [[sets[i][j] for i in members] for j in range(k)]
-        grads, values = retinanet.norms(model, [images[i] for i in members], per_set, method)
-        for col, i in enumerate(members):
-            norms[i], losses[i] = grads[:, col].tolist(), values[:, col].tolist()
-    return norms, losses
+def rcnn_batched(model: nn.Module, setting: str, sets: int) -> bool:
+    """Faster R-CNN through the engine: for one label set under auto (its S egl sets each run the
+    box head at all S sets' proposals and cost more than its loop, which shares the backbone: see
+    docs/benchmarks.md), for any number under a named engine method."""
+    return rcnn.servable(model) and setting != "loop" and (sets == 1 or setting != "auto")
 
 
 def method(model: nn.Module, setting: str) -> tuple[str, str]:
     """(the method the gradient utilities ran with, why) for the summary and `alcli inspect`."""
-    if setting != "loop" and retinanet.servable(model):
-        choice = auto_choice(retinanet.heads(model), None, retinanet.per_image_loss) if setting == "auto" else None
+    kind = batched.kind(model)
+    ran = kind is not None or (rcnn.servable(model) and (setting != "auto" or rcnn.ran(model)))
+    if setting != "loop" and ran:
+        heads, loss = (batched.heads(model), kind.per_image_loss) if kind else (rcnn.heads(model), rcnn.per_image_loss)
+        choice = auto_choice(heads, None, loss) if setting == "auto" else None
         name = choice[0] if choice else setting
-        return name, ("RetinaNet's loss splits by image: images of one size go through the engine "
-                      "in one batch")
+        return name, (f"batched: {type(model).__name__}'s loss splits by image, each normalised over "
+                      f"its own samples: images of one padded size go through the engine in one batch")
+    if rcnn.servable(model) and setting == "auto":
+        return "loop", ("Faster R-CNN's egl label sets: a backward per image and set, its backbone once "
+                        "per image (batched, each set would run the box head at every set's proposals)")
     return "loop", METHOD_REASON
 
 

@@ -8,12 +8,10 @@ batched forward of the backbone and head, which the engine's batched methods dif
                                                                       valid, foreground)
     per_image_loss(out, t)                    -> [B] = focal(valid) / n_fg + L1(foreground) / n_fg
 
-This is the per-image loss of alcli.tasks.detection (the image alone); tests/test_detection.py
-compares the two.
+This is the per-image loss of alcli.tasks.detection (the image alone); alcli.tasks.batched runs
+it, and tests/test_detection.py compares the two.
 """
 from __future__ import annotations
-
-import weakref
 
 import torch
 from torch import nn
@@ -77,36 +75,3 @@ def per_image_loss(out: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     focal = sigmoid_focal_loss(out[..., :classes], t[..., :classes], reduction="none").sum(-1)
     l1 = (out[..., classes:] - t[..., classes:classes + 4]).abs().sum(-1)
     return ((focal * valid).sum(1) + (l1 * fg).sum(1)) / count
-
-
-_heads: "weakref.WeakKeyDictionary[nn.Module, Heads]" = weakref.WeakKeyDictionary()
-
-
-def heads(model: nn.Module) -> Heads:
-    """The model's Heads, one per model: the engine keeps what it learned of a module (its probes)."""
-    if model not in _heads:
-        _heads[model] = Heads(model)
-    return _heads[model]
-
-
-def norms(model: nn.Module, images: list[torch.Tensor], target_sets: list[list[dict]], method: str
-          ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Same-sized images and K target sets (each a target per image) -> ([K, B] gradient norms,
-    [K, B] losses), through one forward and the engine's backward."""
-    from ..gradnorm import grad_norms_per_target
-    image_list, _ = model.transform(images)
-    heads_ = heads(model)
-    originals = [tuple(img.shape[-2:]) for img in images]
-    dense: list[torch.Tensor] = []
-
-    def targets_for(out: torch.Tensor) -> list[torch.Tensor]:
-        dense[:] = [dense_targets(model, image_list, heads_.sizes, originals, ts, out.dtype)
-                    for ts in target_sets]
-        # the engine runs a batch of one as two copies (gradnorm.api.ONE_EXAMPLE_BUG)
-        return [t.repeat(out.shape[0] // t.shape[0], 1, 1) for t in dense]
-
-    grads, out = grad_norms_per_target(heads_, image_list.tensors, targets_for, method=method,
-                                       loss_fn=per_image_loss)
-    with torch.no_grad():
-        losses = torch.stack([per_image_loss(out, t) for t in dense])
-    return grads, losses

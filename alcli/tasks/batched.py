@@ -1,0 +1,82 @@
+"""The one-stage detectors (RetinaNet, FCOS, SSD) through the gradient engine: one module each
+(alcli.tasks.retinanet, .fcos, .ssd) with the same four names, whose per-image losses are
+per-example functions of one batched forward:
+
+    servable(model)                              -> whether the module serves this detector
+    Heads(model)(x [B, 3, H, W] transformed)     -> out [B, A, D]   (backbone and head, the
+                                                    feature maps' sizes kept in .sizes)
+    dense_targets(model, image_list, sizes, originals, targets, dtype) -> t [B, A, E]
+    per_image_loss(out, t)                       -> [B]: each image's loss, normalised over
+                                                    that image alone
+
+Images whose transform (resize, normalise, pad) gives the same padded size go in one batch: the
+tensor each gets alone, so the batch gives what the per-image loop gives.
+"""
+from __future__ import annotations
+
+import weakref
+
+import torch
+from torch import nn
+
+from . import fcos, retinanet, ssd
+
+KINDS = (retinanet, fcos, ssd)
+
+
+def kind(model: nn.Module):
+    """The module serving this detector batched, or None (Faster R-CNN, DETR: the loop)."""
+    return next((k for k in KINDS if k.servable(model)), None)
+
+
+_heads: "weakref.WeakKeyDictionary[nn.Module, nn.Module]" = weakref.WeakKeyDictionary()
+
+
+def heads(model: nn.Module) -> nn.Module:
+    """The model's Heads, one per model: the engine keeps what it learned of a module (its probes)."""
+    if model not in _heads:
+        _heads[model] = kind(model).Heads(model)
+    return _heads[model]
+
+
+def padded_groups(model: nn.Module, images: list[torch.Tensor]) -> list[tuple[list[int], object]]:
+    """(positions, ImageList) per padded size: each image transformed alone, those of one
+    padded size stacked."""
+    from torchvision.models.detection.image_list import ImageList
+    alone = [model.transform([img])[0] for img in images]
+    groups: dict[tuple, list[int]] = {}
+    for i, one in enumerate(alone):
+        groups.setdefault(tuple(one.tensors.shape), []).append(i)
+    return [(members, ImageList(torch.cat([alone[i].tensors for i in members]),
+                                [alone[i].image_sizes[0] for i in members]))
+            for members in groups.values()]
+
+
+def norms(model: nn.Module, images: list[torch.Tensor], target_sets: list[list[dict]], method: str
+          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Images and K target sets (each a target per image) -> ([K, B] gradient norms, [K, B]
+    losses): one forward and the engine's backward per padded size."""
+    from ..gradnorm import grad_norms_per_target
+    k = kind(model)
+    heads_ = heads(model)
+    grads = torch.zeros(len(target_sets), len(images), dtype=torch.float64)
+    losses = torch.zeros_like(grads)
+    with torch.no_grad():
+        groups = padded_groups(model, images)
+    for members, image_list in groups:
+        originals = [tuple(images[i].shape[-2:]) for i in members]
+        sets = [[ts[i] for i in members] for ts in target_sets]
+        dense: list[torch.Tensor] = []
+
+        def targets_for(out: torch.Tensor) -> list[torch.Tensor]:
+            dense[:] = [k.dense_targets(model, image_list, heads_.sizes, originals, ts, out.dtype) for ts in sets]
+            # the engine runs a batch of one as two copies (gradnorm.api.ONE_EXAMPLE_BUG)
+            return [t.repeat(out.shape[0] // t.shape[0], 1, 1) for t in dense]
+
+        g, out = grad_norms_per_target(heads_, image_list.tensors, targets_for, method=method,
+                                       loss_fn=k.per_image_loss)
+        with torch.no_grad():
+            values = torch.stack([k.per_image_loss(out, t) for t in dense])
+        grads[:, members] = g.to(torch.float64).cpu()
+        losses[:, members] = values.to(torch.float64).cpu()
+    return grads, losses
