@@ -38,6 +38,7 @@ from ..score.embeddings import EmbeddingRecorder
 from ..score.runner import RunStats, run
 from ..selection.rank import rank
 from ..session import Session, opened
+from ..tasks import TASKS
 from . import distributed
 from .exclude import Exclusion
 from .finish import Finished, finish, save_table_embeddings, write_sidecars
@@ -144,8 +145,9 @@ def _score_to_file(ctx, session: Session, todo: Pool, shard, settings: Settings,
                           restart=settings.restart, pool_ids=full.ids, say=say)
         if log.resumed and say:
             say(f"resuming: {log.resumed} examples of {partial_path} are done already")
+        files_dir = None if writes_stream(dest) else os.path.abspath(sidecar(dest, "masks"))
         stats = _score(session, todo, settings, log, partial_path, resumable, on_start, on_batch,
-                       say, embeddings)
+                       say, embeddings, files_dir)
         if ctx is not None:  # the summary speaks for the whole run
             stats.count, stats.seconds = distributed.run_totals(ctx, stats.count, stats.seconds)
         if ctx is None and stats.count == 0 and not log.resumed and log.first_error:
@@ -165,6 +167,9 @@ def _score_to_file(ctx, session: Session, todo: Pool, shard, settings: Settings,
             raise
         distributed.barrier(ctx)
         partial_path.unlink(missing_ok=True)
+    if result is not None and files_dir is None and stats.task in TASKS and TASKS[stats.task].row_files:
+        result.warnings.append(f"the predicted masks are not written for {_shown(dest)}; score with "
+                               f"-o FILE to have them in FILE.masks/ (pred_mask)")
     return result
 
 
@@ -289,7 +294,7 @@ class _Batches:
 
 
 def _score(session: Session, todo: Pool, settings: Settings, log: PartialFile, partial_path: Path,
-           resumable: bool, on_start, on_batch, say, embeddings) -> RunStats:
+           resumable: bool, on_start, on_batch, say, embeddings, files_dir: str | None) -> RunStats:
     done = log.done
     already = sum(1 for id_ in todo.ids if id_ in done) if done else 0
     if on_start:
@@ -305,7 +310,7 @@ def _score(session: Session, todo: Pool, settings: Settings, log: PartialFile, p
     try:
         with _signals_raise(partial_path, resumable):
             stats = run(session.model, todo, settings, session.device, sink, on_batch,
-                        batches=batches, say=say, embeddings=embeddings)
+                        batches=batches, say=say, embeddings=embeddings, files_dir=files_dir)
     except Interrupted as err:
         log.close()
         if log.discard_if_empty():

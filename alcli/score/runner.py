@@ -97,11 +97,12 @@ def forward(model: nn.Module, inputs: torch.Tensor | dict, pool_name: str) -> to
 
 
 def score_batch(model: nn.Module, batch: Batch, settings: Settings, device: torch.device,
-                pool: Pool, *, embeddings: EmbeddingRecorder | None = None) -> list[dict]:
+                pool: Pool, *, embeddings: EmbeddingRecorder | None = None,
+                files_dir: str | None = None) -> list[dict]:
     """One collated batch of `pool` -> one row per example: id, score, pred (its class name and
     pred_index when the pool's classes are named), confidence, [label], loss, extras, and the
     example's file as `path` for image pools, its text as `text` for text pools. The rows come home in one
-    copy from the device."""
+    copy from the device. With `files_dir`, a task's per-row files (segmentation: pred_mask) go there."""
     if batch.errors:  # iter_rows hands the readable part only; called directly, bad items are fatal
         raise PoolError(batch.errors[0][1])
     if not batch.ids:
@@ -186,6 +187,8 @@ def score_batch(model: nn.Module, batch: Batch, settings: Settings, device: torc
         if batch.texts is not None:
             row["text"] = clip_text(batch.texts[i], settings.text_width)
         rows.append(row)
+    if spec.row_files is not None and files_dir and batch.paths is not None:
+        spec.row_files(s.logits, rows, batch.paths, files_dir)  # per batch: no pool-sized memory
     return rows
 
 
@@ -333,7 +336,8 @@ def iter_rows(model: nn.Module, pool: Pool, settings: Settings, device: torch.de
               embeddings: EmbeddingRecorder | None = None,
               on_errors: Callable[[list[tuple[str, str]]], None] | None = None,
               batches: Iterable[list[int]] | None = None,
-              micro: MicroBatches | None = None) -> Iterator[list[dict]]:
+              micro: MicroBatches | None = None,
+              files_dir: str | None = None) -> Iterator[list[dict]]:
     """Rows batch by batch, streaming the pool through a DataLoader.
 
     Unreadable examples go to `on_errors` as (id, message) and the rest of the batch is scored;
@@ -350,7 +354,7 @@ def iter_rows(model: nn.Module, pool: Pool, settings: Settings, device: torch.de
             on_errors(batch.errors)
             batch = batch._replace(errors=[])
         yield micro(batch, lambda b: score_batch(model, b, settings, device, pool,
-                                                 embeddings=embeddings))
+                                                 embeddings=embeddings, files_dir=files_dir))
 
 
 @dataclass
@@ -379,14 +383,15 @@ def run(model: nn.Module, pool: Pool, settings: Settings, device: torch.device, 
         on_batch: Callable[[int], None] | None = None, *,
         embeddings: EmbeddingRecorder | None = None,
         batches: Iterable[list[int]] | None = None,
-        say: Callable[[str], None] | None = None) -> RunStats:
+        say: Callable[[str], None] | None = None,
+        files_dir: str | None = None) -> RunStats:
     """Score the whole pool, batch by batch in pool order, into `sink(rows, errors)`. The model
     must already be on `device`.
 
     With `embeddings`, each example's BADGE factors are recorded into it as well. Unreadable
     examples are skipped (and go to the sink) unless `settings.strict`. `batches` (lists of pool
     positions) replaces the consecutive batches. `say` gets warnings meant for people as they
-    happen."""
+    happen. `files_dir`: where a task's per-row files go (OUTPUT.masks)."""
     stats = RunStats(device=str(device), strategy=settings.strategy)
     start = time.perf_counter()
     errors: list[tuple[str, str]] = []
@@ -399,7 +404,7 @@ def run(model: nn.Module, pool: Pool, settings: Settings, device: torch.device, 
     scored = 0
     for batch_rows in iter_rows(model, pool, settings, device, embeddings=embeddings,
                                 on_errors=None if settings.strict else errors.extend,
-                                batches=batches, micro=micro):
+                                batches=batches, micro=micro, files_dir=files_dir):
         done = len(batch_rows) + len(errors)
         if timed and say and scored == 0:
             note = estimate(time.perf_counter() - start, done, len(pool), settings.strategy)

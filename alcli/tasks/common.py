@@ -110,6 +110,8 @@ class Task:
     probe: Callable | None = None     # (logits, inputs) -> (loss_fn, targets)
     # --- Label Studio: a row's regions, the rows' own sign of the task, the labeling config
     prelabels: Callable = _nothing    # (row, n, tag, class names, data value) -> regions
+    row_files: Callable | None = None  # (logits, rows, image paths, folder): writes each row's file
+                                       # into folder (segmentation: its pred_mask PNG), names it in the row
     unnamed: Callable = _never        # (row, names): does it predict a class that has no name?
     unnamed_note: str = "predicted classes without a name, left out"
     shown_by_rows: Callable = _never  # row: do its columns say it is of this task?

@@ -3,19 +3,23 @@ cross-entropy over an example's valid pixels. Labels as given: a mask image (col
 `label`), a class index per pixel, 255 = ignore, resized and cropped as the images are. Its rows
 show the classes predicted at any pixel, joined by |. Label Studio: a BrushLabels config (torchvision's
 class 0, background, not offered: unpainted pixels are it), brush pre-labels from a row's
-`pred_mask` (a PNG of class indices at the original image's size), and annotations read back as
+`pred_mask` (a PNG of class indices at the original image's size; `score` writes it as
+OUTPUT.masks/ID.png), and annotations read back as
 such a PNG (unpainted pixels: background where class 0 is it, else 255, ignored).
 """
 from __future__ import annotations
 
+import hashlib
 import math
+import os
+import re
 
 import numpy as np
 import torch
 from PIL import Image
 from torch import nn
 
-from ..errors import PoolError, first_line
+from ..errors import PoolError, RunError, first_line
 from ..files.pool import Pool, _crop_box, _resized
 from .common import (IGNORE, Task, _categorical, _labels_to_dense, _mean_ce, all_positions,
                      egl_sampled, given_or_predicted, named_set, per_position, position_badge,
@@ -103,6 +107,45 @@ def _brushes(row, n, tag, names, ref) -> list[dict]:
     return out
 
 
+def _mask_file(id_: str) -> str:
+    """A filesystem-safe file name for an id: its safe characters, and a hash that keeps ids
+    differing only in unsafe ones apart."""
+    digest = hashlib.blake2b(str(id_).encode(), digest_size=4).hexdigest()
+    return f"{re.sub(r'[^A-Za-z0-9._-]', '_', str(id_))[:100]}-{digest}.png"
+
+
+def _nearest(m: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """[H, W] -> [h, w] for size (w, h): each pixel takes the value under its centre,
+    source index floor((i + 1/2) * H / h), in integers (no rounding at the edges)."""
+    (big_h, big_w), (w, h) = m.shape, size
+    ys = (2 * np.arange(h) + 1) * big_h // (2 * h)
+    xs = (2 * np.arange(w) + 1) * big_w // (2 * w)
+    return m[ys[:, None], xs[None, :]]
+
+
+def _write_masks(logits: torch.Tensor, rows: list[dict], paths, folder: str) -> None:
+    """logits [B, C, H, W] -> each row's predicted mask (argmax, class indices) resized (nearest)
+    to its image's original size (nearest: `_nearest`), written as folder/ID.png; the row's `pred_mask` is its path."""
+    labels = logits.argmax(1).to(torch.int32).cpu().numpy()  # [B, H, W]
+    dtype = np.uint8 if logits.shape[1] <= MASK_IGNORE else np.uint16
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as err:
+        raise RunError(f"cannot make the folder {folder} for the predicted masks ({first_line(err)})") from None
+    for row, path, m in zip(rows, paths, labels):
+        try:
+            with Image.open(path) as img:
+                size = img.size  # (width, height)
+        except Exception as err:  # noqa: BLE001 - any unreadable image is a sentence naming it
+            raise PoolError(f"{path}: cannot read its size for the predicted mask ({first_line(err)})") from None
+        out = os.path.join(folder, _mask_file(row["id"]))
+        try:
+            Image.fromarray(_nearest(m, size).astype(dtype)).save(out)
+        except OSError as err:
+            raise RunError(f"cannot write the predicted mask {out} ({first_line(err)})") from None
+        row["pred_mask"] = out
+
+
 def _painted(regions, names) -> dict:
     """Brush regions -> the labels file's `mask`: class indices [H, W] uint8 (a later region over an
     earlier one), unpainted pixels background (class 0, where names[0] is it) or 255."""
@@ -138,7 +181,7 @@ TASK = Task(
     badge=position_badge(_dists),
     probe=lambda z, inputs: (TASK.loss, predicted(TASK, z, TASK.valid(z, inputs))),
     control=names_control("segmentation", "BrushLabels", labels=offered),
-    prelabels=_brushes, from_annotation=_painted,
+    prelabels=_brushes, from_annotation=_painted, row_files=_write_masks,
     loss_over_positions=True,
     no_position=lambda z: None if math.prod(z.shape[2:]) else (
         f"the model returns segmentation outputs of shape {list(z.shape)}, with no pixel to score; "
