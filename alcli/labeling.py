@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import json
 import os
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from .files.config import Settings
 from .files.labelstudio_api import LabelStudioError, Server
 from .selection.export import (IMAGE_ROOT_HINT, ImageRootError, _inside, labeling_config,
                                unreachable_image)
+from .selection.coco_yolo import to_coco
 from .selection.pick import labelstudio_tasks
 from .tasks import TASKS
 
@@ -186,6 +188,8 @@ def pull(server: Server, project: str, output: str, skipped_file: str | None,
                 cells[key] = _save_mask(value, masks, id_, Path(output).parent)
         rows.append({"id": id_, **cells})
     _write_csv(rows, output, ["id", *dict.fromkeys(k for r in rows for k in r if k != "id")])
+    if TASKS[task].instances is not None and all("boxes" in r for r in rows):
+        _write_coco(rows, names, task, Path(output).with_name(Path(output).stem + ".coco.json"))
     if skipped_file:
         _write_csv(skipped, skipped_file, ["id", "reason"])
     return Pulled(str(found.get("title")), len(rows), len(skipped), task)
@@ -204,6 +208,23 @@ def _save_mask(mask: np.ndarray, folder: Path, id_: str, base: Path) -> str:
     with atomic_open(path, "wb") as fh:
         Image.fromarray(mask).save(fh, format="PNG")
     return os.path.relpath(path, base)
+
+
+def _write_coco(rows: list[dict], names, task: str, dest: Path) -> None:
+    """The pulled boxes also as a COCO document (images, annotations with bbox [x, y, w, h] in
+    pixels, categories without background); an image annotated with no box (no size known) is
+    left out of it."""
+    boxed = [{**r, "boxes": json.dumps([[*b, 1.0] for b in json.loads(r["boxes"])])}
+             for r in rows if r.get("width") is not None]  # 1.0: instances' score
+    doc = to_coco(boxed, names, task)
+    doc["info"] = {"description": "alcli pull: a Label Studio project's boxes"}
+    for ann in doc["annotations"]:
+        ann.pop("score", None)
+    try:
+        with atomic_open(dest, "w", encoding="utf-8") as fh:
+            json.dump(doc, fh, ensure_ascii=False)
+    except OSError as err:
+        raise ConfigError(f"cannot write {dest} ({err.strerror or err})") from None
 
 
 def _write_csv(rows: list[dict], dest: str, columns: list[str]) -> None:

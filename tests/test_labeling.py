@@ -162,3 +162,28 @@ def test_bare_ids_in_label_studio_tasks_are_warned_about(tmp_path, monkeypatch):
     result = run(tmp_path, monkeypatch, "select", "t.csv", "-n", 2, "--no-diverse", "-f", "labelstudio",
                  "--image-root", "http://images.example/")
     assert result.exit_code == 0 and "cannot open" not in result.stderr
+
+
+def test_pulled_boxes_are_also_a_coco_file_pycocotools_reads_to_the_pixel(tmp_path):
+    from pycocotools.coco import COCO
+    from alcli.labeling import _write_coco
+
+    def box(x, y, w, h, label, size):
+        return {"from_name": "label", "original_width": size[0], "original_height": size[1],
+                "value": {"x": x, "y": y, "width": w, "height": h, "rectanglelabels": [label]}}
+    annotated = {"a/1.png": [box(10.0, 25.0, 30.0, 50.0, "dog", (200, 80)),
+                             box(0.0, 0.0, 50.0, 12.5, "cat", (200, 80))],
+                 "b.png": [box(25.0, 50.0, 25.0, 25.0, "cat", (40, 64))]}
+    rows = [{"id": id_, **TASKS["detection"].from_annotation(regions, NAMES)}
+            for id_, regions in annotated.items()]
+    _write_coco(rows, NAMES, "detection", tmp_path / "labels.coco.json")
+    coco = COCO(str(tmp_path / "labels.coco.json"))
+    images = {img["file_name"]: img for img in coco.dataset["images"]}
+    assert {k: (v["width"], v["height"]) for k, v in images.items()} == {"a/1.png": (200, 80), "b.png": (40, 64)}
+    got = {name: sorted((a["category_id"], a["bbox"]) for a in coco.loadAnns(coco.getAnnIds(imgIds=[img["id"]])))
+           for name, img in images.items()}
+    # [x, y, w, h] in pixels: percent of the image times its size, computed here
+    assert got == {"a/1.png": [(1, [0.0, 0.0, 100.0, 10.0]), (2, [20.0, 20.0, 60.0, 40.0])],
+                   "b.png": [(1, [10.0, 32.0, 10.0, 16.0])]}
+    assert {c["id"]: c["name"] for c in coco.loadCats(coco.getCatIds())} == \
+        {i: n for i, n in enumerate(NAMES) if i}  # background is no category
