@@ -18,7 +18,8 @@ id, then what the task's labels are: label (a class name; names joined by |;
 a number; [[start, end, type], ...] spans), boxes ([[x0, y0, x1, y1, class],
 ...] in pixels, class by its index in --class-names, else by name) or
 keypoints ([[x, y, keypoint], ...]) with width and height, or mask (a PNG of
-class indices under OUTPUT_masks/, OUTPUT's name without .csv). The tasks
+class indices under OUTPUT_masks/, OUTPUT's name without .csv); boxes also
+as COCO JSON in OUTPUT.coco.json. The tasks
 skipped by annotators go to OUTPUT.skipped.csv (id,reason). Both files name
 examples by id, as --exclude reads them.
 
