@@ -104,27 +104,28 @@ def detection_round(tmp: Path, exclude: list[str]) -> list[str]:
 
 
 def segmentation_round(tmp: Path, exclude: list[str]) -> list[str]:
-    """Segmentation rows as a model writes them, each with its predicted mask at the image's own
-    size (pred_mask); the batch left after --exclude, as `select` writes it (no meta.json)."""
-    if not (tmp / "seg.csv").is_file():
-        (tmp / "masks").mkdir()
-        rows = []
-        for i in range(12):
-            h, w = 30 + i, 40 + 2 * i
-            m = np.zeros((h, w), np.uint8)
-            m[2:10 + i, 3:15] = 1 + i % 3
-            m[h - 6:h - 1, w - 9:w - 2] = 3
-            Image.fromarray(m).save(tmp / "masks" / f"{i:02d}.png")
-            rows.append({"rank": i + 1, "id": f"seg/{i:02d}.png", "score": 1.0 - i / 20,
-                         "pred": "x", "pred_mask": f"masks/{i:02d}.png"})
-        with open(tmp / "seg.csv", "w", newline="") as f:
-            w = csv.DictWriter(f, list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
+    """`alcli score` of twelve random images of different sizes with a tiny untrained U-Net, which
+    writes each row's predicted mask at its image's size (scores.csv.masks/, pred_mask)."""
+    if not (tmp / "seg").is_dir():
+        import torch
+        import task_models as tm
+        rng = np.random.default_rng(0)
+        (tmp / "seg").mkdir()
+        for i, (h, w) in enumerate(SIZES):
+            Image.fromarray((rng.random((h, w, 3)) * 255).astype(np.uint8)).save(tmp / "seg" / f"{i:02d}.png")
+        torch.manual_seed(0)
+        torch.save(tm.warm_bn(tm.TinyUNet(classes=len(NAMES))).state_dict(), tmp / "seg.pt")
         (tmp / "names.txt").write_text("\n".join(NAMES) + "\n")
-    run(tmp, "select", "seg.csv", "-n", 100, "--no-diverse", "-o", "batch.csv",
+    run(tmp, "score", "seg", "--model", "seg.pt", "--arch", "task_models:TinyUNet", "--trust-checkpoint",
+        "--arch-kwargs", json.dumps({"classes": len(NAMES)}), "--resize", "32x32", "--task",
+        "segmentation", "--strategy", "entropy", "--class-names", "names.txt", "-o", "scores.csv", "-q",
         *[a for f in exclude for a in ("--exclude", f)])
-    return ["batch.csv", "--task", "segmentation", "--class-names", "names.txt"]
+    return ["scores.csv", "--class-names", "names.txt"]
+
+
+def pred_masks(tmp: Path) -> dict[str, np.ndarray]:
+    """alcli id -> the predicted mask `score` wrote for it (every round's rows)."""
+    return {p.name[:2] + ".png": np.array(Image.open(p)) for p in (tmp / "scores.csv.masks").glob("*.png")}
 
 
 def changed(task: str, result: list[dict], k: int, masks: list) -> list[dict]:
@@ -217,8 +218,7 @@ def test_three_rounds_of_push_annotate_pull(server, tmp_path, task):
             k = int(alcli_id[-6:-4])  # the image's number
             answer = result if n == 0 else changed(task, result, k, masks)
             if task == "segmentation":
-                masks_by_id[alcli_id] = masks[k]["mask"] if n == 1 else \
-                    np.array(Image.open(tmp_path / "masks" / f"{k:02d}.png"))
+                masks_by_id[alcli_id] = masks[k]["mask"] if n == 1 else pred_masks(tmp_path)[alcli_id]
             server.call("POST", f"/api/tasks/{t['id']}/annotations", {"result": answer})
             submitted[alcli_id] = answer
         run(tmp_path, "pull", "-p", title, "-o", "labels.csv", "--url", server.base,
@@ -238,6 +238,18 @@ def test_three_rounds_of_push_annotate_pull(server, tmp_path, task):
                     assert a[4] == b[4] and a[:4] == pytest.approx(b[:4], abs=1e-6)
             else:
                 assert np.array_equal(np.array(Image.open(tmp_path / got["mask"])), want["mask"])
+        if task == "detection":  # the same boxes in labels.coco.json, as pycocotools reads them
+            from pycocotools.coco import COCO
+            coco = COCO(str(tmp_path / "labels.coco.json"))
+            image_ids = {img["file_name"]: img["id"] for img in coco.dataset["images"]}
+            for alcli_id, result in submitted.items():
+                want = [(b[4], [b[0], b[1], b[2] - b[0], b[3] - b[1]])
+                        for b in expected(task, result, tmp_path, alcli_id, masks_by_id)["boxes"]]
+                got = [(a["category_id"], a["bbox"]) for a in
+                       coco.loadAnns(coco.getAnnIds(imgIds=[image_ids[alcli_id]]))] if want else []
+                assert len(got) == len(want)
+                for (c, box), (wc, wbox) in zip(sorted(got), sorted(want)):
+                    assert c == wc and box == pytest.approx(wbox, abs=1e-6)
     if task == "segmentation":  # alcli's brush pre-labels, read by Label Studio's own decoder
         regions = [(t["data"]["alcli_id"], r) for t in tasks_of(server, title)
                    for r in t["predictions"][0]["result"]]
@@ -245,11 +257,12 @@ def test_three_rounds_of_push_annotate_pull(server, tmp_path, task):
                       "print(json.dumps([(decode_rle(r['value']['rle']).reshape(r['original_height'], "
                       "r['original_width'], 4)[:, :, 3] > 0).tolist() for _, r in json.load(sys.stdin)]))",
                       regions)
-        classes = [set(np.unique(np.array(Image.open(tmp_path / "masks" / f"{i[-6:-4]}.png")))) - {0}
-                   for i in {i for i, _ in regions}]
+        predicted = pred_masks(tmp_path)
+        classes = [set(np.unique(predicted[i])) - {0} for i in {i for i, _ in regions}]
         assert len(regions) == sum(len(c) for c in classes) > 9  # a region per class painted
         for (alcli_id, r), painted in zip(regions, decoded):
-            m = np.array(Image.open(tmp_path / "masks" / f"{alcli_id[-6:-4]}.png"))
+            m = predicted[alcli_id]
+            assert m.shape == SIZES[int(alcli_id[:2])]  # at the image's own size
             assert np.array_equal(np.array(painted), m == NAMES.index(r["value"]["brushlabels"][0]))
     log(f"{task}: 3 rounds, {len(pushed_ids)} tasks pushed, {len(submitted)} labels and "
         f"{len(skipped)} skipped pulled ({time.monotonic() - t0:.1f} s)")
