@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from label_studio_server import server  # noqa: F401  (the Label Studio server tests/integration shares)
+
 # subprocesses (`python -m alcli`, torchrun) run this checkout's alcli, not an installed one,
 # whatever their working directory
 REPO = Path(__file__).resolve().parents[1]

@@ -5,7 +5,7 @@ config, the tasks imported through its HTTP API, the pre-labels read back as the
 exported as JSON, and the export given to `alcli select --exclude`: the next batch leaves out
 exactly the labeled examples.
 
-The server (conftest.py) is shared with test_labelstudio_live.py; without a Label Studio
+The server (tests/label_studio_server.py) is shared with test_labelstudio_live.py; without a Label Studio
 installation both skip.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`alcli push` and `alcli pull` against the real Label Studio server (conftest.py): three rounds of
+"""`alcli push` and `alcli pull` against the real Label Studio server (tests/label_studio_server.py): three rounds of
 score (--exclude what is labeled) -> push -> annotate over the API (one task's pre-labels
 accepted, one changed, one skipped) -> pull, for classification, detection and segmentation; no
 task is ever duplicated, the pulled labels equal what was submitted, and brush masks are checked
