@@ -1,7 +1,8 @@
 """The one Label Studio server the integration tests share: a session-scoped fixture (its start-up
 is most of their time) that tests/conftest.py imports. It is no conftest.py of tests/integration:
 that module, named `conftest` too, would shadow tests/conftest.py for `from conftest import`.
-Label Studio pins its own Django, numpy and pyarrow, so it lives in a virtual environment of its own: found through ALCLI_LABEL_STUDIO, else PATH; the tests skip without one
+Label Studio pins its own Django, numpy and pyarrow, so it lives in a virtual environment of its
+own: found through ALCLI_LABEL_STUDIO, else PATH; the tests skip without one
 (docs/labeling.md: "The round trip, tested"). The first run migrates a database once (about two
 minutes on two cores) into a template under .pytest_cache; later runs copy it.
 """
