@@ -138,21 +138,23 @@ def _proper(boxes: torch.Tensor) -> torch.Tensor:
     return (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
 
 
-def kept(found: dict, threshold: float) -> dict:
+def kept(found: dict, threshold: float, extra: tuple[str, ...] = ()) -> dict:
     """The proper predicted boxes scoring at least `threshold`: the pseudo-labels, as a training
-    target {boxes [K, 4], labels [K]} (and their scores)."""
+    target {boxes [K, 4], labels [K]} (and their scores, and the `extra` per-instance fields of
+    keypoint or mask detectors)."""
     keep = (found["scores"] >= threshold) & _proper(found["boxes"])
-    return {k: found[k][keep] for k in ("boxes", "labels", "scores")}
+    return {k: found[k][keep] for k in ("boxes", "labels", "scores", *extra)}
 
 
-def sampled_targets(found: dict, id_, samples: int, seed: int) -> list[dict]:
-    """S target sets: box j kept with its class with probability p_j, fixed by (seed, id)."""
+def sampled_targets(found: dict, id_, samples: int, seed: int, extra: tuple[str, ...] = ()) -> list[dict]:
+    """S target sets: box j kept with its class (and `extra` fields) with probability p_j, fixed
+    by (seed, id)."""
     boxes = found["boxes"]
     ok = _proper(boxes)
     k = boxes.shape[0]
     u = uniforms([id_], max(k, 1), samples, seed, boxes.device)[:, 0, :k]  # [S, K]
     p = found["scores"].to(u.dtype)
-    return [{"boxes": boxes[(u_s < p) & ok], "labels": found["labels"][(u_s < p) & ok]} for u_s in u]
+    return [{key: found[key][(u_s < p) & ok] for key in ("boxes", "labels", *extra)} for u_s in u]
 
 
 # --- the per-image loss and its gradient norm ----------------------------------------------------
@@ -259,8 +261,11 @@ def _per_box(values: Callable[[torch.Tensor], torch.Tensor], found: list[dict], 
 
 
 def utility(strategy: str, model: nn.Module, images: list[torch.Tensor], found: list[dict],
-            ids: list, settings) -> tuple[list[float], list[float] | None]:
-    """(score per image, loss per image or None) for `strategy`."""
+            ids: list, settings, extra: tuple[str, ...] = (),
+            target: Callable[[dict], dict] | None = None) -> tuple[list[float], list[float] | None]:
+    """(score per image, loss per image or None) for `strategy`; the loss and the gradient ones at
+    `target(instances)`, instances with their `extra` fields (keypoints, masks)."""
+    target = target or _target
     threshold = settings.box_threshold
     if strategy == "entropy":
         return _per_box(_binary_entropy, found, settings.aggregate), None
@@ -274,12 +279,14 @@ def utility(strategy: str, model: nn.Module, images: list[torch.Tensor], found: 
         return [seeded_uniform(settings.seed, i) for i in ids], None
     if strategy == "loss":
         with loss_mode(model), torch.no_grad():
-            values = [float(image_loss(model, img, _target(kept(f, threshold)), image_seed(settings.seed, id_)))
+            values = [float(image_loss(model, img, target(kept(f, threshold, extra)),
+                                       image_seed(settings.seed, id_)))
                       for img, f, id_ in zip(images, found, ids)]
         return values, values
     single = strategy == "gradnorm" or settings.egl_samples == "pseudo"
-    sets = [[_target(kept(f, threshold))] if single else
-            sampled_targets(f, id_, int(settings.egl_samples), settings.seed) for f, id_ in zip(found, ids)]
+    sets = [[target(kept(f, threshold, extra))] if single else
+            [target(t) for t in sampled_targets(f, id_, int(settings.egl_samples), settings.seed, extra)]
+            for f, id_ in zip(found, ids)]
     norms, losses = gradient_norms(model, images, sets, ids, settings)
     scores = [sum(n) / len(n) for n in norms]
     return scores, ([v[0] for v in losses] if single else None)

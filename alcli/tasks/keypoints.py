@@ -25,7 +25,7 @@ from torch import nn
 
 from ..errors import RunError
 from . import detection
-from .common import Task, uniforms
+from .common import Task
 from .labelstudio import _json_list, _loose_list, _named, _size, class_index, names_control
 
 POINT_WIDTH = 0.5  # a keypoint's drawn size in Label Studio, percent of the image width
@@ -43,10 +43,12 @@ def not_a_keypoint_detector(model: nn.Module) -> str | None:
     return None
 
 
+EXTRA = ("keypoints", "keypoints_scores")  # the per-instance fields beside boxes, labels and scores
+
+
 def kept(found: dict, threshold: float) -> dict:
     """The proper predicted instances scoring at least `threshold`, with their keypoints."""
-    keep = (found["scores"] >= threshold) & detection._proper(found["boxes"])
-    return {k: found[k][keep] for k in ("boxes", "labels", "scores", "keypoints", "keypoints_scores")}
+    return detection.kept(found, threshold, EXTRA)
 
 
 def target(found: dict) -> dict:
@@ -54,34 +56,11 @@ def target(found: dict) -> dict:
     return {"boxes": found["boxes"], "labels": found["labels"], "keypoints": found["keypoints"].float()}
 
 
-def sampled_targets(found: dict, id_, samples: int, seed: int) -> list[dict]:
-    """S target sets: instance j kept, with its keypoints, with probability p_j, fixed by (seed, id)."""
-    boxes = found["boxes"]
-    ok = detection._proper(boxes)
-    k = boxes.shape[0]
-    u = uniforms([id_], max(k, 1), samples, seed, boxes.device)[:, 0, :k]  # [S, K]
-    p = found["scores"].to(u.dtype)
-    return [target({key: found[key][(u_s < p) & ok] for key in ("boxes", "labels", "keypoints")}) for u_s in u]
-
-
 def utility(strategy: str, model: nn.Module, images: list[torch.Tensor], found: list[dict],
             ids: list, settings) -> tuple[list[float], list[float] | None]:
-    """(score per image, loss per image or None): detection's cheap utilities; the loss and the
-    gradient ones at targets with keypoints."""
-    threshold = settings.box_threshold
-    if strategy not in ("loss", *detection.GRADIENT_UTILITIES):
-        return detection.utility(strategy, model, images, found, ids, settings)
-    if strategy == "loss":
-        with detection.loss_mode(model), torch.no_grad():
-            values = [float(detection.image_loss(model, img, target(kept(f, threshold)),
-                                                 detection.image_seed(settings.seed, id_)))
-                      for img, f, id_ in zip(images, found, ids)]
-        return values, values
-    single = strategy == "gradnorm" or settings.egl_samples == "pseudo"
-    sets = [[target(kept(f, threshold))] if single else
-            sampled_targets(f, id_, int(settings.egl_samples), settings.seed) for f, id_ in zip(found, ids)]
-    norms, losses = detection.gradient_norms(model, images, sets, ids, settings)
-    return [sum(n) / len(n) for n in norms], ([v[0] for v in losses] if single else None)
+    """(score per image, loss per image or None): detection's, the loss and the gradient ones at
+    targets with keypoints (egl's label sets keep instance j with its keypoints with probability p_j)."""
+    return detection.utility(strategy, model, images, found, ids, settings, EXTRA, target)
 
 
 def rows(model: nn.Module, images: list[torch.Tensor], ids: list, settings, names) -> list[dict]:
