@@ -21,7 +21,8 @@ from typer.testing import CliRunner
 
 from alcli.cli import app
 
-pytestmark = pytest.mark.labelstudio
+# one test process runs them all (README: --dist loadgroup), so one Label Studio server starts
+pytestmark = [pytest.mark.labelstudio, pytest.mark.xdist_group("labelstudio")]
 REPO = Path(__file__).resolve().parents[2]
 NAMES = ["background", "cat", "dog", "bird"]  # torchvision's class 0 first
 ROOT = "http://images.example/"
