@@ -21,8 +21,7 @@ from typer.testing import CliRunner
 
 from alcli.cli import app
 
-# one test process runs them all (README: --dist loadgroup), so one Label Studio server starts
-pytestmark = [pytest.mark.labelstudio, pytest.mark.xdist_group("labelstudio")]
+pytestmark = pytest.mark.labelstudio
 
 NAMES = ["cat", "dog", "bird"]
 TAGS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]

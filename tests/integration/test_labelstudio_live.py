@@ -21,8 +21,7 @@ from typer.testing import CliRunner
 
 from alcli.cli import app
 
-# one test process runs them all (README: --dist loadgroup), so one Label Studio server starts
-pytestmark = [pytest.mark.labelstudio, pytest.mark.xdist_group("labelstudio")]
+pytestmark = pytest.mark.labelstudio
 REPO = Path(__file__).resolve().parents[2]
 NAMES = ["background", "cat", "dog", "bird"]  # torchvision's class 0 first
 ROOT = "http://images.example/"
