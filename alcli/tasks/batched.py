@@ -3,7 +3,7 @@
 per-example functions of one batched forward:
 
     servable(model)                              -> whether the module serves this detector
-    Heads(model)(x [B, 3, H, W] transformed)     -> out [B, A, D]   (backbone and head, the
+    Heads(model, OUTPUTS)(x [B, 3, H, W] transformed) -> out [B, A, D]   (backbone and head, the
                                                     feature maps' sizes kept in .sizes)
     dense_targets(model, image_list, sizes, originals, targets, dtype) -> t [B, A, E]
     per_image_loss(out, t)                       -> [B]: each image's loss, normalised over
@@ -32,10 +32,35 @@ def kind(model: nn.Module):
 _heads: "weakref.WeakKeyDictionary[nn.Module, nn.Module]" = weakref.WeakKeyDictionary()
 
 
+class Heads(nn.Module):
+    """A one-stage detector's backbone and head on a transformed batch -> [B, A, D]: the head's
+    `outputs` concatenated; the feature maps' sizes of the last call kept, for the anchors."""
+
+    def __init__(self, model: nn.Module, outputs: tuple[str, ...]):
+        super().__init__()
+        self.backbone, self.head, self.outputs = model.backbone, model.head, outputs
+        self.sizes: list[tuple[int, int]] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        features = self.backbone(x)  # SSD's may be one tensor
+        features = [features] if isinstance(features, torch.Tensor) else list(features.values())
+        self.sizes = [tuple(f.shape[-2:]) for f in features]
+        out = self.head(features)
+        return torch.cat([out[k] for k in self.outputs], -1)
+
+
+def anchors_at(model: nn.Module, image_list, sizes: list[tuple[int, int]]) -> list[torch.Tensor]:
+    """The model's anchors per image [A, 4] for feature maps of `sizes` (empty maps: the anchor
+    generator reads only their shapes)."""
+    x = image_list.tensors
+    maps = [torch.empty(0, 0, h, w, dtype=x.dtype, device=x.device) for h, w in sizes]
+    return model.anchor_generator(image_list, maps)
+
+
 def heads(model: nn.Module) -> nn.Module:
     """The model's Heads, one per model: the engine keeps what it learned of a module (its probes)."""
     if model not in _heads:
-        _heads[model] = kind(model).Heads(model)
+        _heads[model] = Heads(model, kind(model).OUTPUTS)
     return _heads[model]
 
 

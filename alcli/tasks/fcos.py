@@ -2,7 +2,7 @@
 GIoU and a centre-ness loss over the foreground points, each over the image's own foreground
 count), so images padded alike give a per-example function of one batched forward.
 
-    Heads(model)(x [B, 3, H, W] transformed)  -> out [B, A, C + 5]   (class logits, box deltas,
+    batched.Heads(model, OUTPUTS)(x) -> out [B, A, C + 5]   (class logits, box deltas,
                                                                       centre-ness logit)
     dense_targets(...)                        -> t   [B, A, C + 10]  (one-hot class, box, anchor,
                                                                       centre-ness, foreground)
@@ -20,20 +20,7 @@ def servable(model: nn.Module) -> bool:
     return type(model).__name__ == "FCOS"
 
 
-class Heads(nn.Module):
-    """An FCOS's backbone and head on a transformed batch -> [B, A, C + 5]; the feature maps'
-    sizes of the last call are kept, for the anchors."""
-
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        self.backbone, self.head = model.backbone, model.head
-        self.sizes: list[tuple[int, int]] = []
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        features = list(self.backbone(x).values())
-        self.sizes = [tuple(f.shape[-2:]) for f in features]
-        out = self.head(features)
-        return torch.cat([out["cls_logits"], out["bbox_regression"], out["bbox_ctrness"]], -1)
+OUTPUTS = ("cls_logits", "bbox_regression", "bbox_ctrness")  # batched.Heads concatenates these
 
 
 def _matches(model: nn.Module, targets: list[dict], anchors: list[torch.Tensor], per_level: list[int]):
@@ -48,9 +35,8 @@ def dense_targets(model: nn.Module, image_list, sizes, originals, targets: list[
     """Per image and point: the one-hot class, the matched box (its anchor for the background),
     the anchor, the centre-ness target (0 for the background) and whether it is foreground."""
     from torchvision.models.detection.transform import resize_boxes
-    x = image_list.tensors
-    maps = [torch.empty(0, 0, h, w, dtype=x.dtype, device=x.device) for h, w in sizes]
-    anchors = model.anchor_generator(image_list, maps)
+    from .batched import anchors_at
+    anchors = anchors_at(model, image_list, sizes)
     resized = [{"boxes": resize_boxes(t["boxes"].to(a.dtype), o, s), "labels": t["labels"]}
                for t, a, o, s in zip(targets, anchors, originals, image_list.image_sizes)]
     matched = _matches(model, resized, anchors, [h * w for h, w in sizes])

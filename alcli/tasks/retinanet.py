@@ -3,7 +3,7 @@ per image, each over that image's own foreground count, no sampling), so for ima
 (padded alike, as each would be alone) the per-image losses are a per-example function of one
 batched forward of the backbone and head, which the engine's batched methods differentiate.
 
-    Heads(model)(x [B, 3, H, W] transformed)  -> out [B, A, C + 4]   (class logits, box deltas)
+    batched.Heads(model, OUTPUTS)(x) -> out [B, A, C + 4]   (class logits, box deltas)
     dense_targets(...)                        -> t   [B, A, C + 6]   (one-hot class, box targets,
                                                                       valid, foreground)
     per_image_loss(out, t)                    -> [B] = focal(valid) / n_fg + L1(foreground) / n_fg
@@ -23,20 +23,7 @@ def servable(model: nn.Module) -> bool:
         getattr(model.head.regression_head, "_loss_type", None) == "l1"
 
 
-class Heads(nn.Module):
-    """A RetinaNet's backbone and head on a transformed batch -> [B, A, C + 4]; the feature maps'
-    sizes of the last call are kept, for the anchors."""
-
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        self.backbone, self.head = model.backbone, model.head
-        self.sizes: list[tuple[int, int]] = []
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        features = list(self.backbone(x).values())
-        self.sizes = [tuple(f.shape[-2:]) for f in features]
-        out = self.head(features)
-        return torch.cat([out["cls_logits"], out["bbox_regression"]], -1)
+OUTPUTS = ("cls_logits", "bbox_regression")  # batched.Heads concatenates these
 
 
 def dense_targets(model: nn.Module, image_list, sizes, originals, targets: list[dict], dtype) -> torch.Tensor:
@@ -44,9 +31,8 @@ def dense_targets(model: nn.Module, image_list, sizes, originals, targets: list[
     anchor counts (not between the IoU thresholds) and is foreground -> [B, A, C + 6]."""
     from torchvision.models.detection.transform import resize_boxes  # a detector's run has it loaded
     from torchvision.ops import box_iou
-    x = image_list.tensors
-    maps = [torch.empty(0, 0, h, w, dtype=x.dtype, device=x.device) for h, w in sizes]
-    anchors = model.anchor_generator(image_list, maps)
+    from .batched import anchors_at
+    anchors = anchors_at(model, image_list, sizes)
     classes = model.head.classification_head.num_classes
     rows = []
     for a, target, original, size in zip(anchors, targets, originals, image_list.image_sizes):

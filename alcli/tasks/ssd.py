@@ -3,7 +3,7 @@ over the matched default boxes and a cross-entropy over them and the image's own
 negatives, three per positive, over the image's own foreground count), so images padded alike
 give a per-example function of one batched forward.
 
-    Heads(model)(x [B, 3, H, W] transformed)  -> out [B, A, C + 4]   (class logits, box deltas)
+    batched.Heads(model, OUTPUTS)(x) -> out [B, A, C + 4]   (class logits, box deltas)
     dense_targets(...)                        -> t   [B, A, 7]       (class, box target, matched,
                                                                       how many negatives)
     per_image_loss(out, t)                    -> [B] = (L1(fg) + CE(fg) + CE(hardest negatives)) / n_fg
@@ -18,21 +18,7 @@ def servable(model: nn.Module) -> bool:
     return type(model).__name__ == "SSD"
 
 
-class Heads(nn.Module):
-    """An SSD's backbone and head on a transformed batch -> [B, A, C + 4]; the feature maps'
-    sizes of the last call are kept, for the default boxes."""
-
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        self.backbone, self.head = model.backbone, model.head
-        self.sizes: list[tuple[int, int]] = []
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        features = self.backbone(x)
-        features = [features] if isinstance(features, torch.Tensor) else list(features.values())
-        self.sizes = [tuple(f.shape[-2:]) for f in features]
-        out = self.head(features)
-        return torch.cat([out["cls_logits"], out["bbox_regression"]], -1)
+OUTPUTS = ("cls_logits", "bbox_regression")  # batched.Heads concatenates these
 
 
 def dense_targets(model: nn.Module, image_list, sizes, originals, targets: list[dict], dtype) -> torch.Tensor:
@@ -40,9 +26,8 @@ def dense_targets(model: nn.Module, image_list, sizes, originals, targets: list[
     is matched, and the image's number of hard negatives (neg_to_pos_ratio x its positives)."""
     from torchvision.models.detection.transform import resize_boxes
     from torchvision.ops import box_iou
-    x = image_list.tensors
-    maps = [torch.empty(0, 0, h, w, dtype=x.dtype, device=x.device) for h, w in sizes]
-    anchors = model.anchor_generator(image_list, maps)
+    from .batched import anchors_at
+    anchors = anchors_at(model, image_list, sizes)
     rows = []
     for a, target, original, size in zip(anchors, targets, originals, image_list.image_sizes):
         out = torch.zeros(a.shape[0], 7, dtype=dtype, device=a.device)
