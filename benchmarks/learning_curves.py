@@ -748,7 +748,7 @@ def default_table(curves: dict, default: str = "egl+div") -> list[str]:
     keep = not worse and bool(better)
     rare = [f"{s.split('/')[0]} {_cell(pm, default, cheapest, 'bacc')[2]}" for s, pm in curves.items()
             if s.split("/")[0] in LONG_TAILED]
-    lines += ["", f"Scoring seconds per round over all settings: " + ", ".join(
+    lines += ["", "Scoring seconds per round over all settings: " + ", ".join(
         f"{m} {score_s[m]:.3f}" for m in sorted(informed, key=score_s.get)) + ".",
               "", f"Default rule (issue 39): keep {default} only if it is not significantly worse "
               f"(paired t, p < 0.05) than the cheapest informed strategy ({cheapest}) on any data "

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import os
 import resource
-import subprocess
 import sys
 import time
 import tracemalloc

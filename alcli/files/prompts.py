@@ -78,7 +78,7 @@ def _rows(path: Path):
         import pyarrow.parquet as pq
         table = pq.read_table(path)
     except ImportError:
-        raise PoolError(f"Parquet pools need the pyarrow package; pip install 'alcli[tables]'") from None
+        raise PoolError("Parquet pools need the pyarrow package; pip install 'alcli[tables]'") from None
     except Exception as err:  # noqa: BLE001 - pyarrow raises many types for a bad file
         raise PoolError(f"pool {path} cannot be read as Parquet ({first_line(err)})") from None
     for n, row in enumerate(table.to_pylist()):
