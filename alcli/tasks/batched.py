@@ -5,7 +5,8 @@ per-example functions of one batched forward:
     servable(model)                              -> whether the module serves this detector
     Heads(model, OUTPUTS)(x [B, 3, H, W] transformed) -> out [B, A, D]   (backbone and head, the
                                                     feature maps' sizes kept in .sizes)
-    dense_targets(model, image_list, sizes, originals, targets, dtype) -> t [B, A, E]
+    dense_targets(model, image_list, anchors, sizes, originals, targets, dtype) -> t [B, A, E]
+                                                 (anchors: per image [A, 4], of anchors_at)
     per_image_loss(out, t)                       -> [B]: each image's loss, normalised over
                                                     that image alone
 
@@ -94,7 +95,9 @@ def norms(model: nn.Module, images: list[torch.Tensor], target_sets: list[list[d
         dense: list[torch.Tensor] = []
 
         def targets_for(out: torch.Tensor) -> list[torch.Tensor]:
-            dense[:] = [k.dense_targets(model, image_list, heads_.sizes, originals, ts, out.dtype) for ts in sets]
+            anchors = anchors_at(model, image_list, heads_.sizes)
+            dense[:] = [k.dense_targets(model, image_list, anchors, heads_.sizes, originals, ts, out.dtype)
+                        for ts in sets]
             # the engine runs a batch of one as two copies (gradnorm.api.ONE_EXAMPLE_BUG)
             return [t.repeat(out.shape[0] // t.shape[0], 1, 1) for t in dense]
 

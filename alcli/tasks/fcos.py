@@ -31,12 +31,11 @@ def _matches(model: nn.Module, targets: list[dict], anchors: list[torch.Tensor],
     return type(model).compute_loss(catch, targets, {}, anchors, per_level)
 
 
-def dense_targets(model: nn.Module, image_list, sizes, originals, targets: list[dict], dtype) -> torch.Tensor:
+def dense_targets(model: nn.Module, image_list, anchors: list[torch.Tensor], sizes, originals,
+                  targets: list[dict], dtype) -> torch.Tensor:
     """Per image and point: the one-hot class, the matched box (its anchor for the background),
     the anchor, the centre-ness target (0 for the background) and whether it is foreground."""
     from torchvision.models.detection.transform import resize_boxes
-    from .batched import anchors_at
-    anchors = anchors_at(model, image_list, sizes)
     resized = [{"boxes": resize_boxes(t["boxes"].to(a.dtype), o, s), "labels": t["labels"]}
                for t, a, o, s in zip(targets, anchors, originals, image_list.image_sizes)]
     matched = _matches(model, resized, anchors, [h * w for h, w in sizes])

@@ -26,13 +26,12 @@ def servable(model: nn.Module) -> bool:
 OUTPUTS = ("cls_logits", "bbox_regression")  # batched.Heads concatenates these
 
 
-def dense_targets(model: nn.Module, image_list, sizes, originals, targets: list[dict], dtype) -> torch.Tensor:
+def dense_targets(model: nn.Module, image_list, anchors: list[torch.Tensor], sizes, originals,
+                  targets: list[dict], dtype) -> torch.Tensor:
     """Per image and anchor: the one-hot class target, the encoded box target, and whether the
     anchor counts (not between the IoU thresholds) and is foreground -> [B, A, C + 6]."""
     from torchvision.models.detection.transform import resize_boxes  # a detector's run has it loaded
     from torchvision.ops import box_iou
-    from .batched import anchors_at
-    anchors = anchors_at(model, image_list, sizes)
     classes = model.head.classification_head.num_classes
     rows = []
     for a, target, original, size in zip(anchors, targets, originals, image_list.image_sizes):

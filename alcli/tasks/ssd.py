@@ -21,13 +21,12 @@ def servable(model: nn.Module) -> bool:
 OUTPUTS = ("cls_logits", "bbox_regression")  # batched.Heads concatenates these
 
 
-def dense_targets(model: nn.Module, image_list, sizes, originals, targets: list[dict], dtype) -> torch.Tensor:
+def dense_targets(model: nn.Module, image_list, anchors: list[torch.Tensor], sizes, originals,
+                  targets: list[dict], dtype) -> torch.Tensor:
     """Per image and default box: its class (0: background), its encoded box target, whether it
     is matched, and the image's number of hard negatives (neg_to_pos_ratio x its positives)."""
     from torchvision.models.detection.transform import resize_boxes
     from torchvision.ops import box_iou
-    from .batched import anchors_at
-    anchors = anchors_at(model, image_list, sizes)
     rows = []
     for a, target, original, size in zip(anchors, targets, originals, image_list.image_sizes):
         out = torch.zeros(a.shape[0], 7, dtype=dtype, device=a.device)
