@@ -40,15 +40,55 @@ def floor(model, images, targets) -> None:
     model.zero_grad(set_to_none=True)
 
 
-def timed(fn, rounds: int, warm: bool = True) -> float:
+def timed(fn, rounds: int, warm: bool = True, sync=lambda: None) -> float:
     if warm:
         fn()  # warm-up (the engine's first call learns the model's layout)
+        sync()
     times = []
     for _ in range(rounds):
         start = time.perf_counter()
         fn()
+        sync()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+def measure(name: str, images: list[torch.Tensor], samples: int, rounds: int, loop: bool = True,
+            sync=lambda: None) -> dict:
+    """One detector's row: how `auto` runs it, the floor's seconds, gradnorm and egl ÷ the floor
+    as `auto` runs them and on the per-image loop (None where `auto` is the loop or loop=False)."""
+    device = images[0].device
+    model = build(name, images[0].shape[-1]).to(device)
+    ids = [f"img{i}" for i in range(len(images))]
+    found = detection.predict(model, images)
+    targets = [{k: v for k, v in detection.kept(f, 0.05).items() if k != "scores"} for f in found]
+    t_floor = timed(lambda: floor(model, images, targets), rounds, sync=sync)
+
+    def ratio(strategy: str, method: str) -> float:
+        settings = SimpleNamespace(box_threshold=0.05, aggregate="mean", seed=0, egl_samples=samples,
+                                   method=method)
+        t = timed(lambda: detection.utility(strategy, model, images, detection.predict(model, images),
+                                            ids, settings), rounds, warm=method != "loop", sync=sync)
+        return t / t_floor
+
+    gradnorm, egl = ratio("gradnorm", "auto"), ratio("egl", "auto")
+    how = detection.method(model, "auto")  # after a run: Faster R-CNN's gradnorm is batched once it ran
+    on_loop = not how[1].startswith("batched")
+    return {"method": how[0], "floor": t_floor, "gradnorm": gradnorm, "egl": egl,
+            "loop gradnorm": None if on_loop or not loop else ratio("gradnorm", "loop"),
+            "loop egl": None if on_loop or not loop else ratio("egl", "loop"),
+            "on loop": on_loop, "boxes": statistics.mean(len(t["boxes"]) for t in targets)}
+
+
+HEADER = ("| detector | method | floor (s) | gradnorm ÷ floor | egl ÷ floor | loop: gradnorm ÷ floor | "
+          "loop: egl ÷ floor | boxes/image |\n|---|---|---|---|---|---|---|---|")
+
+
+def row(name: str, m: dict) -> str:
+    def cell(key: str) -> str:
+        return "(as left)" if m["on loop"] else "-" if m[key] is None else f"{m[key]:.2f}x"
+    return (f"| {name} | {m['method']} | {m['floor']:.3f} | {m['gradnorm']:.2f}x | {m['egl']:.2f}x | "
+            f"{cell('loop gradnorm')} | {cell('loop egl')} | {m['boxes']:.0f} |")
 
 
 def main() -> None:
@@ -64,30 +104,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     g = torch.Generator().manual_seed(0)
     images = [torch.rand(3, args.size, args.size, generator=g) for _ in range(args.batch)]
-    ids = [f"img{i}" for i in range(args.batch)]
     print(f"batch {args.batch} x {args.size}px, {args.threads} threads, median of {args.rounds}, egl S = {args.samples}")
-    print("| detector | method | floor (s) | gradnorm ÷ floor | egl ÷ floor | loop: gradnorm ÷ floor | loop: egl ÷ floor | boxes/image |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(HEADER)
     for name in args.only:
-        model = build(name, args.size)
-        found = detection.predict(model, images)
-        targets = [{k: v for k, v in detection.kept(f, 0.05).items() if k != "scores"} for f in found]
-        t_floor = timed(lambda: floor(model, images, targets), args.rounds)
-
-        def ratio(strategy: str, method: str) -> str:
-            settings = SimpleNamespace(box_threshold=0.05, aggregate="mean", seed=0, egl_samples=args.samples,
-                                       method=method)
-            t = timed(lambda: detection.utility(strategy, model, images, detection.predict(model, images),
-                                                ids, settings), args.rounds, warm=method != "loop")
-            return f"{t / t_floor:.2f}x"
-
-        batched = detection.method(model, "auto")[1].startswith("batched")
-        cells = [ratio("gradnorm", "auto"), ratio("egl", "auto")]
-        loop = ["(as left)"] * 2 if not batched else ["-"] * 2 if args.no_loop else \
-            [ratio("gradnorm", "loop"), ratio("egl", "loop")]
-        boxes = statistics.mean(len(t["boxes"]) for t in targets)
-        print(f"| {name} | {detection.method(model, 'auto')[0]} | {t_floor:.3f} | {' | '.join(cells + loop)} | "
-              f"{boxes:.0f} |", flush=True)
+        print(row(name, measure(name, images, args.samples, args.rounds, loop=not args.no_loop)), flush=True)
 
 
 if __name__ == "__main__":

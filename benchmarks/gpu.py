@@ -259,36 +259,17 @@ def end_to_end(device, dry: bool, say):
 
 
 def detection_table(device, dry: bool, say):
-    """Detectors: the per-image loop (gradnorm at the pseudo-labels) ÷ one forward+backward of the
-    batch's summed loss, on the device: on a GPU a batch costs much less than its images one by one."""
-    import torchvision
-    from types import SimpleNamespace
-    from alcli.tasks import detection
-    n, size = (2, 64) if dry else (8, 320)
-    names = ["fasterrcnn_mobilenet_v3_large_320_fpn"] if dry else [
-        "fasterrcnn_mobilenet_v3_large_320_fpn", "retinanet_resnet50_fpn", "ssdlite320_mobilenet_v3_large"]
-    say(f"\n## detection: batch {n} x {size}px, gradnorm (a loop over images) ÷ the batch's forward+backward")
+    """Issue 33's speed targets on the device (benchmarks/detection.py): gradnorm and egl as `auto`
+    runs them (batched through the engine) and on the per-image loop, each ÷ one forward+backward
+    of the batch's summed loss."""
+    from detection import DETECTORS, HEADER, measure, row
+    n, size, samples = (2, 64, 2) if dry else (8, 320, 8)
+    say(f"\n## detection: batch {n} x {size}px, egl S = {samples}, ÷ the batch's forward+backward")
+    say(HEADER)
     g = torch.Generator().manual_seed(0)
     images = [torch.rand(3, size, size, generator=g).to(device) for _ in range(n)]
-    ids = [str(i) for i in range(n)]
-    settings = SimpleNamespace(box_threshold=0.05, aggregate="mean", seed=0, egl_samples=4, method="auto")
-    for name in names:
-        kw = {} if name.startswith("ssd") else {"min_size": size, "max_size": size}
-        model = torchvision.models.get_model(name, weights=None, weights_backbone=None, num_classes=5, **kw)
-        model = model.to(device).eval()
-        targets = [{k: v for k, v in detection.kept(f, 0.05).items() if k != "scores"}
-                   for f in detection.predict(model, images)]
-
-        def floor():
-            with detection.loss_mode(model):
-                sum(model(images, targets).values()).backward()
-            model.zero_grad(set_to_none=True)
-
-        def loop():
-            detection.utility("gradnorm", model, images, detection.predict(model, images), ids, settings)
-
-        t_floor, t_loop = timed(floor, device, 2.0, 3), timed(loop, device, 2.0, 3)
-        say(f"   {name}: floor {t_floor * 1e3:8.1f} ms, gradnorm {t_loop * 1e3:8.1f} ms, {t_loop / t_floor:5.2f}x")
+    for name in ["fasterrcnn_mobilenet_v3_large_320_fpn"] if dry else DETECTORS:
+        say(row(name, measure(name, images, samples, 1 if dry else 5, loop=not dry, sync=lambda: sync(device))))
 
 
 # ------------------------------------------------------------------------------------------ main
@@ -314,11 +295,14 @@ def main():
     start = time.perf_counter()
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (dry run)"
     say(f"# alcli on {name}: torch {torch.__version__}")
-    tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_cuda.py"],
-                           capture_output=True, text=True, cwd=ROOT)
-    say(f"\n## CUDA-marked tests: {(tests.stdout.strip().splitlines() or ['(no output)'])[-1]}")
-    if tests.returncode not in (0, 5):
-        say("\n".join(tests.stdout.strip().splitlines()[-30:]))
+    if args.dry_run:  # the suite runs them, skipped without CUDA
+        say("\n## CUDA-marked tests: not run in a dry run")
+    else:
+        tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_cuda.py"],
+                               capture_output=True, text=True, cwd=ROOT)
+        say(f"\n## CUDA-marked tests: {(tests.stdout.strip().splitlines() or ['(no output)'])[-1]}")
+        if tests.returncode not in (0, 5):
+            say("\n".join(tests.stdout.strip().splitlines()[-30:]))
     timing_table(device, args.dry_run, say, start + (20 if args.dry_run else args.budget))
     precision_table(device, args.dry_run, say)
     detection_table(device, args.dry_run, say)

@@ -7,8 +7,6 @@ import copy
 import csv
 import json
 import math
-import subprocess
-import sys
 import xml.etree.ElementTree as ET
 
 import numpy as np
@@ -21,6 +19,7 @@ torchvision = pytest.importorskip("torchvision")
 from alcli import tasks  # noqa: E402
 from alcli.selection.export import labeling_config, to_labelstudio, unnamed  # noqa: E402
 from alcli.tasks import detection, keypoints  # noqa: E402
+from shell import invoke_in  # noqa: E402
 
 K = 3  # keypoints per instance
 # few anchors, proposals and instances, so that a test is quick: the same loss otherwise
@@ -178,7 +177,7 @@ CLI_KWARGS = {**SMALL, "box_batch_size_per_image": 4, "box_detections_per_img": 
 
 
 def alcli(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "alcli", *args], cwd=cwd, capture_output=True, text=True)
+    return invoke_in(cwd, *args)  # in this process: three interpreter starts cost more than the test
 
 
 def test_score_and_select_a_folder_with_a_state_dict_and_arch(tmp_path):
@@ -196,7 +195,7 @@ def test_score_and_select_a_folder_with_a_state_dict_and_arch(tmp_path):
     common = ["--model", "kp.pt", "--arch", CLI_ARCH, "--arch-kwargs", json.dumps(CLI_KWARGS)]
     done = alcli("score", "imgs", *common, "--strategy", "gradnorm", "--box-threshold", "0",
                  "-o", "scores.csv", cwd=tmp_path)
-    assert done.returncode == 0, done.stderr
+    assert done.exit_code == 0, done.stderr
     assert json.load(open(tmp_path / "scores.csv.meta.json"))["task"] == "keypoints"
     rows = list(csv.DictReader(open(tmp_path / "scores.csv")))
     for row in rows:
@@ -209,9 +208,9 @@ def test_score_and_select_a_folder_with_a_state_dict_and_arch(tmp_path):
         assert float(row["score"]) == pytest.approx(want, rel=1e-5)
     done = alcli("select", "scores.csv", "--budget", "1", "--no-diverse", "-f", "labelstudio",
                  "--class-names", "names.txt", "-o", "tasks.json", cwd=tmp_path)
-    assert done.returncode == 0, done.stderr
+    assert done.exit_code == 0, done.stderr
     result = json.load(open(tmp_path / "tasks.json"))[0]["predictions"][0]["result"]
     assert result and {r["type"] for r in result} == {"keypointlabels"}
     done = alcli("score", "imgs", *common, "--task", "detection", cwd=tmp_path)
-    assert done.returncode == 1 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert done.exit_code == 1 and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert "--task keypoints" in done.stderr and "Traceback" not in done.stderr
