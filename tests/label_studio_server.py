@@ -3,8 +3,13 @@ is most of their time) that tests/conftest.py imports. It is no conftest.py of t
 that module, named `conftest` too, would shadow tests/conftest.py for `from conftest import`.
 Label Studio pins its own Django, numpy and pyarrow, so it lives in a virtual environment of its
 own: found through ALCLI_LABEL_STUDIO, else PATH; the tests skip without one
-(docs/labeling.md: "The round trip, tested"). The first run migrates a database once (about two
-minutes on two cores) into a template under .pytest_cache; later runs copy it.
+(docs/labeling.md: "The round trip, tested"). The first run migrates a database once (about a
+minute on two cores) into a template under .pytest_cache; later runs copy it. .ci/run makes it
+while alcli installs, with the Label Studio environment's own Python (no pytest there):
+
+    python tests/label_studio_server.py LABEL_STUDIO_EXECUTABLE TEMPLATE_FOLDER
+
+and hands it over in ALCLI_LABEL_STUDIO_TEMPLATE.
 """
 from __future__ import annotations
 
@@ -18,10 +23,9 @@ import socket
 import subprocess
 import time
 import urllib.error
+import sys
 import urllib.request
 from pathlib import Path
-
-import pytest
 
 TOKEN = "a1c11ab5e1a5700a1c11ab5e1a5700a1c11ab5e1"
 USER, PASSWORD = "alcli@example.com", "alcli-round-trip"
@@ -62,7 +66,7 @@ def _wait(proc: subprocess.Popen, port: int, limit: float, out: Path) -> None:
     end = time.monotonic() + limit
     while time.monotonic() < end:
         if proc.poll() is not None:
-            pytest.fail(f"label-studio exited ({proc.returncode}): {out.read_text()[-2000:]}")
+            raise RuntimeError(f"label-studio exited ({proc.returncode}): {out.read_text()[-2000:]}")
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
                 if r.status == 200:
@@ -70,7 +74,7 @@ def _wait(proc: subprocess.Popen, port: int, limit: float, out: Path) -> None:
         except (OSError, urllib.error.URLError):
             pass
         time.sleep(0.5)
-    pytest.fail(f"label-studio did not answer within {limit:.0f} s: {out.read_text()[-2000:]}")
+    raise RuntimeError(f"label-studio did not answer within {limit:.0f} s: {out.read_text()[-2000:]}")
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -86,7 +90,11 @@ def _stop(proc: subprocess.Popen) -> None:
 
 def _template(exe: str, cache: Path, out: Path) -> Path:
     """A migrated data folder with the test user, made once per label-studio install (pytest-xdist
-    workers wait for the one making it: a lock file)."""
+    workers wait for the one making it: a lock file); ALCLI_LABEL_STUDIO_TEMPLATE's if made."""
+    given = Path(os.environ.get("ALCLI_LABEL_STUDIO_TEMPLATE", "/nonexistent"))
+    if (given / "label_studio.sqlite3").is_file():
+        return given
+    cache.mkdir(parents=True, exist_ok=True)
     done = cache / "template"
     with open(cache / "template.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -125,8 +133,8 @@ class Server:
             raise AssertionError(f"{method} {path}: {err.code} {err.read()[:800]!r}") from None
 
 
-@pytest.fixture(scope="session")
-def server(request, tmp_path_factory):
+def _fixture(request, tmp_path_factory):
+    import pytest
     exe = executable()
     if not exe:
         pytest.skip("label-studio is not installed (set ALCLI_LABEL_STUDIO to its executable; "
@@ -137,17 +145,36 @@ def server(request, tmp_path_factory):
                  tmp_path_factory.mktemp(f"label-studio-{key}"))
     root = tmp_path_factory.mktemp("labelstudio")
     out = root / "server.log"
-    template = _template(exe, cache, out)
+    try:
+        template = _template(exe, cache, out)
+    except RuntimeError as err:
+        pytest.fail(str(err))
     data = root / "data"
     shutil.copytree(template, data)
     port = _free_port()
     t0 = time.monotonic()
     proc = _start(exe, data, port, out)
     try:
-        _wait(proc, port, 300, out)
+        try:
+            _wait(proc, port, 300, out)
+        except RuntimeError as err:
+            pytest.fail(str(err))
         log(f"server up on port {port} in {time.monotonic() - t0:.1f} s")
         yield Server(port, exe)
     finally:
         _stop(proc)
+
+
+try:
+    import pytest
+    server = pytest.fixture(scope="session", name="server")(_fixture)
+except ImportError:  # run as a script by .ci/run, in Label Studio's environment
+    pass
+
+
+if __name__ == "__main__":
+    exe, folder = sys.argv[1], Path(sys.argv[2])
+    made = _template(exe, folder, folder.parent / "label-studio-template.log")
+    print(made)
 
 
