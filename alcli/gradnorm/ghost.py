@@ -501,6 +501,12 @@ def _apply_layouts(plan: HookPlan, calls, layouts, batch: int):
                 call.args = (x.unflatten(0, (batch, layout.in_blocks[0][1])).transpose(1, 2), *call.args[1:])
                 call.out_blocks, call.out_rows = layout.out_blocks[0][1], True
                 continue
+            if (plan.rules[name].blocks and not call.expanded and _in_blocks(layout, x, out, batch)
+                    and layout.in_blocks[0][0] == layout.out_blocks[0][0] == 0):
+                # [B*k, C, ...]: an example's k rows (a Mask R-CNN's mask head on its proposals);
+                # the rule sums them, its output gradient as [B, k, ...]
+                call.out_blocks = layout.out_blocks[0][1]
+                continue
             if kind == "anywhere" and not call.expanded and _in_blocks(layout, x, out, batch):
                 # [B*k, ...] with the batch outer (windows): per-row layers see [B, k, ...]
                 (d_in, k_in), (d_out, call.out_blocks) = layout.in_blocks[0], layout.out_blocks[0]

@@ -299,8 +299,8 @@ def _target(found: dict) -> dict:
 def gradient_norms(model: nn.Module, images: list[torch.Tensor], sets: list[list[dict]], ids: list,
                    settings) -> tuple[list[list[float]], list[list[float]]]:
     """Each image's K target sets -> its K gradient norms and losses: RetinaNet's, FCOS's and
-    SSD's images through the engine batched (alcli.tasks.batched), Faster R-CNN's too once its
-    random choices are drawn (alcli.tasks.rcnn), else one image at a time (Mask and Keypoint
+    SSD's images through the engine batched (alcli.tasks.batched), Faster and Mask R-CNN's too
+    once their random choices are drawn (alcli.tasks.rcnn), else one image at a time (Keypoint
     R-CNN's backbone once per image for all K sets)."""
     per_set = [[s[j] for s in sets] for j in range(len(sets[0]))]
     if settings.method != "loop" and batched.kind(model) is not None:
@@ -341,7 +341,7 @@ def method(model: nn.Module, setting: str) -> tuple[str, str]:
         return name, (f"batched: {type(model).__name__}'s loss splits by image, each normalised over "
                       f"its own samples: images of one padded size go through the engine in one batch")
     if rcnn.servable(model) and setting == "auto":
-        return "loop", ("Faster R-CNN's egl label sets: a backward per image and set, its backbone once "
+        return "loop", ("an R-CNN's egl label sets: a backward per image and set, its backbone once "
                         "per image (batched, each set would run the box head at every set's proposals)")
     return "loop", METHOD_REASON
 

@@ -8,8 +8,9 @@ The per-image loss ℓ(x, T) is detection's (the image alone, normalisation as i
 sampling seeded by (--seed, id)) at targets T that carry each instance's mask: the pseudo-labels
 T̂ are the predicted instances scoring at least --box-threshold with their masks (pixels of
 probability at least 0.5); egl's label sets keep instance j with its mask with probability p_j.
-The cheap utilities are detection's, over the instances' box scores. Mask R-CNN samples its
-proposals across a batch, so its gradient utilities run one image at a time (detection's loop).
+The cheap utilities are detection's, over the instances' box scores; the gradient ones go through
+the engine batched as Faster R-CNN's (alcli.tasks.rcnn: the mask head at each image's positive
+proposals, its term normalised over that image's positives).
 
 Rows are detection's (score, pred, confidence, loss, uncertain, boxes, width, height) and `masks`:
 per pseudo-label instance its mask as COCO's uncompressed run-length code {"size": [H, W],

@@ -1,21 +1,29 @@
-"""Faster R-CNN through the gradient engine. Its loss splits by image once the random choices are
-made: the RPN's loss is over the image's own sampled anchors (a BCE of their objectness, a
-smooth-L1 of the positives' deltas, both over the image's sampled count), the box head's over the
-image's own sampled proposals (a cross-entropy, a smooth-L1 of the positives' class deltas, over
-its sampled count). So the choices are made first, without gradients and seeded per image as the
-loop draws them (the training transform's size draw, the RPN's anchors, then the proposals), and
-the proposals go in as an input: one batched forward then gives every image's loss.
+"""Faster and Mask R-CNN through the gradient engine. The loss splits by image once the random
+choices are made: the RPN's loss is over the image's own sampled anchors (a BCE of their
+objectness, a smooth-L1 of the positives' deltas, both over the image's sampled count), the box
+head's over the image's own sampled proposals (a cross-entropy, a smooth-L1 of the positives'
+class deltas, over its sampled count), Mask R-CNN's mask head's over the image's positive
+proposals (a per-pixel BCE of the mask logits at the row's class against the target mask cropped
+to the proposal, over its positives' pixels). So the choices are made first, without gradients
+and seeded per image as the loop draws them (the training transform's size draw, the RPN's
+anchors, then the proposals), and the proposals go in as inputs: one batched forward then gives
+every image's loss.
 
-    Heads(model)((x [B, 3, H, W], rois [B, R, 4]))  -> out [B, A + 4A + R (C + 4C)]
-        (objectness and deltas per anchor; class logits and class deltas per proposal row)
-    targets                                          -> t   [B, 1 + 7A + 7R]
-        (A; per anchor: sampled, label, delta target, positive; per row: the same for the box head)
-    per_image_loss(out, t)                           -> [B]
+    Heads(model)((x [B, 3, H, W], rois [B, R, 4][, mask_rois [B, P, 4], mask_labels [B, P]]))
+        -> out [B, A + 4A + R (C + 4C) + P M M]
+        (objectness and deltas per anchor; class logits and class deltas per proposal row; the
+        mask logits at each mask row's class)
+    targets -> t [B, 4 + 7A + 7R + P (1 + M M)]
+        (A, R, P, M*M; per anchor: sampled, label, delta target, positive; per row: the same for
+        the box head; per mask row: whether it counts, then its target mask)
+    per_image_loss(out, t) -> [B]
 
 The R = S x k rows hold each of the S label sets' k sampled proposals (fewer padded, not counted):
-the proposals depend on the label set, and one forward serves all S. The multi-scale RoI pooling
-runs as every level's RoIAlign of every row, each row keeping its own level's (a static shape for
-the engine; torchvision selects each level's rows).
+the proposals depend on the label set, and one forward serves all S; the mask rows likewise. The
+multi-scale RoI pooling needs each row at its own pyramid level, which torchvision selects inside
+the forward (shapes the engine cannot follow); here the rows are ordered level by level before it
+(Heads.split, .mask_split), each level padded to the most rows any image has there (padding rows
+not counted), and each level's RoIAlign takes its own.
 """
 from __future__ import annotations
 
@@ -27,63 +35,91 @@ from torch import nn
 
 
 def servable(model: nn.Module) -> bool:
-    """torchvision's Faster R-CNN (not Mask or Keypoint R-CNN: their extra heads stay on the loop)."""
-    return type(model).__name__ == "FasterRCNN"
+    """torchvision's Faster and Mask R-CNN (not Keypoint R-CNN: its keypoint head stays on the loop)."""
+    return type(model).__name__ in ("FasterRCNN", "MaskRCNN")
+
+
+def _pooled(maps: list[torch.Tensor], pool: nn.Module, rois: torch.Tensor, split: list[int]) -> torch.Tensor:
+    """rois [B, N, 4], level by level (split: N per level) -> [B*N, C, s, s]: each level's RoIAlign
+    of its own rows (torchvision's MultiScaleRoIAlign with the levels chosen before the forward)."""
+    from torchvision.ops import roi_align
+    b, pooled, start = rois.shape[0], [], 0
+    for m, scale, n in zip(maps, pool.scales, split):
+        image = torch.arange(b, device=rois.device, dtype=rois.dtype).repeat_interleave(n)[:, None]
+        flat = torch.cat([image, rois[:, start:start + n].flatten(0, 1)], 1)  # [B*n, 5]
+        pooled.append(roi_align(m, flat, pool.output_size, scale, pool.sampling_ratio).unflatten(0, (b, n)))
+        start += n
+    return torch.cat(pooled, 1).flatten(0, 1)
 
 
 class Heads(nn.Module):
-    """The backbone, the RPN head and the box head at given proposals -> [B, A*5 + R*5C]."""
+    """The backbone, the RPN head, the box head at given proposals and, for Mask R-CNN, the mask
+    head at given positive proposals -> [B, A*5 + R*5C + P*M*M] (each mask row's logits at its
+    class)."""
 
     def __init__(self, model: nn.Module):
         super().__init__()
+        heads = model.roi_heads
         self.backbone, self.rpn_head = model.backbone, model.rpn.head
-        self.box_head, self.box_predictor = model.roi_heads.box_head, model.roi_heads.box_predictor
-        self.pool = model.roi_heads.box_roi_pool
+        self.box_head, self.box_predictor, self.pool = heads.box_head, heads.box_predictor, heads.box_roi_pool
+        self.split: list[int] = []  # rows per pyramid level, set per call (rows come level by level)
+        if heads.has_mask():
+            self.mask_head, self.mask_predictor, self.mask_pool = heads.mask_head, heads.mask_predictor, heads.mask_roi_pool
+            self.mask_split: list[int] = []
 
-    def forward(self, x: torch.Tensor, rois: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rois: torch.Tensor, mask_rois: torch.Tensor | None = None,
+                mask_labels: torch.Tensor | None = None) -> torch.Tensor:
         from torchvision.models.detection.rpn import concat_box_prediction_layers
-        from torchvision.ops import roi_align
-        b, r = rois.shape[:2]
+        b = rois.shape[0]
         features = self.backbone(x)
         objectness, deltas = self.rpn_head(list(features.values()))
         objectness, deltas = concat_box_prediction_layers(objectness, deltas)   # [B*A, 1], [B*A, 4]
         maps = [f for name, f in features.items() if name in self.pool.featmap_names]
-        image = torch.arange(b, device=x.device, dtype=rois.dtype).repeat_interleave(r)[:, None]
-        flat = torch.cat([image, rois.flatten(0, 1)], 1)                          # [B*R, 5]
-        levels = self.pool.map_levels([rois.flatten(0, 1)])                       # [B*R]
-        pooled = sum(roi_align(m, flat, self.pool.output_size, scale, self.pool.sampling_ratio)
-                     * (levels == level).to(m.dtype)[:, None, None, None]
-                     for level, (m, scale) in enumerate(zip(maps, self.pool.scales)))
-        logits, box = self.box_predictor(self.box_head(pooled))                   # [B*R, C], [B*R, 4C]
-        return torch.cat([objectness.reshape(b, -1), deltas.reshape(b, -1),
-                          torch.cat([logits, box], 1).reshape(b, -1)], 1)
+        logits, box = self.box_predictor(self.box_head(_pooled(maps, self.pool, rois, self.split)))  # [B*R, C], [B*R, 4C]
+        parts = [objectness.reshape(b, -1), deltas.reshape(b, -1), torch.cat([logits, box], 1).reshape(b, -1)]
+        if mask_rois is not None:
+            maps = [f for name, f in features.items() if name in self.mask_pool.featmap_names]
+            masks = self.mask_predictor(self.mask_head(_pooled(maps, self.mask_pool, mask_rois, self.mask_split)))
+            m = masks.shape[-1]                                                    # [B*P, C, M, M]
+            at = mask_labels.flatten()[:, None, None, None].expand(-1, 1, m, m)
+            parts.append(masks.gather(1, at).reshape(b, -1))                      # [B, P*M*M]
+        return torch.cat(parts, 1)
 
 
 def per_image_loss(out: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-    """[B]: the box head's cross-entropy and smooth-L1 over the image's sampled proposals, then the
-    RPN's BCE and smooth-L1 over its sampled anchors, summed in GeneralizedRCNN's order."""
+    """[B]: the box head's cross-entropy and smooth-L1 over the image's sampled proposals, the mask
+    head's per-pixel BCE over its positive ones (Mask R-CNN), then the RPN's BCE and smooth-L1 over
+    its sampled anchors, summed in GeneralizedRCNN's order. t's first 4 columns: A, R, P, M*M."""
     f = nn.functional
-    b, a = out.shape[0], int(t[0, 0])
-    r = (t.shape[1] - 1 - 7 * a) // 7
-    c = (out.shape[1] - 5 * a) // (5 * r)
-    rpn_t, roi_t = t[:, 1:1 + 7 * a].view(b, a, 7), t[:, 1 + 7 * a:].view(b, r, 7)
+    b = out.shape[0]
+    a, r, p, mm = (int(v) for v in t[0, :4])
+    c = (out.shape[1] - 5 * a - p * mm) // (5 * r)
+    at = 4 + 7 * a + 7 * r                                          # where the mask columns start
+    rpn_t, roi_t = t[:, 4:4 + 7 * a].view(b, a, 7), t[:, 4 + 7 * a:at].view(b, r, 7)
     objectness, deltas = out[:, :a], out[:, a:5 * a].view(b, a, 4)
-    rows = out[:, 5 * a:].view(b, r, 5 * c)
+    rows = out[:, 5 * a:5 * a + 5 * r * c].view(b, r, 5 * c)
     labels = roi_t[..., 1].long()
     ce = f.cross_entropy(rows[..., :c].flatten(0, 1), labels.flatten(), reduction="none").view(b, r)
     chosen = rows[..., c:].reshape(b, r, c, 4).gather(2, labels[..., None, None].expand(b, r, 1, 4))[:, :, 0]
     kept, sampled = roi_t[..., 0].sum(1), rpn_t[..., 0].sum(1)
-    classifier = (ce * roi_t[..., 0]).sum(1) / kept
-    box = (f.smooth_l1_loss(chosen, roi_t[..., 2:6], beta=1 / 9, reduction="none").sum(-1) * roi_t[..., 6]).sum(1) / kept
+    loss = (ce * roi_t[..., 0]).sum(1) / kept
+    loss = loss + (f.smooth_l1_loss(chosen, roi_t[..., 2:6], beta=1 / 9, reduction="none").sum(-1)
+                   * roi_t[..., 6]).sum(1) / kept
+    if p:  # the mean BCE over the positive rows' M x M pixels (0 without positives, as torchvision's)
+        weight, pixels = t[:, at:at + p], t[:, at + p:].view(b, p, mm)
+        bce = f.binary_cross_entropy_with_logits(out[:, 5 * a + 5 * r * c:].view(b, p, mm), pixels, reduction="none")
+        loss = loss + (bce.sum(-1) * weight).sum(1) / (weight.sum(1) * mm).clamp(min=1)
     bce = f.binary_cross_entropy_with_logits(objectness, rpn_t[..., 1], reduction="none")
     rpn_box = f.smooth_l1_loss(deltas, rpn_t[..., 2:6], beta=1 / 9, reduction="none").sum(-1)
-    return classifier + box + (bce * rpn_t[..., 0]).sum(1) / sampled + (rpn_box * rpn_t[..., 6]).sum(1) / sampled
+    return loss + (bce * rpn_t[..., 0]).sum(1) / sampled + (rpn_box * rpn_t[..., 6]).sum(1) / sampled
 
 
 def _choices(model: nn.Module, image: torch.Tensor, target: dict, seed: int, anchors: torch.Tensor,
-             proposals: torch.Tensor, dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+             proposals: torch.Tensor, dtype) -> tuple:
     """One image at one label set, its random choices drawn as the loop draws them -> (rpn [A, 7],
-    its sampled proposals [k', 4], their rows [k', 7])."""
+    its sampled proposals [k', 4], their rows [k', 7], and for Mask R-CNN its positive proposals
+    [P, 4], their classes [P] and mask targets [P, M, M], else None)."""
+    from torchvision.models.detection.roi_heads import project_masks_on_boxes
     devices = [image.device] if image.device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
@@ -91,11 +127,65 @@ def _choices(model: nn.Module, image: torch.Tensor, target: dict, seed: int, anc
         labels, matched = model.rpn.assign_targets_to_anchors([anchors], [resized])
         deltas = model.rpn.box_coder.encode(matched, [anchors])[0]
         (pos,), (neg,) = model.rpn.fg_bg_sampler(labels)
-        chosen, _, classes, box_targets = model.roi_heads.select_training_samples([proposals.clone()], [resized])
+        chosen, gt, classes, box_targets = model.roi_heads.select_training_samples([proposals.clone()], [resized])
     rpn = torch.cat([(pos | neg)[:, None], labels[0][:, None], deltas, pos[:, None]], 1).to(dtype)
     rows = torch.cat([torch.ones_like(classes[0])[:, None], classes[0][:, None], box_targets[0],
                       (classes[0] > 0)[:, None]], 1).to(dtype)
-    return rpn, chosen[0], rows
+    masks = None
+    if model.roi_heads.has_mask():
+        positive = classes[0] > 0
+        m = 2 * model.roi_heads.mask_roi_pool.output_size[0]  # torchvision's predictor doubles the pooled size
+        boxes = chosen[0][positive]
+        masks = (boxes, classes[0][positive],
+                 project_masks_on_boxes(resized["masks"], boxes, gt[0][positive], m).to(dtype))
+    return rpn, chosen[0], rows, masks
+
+
+def mask_rows(model: nn.Module, heads_: Heads, features, image_list, choices: list[list[tuple]]):
+    """Mask R-CNN's positive proposals of every image and label set -> (mask_rois [B, P, 4],
+    mask_labels [B, P], per set [S, B, P, 1 + M*M]: whether the row counts, its mask target), each
+    set's rows in its own slot, level by level (heads_.mask_split); None without a mask head or
+    without a positive proposal."""
+    if choices[0][0][3] is None:
+        return None
+    pool = model.roi_heads.mask_roi_pool
+    if pool.scales is None:  # set by its first call, as in the loop
+        x = image_list.tensors
+        pool(features, [x.new_tensor([[0.0, 0.0, 1.0, 1.0]])] * x.shape[0], image_list.image_sizes)
+    sets, b = len(choices[0]), len(choices)
+    most = max(len(c[3][0]) for per_set in choices for c in per_set)
+    if most == 0:
+        return None
+    m2 = choices[0][0][3][2].shape[-1] ** 2
+    x = choices[0][0][0]
+    rois = x.new_zeros(b, sets * most + 1, 4)
+    rois[..., 2:] = 1.0                                             # padding rows: a unit box, not counted
+    labels = torch.zeros(b, sets * most + 1, dtype=torch.long, device=x.device)
+    t = x.new_zeros(sets, b, sets * most + 1, 1 + m2)
+    for col, per_set in enumerate(choices):
+        for s, (_, _, _, (boxes, classes, targets)) in enumerate(per_set):
+            rows = slice(s * most, s * most + len(boxes))
+            rois[col, rows], labels[col, rows] = boxes, classes
+            t[s, col, rows, 0] = 1.0
+            t[s, col, rows, 1:] = targets.flatten(1)
+    order, heads_.mask_split = by_level(pool.map_levels([rois.flatten(0, 1)]).view(b, -1)[:, :-1], len(pool.scales))
+    return (rois.gather(1, order[..., None].expand(-1, -1, 4)), labels.gather(1, order),
+            t.gather(2, order[None, ..., None].expand(sets, -1, -1, 1 + m2)))
+
+
+def by_level(levels: torch.Tensor, count: int) -> tuple[torch.Tensor, list[int]]:
+    """levels [B, R] (each row's pyramid level) -> (order [B, N]: row indices level by level, each
+    level padded with index R, the padding row, to the most rows any image has there; N per level)."""
+    b, r = levels.shape
+    split = [int((levels == level).sum(1).max()) for level in range(count)]
+    order = torch.full((b, sum(split)), r, dtype=torch.long, device=levels.device)
+    for row in range(b):
+        start = 0
+        for level, n in enumerate(split):
+            at = torch.nonzero(levels[row] == level).flatten()
+            order[row, start:start + len(at)] = at
+            start += n
+    return order, split
 
 
 _heads: "weakref.WeakKeyDictionary[nn.Module, Heads]" = weakref.WeakKeyDictionary()
@@ -144,17 +234,32 @@ def norms(model: nn.Module, images: list[torch.Tensor], target_sets: list[list[d
             objectness, deltas = concat_box_prediction_layers(objectness, deltas)
             decoded = model.rpn.box_coder.decode(deltas, anchors).view(len(members), -1, 4)
             proposals, _ = model.rpn.filter_proposals(decoded, objectness, image_list.image_sizes, per_level)
-        a = anchors[0].shape[0]
-        rois = x.new_zeros(len(members), len(target_sets) * k, 4)
+        sets, a, b, r = len(target_sets), anchors[0].shape[0], len(members), len(target_sets) * k
+        choices = [[_choices(model, images[i], ts[i], seeds[i], anchors[col], proposals[col], x.dtype)
+                    for ts in target_sets] for col, i in enumerate(members)]
+        rois = x.new_zeros(b, r + 1, 4)
         rois[..., 2:] = 1.0                                         # padding rows: a unit box, not counted
-        dense = [x.new_zeros(len(members), 1 + 7 * a + 7 * len(target_sets) * k) for _ in target_sets]
-        for col, i in enumerate(members):
-            for s, ts in enumerate(target_sets):
-                rpn, chosen, rows = _choices(model, images[i], ts[i], seeds[i], anchors[col], proposals[col], x.dtype)
+        roi_t = x.new_zeros(sets, b, r + 1, 7)
+        rpn_t = x.new_zeros(sets, b, 7 * a)
+        for col, per_set in enumerate(choices):
+            for s, (rpn, chosen, rows, _) in enumerate(per_set):
                 rois[col, s * k:s * k + len(chosen)] = chosen
-                roi_t = x.new_zeros(len(target_sets) * k, 7)
-                roi_t[s * k:s * k + len(rows)] = rows
-                dense[s][col] = torch.cat([x.new_tensor([a]), rpn.flatten(), roi_t.flatten()])
+                roi_t[s, col, s * k:s * k + len(rows)] = rows
+                rpn_t[s, col] = rpn.flatten()
+        order, heads_.split = by_level(heads_.pool.map_levels([rois.flatten(0, 1)]).view(b, r + 1)[:, :r],
+                                       len(heads_.pool.scales))
+        rois = rois.gather(1, order[..., None].expand(-1, -1, 4))
+        roi_t = roi_t.gather(2, order[None, ..., None].expand(sets, -1, -1, 7))
+        inputs, masks = (x, rois), mask_rows(model, heads_, features, image_list, choices)
+        p, mm = 0, 0
+        if masks is not None:
+            mask_rois, mask_labels, mask_t = masks                  # [B, P, 4], [B, P], [S, B, P, 1 + M*M]
+            p, mm = mask_rois.shape[1], mask_t.shape[-1] - 1
+            inputs = (x, rois, mask_rois, mask_labels)
+        header = x.new_tensor([a, rois.shape[1], p, mm]).expand(b, 4)       # rows after the level order
+        dense = [torch.cat([header, rpn_t[s], roi_t[s].flatten(1)]
+                           + ([mask_t[s, ..., 0], mask_t[s, ..., 1:].flatten(1)] if p else []), 1)
+                 for s in range(sets)]
 
         def targets_for(out: torch.Tensor) -> list[torch.Tensor]:
             # the engine runs a batch of one as two copies (gradnorm.api.ONE_EXAMPLE_BUG)
@@ -162,7 +267,7 @@ def norms(model: nn.Module, images: list[torch.Tensor], target_sets: list[list[d
 
         with warnings.catch_warnings():  # the S label sets' vmapped backward runs RoIAlign's one at a time
             warnings.filterwarnings("ignore", message=".*batching rule for torchvision::_roi_align_backward")
-            g, out = grad_norms_per_target(heads_, (x, rois), targets_for, method=method, loss_fn=per_image_loss)
+            g, out = grad_norms_per_target(heads_, inputs, targets_for, method=method, loss_fn=per_image_loss)
         with torch.no_grad():
             values = torch.stack([per_image_loss(out, t) for t in dense])
         grads[:, members] = g.to(torch.float64).cpu()

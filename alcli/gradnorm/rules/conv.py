@@ -36,12 +36,15 @@ def unfold_patches(module, x):
     return x.permute(perm).reshape(batch, module.groups, -1, out_shape.numel())
 
 
-@register(nn.Conv1d, nn.Conv2d, nn.Conv3d, layout="batch_first")
+@register(nn.Conv1d, nn.Conv2d, nn.Conv3d, layout="batch_first", blocks=True)
 def conv_rule(module, call, wanted):
     x = call.args[0]
     if x.dim() != len(module.kernel_size) + 2:
         raise UnsupportedModel("unbatched convolution input")
     g = call.grad_out
+    rows = g.shape[1] if g.dim() == x.dim() + 1 else 0  # k rows per example: x [B*k, ...], g [B, k, ...]
+    if rows:  # an example's positions are all its rows' positions: T -> k*T below
+        g = g.movedim(1, 2).flatten(3)                 # [B, C_out, k*T]
     batch, c_out = g.shape[:2]
     groups = module.groups
     # 3-D batched matmuls over (example, group): one bmm each, no broadcasting matmul's views
@@ -50,7 +53,10 @@ def conv_rule(module, call, wanted):
     if "weight" in wanted:
         a = call.cache.get("patches")
         if a is None:
-            a = call.cache["patches"] = unfold_patches(module, x).flatten(0, 1)  # [B*groups, k, T]
+            a = unfold_patches(module, x)                  # [B(*k), groups, K, T]
+            if rows:
+                a = a.unflatten(0, (batch, rows)).permute(0, 2, 3, 1, 4).flatten(3)  # [B, groups, K, k*T]
+            a = call.cache["patches"] = a.flatten(0, 1)   # [B*groups, K, T]
         k, steps = a.shape[1], a.shape[2]
         o = g.shape[1]
         if wanted["weight"]:

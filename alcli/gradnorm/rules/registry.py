@@ -29,6 +29,9 @@ class Entry(NamedTuple):
     rows: bool = False                # "batch_first" rules computing each row of a 2-D input [N, C]
                                       # alone (eval BatchNorm): rows merged with the batch, [B*k, C],
                                       # are handed over as [B, C, k]
+    blocks: bool = False              # "batch_first" rules that sum an example's k rows of a
+                                      # [B*k, ...] input (a detector's head on its proposals): the
+                                      # input stays [B*k, ...], the output gradient comes [B, k, ...]
 
     @property
     def name(self) -> str:
@@ -39,12 +42,13 @@ class Entry(NamedTuple):
 RULES: dict = {}  # a module type, or "package.module.Class" for optional packages' types
 
 
-def register(*types, layout: str, claims_children: tuple = (), capture=None, accepts=None, rows=False):
+def register(*types, layout: str, claims_children: tuple = (), capture=None, accepts=None, rows=False,
+             blocks=False):
     """Register a rule for module types, or for classes named "package.module.Class" (types of
     optional packages such as transformers, matched without importing them)."""
     def wrap(rule: Rule) -> Rule:
         for module_type in types:
-            RULES[module_type] = Entry(rule, layout, claims_children, capture, accepts, rows)
+            RULES[module_type] = Entry(rule, layout, claims_children, capture, accepts, rows, blocks)
         return rule
     return wrap
 
