@@ -81,15 +81,17 @@ class Strategy:
     fn: Callable[[StrategyInputs], Columns]
     gradients: bool  # does it call the gradient engine?
     help: str
+    at_targets: bool = False  # scores each example at its own targets (Task.unanswered is asked)
 
 
 STRATEGIES: dict[str, Strategy] = {}
 
 
-def strategy(name: str, *, gradients: bool = False):
+def strategy(name: str, *, gradients: bool = False, at_targets: bool = False):
     """Register `fn` under `name`; its docstring's first line is its help."""
     def register(fn):
-        STRATEGIES[name] = Strategy(name, fn, gradients, (fn.__doc__ or "").strip().splitlines()[0])
+        STRATEGIES[name] = Strategy(name, fn, gradients, (fn.__doc__ or "").strip().splitlines()[0],
+                                    at_targets)
         return fn
     return register
 
@@ -107,7 +109,7 @@ def _needs_labels(s: StrategyInputs, name: str) -> None:
                        f"gives 0); give them, or use --strategy egl, exact for regression")
 
 
-@strategy("gradnorm", gradients=True)
+@strategy("gradnorm", gradients=True, at_targets=True)
 def gradnorm(s: StrategyInputs) -> Columns:
     """Gradient norm at the example's label where known, else at the predicted class."""
     _needs_labels(s, "gradnorm")  # NaN where the targets count at no position (common.no_positions)
@@ -120,7 +122,7 @@ def loss_at_targets(s: StrategyInputs) -> torch.Tensor:
     return s.spec.table_loss(s)
 
 
-@strategy("loss")
+@strategy("loss", at_targets=True)
 def loss(s: StrategyInputs) -> Columns:
     """Cross-entropy loss at the label where known, else at the predicted class."""
     _needs_labels(s, "loss")

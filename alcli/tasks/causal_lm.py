@@ -52,17 +52,28 @@ def scored_tokens(batch, pool, inputs) -> tuple[torch.Tensor, list[int]] | None:
     """[B, T]: 0 at a token the loss predicts (a response's, or any of a text's), NOT_SCORED at
     prompt, padding and special tokens; and each example's count of them. From the pool's
     `start_of` (the character each example's scored part begins at, None: a prompt without an
-    answer) and the tokens' character offsets, tokenized as the pool's Tokenize does (a fast
-    tokenizer; else the prompt's own token count marks the boundary). None off a prompt pool."""
+    answer). None off a prompt pool."""
     base = getattr(pool, "base", pool)
     start_of, tokenize = getattr(base, "start_of", None), getattr(base, "tokenize", None)
     if start_of is None or batch.texts is None or not isinstance(inputs, dict) or "input_ids" not in inputs:
         return None
     steps = inputs["input_ids"].shape[1]
-    starts = [start_of[i] for i in batch.ids]
+    scored, _ = token_marks(batch.texts, [start_of[i] for i in batch.ids], tokenize)
+    marks = np.full((len(batch.ids), steps), NOT_SCORED, dtype=np.int64)
+    width = min(steps, scored.shape[1])
+    marks[:, :width] = np.where(scored[:, :width], 0, NOT_SCORED)
+    words = torch.from_numpy(marks).to(inputs["input_ids"].device)
+    return words, (words >= 0).sum(1).tolist()
+
+
+def token_marks(texts: list[str], starts: list[int | None], tokenize) -> tuple[np.ndarray, np.ndarray]:
+    """(scored, real), each [B, T'] bool: the tokens at or after each text's `start` character
+    (None: none), special tokens left out; and the real tokens. Tokenized as the pool's Tokenize
+    does (a fast tokenizer's character offsets; else the prompt's own token count marks the
+    boundary)."""
     tok = tokenize.tokenizer
     cut = {"truncation": tokenize.max_length is not None, "max_length": tokenize.max_length}
-    enc = tok(batch.texts, padding="longest", return_special_tokens_mask=True,
+    enc = tok(texts, padding="longest", return_special_tokens_mask=True,
               return_offsets_mapping=bool(getattr(tok, "is_fast", False)), return_tensors="np", **cut)
     real = (enc["attention_mask"] == 1) & (enc["special_tokens_mask"] == 0)     # [B, T']
     if "offset_mapping" in enc:
@@ -70,14 +81,42 @@ def scored_tokens(batch, pool, inputs) -> tuple[torch.Tensor, list[int]] | None:
         after = np.stack([b >= (s if s is not None else np.inf) for b, s in zip(begins, starts)])
     else:  # the prompt's own tokens come first; the rest of the real tokens are the response's
         prompts = [len(tok(t[:s], **cut)["input_ids"]) if s is not None else None
-                   for t, s in zip(batch.texts, starts)]
+                   for t, s in zip(texts, starts)]
         index = np.cumsum(enc["attention_mask"], 1) - 1                         # position among real tokens
         after = np.stack([index[i] >= (p if p is not None else np.inf) for i, p in enumerate(prompts)])
-    marks = np.full((len(starts), steps), NOT_SCORED, dtype=np.int64)
-    width = min(steps, real.shape[1])
-    marks[:, :width] = np.where((real & after)[:, :width], 0, NOT_SCORED)
-    words = torch.from_numpy(marks).to(inputs["input_ids"].device)
-    return words, (words >= 0).sum(1).tolist()
+    return real & after, enc["attention_mask"] == 1
+
+
+def unanswered(pool, strategy: str) -> str | None:
+    """A sentence naming the first row of a prompt pool with no answer token to predict (a
+    prompt alone, an empty response, one cut off at the length limit), which `strategy`
+    (gradnorm, loss: the loss at the row's own answer) cannot score; None when every row has one.
+    Counted as `next_scored` counts targets: a scored token after a real one."""
+    base = getattr(pool, "base", pool)
+    start_of, tokenize = getattr(base, "start_of", None), getattr(base, "tokenize", None)
+    if start_of is None or tokenize is None:
+        return None
+    text_of = dict(zip(base.ids, base.texts))
+    ids, missing = list(pool.ids), []
+    for lo in range(0, len(ids), 256):
+        chunk = ids[lo:lo + 256]
+        scored, real = token_marks([text_of[i] for i in chunk], [start_of[i] for i in chunk], tokenize)
+        targets = (scored[:, 1:] & real[:, :-1]).sum(1)                          # [chunk]
+        missing += [i for i, n in zip(chunk, targets.tolist()) if n == 0]
+    if not missing:
+        return None
+    first, start = missing[0], start_of[missing[0]]
+    limit = tokenize.max_length
+    cut = limit is not None and len(tokenize.tokenizer(text_of[first])["input_ids"]) > limit
+    why = ("is a prompt without an answer" if start is None else
+           "has a text too short to predict any token of" if start == 0 else
+           "has an empty response" if not text_of[first][start:].strip() else
+           f"has its response cut off at the model's limit of {limit} tokens" if cut else
+           "has a response without a token of its own (the tokenizer joins it to the prompt's last)")
+    more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+    return (f"row {first}{more} of pool {pool.name} {why}, and --strategy {strategy} needs an "
+            f"answer to score (the loss at the row's own response); give each row a response, "
+            f"or use --strategy egl, which samples answers from the model for every row")
 
 
 def next_scored(logits: torch.Tensor, inputs, words: torch.Tensor | None = None) -> torch.Tensor:
@@ -105,8 +144,8 @@ def next_tokens(inputs, valid: torch.Tensor) -> torch.Tensor:
 
 
 def answers(s) -> torch.Tensor:
-    """The given answers' tokens as targets [B, T] (an example without one has none: its loss
-    and gradnorm are NaN, ranked last)."""
+    """The given answers' tokens as targets [B, T] (a pool with a row without one is refused
+    before gradnorm or loss scores it: `unanswered`; a tensor pool's has none: NaN)."""
     return next_tokens(s.inputs, s.valid)
 
 
@@ -260,7 +299,7 @@ TASK = Task(
     table_loss=position_loss, columns=columns, extra_columns=perplexity,
     pred_values=lambda preds, extras, names: ["" for _ in preds],
     given_labels=False, check_labels=lambda *args: None, words=scored_tokens,
-    badge=position_badge(_dists, tokens=True),
+    badge=position_badge(_dists, tokens=True), unanswered=unanswered,
     probe=lambda z, inputs: (lm_loss, next_tokens(inputs, next_scored(z, inputs))),
     loss_over_positions=True, model_kind="a causal language model", needs_model=not_a_causal_lm,
     reads_prompts=True, control=text_area, names_classes=False,

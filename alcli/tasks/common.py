@@ -82,6 +82,8 @@ class Task:
     classes: Callable[[torch.Tensor], int | None] = _none           # how many classes the output scores
     targets: Callable | None = None   # s -> the given labels where known, else the predicted ones
     needs_targets: bool = False       # gradnorm and loss need given targets (a prediction gives 0)
+    unanswered: Callable = _none      # (pool, strategy) -> a sentence naming a row gradnorm and
+                                      # loss cannot score (causal-lm: no answer), checked up front
     # --- the utilities it supports: s -> Columns
     egl: Callable | None = None
     uncertainty: Callable | None = None   # (s, "entropy" | "margin" | "least-confidence") -> Columns
