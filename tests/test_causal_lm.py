@@ -369,3 +369,36 @@ def test_gradnorm_and_loss_refuse_a_row_without_an_answer(ws, tmp_path):
     rows = by_id(score_in(tmp_path, "pool.jsonl", "-m", model, "-s", "egl", "--egl-samples", "pseudo",
                           "--max-new-tokens", "2", "--no-embeddings").stdout)
     assert all(float(r["score"]) > 0 for r in rows.values())
+
+
+def test_embeddings_are_the_hidden_state_and_one_number_not_the_vocabulary(ws):
+    """TABLE.emb.npz of a plain score: b [N, D] the output layer's input averaged over the
+    positions whose next token is scored (a prompt alone: its last token), a [N, 1] the norm of
+    the mean p - onehot(argmax) there; each row alone in float64 as the oracle. `select
+    --diverse` runs on them."""
+    import numpy as np
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from shell import invoke_in, ok
+    ok(invoke_in(ws, "score", "pool.jsonl", "-m", "gpt2-left", "-s", "entropy", "-b", "4", "-o", "emb.csv", "-q"))
+    with np.load(ws / "emb.csv.emb.npz") as z:
+        ids, a, b = [str(i) for i in z["ids"]], z["a"], z["b"]
+    model = AutoModelForCausalLM.from_pretrained(ws / "gpt2-left").double().eval()
+    tok = AutoTokenizer.from_pretrained(ws / "gpt2-left")
+    assert a.shape == (len(ROWS), 1) and b.shape == (len(ROWS), model.config.n_embd)
+    seen = {}
+    model.lm_head.register_forward_hook(lambda m, args, out: seen.update(h=args[0][0]))
+    for row in ROWS:
+        text, prompt = sequence(row)
+        enc = tok(text, return_offsets_mapping=True, return_special_tokens_mask=True)
+        with torch.no_grad():
+            probs = model(input_ids=torch.tensor([enc["input_ids"]])).logits[0].softmax(-1)   # [T, V]
+        scored = [t for t, ((start, _), sp) in enumerate(zip(enc["offset_mapping"], enc["special_tokens_mask"]))
+                  if prompt is not None and t > 0 and start >= len(prompt) and not sp]
+        at = [t - 1 for t in scored] or [len(enc["input_ids"]) - 1]
+        residual = probs[at] - F.one_hot(probs[at].argmax(-1), probs.shape[-1])
+        i = ids.index(row["id"])
+        want_b = seen["h"][at].mean(0).numpy()
+        assert np.allclose(b[i], want_b, rtol=1e-4, atol=1e-5), row["id"]
+        assert abs(a[i, 0] - residual.mean(0).norm().item()) <= 1e-4 * residual.mean(0).norm().item(), row["id"]
+    picked = ok(invoke_in(ws, "select", "emb.csv", "-n", "3", "--diverse", "-q"))
+    assert len(parse_csv(picked.stdout)) == 3

@@ -18,7 +18,7 @@ from torch import nn
 
 from ..gradnorm import call_model, grad_norms_per_target, logits_of
 from .common import (IGNORE, UTILITIES, Task, _categorical, _generator, _labels_to_dense, _mean_ce,
-                     aggregate, confidence, exact_dtype, position_badge, position_loss)
+                     aggregate, confidence, exact_dtype, position_loss)
 
 NOT_SCORED = -1  # `words` of a token that is no target: prompt, padding, special tokens
 
@@ -149,18 +149,22 @@ def answers(s) -> torch.Tensor:
     return next_tokens(s.inputs, s.valid)
 
 
+def scored_or_last(valid: torch.Tensor, inputs) -> torch.Tensor:
+    """[B, T] bool: `valid`, or for an example with no scored position (a prompt without an
+    answer) its last real token, whose next token is what it would say first."""
+    ids = input_ids(inputs)
+    mask = inputs.get("attention_mask") if isinstance(inputs, dict) else None
+    mask = torch.ones_like(ids) if mask is None else mask
+    last = (torch.arange(ids.shape[1], device=ids.device) * mask).argmax(1)      # [B] last real token
+    at_last = F.one_hot(last, ids.shape[1]).bool().to(valid.device)
+    return torch.where(valid.any(1, keepdim=True), valid, at_last)
+
+
 def uncertainty(s, name: str) -> dict:
     """entropy, margin or least-confidence of the next token, aggregated (--aggregate) over the
     answer's positions; for a prompt without an answer, at its last token (what it would say
     first)."""
-    valid = s.valid
-    ids = input_ids(s.inputs)
-    mask = s.inputs.get("attention_mask") if isinstance(s.inputs, dict) else None
-    mask = torch.ones_like(ids) if mask is None else mask
-    last = (torch.arange(ids.shape[1], device=ids.device) * mask).argmax(1)      # [B] last real token
-    at_last = F.one_hot(last, ids.shape[1]).bool().to(valid.device)
-    valid = torch.where(valid.any(1, keepdim=True), valid, at_last)
-    score = aggregate(UTILITIES[name](_dists(s.logits)), valid, s.aggregate)
+    score = aggregate(UTILITIES[name](_dists(s.logits)), scored_or_last(s.valid, s.inputs), s.aggregate)
     return {"score": score, "margin": 1.0 - score} if name == "margin" else {"score": score}
 
 
@@ -274,6 +278,27 @@ def egl_completions(s) -> dict:
     return cols
 
 
+def badge(logits: torch.Tensor, h: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """BADGE factors the size of the hidden state, not of the vocabulary: b [B, D] the output
+    layer's input averaged over the scored positions, a [B, 1] the norm of p - onehot(argmax)
+    averaged over them (that mean itself, [B, V], is ~200 KB a row for GPT-2). a * b keeps the
+    length of the rank-one gradient embedding, ||a_V (x) b|| = ||a_V|| ||b||, and drops only its
+    direction in the vocabulary."""
+    rows = valid.nonzero()[:, 0]                                  # [n] the example of each position
+    p = logits.detach()[valid].softmax(-1)                        # [n, V]: only the counted positions
+    p[torch.arange(len(p)), p.argmax(-1)] -= 1.0                  # p - onehot(argmax)
+    count = valid.sum(1, keepdim=True).clamp_min(1)               # [B, 1]
+    a = torch.zeros(valid.shape[0], p.shape[1], dtype=p.dtype, device=p.device).index_add_(0, rows, p)
+    h = h.detach()                                                # [B, T, D]
+    b = torch.zeros(valid.shape[0], h.shape[-1], dtype=h.dtype, device=h.device).index_add_(0, rows, h[valid])
+    return (a / count).norm(dim=1, keepdim=True), b / count.to(b.dtype)
+
+
+def badge_over(logits: torch.Tensor, inputs, words=None) -> torch.Tensor:
+    """The positions BADGE averages over: the scored ones, else the prompt's last token."""
+    return scored_or_last(next_scored(logits, inputs, words), inputs)
+
+
 def not_a_causal_lm(model: nn.Module) -> str | None:
     if is_causal_lm(model):
         return None
@@ -299,7 +324,7 @@ TASK = Task(
     table_loss=position_loss, columns=columns, extra_columns=perplexity,
     pred_values=lambda preds, extras, names: ["" for _ in preds],
     given_labels=False, check_labels=lambda *args: None, words=scored_tokens,
-    badge=position_badge(_dists, tokens=True), unanswered=unanswered,
+    badge=badge, badge_over=badge_over, unanswered=unanswered,
     probe=lambda z, inputs: (lm_loss, next_tokens(inputs, next_scored(z, inputs))),
     loss_over_positions=True, model_kind="a causal language model", needs_model=not_a_causal_lm,
     reads_prompts=True, control=text_area, names_classes=False,

@@ -107,6 +107,8 @@ class Task:
     head_types: tuple = (nn.Linear,)
     check_head_input: Callable = head_ran     # (name, h, logits, ids): a RunError for a bad input
     badge: Callable | None = None     # (logits, h, valid) -> (a [B, C], b [B, D])
+    badge_over: Callable | None = None  # (logits, inputs, words) -> [B, N] the positions badge
+                                        # averages over, when not `valid`'s (causal-lm: a prompt's last)
     no_badge: str | None = None
     # --- alcli inspect: the loss the engine is tried on, and its targets
     probe: Callable | None = None     # (logits, inputs) -> (loss_fn, targets)
