@@ -302,6 +302,8 @@ def test_egl_over_the_models_own_completions(ws):
             if ids[-1] == model.config.eos_token_id:
                 break
         n = len(entropies)
+        assert got_text(rows[row["id"]]) == (tok.decode(ids[:-n], skip_special_tokens=True),
+                                              [tok.decode(ids[-n:], skip_special_tokens=True)]), row["id"]
         x = torch.tensor([ids])
         loss = F.cross_entropy(model(input_ids=x).logits[0, -n - 1:-1], x[0, -n:])
         norm = torch.sqrt(sum(g.square().sum() for g in torch.autograd.grad(loss, params))).item()
@@ -314,6 +316,11 @@ def test_egl_over_the_models_own_completions(ws):
         assert abs(float(sampled[0][row["id"]]["score"]) - float(sampled[1][row["id"]]["score"])) <= 1e-5
     assert any(sampled[0][r["id"]]["score"] != sampled[2][r["id"]]["score"] for r in ROWS)
     assert all(float(r["egl_se"]) >= 0 for r in sampled[0].values())
+
+
+def got_text(row: dict) -> tuple[str, list[str]]:
+    """A row's prompt (a text's: empty) and completions (a JSON list) as egl wrote them."""
+    return row["prompt"], json.loads(row["completions"])
 
 
 def test_select_hands_prompts_to_label_studio_as_text_generation_tasks(ws):
@@ -402,3 +409,44 @@ def test_embeddings_are_the_hidden_state_and_one_number_not_the_vocabulary(ws):
         assert abs(a[i, 0] - residual.mean(0).norm().item()) <= 1e-4 * residual.mean(0).norm().item(), row["id"]
     picked = ok(invoke_in(ws, "select", "emb.csv", "-n", "3", "--diverse", "-q"))
     assert len(parse_csv(picked.stdout)) == 3
+
+
+def test_select_pairwise_hands_a_prompt_and_two_completions_to_label_studio(ws, tmp_path):
+    """--pairwise: each task the row's prompt and its first two sampled completions (the table's
+    prompt and completions columns); the config parses, its Pairwise compares the two answer
+    Text tags, and every field it reads is in every task. Without completions: one sentence."""
+    import xml.etree.ElementTree as ET
+    from shell import invoke_in, ok
+    ok(invoke_in(ws, "score", "pool.jsonl", "-m", "llama-left", "-s", "egl", "--egl-samples", "3",
+                 "--max-new-tokens", "3", "--no-embeddings", "-o", "egl.csv", "-q"))
+    table = by_id((ws / "egl.csv").read_text())
+    ok(invoke_in(ws, "select", "egl.csv", "-n", "4", "-f", "labelstudio", "--pairwise",
+                 "--labelstudio-config", "pw.xml", "-o", "pw.json", "-q"))
+    tasks = json.loads((ws / "pw.json").read_text())
+    root = ET.fromstring((ws / "pw.xml").read_text())
+    texts = {t.get("name"): t.get("value") for t in root.iter("Text")}
+    pairwise = root.find("Pairwise")
+    assert root.tag == "View" and pairwise is not None and pairwise.get("name") == "label"
+    assert set(pairwise.get("toName").split(",")) == {"answer1", "answer2"} <= set(texts)
+    assert len(tasks) == 4
+    for task in tasks:
+        data = task["data"]
+        assert all(v.startswith("$") and v[1:] in data for v in texts.values()), data
+        prompt, completions = got_text(table[data["alcli_id"]])
+        assert len(completions) == 2 and all(isinstance(c, str) for c in completions)
+        assert (data["prompt"], data["answer1"], data["answer2"]) == (prompt, *completions)
+        assert data["alcli_score"] == float(table[data["alcli_id"]]["score"])
+    # no completions in the table (entropy; pseudo has one), another task's rows, no Label Studio output
+    ok(invoke_in(ws, "score", "pool.jsonl", "-m", "llama-left", "-s", "egl", "--egl-samples", "pseudo",
+                 "--max-new-tokens", "2", "--no-embeddings", "-o", "pseudo.csv", "-q"))
+    ok(invoke_in(ws, "score", "pool.jsonl", "-m", "llama-left", "-s", "entropy", "--no-embeddings",
+                 "-o", "entropy.csv", "-q"))
+    (ws / "classes.csv").write_text("id,score,pred\na,1.0,0\n")
+    cases = [(["entropy.csv", "-f", "labelstudio"], "has no two completions the model sampled"),
+             (["pseudo.csv", "--labelstudio-config", "x.xml"], "has no two completions the model sampled"),
+             (["classes.csv", "-f", "labelstudio"], "which classification rows do not have"),
+             (["egl.csv"], "shapes Label Studio tasks")]
+    for args, words in cases:
+        result = invoke_in(ws, "select", *args, "-n", "2", "--pairwise", "-o", tmp_path / "out.json")
+        assert_one_error(result, words, str(args))
+        assert "--pairwise" in result.stderr and not (tmp_path / "out.json").exists(), args

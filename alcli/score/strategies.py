@@ -1,7 +1,8 @@
 """Strategies: model outputs (+ per-example gradient norms) -> one score per example.
 
 Every strategy has the same signature, `fn(s: StrategyInputs) -> dict[str, Tensor]`, returning
-"score" [B] (higher = more worth labeling) and any extra columns [B] it has. The runner adds the
+"score" [B] (higher = more worth labeling) and any extra columns [B] it has (a list of B
+strings for a text column: causal-lm egl's completions). The runner adds the
 columns every strategy shares (pred, confidence, label, loss) from the same logits. What a
 strategy means for a task (its loss, targets, per-position utilities and their aggregation) the
 task object says (`s.spec`, alcli.tasks); the strategies here ask it.
@@ -47,6 +48,7 @@ class StrategyInputs:
     # (Task.read_labels); None: the pool has none
     given: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None
     words: torch.Tensor | None = None  # token classification: each token's word [B, T], -1 special
+    decode: Callable[[list[int]], str] | None = None  # a text pool's tokenizer: token ids -> text
     _given_targets: tuple | None = None
 
     @property

@@ -8,6 +8,7 @@ Its rows show the loss and the perplexity exp(loss).
 """
 from __future__ import annotations
 
+import json
 import warnings
 from xml.sax.saxutils import quoteattr
 
@@ -21,6 +22,7 @@ from .common import (IGNORE, UTILITIES, Task, _categorical, _generator, _labels_
                      aggregate, confidence, exact_dtype, position_loss)
 
 NOT_SCORED = -1  # `words` of a token that is no target: prompt, padding, special tokens
+PAIR = 2  # completions kept in a row: the two answers of a pairwise-preference task
 
 
 def is_causal_lm(model: nn.Module) -> bool:
@@ -248,7 +250,8 @@ def egl_completions(s) -> dict:
     their norms through one engine pass, the mean as the score with its standard error
     (`egl_se`), and `completion_entropy`, the mean entropy of the distributions their tokens were
     drawn from (a cheap utility of the same samples). `--egl-samples pseudo`: the one most likely
-    completion (greedy)."""
+    completion (greedy). On a text pool also, as text, the `prompt` the model continued and
+    its first two `completions` (a JSON list): the pair `select --pairwise` hands to Label Studio."""
     greedy = s.egl_samples == "pseudo"
     count = 1 if greedy else int(s.egl_samples)
     config = getattr(s.model, "config", None)
@@ -275,6 +278,10 @@ def egl_completions(s) -> dict:
             "completion_entropy": torch.stack(entropies).to(s.logits.device, dtype)}
     if count > 1:
         cols["egl_se"] = norms.std(1) / count ** 0.5
+    if s.decode is not None:
+        cols["prompt"] = [s.decode(p.tolist()) for p in prompts]
+        cols["completions"] = [json.dumps([s.decode(c.tolist()) for c in made[:PAIR]], ensure_ascii=False)
+                               for made in completions]
     return cols
 
 
@@ -312,6 +319,21 @@ def text_area(names, from_name: str, to_name: str) -> str:
             f"editable=\"true\" maxSubmissions=\"1\" placeholder=\"the answer\"/>")
 
 
+def pair(row) -> tuple[str, str, str]:
+    """A row's prompt and the first two completions the model sampled for it (egl's `prompt`
+    and `completions` columns; a `text` row's prompt is empty, a table cell of nothing); a
+    ValueError naming the row when it has not two."""
+    answers = row.get("completions")
+    try:
+        answers = json.loads(answers) if isinstance(answers, str) else answers
+    except json.JSONDecodeError:
+        answers = None
+    if not isinstance(answers, list) or len(answers) < PAIR or not all(isinstance(a, str) for a in answers[:PAIR]):
+        raise ValueError(f"the row '{row.get('id')}' has no two completions the model sampled "
+                         f"(its completions column)")
+    return str(row.get("prompt") or ""), answers[0], answers[1]
+
+
 def _dists(z: torch.Tensor) -> torch.Tensor:
     return _categorical(z, -1)
 
@@ -327,5 +349,5 @@ TASK = Task(
     badge=badge, badge_over=badge_over, unanswered=unanswered,
     probe=lambda z, inputs: (lm_loss, next_tokens(inputs, next_scored(z, inputs))),
     loss_over_positions=True, model_kind="a causal language model", needs_model=not_a_causal_lm,
-    reads_prompts=True, control=text_area, names_classes=False,
+    reads_prompts=True, control=text_area, pairs=pair, names_classes=False,
 )

@@ -120,6 +120,7 @@ class Task:
     unnamed_note: str = "predicted classes without a name, left out"
     shown_by_rows: Callable = _never  # row: do its columns say it is of this task?
     control: Callable | None = None   # (names, from_name, to_name) -> the control tag (XML)
+    pairs: Callable | None = None     # row -> (prompt, answer1, answer2): select --pairwise's task
     # (an annotation's regions of the control tag, class names) -> the labels file's cells
     # {column: value}; a numpy array is a mask, written as a PNG (alcli pull)
     from_annotation: Callable | None = None
