@@ -27,8 +27,9 @@ ROWS = [
     {"id": "c1", "messages": [{"role": "user", "content": "the dog ran"},
                               {"role": "assistant", "content": "fast and then stopped"}]},
     {"id": "p3", "prompt": "small", "response": " bird"},
-    {"id": "q1", "prompt": "the red dog"},   # no answer: its loss and gradnorm are NaN
+    {"id": "q1", "prompt": "the red dog"},   # no answer: gradnorm and loss refuse the pool
 ]
+ANSWERED = ROWS[:5]  # every row with an answer, as gradnorm and loss need
 
 
 def lm(family: str, vocab: int):
@@ -87,6 +88,27 @@ def sequence(row: dict) -> tuple[str, str | None]:
     return row["prompt"] + row.get("response", ""), row["prompt"] if "response" in row else None
 
 
+def answer_tokens(tok, row: dict) -> tuple[dict, list[int]]:
+    """The row's encoding alone, and its answer's tokens: those that begin at or after its
+    prompt's last character, special tokens and the first token left out."""
+    text, prompt = sequence(row)
+    enc = tok(text, return_offsets_mapping=True, return_special_tokens_mask=True)
+    return enc, [t for t, ((start, _), special) in enumerate(zip(enc["offset_mapping"], enc["special_tokens_mask"]))
+                 if prompt is not None and t > 0 and start >= len(prompt) and not special]
+
+
+def answered(ws, name: str) -> tuple[str, list[dict]]:
+    """A pool of the rows of ANSWERED with answer tokens under the model's tokenizer (the
+    qwen2 directory's loads as Qwen2Tokenizer, which folds p3's short response into one token
+    with its prompt), and those rows."""
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(ws / name)
+    rows = [r for r in ANSWERED if answer_tokens(tok, r)[1]]
+    assert len(rows) >= 4, name
+    (ws / f"answered-{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return f"answered-{name}.jsonl", rows
+
+
 def oracle(model, tok, rows, only=None) -> tuple[list[float], list[float]]:
     """(loss, gradient norm) per row in float64, each row alone: the loss over the tokens that
     begin at or after its prompt's last character (special tokens left out); norm over `only`
@@ -95,15 +117,9 @@ def oracle(model, tok, rows, only=None) -> tuple[list[float], list[float]]:
     params = [p.requires_grad_() for n, p in m.named_parameters() if (only(n) if only else p.requires_grad)]
     losses, norms = [], []
     for row in rows:
-        text, prompt = sequence(row)
-        enc = tok(text, return_offsets_mapping=True, return_special_tokens_mask=True)
+        enc, scored = answer_tokens(tok, row)
         ids = torch.tensor([enc["input_ids"]])                                 # [1, T]
-        scored = [t for t, ((start, _), special) in enumerate(zip(enc["offset_mapping"], enc["special_tokens_mask"]))
-                  if prompt is not None and t > 0 and start >= len(prompt) and not special]
-        if not scored:
-            losses.append(float("nan"))
-            norms.append(float("nan"))
-            continue
+        assert scored, row["id"]  # gradnorm and loss refuse a row without them
         logits = m(input_ids=ids).logits[0]                                    # [T, V]
         loss = F.cross_entropy(logits[[t - 1 for t in scored]], ids[0, scored])  # position t-1 predicts t
         grads = torch.autograd.grad(loss, params, allow_unused=True)
@@ -116,28 +132,26 @@ def by_id(text: str) -> dict:
     return {r["id"]: r for r in parse_csv(text)}
 
 
-def assert_close(got: dict, want: list[float], column: str, rel=1e-6):
-    for row, w in zip(ROWS, want):
+def assert_close(got: dict, want: list[float], column: str, rows: list[dict], rel=1e-6):
+    assert len(want) == len(rows) == len(got)
+    for row, w in zip(rows, want):
         value = float(got[row["id"]][column])
-        if w != w:
-            assert value != value, (row["id"], column, value)
-        else:
-            assert abs(value - w) <= rel * abs(w), (row["id"], column, value, w)
+        assert abs(value - w) <= rel * abs(w), (row["id"], column, value, w)
 
 
 @pytest.mark.parametrize("name", list(MODELS))
 def test_gradnorm_and_loss_match_the_float64_loop_on_every_family(ws, name):
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    result = score_in(ws, "pool.jsonl", "-m", name, "--task", "causal-lm", "-s", "gradnorm", "-b", "4",
+    pool, pool_rows = answered(ws, name)
+    result = score_in(ws, pool, "-m", name, "--task", "causal-lm", "-s", "gradnorm", "-b", "4",
                       "--no-embeddings")
     rows = by_id(result.stdout)
-    loss_rows = by_id(score_in(ws, "pool.jsonl", "-m", name, "-s", "loss", "-b", "6",
-                               "--no-embeddings").stdout)
+    loss_rows = by_id(score_in(ws, pool, "-m", name, "-s", "loss", "-b", "6", "--no-embeddings").stdout)
     tok = AutoTokenizer.from_pretrained(ws / name)
-    losses, norms = oracle(AutoModelForCausalLM.from_pretrained(ws / name), tok, ROWS)
-    assert_close(rows, norms, "score")
-    assert_close(loss_rows, losses, "score")
-    assert_close(loss_rows, [float(torch.tensor(x).exp()) for x in losses], "perplexity")
+    losses, norms = oracle(AutoModelForCausalLM.from_pretrained(ws / name), tok, pool_rows)
+    assert_close(rows, norms, "score", rows=pool_rows)
+    assert_close(loss_rows, losses, "score", rows=pool_rows)
+    assert_close(loss_rows, [float(torch.tensor(x).exp()) for x in losses], "perplexity", rows=pool_rows)
 
 
 def test_every_layer_has_its_rule_and_auto_is_ghost(ws):
@@ -189,19 +203,19 @@ def test_a_lora_adapter_is_scored_over_its_own_parameters_by_default(ws, base):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # peft on fan_in_fan_out
         adapter = make_adapter(ws, base)
-    rows = by_id(score_in(ws, "pool.jsonl", "-m", adapter.name, "-s", "gradnorm", "-b", "4",
-                          "--no-embeddings").stdout)
+    pool, pool_rows = answered(ws, base)
+    rows = by_id(score_in(ws, pool, "-m", adapter.name, "-s", "gradnorm", "-b", "4", "--no-embeddings").stdout)
     tok = AutoTokenizer.from_pretrained(ws / base)
     model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(ws / base), str(adapter))
-    _, norms = oracle(model, tok, ROWS, only=lambda n: "lora_" in n)
-    assert_close(rows, norms, "score")
+    _, norms = oracle(model, tok, pool_rows, only=lambda n: "lora_" in n)
+    assert_close(rows, norms, "score", rows=pool_rows)
     if base != "llama-left":
         return
     # --layers chooses otherwise: the frozen base's last RMSNorm and (tied) output layer
-    rows = by_id(score_in(ws, "pool.jsonl", "-m", adapter.name, "-s", "gradnorm", "-b", "4", "--no-embeddings",
+    rows = by_id(score_in(ws, pool, "-m", adapter.name, "-s", "gradnorm", "-b", "4", "--no-embeddings",
                           "--layers", "base_model.model.model.norm", "--layers", "base_model.model.lm_head").stdout)
-    _, norms = oracle(model, tok, ROWS, only=lambda n: n.endswith(("model.model.norm.weight", "embed_tokens.weight")))
-    assert_close(rows, norms, "score")
+    _, norms = oracle(model, tok, pool_rows, only=lambda n: n.endswith(("model.model.norm.weight", "embed_tokens.weight")))
+    assert_close(rows, norms, "score", rows=pool_rows)
 
 
 def test_bad_input_is_one_sentence(ws, tmp_path):
@@ -229,7 +243,7 @@ def test_bad_input_is_one_sentence(ws, tmp_path):
 
 
 def test_sequences_past_the_limit_are_cut_and_said_once(ws):
-    result = score_in(ws, "pool.jsonl", "-m", "gpt2-right", "-s", "loss", "--max-length", "6",
+    result = score_in(ws, "pool.jsonl", "-m", "gpt2-right", "-s", "entropy", "--max-length", "6",
                       "--no-embeddings")
     said = [line for line in result.stderr.splitlines() if "longer than the model's limit" in line]
     assert len(said) == 1 and "4 sequence(s)" in said[0], result.stderr
@@ -288,6 +302,8 @@ def test_egl_over_the_models_own_completions(ws):
             if ids[-1] == model.config.eos_token_id:
                 break
         n = len(entropies)
+        assert got_text(rows[row["id"]]) == (tok.decode(ids[:-n], skip_special_tokens=True),
+                                              [tok.decode(ids[-n:], skip_special_tokens=True)]), row["id"]
         x = torch.tensor([ids])
         loss = F.cross_entropy(model(input_ids=x).logits[0, -n - 1:-1], x[0, -n:])
         norm = torch.sqrt(sum(g.square().sum() for g in torch.autograd.grad(loss, params))).item()
@@ -302,9 +318,14 @@ def test_egl_over_the_models_own_completions(ws):
     assert all(float(r["egl_se"]) >= 0 for r in sampled[0].values())
 
 
+def got_text(row: dict) -> tuple[str, list[str]]:
+    """A row's prompt (a text's: empty) and completions (a JSON list) as egl wrote them."""
+    return row["prompt"], json.loads(row["completions"])
+
+
 def test_select_hands_prompts_to_label_studio_as_text_generation_tasks(ws):
     from shell import invoke_in, ok
-    ok(invoke_in(ws, "score", "pool.jsonl", "-m", "gpt2-right", "-s", "loss", "-o", "lm.csv", "-q"))
+    ok(invoke_in(ws, "score", "pool.jsonl", "-m", "gpt2-right", "-s", "entropy", "-o", "lm.csv", "-q"))
     result = ok(invoke_in(ws, "select", "lm.csv", "-n", "3", "-f", "labelstudio", "--labelstudio-config",
                           "lm.xml", "-o", "lm.json", "-q"))
     tasks = json.loads((ws / "lm.json").read_text())
@@ -319,7 +340,113 @@ def test_a_parquet_pool_reads_as_its_jsonl_does(ws):
     import pyarrow as pa
     columns = {k: [r.get(k) for r in ROWS] for k in ("id", "text", "prompt", "response", "messages")}
     pq.write_table(pa.table(columns), ws / "pool.parquet")
-    args = ["-m", "gpt2-left", "-s", "loss", "--no-embeddings"]
+    args = ["-m", "gpt2-left", "-s", "entropy", "--no-embeddings"]
     from_jsonl = by_id(score_in(ws, "pool.jsonl", *args).stdout)
     from_parquet = by_id(score_in(ws, "pool.parquet", *args).stdout)
     assert {k: v["score"] for k, v in from_parquet.items()} == {k: v["score"] for k, v in from_jsonl.items()}
+
+
+def test_gradnorm_and_loss_refuse_a_row_without_an_answer(ws, tmp_path):
+    """A prompt alone, an empty response, a response cut off at --max-length: one sentence before
+    any scoring, naming the row and pointing at egl; a pool mixing answered rows with them too."""
+    (tmp_path / "empty.jsonl").write_text(json.dumps({"id": "e1", "prompt": "the cat", "response": ""}) + "\n"
+                                          + json.dumps(ROWS[0]) + "\n")
+    (tmp_path / "long.jsonl").write_text(json.dumps(ROWS[2]) + "\n")
+    import shutil
+    shutil.copy(ws / "pool.jsonl", tmp_path / "pool.jsonl")
+    model = ws / "gpt2-right"
+    cases = [(["pool.jsonl", "-s", "gradnorm"], "row q1 of pool pool.jsonl is a prompt without an answer"),
+             (["pool.jsonl", "-s", "loss"], "--strategy loss needs an answer"),
+             (["empty.jsonl", "-s", "gradnorm"], "row e1 of pool empty.jsonl has an empty response")]
+    for args, words in cases:
+        result = score_in(tmp_path, *args, "-m", model, "--no-embeddings", ok=False)
+        assert_one_error(result, words, str(args))
+        assert "--strategy egl" in result.stderr, result.stderr
+    # cut off: the pool's warning that it is cut, then the error
+    result = score_in(tmp_path, "long.jsonl", "-s", "gradnorm", "--max-length", "4", "-m", model, ok=False)
+    lines = result.stderr.strip().splitlines()
+    assert result.exit_code == 1 and "Traceback" not in result.stderr and len(lines) == 2, result.stderr
+    assert lines[1].startswith("alcli: error: row p2 of pool long.jsonl has its response cut off at the "
+                               "model's limit of 4 tokens"), lines
+    # two rows without an answer: the first named, the other counted
+    (tmp_path / "two.jsonl").write_text(json.dumps(ROWS[5]) + "\n" + json.dumps({"id": "q2", "prompt": "a dog"}) + "\n")
+    assert_one_error(score_in(tmp_path, "two.jsonl", "-m", model, "-s", "gradnorm", ok=False),
+                     "row q1 (and 1 more) of pool", "two")
+    # egl scores them: the answers are the model's own
+    rows = by_id(score_in(tmp_path, "pool.jsonl", "-m", model, "-s", "egl", "--egl-samples", "pseudo",
+                          "--max-new-tokens", "2", "--no-embeddings").stdout)
+    assert all(float(r["score"]) > 0 for r in rows.values())
+
+
+def test_embeddings_are_the_hidden_state_and_one_number_not_the_vocabulary(ws):
+    """TABLE.emb.npz of a plain score: b [N, D] the output layer's input averaged over the
+    positions whose next token is scored (a prompt alone: its last token), a [N, 1] the norm of
+    the mean p - onehot(argmax) there; each row alone in float64 as the oracle. `select
+    --diverse` runs on them."""
+    import numpy as np
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from shell import invoke_in, ok
+    ok(invoke_in(ws, "score", "pool.jsonl", "-m", "gpt2-left", "-s", "entropy", "-b", "4", "-o", "emb.csv", "-q"))
+    with np.load(ws / "emb.csv.emb.npz") as z:
+        ids, a, b = [str(i) for i in z["ids"]], z["a"], z["b"]
+    model = AutoModelForCausalLM.from_pretrained(ws / "gpt2-left").double().eval()
+    tok = AutoTokenizer.from_pretrained(ws / "gpt2-left")
+    assert a.shape == (len(ROWS), 1) and b.shape == (len(ROWS), model.config.n_embd)
+    seen = {}
+    model.lm_head.register_forward_hook(lambda m, args, out: seen.update(h=args[0][0]))
+    for row in ROWS:
+        text, prompt = sequence(row)
+        enc = tok(text, return_offsets_mapping=True, return_special_tokens_mask=True)
+        with torch.no_grad():
+            probs = model(input_ids=torch.tensor([enc["input_ids"]])).logits[0].softmax(-1)   # [T, V]
+        scored = [t for t, ((start, _), sp) in enumerate(zip(enc["offset_mapping"], enc["special_tokens_mask"]))
+                  if prompt is not None and t > 0 and start >= len(prompt) and not sp]
+        at = [t - 1 for t in scored] or [len(enc["input_ids"]) - 1]
+        residual = probs[at] - F.one_hot(probs[at].argmax(-1), probs.shape[-1])
+        i = ids.index(row["id"])
+        want_b = seen["h"][at].mean(0).numpy()
+        assert np.allclose(b[i], want_b, rtol=1e-4, atol=1e-5), row["id"]
+        assert abs(a[i, 0] - residual.mean(0).norm().item()) <= 1e-4 * residual.mean(0).norm().item(), row["id"]
+    picked = ok(invoke_in(ws, "select", "emb.csv", "-n", "3", "--diverse", "-q"))
+    assert len(parse_csv(picked.stdout)) == 3
+
+
+def test_select_pairwise_hands_a_prompt_and_two_completions_to_label_studio(ws, tmp_path):
+    """--pairwise: each task the row's prompt and its first two sampled completions (the table's
+    prompt and completions columns); the config parses, its Pairwise compares the two answer
+    Text tags, and every field it reads is in every task. Without completions: one sentence."""
+    import xml.etree.ElementTree as ET
+    from shell import invoke_in, ok
+    ok(invoke_in(ws, "score", "pool.jsonl", "-m", "llama-left", "-s", "egl", "--egl-samples", "3",
+                 "--max-new-tokens", "3", "--no-embeddings", "-o", "egl.csv", "-q"))
+    table = by_id((ws / "egl.csv").read_text())
+    ok(invoke_in(ws, "select", "egl.csv", "-n", "4", "-f", "labelstudio", "--pairwise",
+                 "--labelstudio-config", "pw.xml", "-o", "pw.json", "-q"))
+    tasks = json.loads((ws / "pw.json").read_text())
+    root = ET.fromstring((ws / "pw.xml").read_text())
+    texts = {t.get("name"): t.get("value") for t in root.iter("Text")}
+    pairwise = root.find("Pairwise")
+    assert root.tag == "View" and pairwise is not None and pairwise.get("name") == "label"
+    assert set(pairwise.get("toName").split(",")) == {"answer1", "answer2"} <= set(texts)
+    assert len(tasks) == 4
+    for task in tasks:
+        data = task["data"]
+        assert all(v.startswith("$") and v[1:] in data for v in texts.values()), data
+        prompt, completions = got_text(table[data["alcli_id"]])
+        assert len(completions) == 2 and all(isinstance(c, str) for c in completions)
+        assert (data["prompt"], data["answer1"], data["answer2"]) == (prompt, *completions)
+        assert data["alcli_score"] == float(table[data["alcli_id"]]["score"])
+    # no completions in the table (entropy; pseudo has one), another task's rows, no Label Studio output
+    ok(invoke_in(ws, "score", "pool.jsonl", "-m", "llama-left", "-s", "egl", "--egl-samples", "pseudo",
+                 "--max-new-tokens", "2", "--no-embeddings", "-o", "pseudo.csv", "-q"))
+    ok(invoke_in(ws, "score", "pool.jsonl", "-m", "llama-left", "-s", "entropy", "--no-embeddings",
+                 "-o", "entropy.csv", "-q"))
+    (ws / "classes.csv").write_text("id,score,pred\na,1.0,0\n")
+    cases = [(["entropy.csv", "-f", "labelstudio"], "has no two completions the model sampled"),
+             (["pseudo.csv", "--labelstudio-config", "x.xml"], "has no two completions the model sampled"),
+             (["classes.csv", "-f", "labelstudio"], "which classification rows do not have"),
+             (["egl.csv"], "shapes Label Studio tasks")]
+    for args, words in cases:
+        result = invoke_in(ws, "select", *args, "-n", "2", "--pairwise", "-o", tmp_path / "out.json")
+        assert_one_error(result, words, str(args))
+        assert "--pairwise" in result.stderr and not (tmp_path / "out.json").exists(), args

@@ -229,6 +229,11 @@ LabelStudioConfig = Annotated[Optional[str], typer.Option(
     "--labelstudio-config", metavar="XML", help="Also write the Label Studio labeling config "
     "the tasks' pre-labels fit (class names from the model or --class-names).",
     rich_help_panel=LABELING)]
+Pairwise = Annotated[bool, typer.Option(
+    "--pairwise", help="-f labelstudio, --labelstudio-config: each task a prompt and two "
+    "completions the model sampled, for Label Studio's pairwise-preference template (a table "
+    "that 'score -s egl' wrote for a causal language model: its prompt and completions columns).",
+    rich_help_panel=LABELING)]
 ScoreExclude = Annotated[Optional[List[str]], typer.Option(
     "--exclude", metavar="FILE", help="Skip the examples FILE names (labeled ones) before scoring: "
     "no row, not read (the files select --exclude reads; repeatable).", rich_help_panel=INPUT)]

@@ -14,7 +14,7 @@ from .options import (
     ClassNames, Compile, Config, ContactSheet, Decode, Device, Diverse, DiverseCandidates,
     DiverseClusters, DiverseMode, EglSamples, Ema, Exclude, FromName, Grayscale, IdColumn,
     ImageColumn, ImageDir, ImageRoot, LabelColumn, LabelsFromFolders, LabelStudioConfig, Layers,
-    LogFormat, MaxLength, Method, Model, Normalize, Null, PerClass, Precision, ProgressEvery,
+    LogFormat, MaxLength, Method, Model, Normalize, Null, Pairwise, PerClass, Precision, ProgressEvery,
     Quiet, ReadEmbeddings, Resize, Sampling, SamplingBeta, Seed, SelectFormat, SelectOutput,
     Split, Strategy, Task, TextColumnOpt, TextWidth, ToName, TopClasses, Trust, TrustRemoteCode,
     Typical, Verbose, Workers, under)
@@ -60,7 +60,8 @@ def select(
     config: under(SELECTION, Config) = None,
     class_names: under(LABELING, ClassNames) = None, image_root: ImageRoot = None,
     from_name: FromName = None, to_name: ToName = None,
-    labelstudio_config: LabelStudioConfig = None, contact_sheet: ContactSheet = None,
+    labelstudio_config: LabelStudioConfig = None, pairwise: Pairwise = False,
+    contact_sheet: ContactSheet = None,
     image_dir: ImageDir = None,
     quiet: Quiet = False, verbose: Verbose = False, log_format: LogFormat = None,
     progress_every: ProgressEvery = None,

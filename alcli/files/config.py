@@ -129,6 +129,7 @@ class Settings:
     to_name: str | None = None            # ... and the object tag it labels (default: image or text)
     contact_sheet: str | None = None      # `select`: PNG grid of the selected images
     labelstudio_config: str | None = None  # `select`: the Label Studio labeling config (XML) written
+    pairwise: bool = False                # `select -f labelstudio`: a prompt and two completions a task
     # long runs (`score`): OUTPUT.partial flushed every N examples, resume it, shards, bad examples
     checkpoint_every: int | str = "30s"   # OUTPUT.partial saved every N examples or a duration
     resume: bool = False
@@ -473,7 +474,7 @@ CHECKS: dict[str, Callable[[Any], Any]] = {
     "embeddings": _opt(_bool), "embeddings_file": _opt_str, "diverse": _opt(_bool), "diverse_candidates": _candidates,
     "diverse_mode": _choice(DIVERSE_MODES), "diverse_clusters": _opt(_int(1)),
     "per_class": _opt(_choice(PER_CLASS_MODES)), "sampling": _choice(SAMPLINGS),
-    "typical": _bool,    "sampling_beta": _positive, "exclude": _files, "image_root": _opt_str,
+    "typical": _bool, "pairwise": _bool,    "sampling_beta": _positive, "exclude": _files, "image_root": _opt_str,
     "image_dir": _opt_str, "contact_sheet": _opt_str,
     "checkpoint_every": _checkpoint, "resume": _bool, "restart": _bool, "strict": _bool,
     "shard": _shard, "verbose": _bool, "progress_every": _seconds, "log_format": _choice(LOG_FORMATS),

@@ -28,7 +28,7 @@ INT_COLUMNS = ("rank", "pred", "pred_index", "label")
 NAME_COLUMNS = ("pred", "label")  # a class index, or its name when the classes are named: then
                                  # the table has pred_index (or its meta.json records the names)
                                  # and they are read as text, so a class named "2" stays a name
-TEXT_COLUMNS = ("id", "text")     # read as text whatever they hold ("42", "nan")
+TEXT_COLUMNS = ("id", "text", "prompt", "completions")  # read as text whatever they hold ("42", "nan")
 MORE = "\u2026"  # ends a text cut short by clip_text
 FORMATS = ("csv", "jsonl", "paths", "ids")
 LINE_FORMATS = ("paths", "ids")  # one value per line, no header: for shell pipelines

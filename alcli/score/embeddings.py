@@ -126,7 +126,7 @@ class EmbeddingRecorder:
         h = seen.get("inputs", {}).get(name)
         spec.check_head_input(name, h, logits, ids)
         dtype = h.dtype if h.dtype in (torch.float32, torch.float64) else torch.float32
-        valid = spec.valid(logits, seen["model_inputs"], seen["words"])
+        valid = (spec.badge_over or spec.valid)(logits, seen["model_inputs"], seen["words"])
         a, b = spec.badge(logits.to(exact_dtype(logits)), h.to(dtype), valid)
         if self._current is not None and not set(self._current[0]) & set(ids):
             self.keep([t.cpu() for t in self.pending()])  # an earlier batch nobody kept

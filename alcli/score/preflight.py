@@ -1,7 +1,8 @@
 """Checks made before any scoring starts, so a long run cannot fail hours in on bad input.
 
 Each failure is one sentence naming the pool, the example or the setting at fault: an empty pool,
-an id used twice, a label outside the model's classes, and a model whose number of outputs differs
+an id used twice, a label outside the model's classes, a row gradnorm and loss cannot score
+(a prompt without an answer), and a model whose number of outputs differs
 from the class count that the pool (class folders) or the config (`arch_kwargs.num_classes`) gives.
 The model's output size is learned from one forward pass on the first readable example, which
 also tells the task when --task is auto (alcli.tasks) and must fit the task given.
@@ -17,6 +18,7 @@ from ..errors import ConfigError, PoolError, RunError, first_line
 from ..files.pool import Pool, check_unique_ids, collate, collate_sized, decoded
 from .. import tasks
 from .runner import forward, to_model
+from .strategies import STRATEGIES
 
 PROBE_TRIES = 64  # readable examples looked for before the model's output size is left unknown
 
@@ -28,7 +30,18 @@ def check(model: nn.Module, pool: Pool, settings: Settings, device: torch.device
     if classes is not None:
         check_classes(pool, settings, classes)
     check_class_names(pool, tasks.known(settings.task, model))
+    check_answers(pool, settings, tasks.known(settings.task, model))
     return classes
+
+
+def check_answers(pool: Pool, settings: Settings, task: str | None) -> None:
+    """gradnorm and loss score each example at its own targets: a row without any (a causal-lm
+    prompt without an answer, Task.unanswered) is refused before the run, not ranked last."""
+    if task is None or not STRATEGIES[settings.strategy].at_targets:
+        return
+    problem = tasks.TASKS[task].unanswered(pool, settings.strategy)
+    if problem:
+        raise PoolError(problem)
 
 
 def check_class_names(pool: Pool, task: str | None) -> None:

@@ -137,7 +137,7 @@ def score_batch(model: nn.Module, batch: Batch, settings: Settings, device: torc
                                                               batch.ids, pool),
                        task=task, egl_samples=settings.egl_samples, aggregate=settings.aggregate,
                        temperature=settings.temperature, max_new_tokens=settings.max_new_tokens,
-                       words=word_ids, given=_given(task, pool, batch.ids, words))
+                       words=word_ids, given=_given(task, pool, batch.ids, words), decode=_decoder(pool))
     try:
         with autocast(settings.precision, device):
             cols = strategy.fn(s)
@@ -148,6 +148,7 @@ def score_batch(model: nn.Module, batch: Batch, settings: Settings, device: torc
     except Exception as err:  # noqa: BLE001 - shape errors etc. from user models, in the engine's forward
         raise _cannot_run(inputs, pool_name, err) from None
     score = cols.pop("score")
+    texts = {key: cols.pop(key) for key in list(cols) if isinstance(cols[key], list)}  # B strings each
     pred, conf, loss, pred_sets = spec.columns(s, score)  # pred_sets: the extras pred is made of
     finite = torch.isfinite(score)
     if loss is not None:  # a loss undefined (over no position) leaves the other scores as they are
@@ -180,6 +181,8 @@ def score_batch(model: nn.Module, batch: Batch, settings: Settings, device: torc
             row["label"] = class_name(labels_home[i], names) if labels_home[i] >= 0 else None
         for key in list(columns)[3:]:
             row[key] = values[key][i]
+        for key, strings in texts.items():
+            row[key] = strings[i]
         if word_preds is not None:
             row["pred_words"] = word_preds[i]
         if batch.paths is not None:
@@ -201,6 +204,13 @@ def _own_rows(spec, model: nn.Module, batch: Batch, settings: Settings, device: 
     for row, path in zip(rows, batch.paths or []):
         row["path"] = path
     return rows
+
+
+def _decoder(pool: Pool):
+    """A text pool's token ids -> text (special tokens left out); None off a text pool."""
+    tokenize = getattr(getattr(pool, "base", pool), "tokenize", None)
+    tok = getattr(tokenize, "tokenizer", None)
+    return None if tok is None else (lambda ids: tok.decode(ids, skip_special_tokens=True))
 
 
 def _given(task: str, pool: Pool, ids: list[str], words):

@@ -1,7 +1,8 @@
 """Strategies: model outputs (+ per-example gradient norms) -> one score per example.
 
 Every strategy has the same signature, `fn(s: StrategyInputs) -> dict[str, Tensor]`, returning
-"score" [B] (higher = more worth labeling) and any extra columns [B] it has. The runner adds the
+"score" [B] (higher = more worth labeling) and any extra columns [B] it has (a list of B
+strings for a text column: causal-lm egl's completions). The runner adds the
 columns every strategy shares (pred, confidence, label, loss) from the same logits. What a
 strategy means for a task (its loss, targets, per-position utilities and their aggregation) the
 task object says (`s.spec`, alcli.tasks); the strategies here ask it.
@@ -47,6 +48,7 @@ class StrategyInputs:
     # (Task.read_labels); None: the pool has none
     given: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None
     words: torch.Tensor | None = None  # token classification: each token's word [B, T], -1 special
+    decode: Callable[[list[int]], str] | None = None  # a text pool's tokenizer: token ids -> text
     _given_targets: tuple | None = None
 
     @property
@@ -81,15 +83,17 @@ class Strategy:
     fn: Callable[[StrategyInputs], Columns]
     gradients: bool  # does it call the gradient engine?
     help: str
+    at_targets: bool = False  # scores each example at its own targets (Task.unanswered is asked)
 
 
 STRATEGIES: dict[str, Strategy] = {}
 
 
-def strategy(name: str, *, gradients: bool = False):
+def strategy(name: str, *, gradients: bool = False, at_targets: bool = False):
     """Register `fn` under `name`; its docstring's first line is its help."""
     def register(fn):
-        STRATEGIES[name] = Strategy(name, fn, gradients, (fn.__doc__ or "").strip().splitlines()[0])
+        STRATEGIES[name] = Strategy(name, fn, gradients, (fn.__doc__ or "").strip().splitlines()[0],
+                                    at_targets)
         return fn
     return register
 
@@ -107,7 +111,7 @@ def _needs_labels(s: StrategyInputs, name: str) -> None:
                        f"gives 0); give them, or use --strategy egl, exact for regression")
 
 
-@strategy("gradnorm", gradients=True)
+@strategy("gradnorm", gradients=True, at_targets=True)
 def gradnorm(s: StrategyInputs) -> Columns:
     """Gradient norm at the example's label where known, else at the predicted class."""
     _needs_labels(s, "gradnorm")  # NaN where the targets count at no position (common.no_positions)
@@ -120,7 +124,7 @@ def loss_at_targets(s: StrategyInputs) -> torch.Tensor:
     return s.spec.table_loss(s)
 
 
-@strategy("loss")
+@strategy("loss", at_targets=True)
 def loss(s: StrategyInputs) -> Columns:
     """Cross-entropy loss at the label where known, else at the predicted class."""
     _needs_labels(s, "loss")

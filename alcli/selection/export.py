@@ -156,6 +156,41 @@ def labeling_config(task: str, names: Sequence[str] | None, field: str = "image"
     return f"<View>\n{obj}\n{spec.control(names, from_name, to_name)}\n</View>\n"
 
 
+# --- pairwise preference: a prompt and two answers ------------------------------------------------
+
+def pairwise_tasks(rows: Sequence[Mapping], model_version: str, pair) -> list[dict]:
+    """Label Studio tasks for the pairwise-preference template (`pairwise_config`), one per row:
+      {"data": {"prompt", "answer1", "answer2", "alcli_id", "alcli_rank", "alcli_score"},
+       "predictions": [{"model_version", "score", "result": []}]}
+    `pair(row)` -> (prompt, answer1, answer2) (Task.pairs); a ValueError names a row without."""
+    tasks = []
+    for n, row in enumerate(rows, 1):
+        score = _finite(row, n)
+        prompt, first, second = pair(row)
+        tasks.append({"data": {"prompt": prompt, "answer1": first, "answer2": second,
+                               "alcli_id": str(row["id"]), "alcli_rank": int(row.get("rank", n)),
+                               "alcli_score": score},
+                      "predictions": [{"model_version": str(model_version), "score": score,
+                                       "result": []}]})
+    return tasks
+
+
+def pairwise_config(from_name: str = "label") -> str:
+    """Label Studio's pairwise-preference config: the prompt, then a <Pairwise> control over the
+    two answers (`toName` names both Text tags) that records which one the annotator prefers."""
+    bad = _NOT_XML.search(from_name)
+    if bad:
+        raise ValueError(f"the --from-name {ascii(from_name)[:80]} holds U+{ord(bad.group()):04X}, "
+                         f"which an XML labeling config cannot hold")
+    return ("<View>\n"
+            '  <Text name="prompt" value="$prompt"/>\n'
+            '  <Header value="Which answer is better?"/>\n'
+            f'  <Pairwise name={quoteattr(from_name)} toName="answer1,answer2"/>\n'
+            '  <Text name="answer1" value="$answer1"/>\n'
+            '  <Text name="answer2" value="$answer2"/>\n'
+            "</View>\n")
+
+
 def _finite(row: Mapping, n: int) -> float:
     try:
         s = float(row["score"])

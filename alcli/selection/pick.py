@@ -36,7 +36,8 @@ from .choose import choose
 from .coco_yolo import to_coco, to_yolo, write_yolo
 from .exclusions import Exclusions, ExclusionsError, excluded_ids, read_exclusion_files
 from .export import (IMAGE_ROOT_HINT, ImageRootError, contact_sheet, labeling_config,
-                     model_version_from, text_sheet, to_labelstudio, unnamed, unreachable_image,
+                     model_version_from, pairwise_config, pairwise_tasks, text_sheet,
+                     to_labelstudio, unnamed, unreachable_image,
                      write_json, write_text)
 from .rank import is_scored, order_key, rank
 from .typical import select_typical
@@ -122,6 +123,10 @@ def prepare(settings: Settings, source: str | None, score_first: bool,
             not (score_first and settings.pool == "-"):
         raise ConfigError(f"{settings.where('null')} ends -f paths and -f ids records with NUL; "
                           f"-f {settings.format} has no such records")
+    if settings.pairwise and settings.format != "labelstudio" and not settings.labelstudio_config:
+        raise ConfigError(f"{settings.where('pairwise')} shapes Label Studio tasks; pass "
+                          f"{settings.option('format', 'labelstudio')} or "
+                          f"{settings.option('labelstudio_config', 'XML')}")
     if settings.contact_sheet == "-":
         raise ConfigError(f"{settings.where('contact_sheet')} needs a PNG file name, not stdout")
     for key in ("contact_sheet", "output", "labelstudio_config"):
@@ -431,8 +436,12 @@ def write_batch(rows: list[dict], dest: str | None, settings: Settings,
     table's `meta` names, else --model's; `texts` (a text pool's, one per row) go in data.text;
     `class_names` name integer preds."""
     task = task or export_task(settings, meta or {}, rows)
-    config = _config(settings, task, class_names, texts is not None)  # refused before any output
-    if settings.format == "labelstudio":
+    # refused before any output: a config that cannot be made, rows without a pair
+    pairs = _pairwise_tasks(rows, settings, meta, task) if settings.pairwise else None
+    config = _config(settings, task, class_names, texts is not None)
+    if pairs is not None and settings.format == "labelstudio":
+        _write_json(pairs, dest)
+    elif settings.format == "labelstudio":
         _write_tasks(rows, dest, settings, meta, texts, class_names, task)
     elif settings.format in ("coco", "yolo"):
         _write_boxes(rows, dest, settings, class_names, task)
@@ -451,7 +460,10 @@ def write_batch(rows: list[dict], dest: str | None, settings: Settings,
 
 def _write_tasks(rows: list[dict], dest: str | None, settings: Settings, meta: dict | None,
                  texts: list[str] | None, class_names: list[str] | None, task: str) -> None:
-    tasks = labelstudio_tasks(rows, settings, meta, texts, class_names, task)
+    _write_json(labelstudio_tasks(rows, settings, meta, texts, class_names, task), dest)
+
+
+def _write_json(tasks: list[dict], dest: str | None) -> None:
     try:
         write_json(tasks, dest or "-")
     except ValueError as err:  # a value that JSON cannot hold
@@ -493,11 +505,35 @@ def labelstudio_tasks(rows: list[dict], settings: Settings, meta: dict | None,
         raise TableError(f"cannot write Label Studio tasks: {_sentence(err)}") from None
 
 
+def _pairwise_tasks(rows: list[dict], settings: Settings, meta: dict | None, task: str) -> list[dict]:
+    """--pairwise: each row as a prompt and two answers (Task.pairs), for Label Studio's
+    pairwise-preference template; one sentence for rows of a task without pairs, or without them."""
+    where = settings.where("pairwise")
+    pair = TASKS[task].pairs if task in TASKS else None
+    if pair is None:
+        raise ConfigError(f"{where} hands over a prompt and two completions per task, which "
+                          f"{task} rows do not have; it is for tables of --task causal-lm scored "
+                          f"with -s egl")
+    for row in rows:
+        try:
+            pair(row)
+        except ValueError as err:
+            raise ConfigError(f"{where}: {_sentence(err)}; score the pool with -s egl (and "
+                              f"--egl-samples 2 or more) on the causal language model") from None
+    model = (meta or {}).get("model_file") or settings.model
+    try:
+        return pairwise_tasks(rows, model_version_from(model) if model else "unknown", pair)
+    except ValueError as err:  # a score that JSON cannot hold
+        raise TableError(f"cannot write Label Studio tasks: {_sentence(err)}") from None
+
+
 def _config(settings: Settings, task: str, class_names: list[str] | None, text: bool) -> str | None:
     """--labelstudio-config FILE: the labeling config the tasks' pre-labels fit (None: not asked)."""
     if not settings.labelstudio_config:
         return None
     try:
+        if settings.pairwise:
+            return pairwise_config(settings.from_name or "label")
         return labeling_config(task, class_names, "text" if text else "image",
                                settings.from_name or "label", settings.to_name)
     except ValueError as err:

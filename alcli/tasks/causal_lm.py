@@ -8,6 +8,7 @@ Its rows show the loss and the perplexity exp(loss).
 """
 from __future__ import annotations
 
+import json
 import warnings
 from xml.sax.saxutils import quoteattr
 
@@ -18,9 +19,10 @@ from torch import nn
 
 from ..gradnorm import call_model, grad_norms_per_target, logits_of
 from .common import (IGNORE, UTILITIES, Task, _categorical, _generator, _labels_to_dense, _mean_ce,
-                     aggregate, confidence, exact_dtype, position_badge, position_loss)
+                     aggregate, confidence, exact_dtype, position_loss)
 
 NOT_SCORED = -1  # `words` of a token that is no target: prompt, padding, special tokens
+PAIR = 2  # completions kept in a row: the two answers of a pairwise-preference task
 
 
 def is_causal_lm(model: nn.Module) -> bool:
@@ -52,17 +54,28 @@ def scored_tokens(batch, pool, inputs) -> tuple[torch.Tensor, list[int]] | None:
     """[B, T]: 0 at a token the loss predicts (a response's, or any of a text's), NOT_SCORED at
     prompt, padding and special tokens; and each example's count of them. From the pool's
     `start_of` (the character each example's scored part begins at, None: a prompt without an
-    answer) and the tokens' character offsets, tokenized as the pool's Tokenize does (a fast
-    tokenizer; else the prompt's own token count marks the boundary). None off a prompt pool."""
+    answer). None off a prompt pool."""
     base = getattr(pool, "base", pool)
     start_of, tokenize = getattr(base, "start_of", None), getattr(base, "tokenize", None)
     if start_of is None or batch.texts is None or not isinstance(inputs, dict) or "input_ids" not in inputs:
         return None
     steps = inputs["input_ids"].shape[1]
-    starts = [start_of[i] for i in batch.ids]
+    scored, _ = token_marks(batch.texts, [start_of[i] for i in batch.ids], tokenize)
+    marks = np.full((len(batch.ids), steps), NOT_SCORED, dtype=np.int64)
+    width = min(steps, scored.shape[1])
+    marks[:, :width] = np.where(scored[:, :width], 0, NOT_SCORED)
+    words = torch.from_numpy(marks).to(inputs["input_ids"].device)
+    return words, (words >= 0).sum(1).tolist()
+
+
+def token_marks(texts: list[str], starts: list[int | None], tokenize) -> tuple[np.ndarray, np.ndarray]:
+    """(scored, real), each [B, T'] bool: the tokens at or after each text's `start` character
+    (None: none), special tokens left out; and the real tokens. Tokenized as the pool's Tokenize
+    does (a fast tokenizer's character offsets; else the prompt's own token count marks the
+    boundary)."""
     tok = tokenize.tokenizer
     cut = {"truncation": tokenize.max_length is not None, "max_length": tokenize.max_length}
-    enc = tok(batch.texts, padding="longest", return_special_tokens_mask=True,
+    enc = tok(texts, padding="longest", return_special_tokens_mask=True,
               return_offsets_mapping=bool(getattr(tok, "is_fast", False)), return_tensors="np", **cut)
     real = (enc["attention_mask"] == 1) & (enc["special_tokens_mask"] == 0)     # [B, T']
     if "offset_mapping" in enc:
@@ -70,14 +83,42 @@ def scored_tokens(batch, pool, inputs) -> tuple[torch.Tensor, list[int]] | None:
         after = np.stack([b >= (s if s is not None else np.inf) for b, s in zip(begins, starts)])
     else:  # the prompt's own tokens come first; the rest of the real tokens are the response's
         prompts = [len(tok(t[:s], **cut)["input_ids"]) if s is not None else None
-                   for t, s in zip(batch.texts, starts)]
+                   for t, s in zip(texts, starts)]
         index = np.cumsum(enc["attention_mask"], 1) - 1                         # position among real tokens
         after = np.stack([index[i] >= (p if p is not None else np.inf) for i, p in enumerate(prompts)])
-    marks = np.full((len(starts), steps), NOT_SCORED, dtype=np.int64)
-    width = min(steps, real.shape[1])
-    marks[:, :width] = np.where((real & after)[:, :width], 0, NOT_SCORED)
-    words = torch.from_numpy(marks).to(inputs["input_ids"].device)
-    return words, (words >= 0).sum(1).tolist()
+    return real & after, enc["attention_mask"] == 1
+
+
+def unanswered(pool, strategy: str) -> str | None:
+    """A sentence naming the first row of a prompt pool with no answer token to predict (a
+    prompt alone, an empty response, one cut off at the length limit), which `strategy`
+    (gradnorm, loss: the loss at the row's own answer) cannot score; None when every row has one.
+    Counted as `next_scored` counts targets: a scored token after a real one."""
+    base = getattr(pool, "base", pool)
+    start_of, tokenize = getattr(base, "start_of", None), getattr(base, "tokenize", None)
+    if start_of is None or tokenize is None:
+        return None
+    text_of = dict(zip(base.ids, base.texts))
+    ids, missing = list(pool.ids), []
+    for lo in range(0, len(ids), 256):
+        chunk = ids[lo:lo + 256]
+        scored, real = token_marks([text_of[i] for i in chunk], [start_of[i] for i in chunk], tokenize)
+        targets = (scored[:, 1:] & real[:, :-1]).sum(1)                          # [chunk]
+        missing += [i for i, n in zip(chunk, targets.tolist()) if n == 0]
+    if not missing:
+        return None
+    first, start = missing[0], start_of[missing[0]]
+    limit = tokenize.max_length
+    cut = limit is not None and len(tokenize.tokenizer(text_of[first])["input_ids"]) > limit
+    why = ("is a prompt without an answer" if start is None else
+           "has a text too short to predict any token of" if start == 0 else
+           "has an empty response" if not text_of[first][start:].strip() else
+           f"has its response cut off at the model's limit of {limit} tokens" if cut else
+           "has a response without a token of its own (the tokenizer joins it to the prompt's last)")
+    more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+    return (f"row {first}{more} of pool {pool.name} {why}, and --strategy {strategy} needs an "
+            f"answer to score (the loss at the row's own response); give each row a response, "
+            f"or use --strategy egl, which samples answers from the model for every row")
 
 
 def next_scored(logits: torch.Tensor, inputs, words: torch.Tensor | None = None) -> torch.Tensor:
@@ -105,23 +146,27 @@ def next_tokens(inputs, valid: torch.Tensor) -> torch.Tensor:
 
 
 def answers(s) -> torch.Tensor:
-    """The given answers' tokens as targets [B, T] (an example without one has none: its loss
-    and gradnorm are NaN, ranked last)."""
+    """The given answers' tokens as targets [B, T] (a pool with a row without one is refused
+    before gradnorm or loss scores it: `unanswered`; a tensor pool's has none: NaN)."""
     return next_tokens(s.inputs, s.valid)
+
+
+def scored_or_last(valid: torch.Tensor, inputs) -> torch.Tensor:
+    """[B, T] bool: `valid`, or for an example with no scored position (a prompt without an
+    answer) its last real token, whose next token is what it would say first."""
+    ids = input_ids(inputs)
+    mask = inputs.get("attention_mask") if isinstance(inputs, dict) else None
+    mask = torch.ones_like(ids) if mask is None else mask
+    last = (torch.arange(ids.shape[1], device=ids.device) * mask).argmax(1)      # [B] last real token
+    at_last = F.one_hot(last, ids.shape[1]).bool().to(valid.device)
+    return torch.where(valid.any(1, keepdim=True), valid, at_last)
 
 
 def uncertainty(s, name: str) -> dict:
     """entropy, margin or least-confidence of the next token, aggregated (--aggregate) over the
     answer's positions; for a prompt without an answer, at its last token (what it would say
     first)."""
-    valid = s.valid
-    ids = input_ids(s.inputs)
-    mask = s.inputs.get("attention_mask") if isinstance(s.inputs, dict) else None
-    mask = torch.ones_like(ids) if mask is None else mask
-    last = (torch.arange(ids.shape[1], device=ids.device) * mask).argmax(1)      # [B] last real token
-    at_last = F.one_hot(last, ids.shape[1]).bool().to(valid.device)
-    valid = torch.where(valid.any(1, keepdim=True), valid, at_last)
-    score = aggregate(UTILITIES[name](_dists(s.logits)), valid, s.aggregate)
+    score = aggregate(UTILITIES[name](_dists(s.logits)), scored_or_last(s.valid, s.inputs), s.aggregate)
     return {"score": score, "margin": 1.0 - score} if name == "margin" else {"score": score}
 
 
@@ -205,7 +250,8 @@ def egl_completions(s) -> dict:
     their norms through one engine pass, the mean as the score with its standard error
     (`egl_se`), and `completion_entropy`, the mean entropy of the distributions their tokens were
     drawn from (a cheap utility of the same samples). `--egl-samples pseudo`: the one most likely
-    completion (greedy)."""
+    completion (greedy). On a text pool also, as text, the `prompt` the model continued and
+    its first two `completions` (a JSON list): the pair `select --pairwise` hands to Label Studio."""
     greedy = s.egl_samples == "pseudo"
     count = 1 if greedy else int(s.egl_samples)
     config = getattr(s.model, "config", None)
@@ -232,7 +278,32 @@ def egl_completions(s) -> dict:
             "completion_entropy": torch.stack(entropies).to(s.logits.device, dtype)}
     if count > 1:
         cols["egl_se"] = norms.std(1) / count ** 0.5
+    if s.decode is not None:
+        cols["prompt"] = [s.decode(p.tolist()) for p in prompts]
+        cols["completions"] = [json.dumps([s.decode(c.tolist()) for c in made[:PAIR]], ensure_ascii=False)
+                               for made in completions]
     return cols
+
+
+def badge(logits: torch.Tensor, h: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """BADGE factors the size of the hidden state, not of the vocabulary: b [B, D] the output
+    layer's input averaged over the scored positions, a [B, 1] the norm of p - onehot(argmax)
+    averaged over them (that mean itself, [B, V], is ~200 KB a row for GPT-2). a * b keeps the
+    length of the rank-one gradient embedding, ||a_V (x) b|| = ||a_V|| ||b||, and drops only its
+    direction in the vocabulary."""
+    rows = valid.nonzero()[:, 0]                                  # [n] the example of each position
+    p = logits.detach()[valid].softmax(-1)                        # [n, V]: only the counted positions
+    p[torch.arange(len(p)), p.argmax(-1)] -= 1.0                  # p - onehot(argmax)
+    count = valid.sum(1, keepdim=True).clamp_min(1)               # [B, 1]
+    a = torch.zeros(valid.shape[0], p.shape[1], dtype=p.dtype, device=p.device).index_add_(0, rows, p)
+    h = h.detach()                                                # [B, T, D]
+    b = torch.zeros(valid.shape[0], h.shape[-1], dtype=h.dtype, device=h.device).index_add_(0, rows, h[valid])
+    return (a / count).norm(dim=1, keepdim=True), b / count.to(b.dtype)
+
+
+def badge_over(logits: torch.Tensor, inputs, words=None) -> torch.Tensor:
+    """The positions BADGE averages over: the scored ones, else the prompt's last token."""
+    return scored_or_last(next_scored(logits, inputs, words), inputs)
 
 
 def not_a_causal_lm(model: nn.Module) -> str | None:
@@ -248,6 +319,21 @@ def text_area(names, from_name: str, to_name: str) -> str:
             f"editable=\"true\" maxSubmissions=\"1\" placeholder=\"the answer\"/>")
 
 
+def pair(row) -> tuple[str, str, str]:
+    """A row's prompt and the first two completions the model sampled for it (egl's `prompt`
+    and `completions` columns; a `text` row's prompt is empty, a table cell of nothing); a
+    ValueError naming the row when it has not two."""
+    answers = row.get("completions")
+    try:
+        answers = json.loads(answers) if isinstance(answers, str) else answers
+    except json.JSONDecodeError:
+        answers = None
+    if not isinstance(answers, list) or len(answers) < PAIR or not all(isinstance(a, str) for a in answers[:PAIR]):
+        raise ValueError(f"the row '{row.get('id')}' has no two completions the model sampled "
+                         f"(its completions column)")
+    return str(row.get("prompt") or ""), answers[0], answers[1]
+
+
 def _dists(z: torch.Tensor) -> torch.Tensor:
     return _categorical(z, -1)
 
@@ -260,8 +346,8 @@ TASK = Task(
     table_loss=position_loss, columns=columns, extra_columns=perplexity,
     pred_values=lambda preds, extras, names: ["" for _ in preds],
     given_labels=False, check_labels=lambda *args: None, words=scored_tokens,
-    badge=position_badge(_dists, tokens=True),
+    badge=badge, badge_over=badge_over, unanswered=unanswered,
     probe=lambda z, inputs: (lm_loss, next_tokens(inputs, next_scored(z, inputs))),
     loss_over_positions=True, model_kind="a causal language model", needs_model=not_a_causal_lm,
-    reads_prompts=True, control=text_area, names_classes=False,
+    reads_prompts=True, control=text_area, pairs=pair, names_classes=False,
 )

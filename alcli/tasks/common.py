@@ -82,6 +82,8 @@ class Task:
     classes: Callable[[torch.Tensor], int | None] = _none           # how many classes the output scores
     targets: Callable | None = None   # s -> the given labels where known, else the predicted ones
     needs_targets: bool = False       # gradnorm and loss need given targets (a prediction gives 0)
+    unanswered: Callable = _none      # (pool, strategy) -> a sentence naming a row gradnorm and
+                                      # loss cannot score (causal-lm: no answer), checked up front
     # --- the utilities it supports: s -> Columns
     egl: Callable | None = None
     uncertainty: Callable | None = None   # (s, "entropy" | "margin" | "least-confidence") -> Columns
@@ -105,6 +107,8 @@ class Task:
     head_types: tuple = (nn.Linear,)
     check_head_input: Callable = head_ran     # (name, h, logits, ids): a RunError for a bad input
     badge: Callable | None = None     # (logits, h, valid) -> (a [B, C], b [B, D])
+    badge_over: Callable | None = None  # (logits, inputs, words) -> [B, N] the positions badge
+                                        # averages over, when not `valid`'s (causal-lm: a prompt's last)
     no_badge: str | None = None
     # --- alcli inspect: the loss the engine is tried on, and its targets
     probe: Callable | None = None     # (logits, inputs) -> (loss_fn, targets)
@@ -116,6 +120,7 @@ class Task:
     unnamed_note: str = "predicted classes without a name, left out"
     shown_by_rows: Callable = _never  # row: do its columns say it is of this task?
     control: Callable | None = None   # (names, from_name, to_name) -> the control tag (XML)
+    pairs: Callable | None = None     # row -> (prompt, answer1, answer2): select --pairwise's task
     # (an annotation's regions of the control tag, class names) -> the labels file's cells
     # {column: value}; a numpy array is a mask, written as a PNG (alcli pull)
     from_annotation: Callable | None = None
