@@ -49,8 +49,8 @@ REPO = Path(__file__).resolve().parents[1]
 EOS = "<|endoftext|>"
 MIN_WORDS = 8
 
-FULL = dict(pretrain=0.3, heldout=0.2, limit=0, vocab=1024, max_length=96, layers=2, width=128,
-            heads=4, pretrain_steps=400, pretrain_lr=3e-3, budget=0.15, steps=150, batch=16,
+FULL = dict(pretrain=0.3, heldout=0.2, limit=0, vocab=1024, max_length=128, layers=2, width=64,
+            heads=4, pretrain_steps=250, pretrain_lr=3e-3, budget=0.15, steps=40, batch=16,
             lr=1e-3, seeds=5)
 QUICK = dict(FULL, limit=150, vocab=320, max_length=32, layers=1, width=32, heads=2,
              pretrain_steps=30, budget=0.2, steps=10, batch=8, seeds=2)
@@ -153,19 +153,25 @@ def heldout_loss(model, seqs: list[list[int]], pad: int) -> tuple[float, float]:
     return per_text.mean().item(), ((per_text * counts).sum() / counts.sum()).item()
 
 
-def alcli_rank(pool: Path, model_dir: Path, strategy: str, max_length: int, out: Path) -> tuple[list[str], float]:
-    """The pool's ids in alcli's ranked order (best score first) and the seconds the run took."""
-    start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "alcli", "score", str(pool), "-m", str(model_dir),
-                           "--task", "causal-lm", "-s", strategy, "--max-length", str(max_length),
-                           "-b", "32", "-q", "-o", str(out)], cwd=REPO, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
+def alcli_score(pool: Path, model_dir: Path, strategy: str, max_length: int, threads: int,
+                out: Path) -> subprocess.Popen:
+    """`python -m alcli score` of the pool into `out`, started (the two strategies run side by side)."""
+    return subprocess.Popen([sys.executable, "-m", "alcli", "score", str(pool), "-m", str(model_dir),
+                             "--task", "causal-lm", "-s", strategy, "--max-length", str(max_length),
+                             "-b", "32", "-q", "-o", str(out)], cwd=REPO, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": str(threads)})
+
+
+def ranked_ids(proc: subprocess.Popen, out: Path) -> list[str]:
+    """The pool's ids in alcli's ranked order (best score first), once its run has finished."""
+    _, err = proc.communicate()
     if proc.returncode:
-        sys.exit(f"alcli score -s {strategy} failed: {proc.stderr.strip()[-2000:]}")
+        sys.exit(f"{' '.join(proc.args[2:])} failed: {err.strip()[-2000:]}")
     with open(out, newline="") as f:
         rows = list(csv.DictReader(f))
     assert all(math.isfinite(float(r["score"])) for r in rows), f"{out}: a score is not finite"
-    return [r["id"] for r in rows], time.perf_counter() - start
+    return [r["id"] for r in rows]
 
 
 def paired_t(a: list[float], b: list[float]) -> tuple[float, float, float]:
@@ -195,8 +201,8 @@ def report(r: dict) -> str:
         f"# model: GPT-2, {s['layers']} layers, d={s['width']}, {s['heads']} heads, {r['parameters']:,} "
         f"parameters; pretrained {s['pretrain_steps']} steps (batch {s['batch']}, AdamW {s['pretrain_lr']:g}) "
         f"on the pretraining slice ({r['pretrain_s']:.0f} s)",
-        f"# scores: python -m alcli score pool.jsonl -m base --task causal-lm -s gradnorm "
-        f"({r['alcli_s']['gradnorm']:.0f} s), -s loss ({r['alcli_s']['loss']:.0f} s)",
+        f"# scores: python -m alcli score pool.jsonl -m base --task causal-lm -s gradnorm, and -s loss, "
+        f"side by side ({r['alcli_s']:.0f} s, startup included)",
         f"# budget k = {k} ({s['budget']:.0%} of the pool); fine-tuning a copy of the base model: "
         f"{s['steps']} steps, batch {s['batch']}, AdamW {s['lr']:g}, dropout 0.1; {s['seeds']} seeds "
         f"(order, dropout, random's choice)",
@@ -237,7 +243,12 @@ def main() -> None:
     ap.add_argument("--seeds", type=int)
     ap.add_argument("--steps", type=int)
     ap.add_argument("--budget", type=float, help="k as a fraction of the pool")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads, here and in alcli "
+                    "(OMP_NUM_THREADS); on a shared 2-core machine 2 threads ran 15x slower than 1")
     args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    from transformers.utils import logging
+    logging.disable_progress_bar()
     s = dict(QUICK if args.quick else FULL)
     s.update({key: getattr(args, key) for key in ("seeds", "steps", "budget") if getattr(args, key)})
     start = time.perf_counter()
@@ -264,10 +275,11 @@ def main() -> None:
         f.writelines(json.dumps({"id": i, "text": t}) + "\n" for i, t in zip(ids, slices["pool"]))
     with open(work / "heldout.jsonl", "w") as f:
         f.writelines(json.dumps({"text": t}) + "\n" for t in slices["heldout"])
-    ranked, alcli_s = {}, {}
-    for strategy in ("gradnorm", "loss"):
-        ranked[strategy], alcli_s[strategy] = alcli_rank(work / "pool.jsonl", work / "base", strategy,
-                                                         s["max_length"], work / f"{strategy}.csv")
+    t0 = time.perf_counter()
+    runs = {strategy: alcli_score(work / "pool.jsonl", work / "base", strategy, s["max_length"],
+                                  args.threads, work / f"{strategy}.csv") for strategy in ("gradnorm", "loss")}
+    ranked = {strategy: ranked_ids(proc, work / f"{strategy}.csv") for strategy, proc in runs.items()}
+    alcli_s = time.perf_counter() - t0
     k = max(1, round(len(ids) * s["budget"]))
     fixed = {"gradnorm": ranked["gradnorm"][:k], "loss": ranked["loss"][:k],
              "gradnorm-bottom": ranked["gradnorm"][-k:], "all": ids}
