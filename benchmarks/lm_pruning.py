@@ -304,7 +304,7 @@ def main() -> None:
             by_id[strategy] = {row["id"]: float(row["score"]) for row in csv.DictReader(f)}
     result = {
         "quick": args.quick, "settings": s, "corpus_file": corpus_file, "work": str(work), "k": k,
-        "machine": f"{torch.get_num_threads()} threads, torch {torch.__version__}, "
+        "machine": f"{torch.get_num_threads()} torch thread(s), torch {torch.__version__}, "
                    f"transformers {__import__('transformers').__version__}, python {platform.python_version()}",
         "sizes": {"paragraphs": len(paragraphs), **{n: len(t) for n, t in slices.items()}},
         "vocab": len(tok), "parameters": sum(p.numel() for p in base.parameters()),
