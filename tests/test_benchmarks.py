@@ -143,3 +143,64 @@ def test_learning_curves_bait_and_badge_gn_against_oracles():
     textures = lc.load_data("textures")
     assert np.bincount(textures.y.numpy()).tolist() == [300, 222, 164, 122, 90, 67, 49, 37, 27, 20]
     assert textures.x.shape[1:] == (1, 28, 28)
+
+
+def test_lm_pruning_quick(tmp_path):
+    """benchmarks/lm_pruning.py --quick end to end (alcli score in subprocesses, fine-tuning, the
+    table); its selections against a float64 loop over the pool texts, each alone (top-k by
+    gradient norm and by loss, gradnorm's bottom-k), its base held-out loss against the same loop."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("scipy")
+    import json
+    import math
+    import torch
+    import torch.nn.functional as F
+    from transformers import AutoTokenizer, GPT2LMHeadModel
+    out, work = tmp_path / "lm.txt", tmp_path / "work"
+    proc = subprocess.run([sys.executable, str(BENCH / "lm_pruning.py"), "--quick", "--out", str(out),
+                           "--work", str(work)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(Path(f"{out}.json").read_text())
+    text = out.read_text()
+    names = ["gradnorm", "loss", "gradnorm-bottom", "random", "all"]
+    assert list(result["heldout"]) == names
+    for name in names:
+        line = next(line for line in text.splitlines() if line.startswith(result["labels"][name] + " "))
+        assert ("±" in line) and (line.count("·") == 3) == (name == "random"), line
+        assert len(result["heldout"][name]) == 2 and all(math.isfinite(x) for r in result["heldout"][name] for x in r)
+    assert "p (paired t)" in text and "pydoc_data/topics.py" in text
+
+    pool = [json.loads(line) for line in (work / "pool.jsonl").read_text().splitlines()]
+    heldout = [json.loads(line)["text"] for line in (work / "heldout.jsonl").read_text().splitlines()]
+    assert not {r["text"] for r in pool} & set(heldout)
+    k, ids = result["k"], [r["id"] for r in pool]
+    chosen = result["chosen"]
+    assert k == round(len(pool) * 0.2) and chosen["all"][0] == ids
+    assert all(len(c) == k and len(set(c)) == k and set(c) <= set(ids) for c in chosen["random"])
+    assert chosen["random"][0] != chosen["random"][1]
+
+    tok = AutoTokenizer.from_pretrained(work / "base")
+    model = GPT2LMHeadModel.from_pretrained(work / "base").double().eval()
+    params = list(model.parameters())
+
+    def loss_of(text):  # mean next-token cross-entropy of one text alone, float64
+        ids_ = torch.tensor([tok(text, truncation=True)["input_ids"]])
+        logits = model(input_ids=ids_).logits[0]                     # [T, V]
+        return F.cross_entropy(logits[:-1], ids_[0, 1:])
+
+    loss, norm = {}, {}
+    for row in pool:
+        value = loss_of(row["text"])
+        grads = torch.autograd.grad(value, params)
+        loss[row["id"]] = value.item()
+        norm[row["id"]] = torch.sqrt(sum(g.square().sum() for g in grads)).item()
+
+    def top(scores, picked):  # every picked score at least every other one's (ties to 1e-6)
+        best_rest = max(scores[i] for i in ids if i not in picked)
+        return min(scores[i] for i in picked) >= best_rest - 1e-6 * abs(best_rest)
+
+    assert top(norm, chosen["gradnorm"][0]) and top(loss, chosen["loss"][0])
+    assert top({i: -v for i, v in norm.items()}, chosen["gradnorm-bottom"][0])
+    with torch.no_grad():
+        base = sum(loss_of(t).item() for t in heldout) / len(heldout)
+    assert result["base"][0] == pytest.approx(base, rel=1e-5)
