@@ -81,23 +81,41 @@ def timed(name: str, length: int, b: int, rounds: int) -> str:
     return f"{name:11s} T={length:<5d} B={b}  floor {f:7.2f} s  gradnorm {g:7.2f} s  gradnorm / floor {g / f:5.2f}"
 
 
+def probe(model, inputs, targets):
+    """What ghost's first call does before its own pass: the plan and the layout probe."""
+    from alcli.gradnorm.params import selection_for
+    from alcli.gradnorm.plan import ghost_plan_for
+    from alcli.gradnorm.layout import call_layouts
+    plan = ghost_plan_for(model, selection_for(model, None), inputs)
+    call_layouts(model, inputs, plan.modules)
+
+
+RUNS = {"floor": floor, "probe": probe, "gradnorm": gradnorm}
+
+
 def one(name: str, what: str, length: int, b: int) -> None:
-    """In a child: build, run `what` once, print the peak resident memory (MiB)."""
+    """In a child: build, run `what` once (nothing for "build"), print the peak resident memory (MiB)."""
     model = build(name)
-    inputs, targets = batch(model, b, length)
-    {"floor": floor, "gradnorm": gradnorm}[what](model, inputs, targets)
+    if what != "build":
+        inputs, targets = batch(model, b, length)
+        RUNS[what](model, inputs, targets)
     print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
 
 
 def memory(name: str, length: int, b: int, threads: int) -> str:
+    """Peak resident memory above the built model of the floor, the layout probe alone and
+    gradnorm, each in a child process of its own; a child killed (out of memory) shows as killed."""
     peaks = {}
-    for what in ("build", "floor", "gradnorm"):
+    for what in ("build", "floor", "probe", "gradnorm"):
         out = subprocess.run([sys.executable, __file__, "--one", name, what, str(length), str(b),
-                              "--threads", str(threads)], capture_output=True, text=True, check=True)
-        peaks[what] = float(out.stdout.split()[-1])
-    f, g = peaks["floor"] - peaks["build"], peaks["gradnorm"] - peaks["build"]
-    return (f"{name:11s} T={length:<5d} B={b}  peak above the model: floor {f:7.0f} MiB  gradnorm "
-            f"{g:7.0f} MiB  gradnorm / floor {g / f:5.2f}")
+                              "--threads", str(threads)], capture_output=True, text=True)
+        peaks[what] = float(out.stdout.split()[-1]) if out.returncode == 0 else None
+    shown = {what: f"{peaks[what] - peaks['build']:7.0f}" if peaks[what] is not None else " killed"
+             for what in ("floor", "probe", "gradnorm")}
+    ratio = (f"{(peaks['gradnorm'] - peaks['build']) / (peaks['floor'] - peaks['build']):5.2f}"
+             if peaks["floor"] is not None and peaks["gradnorm"] is not None else "    -")
+    return (f"{name:11s} T={length:<5d} B={b}  MiB above the model: floor {shown['floor']}  probe "
+            f"{shown['probe']}  gradnorm {shown['gradnorm']}  gradnorm / floor {ratio}")
 
 
 def main() -> None:
@@ -105,27 +123,24 @@ def main() -> None:
     ap.add_argument("--models", nargs="+", default=["gpt2-small", "tiny-llama"])
     ap.add_argument("--length", type=int, default=512)
     ap.add_argument("--batch", type=int, default=2)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--memory-length", type=int, default=2048, help="0: no memory runs")
+    ap.add_argument("--rounds", type=int, default=3, help="0: no timing")
+    ap.add_argument("--memory-lengths", type=int, nargs="*", default=[512, 1024, 2048],
+                    help="T of the memory runs (none: no memory runs)")
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--one", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if args.one:
         name, what, length, b = args.one
-        if what == "build":
-            build(name)
-            print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
-        else:
-            one(name, what, int(length), int(b))
+        one(name, what, int(length), int(b))
         return
-    print(f"torch {torch.__version__}, {args.threads} threads, medians of {args.rounds} interleaved rounds")
-    for name in args.models:
-        print(timed(name, args.length, args.batch, args.rounds), flush=True)
-    if args.memory_length:
+    if args.rounds:
+        print(f"torch {torch.__version__}, {args.threads} threads, medians of {args.rounds} interleaved rounds")
         for name in args.models:
-            print(memory(name, args.memory_length, 1, args.threads), flush=True)
-
+            print(timed(name, args.length, args.batch, args.rounds), flush=True)
+    for length in args.memory_lengths:
+        for name in args.models:
+            print(memory(name, length, args.batch, args.threads), flush=True)
 
 if __name__ == "__main__":
     main()
