@@ -21,6 +21,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ..errors import first_line
+from . import outer
 from .compiled import compile_once
 from .errors import UnsupportedModel
 from .layout import MERGED, call_layouts, check_batch
@@ -301,6 +302,8 @@ def _cotangents(logits, target_sets, loss_fn) -> torch.Tensor:
         return cross_entropy_cotangents(z, torch.stack(list(target_sets)))
     closed = getattr(loss_fn, "cotangent", None)  # a loss's own closed-form gradient (logits, targets)
     if closed is not None:
+        if len(target_sets) == 1:  # no stacked copy of a language model's [B, T, V]
+            return closed(z, target_sets[0]).unsqueeze(0)
         return torch.stack([closed(z, t) for t in target_sets])
 
     def one(targets):
@@ -312,21 +315,6 @@ def _cotangents(logits, target_sets, loss_fn) -> torch.Tensor:
         except (RuntimeError, NotImplementedError, TypeError, ValueError):
             pass  # a loss function torch.func cannot vmap: one target set at a time
     return torch.stack([one(t) for t in target_sets])
-
-
-SQ_BLOCK = 1 << 22  # elements of the batch's per-example gradients squared at once in float64
-
-
-def _sq_norms(g: torch.Tensor, acc: torch.dtype) -> torch.Tensor:
-    """[B, *shape] -> [B] sums of squares in `acc`, a block of columns at a time, so that a large
-    per-example gradient (a tied embedding's [B, V, d]) is never copied whole into float64."""
-    flat = g.reshape(g.shape[0], -1)
-    step = max(1, SQ_BLOCK // max(flat.shape[0], 1))
-    parts = [part.to(acc).square().sum(1) for part in flat.split(step, 1)]
-    total = parts[0]
-    for part in parts[1:]:
-        total = total + part
-    return total
 
 
 def _acc_dtype(device) -> torch.dtype:
@@ -380,7 +368,8 @@ class _Pass:
         self.plan, self.uses, self.last = plan, uses, last
         self.sq: list[torch.Tensor] = []     # per-example squared norms [B], one per parameter and call
         self.small: list[torch.Tensor] = []  # per-example gradients [B, n] of small parameters
-        self.summed_grads: dict[int, torch.Tensor] = {}  # parameter id -> [B, *shape]
+        # parameter id -> its uses' per-example gradients so far (outer.add: a dense sum, factors)
+        self.summed_grads: dict[int, list] = {}
         self.wanted: dict[str, dict] = {}  # module name -> {path: per-example gradient wanted}
 
     def hook_taps(self, calls) -> list:
@@ -434,7 +423,7 @@ class _Pass:
         for path, value in result.items():
             key = id(paths[path])
             if wanted[path]:
-                self.summed_grads[key] = value + self.summed_grads[key] if key in self.summed_grads else value
+                self.summed_grads[key] = outer.add(self.summed_grads.get(key, []), value)
             elif value.dim() > 1:  # a small per-example gradient [B, *shape]: squared in finish
                 self.small.append(value if value.dim() == 2 else value.reshape(value.shape[0], -1))
             else:
@@ -452,8 +441,8 @@ class _Pass:
         acc = _acc_dtype(device)
         if self.small:  # one cat, square and sum for all of them: [B, sum n] -> [B]
             self.sq.append(torch.cat(self.small, 1).square().sum(1))
-        for g in self.summed_grads.values():
-            self.sq.append(_sq_norms(g, acc))
+        for terms in self.summed_grads.values():
+            self.sq.append(outer.sq_norm(terms, acc))
         if not self.sq:
             return torch.zeros(batch, dtype=acc, device=device)
         # one stack and one sum for the whole pass: [P, B] -> [B], accumulated in float64
