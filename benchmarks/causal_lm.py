@@ -1,7 +1,8 @@
 """Causal LMs (issue 36): gradnorm (ghost, exact per-example norms of the mean next-token loss)
 against the floor, one plain forward + backward of the summed per-example loss, side by side in
-one process; and each one's peak memory at a long length, each in a child process of its own
-(ru_maxrss: the child's peak resident memory, model included).
+one process; and, per T, the peak memory of the floor, of ghost's first-call layout probe alone
+and of gradnorm (a first call, probe included), each in a child process of its own (ru_maxrss:
+the child's peak resident memory, less a child that only builds the model).
 
 Models, random weights, eval mode, every parameter selected:
 - gpt2-small: GPT2LMHeadModel at GPT-2 small's size (768 wide, 12 layers, 12 heads, vocabulary
@@ -12,7 +13,7 @@ Each batch: B sequences of T random tokens, the last quarter of the second one p
 over all real tokens.
 
     nice -n 10 python benchmarks/causal_lm.py [--models gpt2-small tiny-llama] [--length 512]
-        [--batch 2] [--rounds 3] [--memory-length 2048] [--threads N]
+        [--batch 2] [--rounds 3 (0: no timing)] [--memory-lengths 512 1024 2048] [--threads N]
 """
 from __future__ import annotations
 

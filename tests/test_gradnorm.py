@@ -478,3 +478,32 @@ def test_a_forward_that_differentiates_is_probed_with_its_graph():
     x, y = torch.randn(5, 3, dtype=torch.float64), torch.tensor([0, 1, 1, 0, 1])
     expected = per_example_grad_norms(model, x, y, method="loop")
     torch.testing.assert_close(per_example_grad_norms(model, x, y, method="ghost"), expected, rtol=1e-10, atol=0)
+
+
+class Attend(nn.Module):
+    """Self-attention (F.scaled_dot_product_attention) into an output layer of `width` classes; notes
+    which kernel each forward's attention ran (its output's grad_fn)."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.qkv = nn.Linear(4, 12)
+        self.head = nn.Linear(4, width)
+        self.kernels: list[str] = []
+
+    def forward(self, x):  # [B, T, 4]
+        q, k, v = self.qkv(x).unsqueeze(1).chunk(3, -1)  # [B, 1, T, 4] each
+        o = F.scaled_dot_product_attention(q, k, v)
+        self.kernels.append(type(o.grad_fn).__name__)
+        return self.head(o.squeeze(1)).mean(1)
+
+
+@pytest.mark.parametrize("width, fused", [(3, False), (2 ** 19, True)], ids=["small", "large"])
+def test_first_call_attention_kernel_follows_whether_the_backward_is_vmapped(width, fused):
+    """Before the first forward K is unknown: the math kernel (vmap batches its backward, but it
+    keeps [B, H, T, T] per layer) only where two target sets' taps fit one vmapped backward;
+    a language model's [B, T, V] taps do not, and its first call runs the fused kernel."""
+    torch.manual_seed(0)
+    model = Attend(width).eval()
+    x = torch.randn(2, 5, 4)
+    per_example_grad_norms(model, x, torch.tensor([0, 1]), method="ghost")
+    assert ("Flash" in model.kernels[-1]) == fused, model.kernels

@@ -24,6 +24,7 @@ example's output must come out exactly the same whichever other row is changed.
 """
 from __future__ import annotations
 
+import math
 import weakref
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -96,8 +97,17 @@ def call_layouts(model, inputs: torch.Tensor, modules: dict) -> dict[str, list[L
         _mark_broadcast(model, probe, probe_logits[0], modules, layouts, many)
         if len(per_model) >= CACHED_LAYOUTS:  # text of many lengths: the oldest layout goes
             del per_model[next(iter(per_model))]
-        per_model[key] = layouts
-    return per_model[key]
+        largest = max((math.prod(shape) for calls in one.values() for _, outs in calls for shape in outs
+                       if shape is not None), default=0)
+        per_model[key] = layouts, largest
+    return per_model[key][0]
+
+
+def largest_output(model, inputs, modules: dict) -> int:
+    """The most elements one example puts in one output of a call of `modules` (from the
+    one-example run of call_layouts)."""
+    call_layouts(model, inputs, modules)
+    return _cache[model][(tuple(modules), example_key(inputs), min(batch_size(inputs), 3))][1]
 
 
 CACHED_LAYOUTS = 64  # per model: example shapes (text lengths, image sizes) whose layouts are kept
