@@ -103,18 +103,32 @@ def one(name: str, what: str, length: int, b: int) -> None:
     print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
 
 
-def memory(name: str, length: int, b: int, threads: int) -> str:
+def _rss_mib(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next(float(line.split()[1]) / 1024 for line in f if line.startswith("VmRSS"))
+    except (OSError, StopIteration):
+        return 0.0
+
+
+def memory(name: str, length: int, b: int, threads: int, cap_mib: float = 0,
+           whats=("build", "floor", "probe", "gradnorm")) -> str:
     """Peak resident memory above the built model of the floor, the layout probe alone and
     gradnorm, each in a child process of its own; a child killed (out of memory) shows as killed."""
     peaks = {}
-    for what in ("build", "floor", "probe", "gradnorm"):
-        out = subprocess.run([sys.executable, __file__, "--one", name, what, str(length), str(b),
-                              "--threads", str(threads)], capture_output=True, text=True)
-        peaks[what] = float(out.stdout.split()[-1]) if out.returncode == 0 else None
-    shown = {what: f"{peaks[what] - peaks['build']:7.0f}" if peaks[what] is not None else " killed"
-             for what in ("floor", "probe", "gradnorm")}
+    for what in whats:
+        child = subprocess.Popen([sys.executable, __file__, "--one", name, what, str(length), str(b),
+                                  "--threads", str(threads)], stdout=subprocess.PIPE, text=True)
+        while child.poll() is None:  # a child past the cap is killed, and shows as killed
+            if cap_mib and _rss_mib(child.pid) > cap_mib:
+                child.kill()
+            time.sleep(0.05)
+        out = child.stdout.read()
+        peaks[what] = float(out.split()[-1]) if child.returncode == 0 else None
+    shown = {what: f"{peaks[what] - peaks['build']:7.0f}" if peaks.get(what) is not None else
+             (" killed" if what in peaks else "      -") for what in ("floor", "probe", "gradnorm")}
     ratio = (f"{(peaks['gradnorm'] - peaks['build']) / (peaks['floor'] - peaks['build']):5.2f}"
-             if peaks["floor"] is not None and peaks["gradnorm"] is not None else "    -")
+             if peaks.get("floor") is not None and peaks.get("gradnorm") is not None else "    -")
     return (f"{name:11s} T={length:<5d} B={b}  MiB above the model: floor {shown['floor']}  probe "
             f"{shown['probe']}  gradnorm {shown['gradnorm']}  gradnorm / floor {ratio}")
 
@@ -128,6 +142,8 @@ def main() -> None:
     ap.add_argument("--memory-lengths", type=int, nargs="*", default=[512, 1024, 2048],
                     help="T of the memory runs (none: no memory runs)")
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    ap.add_argument("--cap-mib", type=float, default=9216, help="a child past this RSS is killed (0: no cap)")
+    ap.add_argument("--no-probe", dest="probe", action="store_false", help="no run of the probe alone")
     ap.add_argument("--one", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -141,7 +157,8 @@ def main() -> None:
             print(timed(name, args.length, args.batch, args.rounds), flush=True)
     for length in args.memory_lengths:
         for name in args.models:
-            print(memory(name, length, args.batch, args.threads), flush=True)
+            print(memory(name, length, args.batch, args.threads, args.cap_mib,
+                         ("build", "floor", *(("probe",) if args.probe else ()), "gradnorm")), flush=True)
 
 if __name__ == "__main__":
     main()
