@@ -114,21 +114,24 @@ def _rss_mib(pid: int) -> float:
 def memory(name: str, length: int, b: int, threads: int, cap_mib: float = 0,
            whats=("build", "floor", "probe", "gradnorm")) -> str:
     """Peak resident memory above the built model of the floor, the layout probe alone and
-    gradnorm, each in a child process of its own; a child killed (out of memory) shows as killed."""
+    gradnorm, each in a child process of its own; a child past `cap_mib` of resident memory is
+    killed ("over cap"); one that fails otherwise shows "failed"."""
     peaks = {}
     for what in whats:
         child = subprocess.Popen([sys.executable, __file__, "--one", name, what, str(length), str(b),
                                   "--threads", str(threads)], stdout=subprocess.PIPE, text=True)
-        while child.poll() is None:  # a child past the cap is killed, and shows as killed
+        capped = False
+        while child.poll() is None:  # a child past the cap is killed, and shows as such
             if cap_mib and _rss_mib(child.pid) > cap_mib:
                 child.kill()
+                capped = True
             time.sleep(0.05)
         out = child.stdout.read()
-        peaks[what] = float(out.split()[-1]) if child.returncode == 0 else None
-    shown = {what: f"{peaks[what] - peaks['build']:7.0f}" if peaks.get(what) is not None else
-             (" killed" if what in peaks else "      -") for what in ("floor", "probe", "gradnorm")}
+        peaks[what] = float(out.split()[-1]) if child.returncode == 0 else ("over cap" if capped else "failed")
+    shown = {what: f"{peaks[what] - peaks['build']:8.0f}" if isinstance(peaks.get(what), float) else
+             f"{peaks.get(what, '-'):>8s}" for what in ("floor", "probe", "gradnorm")}
     ratio = (f"{(peaks['gradnorm'] - peaks['build']) / (peaks['floor'] - peaks['build']):5.2f}"
-             if peaks.get("floor") is not None and peaks.get("gradnorm") is not None else "    -")
+             if isinstance(peaks.get("floor"), float) and isinstance(peaks.get("gradnorm"), float) else "    -")
     return (f"{name:11s} T={length:<5d} B={b}  MiB above the model: floor {shown['floor']}  probe "
             f"{shown['probe']}  gradnorm {shown['gradnorm']}  gradnorm / floor {ratio}")
 
@@ -144,6 +147,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--cap-mib", type=float, default=9216, help="a child past this RSS is killed (0: no cap)")
     ap.add_argument("--no-probe", dest="probe", action="store_false", help="no run of the probe alone")
+    ap.add_argument("--only", nargs="+", default=None, help="of floor, probe, gradnorm: only these")
     ap.add_argument("--one", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -158,7 +162,8 @@ def main() -> None:
     for length in args.memory_lengths:
         for name in args.models:
             print(memory(name, length, args.batch, args.threads, args.cap_mib,
-                         ("build", "floor", *(("probe",) if args.probe else ()), "gradnorm")), flush=True)
+                         ("build", *[w for w in ("floor", "probe", "gradnorm") if (args.probe or w != "probe")
+                                     and (args.only is None or w in args.only)])), flush=True)
 
 if __name__ == "__main__":
     main()
