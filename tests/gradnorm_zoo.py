@@ -208,6 +208,25 @@ class TiedLM(nn.Module):
         return self.head(h)  # [B, VOCAB]
 
 
+class TiedLongLM(nn.Module):
+    """The output layer's weight IS the embedding's, applied at every position and to the mean
+    over positions, and the embedding is looked up twice (the tokens, and the tokens reversed).
+    At T = 6 the per-position output layer's per-example gradient [V, d] holds fewer numbers than
+    its factors (T (V + d) > V d): it is summed dense, while the other three uses stay factors
+    (dense rows, one-hot rows), and the cross terms mix all three kinds."""
+
+    def __init__(self, d=5):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, d)
+        self.mix = nn.Linear(d, d)
+        self.head = nn.Linear(d, VOCAB, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, tokens):
+        h = torch.tanh(self.mix(self.emb(tokens) + self.emb(tokens.flip(1))))  # [B, T, d]
+        return self.head(h).mean(1) + self.head(h.mean(1))  # [B, VOCAB]
+
+
 class LinearTwice(nn.Module):
     def __init__(self):
         super().__init__()
@@ -877,6 +896,7 @@ _BUILDERS: dict[str, tuple[Callable[[], nn.Module], Callable, int]] = {
     "packed_lstm": (PackedLSTM, lambda g, b: _tokens(g, b, 6), 4),
     "packed_gru_sorted": (SortedPackedGRU, lambda g, b: _sorted_tokens(g, b, 6), 4),
     "tied": (TiedLM, lambda g, b: _tokens(g, b, 5), 4),
+    "tied_long": (TiedLongLM, lambda g, b: _tokens(g, b, 6), 4),
     "linear_twice": (LinearTwice, lambda g, b: torch.randn(b, 6, generator=g), 5),
     "bare_param": (BareParam, lambda g, b: _tokens(g, b, 5), 4),
     "conv1d": (Conv1dNet, lambda g, b: torch.randn(b, 4, 16, generator=g), 4),

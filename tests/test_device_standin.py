@@ -16,7 +16,7 @@ from standin import DeviceWatch, standin, to_standin
 
 ZOO = ["simple", "mlp", "bn_res_cnn", "resnet18", "mobilenet_v3_small", "transformer",
        "transformer_seq_first", "lstm", "tied", "embedding_padding_idx", "conv2d_variants",
-       "groupnorm", "mha_batch_first", "linear_twice", "bare_param"]
+       "groupnorm", "mha_batch_first", "linear_twice", "bare_param", "tied_long"]
 
 
 def egl_targets(logits):

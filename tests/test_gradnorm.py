@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import warnings
+import weakref
 
 import pytest
 import torch
@@ -422,3 +423,87 @@ def _refused_by_ghost_and_auto_equals_the_loop(model, x, y):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.testing.assert_close(per_example_grad_norms(model, x, y), expected, rtol=1e-10, atol=0)
+
+
+class SavedForBackward(nn.Module):
+    """x -> head(tanh(lin(x)) * w), w = cos(x) a tensor of its own: the product saves w for a
+    backward and nothing else holds it, so during each forward `alive` notes whether the forward
+    keeps a training graph."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+        self.head = nn.Linear(3, 2)
+        self.alive: list[bool] = []
+
+    def forward(self, x):
+        w = x.detach().cos()
+        kept = weakref.ref(w)
+        h = torch.tanh(self.lin(x)) * w
+        del w
+        self.alive.append(kept() is not None)
+        return self.head(h)
+
+
+def test_the_layout_probes_keep_no_graph_for_a_backward():
+    """The first call's probes run the model with grad on but keep nothing a backward would need
+    (at T = 2048 a language model's training graph is gigabytes); the ghost pass itself does."""
+    torch.manual_seed(0)
+    model = SavedForBackward().double().eval()
+    x, y = torch.randn(5, 3, dtype=torch.float64), torch.tensor([0, 1, 1, 0, 1])
+    per_example_grad_norms(model, x, y, method="ghost")
+    assert len(model.alive) > 2  # the probes' forwards, then ghost's own
+    assert model.alive == [False] * (len(model.alive) - 1) + [True]
+
+
+class SlopeInside(nn.Module):
+    """The forward differentiates: tanh's slope at the input, 1 - tanh(x)^2, scales the features."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+        self.head = nn.Linear(3, 2)
+
+    def forward(self, x):
+        with torch.enable_grad():
+            z = x.detach().requires_grad_()
+            (slope,) = torch.autograd.grad(torch.tanh(z).sum(), z)  # [B, 3]
+        return self.head(torch.tanh(self.lin(x)) * slope)
+
+
+def test_a_forward_that_differentiates_is_probed_with_its_graph():
+    """Its backward needs what the probes drop: the probe runs it again keeping the graph."""
+    torch.manual_seed(0)
+    model = SlopeInside().double().eval()
+    x, y = torch.randn(5, 3, dtype=torch.float64), torch.tensor([0, 1, 1, 0, 1])
+    expected = per_example_grad_norms(model, x, y, method="loop")
+    torch.testing.assert_close(per_example_grad_norms(model, x, y, method="ghost"), expected, rtol=1e-10, atol=0)
+
+
+class Attend(nn.Module):
+    """Self-attention (F.scaled_dot_product_attention) into an output layer of `width` classes; notes
+    which kernel each forward's attention ran (its output's grad_fn)."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.qkv = nn.Linear(4, 12)
+        self.head = nn.Linear(4, width)
+        self.kernels: list[str] = []
+
+    def forward(self, x):  # [B, T, 4]
+        q, k, v = self.qkv(x).unsqueeze(1).chunk(3, -1)  # [B, 1, T, 4] each
+        o = F.scaled_dot_product_attention(q, k, v)
+        self.kernels.append(type(o.grad_fn).__name__)
+        return self.head(o.squeeze(1)).mean(1)
+
+
+@pytest.mark.parametrize("width, fused", [(3, False), (2 ** 19, True)], ids=["small", "large"])
+def test_first_call_attention_kernel_follows_whether_the_backward_is_vmapped(width, fused):
+    """Before the first forward K is unknown: the math kernel (vmap batches its backward, but it
+    keeps [B, H, T, T] per layer) only where two target sets' taps fit one vmapped backward;
+    a language model's [B, T, V] taps do not, and its first call runs the fused kernel."""
+    torch.manual_seed(0)
+    model = Attend(width).eval()
+    x = torch.randn(2, 5, 4)
+    per_example_grad_norms(model, x, torch.tensor([0, 1]), method="ghost")
+    assert ("Flash" in model.kernels[-1]) == fused, model.kernels

@@ -65,16 +65,16 @@ def test_large_target_sets_go_through_in_chunks(case_id, per_backward, monkeypat
     largest, backwards = [], []
     real_chunk, real_backward = ghost._vmap_chunk, ghost._backward
 
-    def chunk(k, taps, device):
-        largest.append(max(t.numel() for t in taps))
-        return real_chunk(k, taps, device)
+    def chunk(k, elements, device):  # elements: the largest tapped output's
+        largest.append(elements)
+        return real_chunk(k, elements, device)
 
     monkeypatch.setattr(ghost, "_vmap_chunk", chunk)
     monkeypatch.setattr(ghost, "_backward", lambda *a, **kw: backwards.append(1) or real_backward(*a, **kw))
     grad_norms_per_target(model, inputs, sets, method="ghost")
     assert len(backwards) == 1  # all four in one vmapped backward
     backwards.clear()
-    monkeypatch.setattr(ghost, "VMAP_ELEMENTS", per_backward * largest[0])
+    monkeypatch.setattr(ghost, "VMAP_ELEMENTS", per_backward * largest[-1])  # the taps' (the first call's first: the probe's)
     norms, _ = grad_norms_per_target(model, inputs, sets, method="ghost")
     assert len(backwards) == -(-len(sets) // per_backward)
     expected = oracle(case_id)

@@ -21,11 +21,12 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ..errors import first_line
+from . import outer
 from .compiled import compile_once
 from .errors import UnsupportedModel
-from .layout import MERGED, call_layouts, check_batch
+from .layout import MERGED, call_layouts, check_batch, largest_output
 from .loss import cross_entropy, cross_entropy_cotangents
-from .model_io import batch_size, forward_logits
+from .model_io import batch_size, forward_logits, tensors
 from .params import ParamSelection
 from .plan import HookPlan, covering_modules, ghost_plan_for
 from .rules import RuleCall
@@ -132,7 +133,7 @@ def ghost_norms(model, inputs, targets_for, selection: ParamSelection, loss_fn, 
             if "forward" not in module.__dict__:
                 module.forward = capturing_forward(name, module)
                 patched.append(module)
-        with _attention_for(model):
+        with _attention_for(model, batch * largest_output(model, inputs, plan.modules), tensors(inputs)[0].device):
             if verify:
                 with UseWatch(covering_modules(plan), stack):
                     logits = forward_logits(model, inputs)
@@ -154,7 +155,7 @@ def ghost_norms(model, inputs, targets_for, selection: ParamSelection, loss_fn, 
         return torch.zeros(len(target_sets), batch, dtype=_acc_dtype(logits.device), device=logits.device), logits
     cotangents = _cotangents(logits, target_sets, loss_fn)  # [K, *logits.shape]
     _k_batched[model] = len(target_sets) > 1 and _k_mode.get(model) != "per target" and \
-        _vmap_chunk(len(target_sets), taps, logits.device) > 1
+        _vmap_chunk(len(target_sets), _largest(taps), logits.device) > 1
     with _no_autocast(logits.device):  # the rules square and sum in float32 or better
         if compiled:
             return _compiled_backwards(model, plan, uses, calls, taps, logits, cotangents, batch), logits
@@ -171,7 +172,7 @@ def _backwards(model, plan, uses, calls, taps, logits, cotangents, batch) -> tor
 
     if k == 1:
         return backward(cotangents[0], last=True).unsqueeze(0)
-    chunk = _vmap_chunk(k, taps, cotangents.device)
+    chunk = _vmap_chunk(k, _largest(taps), cotangents.device)
     if _k_mode.get(model) != "per target" and chunk > 1:
         try:
             # the graph and the captured inputs are kept, for one backward per target set if a
@@ -194,7 +195,7 @@ def _compiled_backwards(model, plan, uses, calls, taps, logits, cotangents, batc
     sum over layers run as one compiled graph."""
     scale = FP16_SCALE if logits.dtype == torch.float16 else 1.0
     cotangents = (cotangents * scale if scale != 1.0 else cotangents).to(logits.dtype)
-    chunk = _vmap_chunk(cotangents.shape[0], taps, cotangents.device) if _k_mode.get(model) != "per target" else 1
+    chunk = _vmap_chunk(cotangents.shape[0], _largest(taps), cotangents.device) if _k_mode.get(model) != "per target" else 1
     try:
         norms = _compiled_chunks(plan, uses, calls, taps, logits, cotangents, batch, chunk)
     except torch.OutOfMemoryError:
@@ -237,7 +238,11 @@ def _rules_of_pass(plan, uses, calls, grads, batch: int, device, batched: bool) 
     return vmap(one_set)(grads) if batched else one_set(grads).unsqueeze(0)
 
 
-def _vmap_chunk(k: int, taps, device) -> int:
+def _largest(taps) -> int:
+    return max(max(t.numel() for t in taps), 1)  # examples without tokens: empty taps
+
+
+def _vmap_chunk(k: int, largest: int, device) -> int:
     """How many of the K target sets one vmapped backward takes: all K where the K copies of the
     largest tapped output stay small, fewer where they would not (1: one backward per target
     set). Measured on a 2-core CPU (benchmarks/egl_chunks.py), where the backward is bound by
@@ -246,7 +251,6 @@ def _vmap_chunk(k: int, taps, device) -> int:
     limit = VMAP_ELEMENTS_CUDA if device.type == "cuda" else VMAP_ELEMENTS
     if limit is None:
         return k
-    largest = max(max(t.numel() for t in taps), 1)  # examples without tokens: empty taps
     return max(1, min(k, limit // largest))
 
 
@@ -257,18 +261,23 @@ VMAP_ELEMENTS_CUDA = None  # on CUDA all K at once, until a GPU measures it (ben
 # model -> "batched" | "per target": how its K target sets go through the backward
 _k_mode: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _k_reasons: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-# model -> did its last batch's K target sets go through one vmapped backward (unknown: assumed so)
+# model -> did its last batch's K target sets go through one vmapped backward (unknown before its
+# first call: see _attention_for)
 _k_batched: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def _attention_for(model):
+def _attention_for(model, tap_elements: int, device):
     """The forward's attention kernel. The fused kernels' backwards (flash, efficient, cuDNN,
     flash-for-CPU) have no vmap batching rule, so a vmapped backward runs them once per target
     set and torch warns of a "performance drop"; the math kernel (softmax(q k^T / sqrt(d)) v as
-    matmuls) is batched by vmap. Fused kernels where the backward is not vmapped (K = 1)."""
-    if _k_batched.get(model, True):
-        return sdpa_kernel(SDPBackend.MATH)
-    return contextlib.nullcontext()
+    matmuls) is batched by vmap, but keeps each layer's [B, H, T, T] weights for the backward
+    (GPT-2 small at T = 2048, B = 2: 4.8 GB). Fused kernels where the backward is not vmapped:
+    K = 1, or taps too large for two target sets at once (`_vmap_chunk`), which on the first
+    call, before the forward tells K, is judged from the probe's largest output (`tap_elements`)."""
+    batched = _k_batched.get(model)
+    if batched is None:
+        batched = _vmap_chunk(2, max(tap_elements, 1), device) > 1
+    return sdpa_kernel(SDPBackend.MATH) if batched else contextlib.nullcontext()
 
 
 def _backward(plan, uses, calls, taps, logits, cotangent, batch: int, last: bool) -> torch.Tensor:
@@ -301,6 +310,8 @@ def _cotangents(logits, target_sets, loss_fn) -> torch.Tensor:
         return cross_entropy_cotangents(z, torch.stack(list(target_sets)))
     closed = getattr(loss_fn, "cotangent", None)  # a loss's own closed-form gradient (logits, targets)
     if closed is not None:
+        if len(target_sets) == 1:  # no stacked copy of a language model's [B, T, V]
+            return closed(z, target_sets[0]).unsqueeze(0)
         return torch.stack([closed(z, t) for t in target_sets])
 
     def one(targets):
@@ -312,21 +323,6 @@ def _cotangents(logits, target_sets, loss_fn) -> torch.Tensor:
         except (RuntimeError, NotImplementedError, TypeError, ValueError):
             pass  # a loss function torch.func cannot vmap: one target set at a time
     return torch.stack([one(t) for t in target_sets])
-
-
-SQ_BLOCK = 1 << 22  # elements of the batch's per-example gradients squared at once in float64
-
-
-def _sq_norms(g: torch.Tensor, acc: torch.dtype) -> torch.Tensor:
-    """[B, *shape] -> [B] sums of squares in `acc`, a block of columns at a time, so that a large
-    per-example gradient (a tied embedding's [B, V, d]) is never copied whole into float64."""
-    flat = g.reshape(g.shape[0], -1)
-    step = max(1, SQ_BLOCK // max(flat.shape[0], 1))
-    parts = [part.to(acc).square().sum(1) for part in flat.split(step, 1)]
-    total = parts[0]
-    for part in parts[1:]:
-        total = total + part
-    return total
 
 
 def _acc_dtype(device) -> torch.dtype:
@@ -380,7 +376,8 @@ class _Pass:
         self.plan, self.uses, self.last = plan, uses, last
         self.sq: list[torch.Tensor] = []     # per-example squared norms [B], one per parameter and call
         self.small: list[torch.Tensor] = []  # per-example gradients [B, n] of small parameters
-        self.summed_grads: dict[int, torch.Tensor] = {}  # parameter id -> [B, *shape]
+        # parameter id -> its uses' per-example gradients so far (outer.add: a dense sum, factors)
+        self.summed_grads: dict[int, list] = {}
         self.wanted: dict[str, dict] = {}  # module name -> {path: per-example gradient wanted}
 
     def hook_taps(self, calls) -> list:
@@ -434,7 +431,7 @@ class _Pass:
         for path, value in result.items():
             key = id(paths[path])
             if wanted[path]:
-                self.summed_grads[key] = value + self.summed_grads[key] if key in self.summed_grads else value
+                self.summed_grads[key] = outer.add(self.summed_grads.get(key, []), value)
             elif value.dim() > 1:  # a small per-example gradient [B, *shape]: squared in finish
                 self.small.append(value if value.dim() == 2 else value.reshape(value.shape[0], -1))
             else:
@@ -452,8 +449,8 @@ class _Pass:
         acc = _acc_dtype(device)
         if self.small:  # one cat, square and sum for all of them: [B, sum n] -> [B]
             self.sq.append(torch.cat(self.small, 1).square().sum(1))
-        for g in self.summed_grads.values():
-            self.sq.append(_sq_norms(g, acc))
+        for terms in self.summed_grads.values():
+            self.sq.append(outer.sq_norm(terms, acc))
         if not self.sq:
             return torch.zeros(batch, dtype=acc, device=device)
         # one stack and one sum for the whole pass: [P, B] -> [B], accumulated in float64

@@ -24,6 +24,7 @@ example's output must come out exactly the same whichever other row is changed.
 """
 from __future__ import annotations
 
+import math
 import weakref
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -82,7 +83,7 @@ def call_layouts(model, inputs: torch.Tensor, modules: dict) -> dict[str, list[L
             inputs, lambda t: t[_distinct_rows(inputs).to(t.device)])
         n = batch_size(probe)
         projections: dict = {}
-        probe_logits: list = []
+        probe_logits: list = []  # the probe's logits, as _logits_print
         seen = _record(model, probe, modules, _probe_call(one, n, _fingerprinter(n, projections)), probe_logits)
         for name in modules:
             if len(one[name]) != len(seen[name]):
@@ -96,8 +97,17 @@ def call_layouts(model, inputs: torch.Tensor, modules: dict) -> dict[str, list[L
         _mark_broadcast(model, probe, probe_logits[0], modules, layouts, many)
         if len(per_model) >= CACHED_LAYOUTS:  # text of many lengths: the oldest layout goes
             del per_model[next(iter(per_model))]
-        per_model[key] = layouts
-    return per_model[key]
+        largest = max((math.prod(shape) for calls in one.values() for _, outs in calls for shape in outs
+                       if shape is not None), default=0)
+        per_model[key] = layouts, largest
+    return per_model[key][0]
+
+
+def largest_output(model, inputs, modules: dict) -> int:
+    """The most elements one example puts in one output of a call of `modules` (from the
+    one-example run of call_layouts)."""
+    call_layouts(model, inputs, modules)
+    return _cache[model][(tuple(modules), example_key(inputs), min(batch_size(inputs), 3))][1]
 
 
 CACHED_LAYOUTS = 64  # per model: example shapes (text lengths, image sizes) whose layouts are kept
@@ -305,10 +315,11 @@ def _fingerprinter(n: int, projections: dict):
 def _mark_broadcast(model, probe, plain, modules, layouts, shapes):
     """Mark the shared [1, ...] calls (see the module docstring) called with a tensor as their
     first positional input, when expanding their outputs to the probe's examples (three, or two
-    in a batch of two, which may be all that fits in memory; `plain`: the probe's logits) keeps
-    the model's output, and each expanded row reaches its own example alone: changing one row
-    (by random signs) changes that example's output, and every other example's output is
-    exactly the same whichever other row is changed."""
+    in a batch of two, which may be all that fits in memory; `plain`: the probe's logits, as
+    _logits_print) keeps the model's output, and each expanded row reaches its own example alone:
+    changing one row (by random signs) changes that example's output, and every other example's
+    output is exactly the same whichever other row is changed. Outputs are compared through each
+    example's fingerprint, so no run's logits are kept ([n, T, V] each for a language model)."""
     candidates = {(name, i) for name in modules for i, (layout, (ins, out)) in
                   enumerate(zip(layouts[name], shapes[name]))
                   if layout.in_dims[:1] == [None] and layout.out_dims == [None]
@@ -316,19 +327,19 @@ def _mark_broadcast(model, probe, plain, modules, layouts, shapes):
     if not candidates:
         return
     rows = batch_size(probe)
-    if plain is None or plain.dim() == 0 or plain.shape[0] != rows:
+    if plain is None or plain[0][:1] != (rows,):
         return
     # run r: every candidate output expanded to the probe's examples, its row r changed (with
     # fewer than three rows, also a run with none changed: each row must be unchanged in two)
     changed, calls = [], candidates
     for row in [*range(rows), *([None] if rows < 3 else [])]:
         logits, calls = _expanded_logits(model, probe, modules, calls, row)
-        if not calls or logits is None or logits.shape != plain.shape:
+        if not calls or logits is None or logits[0] != plain[0]:
             return
-        changed.append(logits)
+        changed.append(logits[1])  # [n] fingerprints
     for row in range(rows):
-        kept = [logits[row] for r, logits in enumerate(changed) if r != row]
-        if not (_same(plain[row], kept[0]) and all(torch.equal(kept[0], k) for k in kept[1:])
+        kept = [prints[row] for r, prints in enumerate(changed) if r != row]
+        if not (_same(plain[1][row], kept[0]) and all(torch.equal(kept[0], k) for k in kept[1:])
                 and not torch.equal(changed[row][row], kept[0])):
             return
     for name, i in calls:
@@ -336,10 +347,10 @@ def _mark_broadcast(model, probe, plain, modules, layouts, shapes):
 
 
 def _expanded_logits(model, probe, modules, candidates, row):
-    """(the logits with every candidate call's output expanded to the probe's examples, contiguous as
-    ghost's tapped output is, and, given `row`, that row of each changed; or None when the model
-    cannot take it, and the calls expanded: those with a positional tensor input, which ghost
-    can expand)."""
+    """(the logits, as _logits_print, with every candidate call's output expanded to the probe's
+    examples, contiguous as ghost's tapped output is, and, given `row`, that row of each changed;
+    or None when the model cannot take it, and the calls expanded: those with a positional tensor
+    input, which ghost can expand)."""
     seen: dict[str, int] = {}
     expanded: set = set()
     rows = batch_size(probe)
@@ -362,7 +373,13 @@ def _expanded_logits(model, probe, modules, candidates, row):
     try:
         for name in {name for name, _ in candidates}:
             handles.append(modules[name].register_forward_hook(hook(name)))
-        return logits_of(call_model(model, probe)).detach(), expanded
+        try:
+            logits = logits_of(_forward(model, probe))
+        except _SavedTensorsDropped:
+            expanded.clear()
+            seen.clear()
+            logits = logits_of(call_model(model, probe))
+        return _logits_print(logits), expanded
     except Exception:  # the model's own code, given a [3, ...] where it had [1, ...]
         return None, expanded
     finally:
@@ -372,21 +389,33 @@ def _expanded_logits(model, probe, modules, candidates, row):
 
 def _fingerprint(x: torch.Tensor, d: int, projections: dict | None = None) -> torch.Tensor:
     """[rows along d]: each row projected on fixed random weights, seeded by the row's length (the
-    same weights for every order of the examples). Short rows' weights are kept in `projections`
-    for the next rows (making them costs more than using them); long rows' are not (they would
-    hold megabytes, and the projection itself costs as much)."""
-    rows = torch.nan_to_num(x.detach().movedim(d, 0).reshape(x.shape[d], -1).double())
-    key = (rows.shape[1], rows.device)
+    same weights for every order of the examples), in float64. Short rows' weights are kept in
+    `projections` for the next rows (making them costs more than using them); long rows' are
+    not (they would hold megabytes, and the projection itself costs as much), and long rows go
+    PRINT_BLOCK columns at a time, so neither their weights nor a float64 copy of them is ever
+    whole (a language model's logits: [n, T * V], hundreds of millions of columns)."""
+    rows = x.detach().movedim(d, 0).reshape(x.shape[d], -1)
+    width = rows.shape[1]
+    if width > KEPT_PROJECTION:
+        total = torch.zeros(rows.shape[0], dtype=torch.float64, device=rows.device)
+        for block, start in enumerate(range(0, width, PRINT_BLOCK)):
+            part = torch.nan_to_num(rows[:, start:start + PRINT_BLOCK].double())
+            gen = torch.Generator(device=rows.device).manual_seed((width << 20) + block)
+            total += part @ torch.rand(part.shape[1], generator=gen, dtype=torch.float64, device=rows.device)
+        return total
+    rows = torch.nan_to_num(rows.double())
+    key = (width, rows.device)
     weights = None if projections is None else projections.get(key)
     if weights is None:
-        gen = torch.Generator(device=rows.device).manual_seed(rows.shape[1])
-        weights = torch.rand(rows.shape[1], generator=gen, dtype=torch.float64, device=rows.device)
-        if projections is not None and rows.shape[1] <= KEPT_PROJECTION:
+        gen = torch.Generator(device=rows.device).manual_seed(width)
+        weights = torch.rand(width, generator=gen, dtype=torch.float64, device=rows.device)
+        if projections is not None:
             projections[key] = weights
     return rows @ weights  # [B]
 
 
 KEPT_PROJECTION = 2 ** 16  # the longest row whose projection weights a call keeps (512 KB)
+PRINT_BLOCK = 2 ** 18  # columns of a long row projected at once
 
 
 def _same(a, b) -> bool:
@@ -404,7 +433,7 @@ def _record(model, inputs, modules, what, logits: list | None = None) -> dict[st
     """module name -> [what(name, index of the call, input leaves, output leaves) per call] for
     one forward of `inputs` (leaves of (args, kwargs) and of the output, a tensor or None each;
     `what` keeps what it needs, so the activations go as the forward frees them); the model's
-    logits (detached; None if its output holds none) appended to `logits` if given.
+    logits' _logits_print (None if its output holds none) appended to `logits` if given.
 
     `inputs` is a part of the batch, or the batch in another order: a model that cannot take
     that (pack_padded_sequence with enforce_sorted=True) is refused, naming where it failed."""
@@ -423,7 +452,12 @@ def _record(model, inputs, modules, what, logits: list | None = None) -> dict[st
         for name, module in modules.items():
             handles.append(module.register_forward_hook(hook(name), with_kwargs=True))
         try:
-            output = call_model(model, inputs)  # with grad enabled, so modules take the same code paths as the real pass
+            try:
+                output = _forward(model, inputs)
+            except _SavedTensorsDropped:  # the forward runs a backward itself: again, with its graph
+                for calls in seen.values():
+                    calls.clear()
+                output = call_model(model, inputs)
         except (torch.OutOfMemoryError, UnsupportedModel):
             raise
         except Exception as err:  # the model's own forward, on data it was not given
@@ -434,8 +468,31 @@ def _record(model, inputs, modules, what, logits: list | None = None) -> dict[st
         for handle in handles:
             handle.remove()
     if logits is not None:
-        logits.append(_logits_or_none(output))
+        found = _logits_or_none(output)
+        logits.append(_logits_print(found) if found is not None else None)
     return seen
+
+
+class _SavedTensorsDropped(RuntimeError):
+    """A probe forward differentiated what it had not kept (see _forward)."""
+
+
+def _dropped(tensor):
+    return None
+
+
+def _unpack_dropped(packed):
+    raise _SavedTensorsDropped("a tensor saved for the backward was not kept")
+
+
+def _forward(model, inputs):
+    """The model's output on `inputs`, with grad enabled (so modules take the code paths of the
+    real pass: MultiheadAttention's fast path runs only without grad), but without keeping what its
+    graph saves for a backward, which no probe runs: a probe holds an inference forward's memory,
+    not a training forward's (GPT-2 small at T = 2048: gigabytes of activations).
+    _SavedTensorsDropped when the forward itself differentiates."""
+    with torch.autograd.graph.saved_tensors_hooks(_dropped, _unpack_dropped):
+        return call_model(model, inputs)
 
 
 def _flat(tree) -> list:
@@ -464,6 +521,11 @@ def _logits_or_none(output):
         return logits_of(output).detach()
     except Exception:  # no logits in it: the real forward says so
         return None
+
+
+def _logits_print(logits: torch.Tensor) -> tuple:
+    """(shape, [B] fingerprints of the examples' logits; None for a 0-dim output)."""
+    return tuple(logits.shape), _fingerprint(logits, 0) if logits.dim() else None
 
 
 def _shapes(leaves: list) -> list:

@@ -5,10 +5,10 @@ Positions holding padding_idx receive no gradient.
 """
 from __future__ import annotations
 
-import torch
 from torch import nn
 
 from ..errors import UnsupportedModel
+from ..outer import Outer
 from .registry import register
 
 
@@ -26,11 +26,7 @@ def embedding_rule(module, call, wanted):
         g = g * (idx != module.padding_idx).unsqueeze(-1).to(g.dtype)
     if "weight" not in wanted:
         return {}
-    if wanted["weight"]:
-        rows = module.num_embeddings
-        flat = (idx + rows * torch.arange(batch, device=idx.device).unsqueeze(1)).flatten()
-        grad = torch.zeros(batch * rows, g.shape[-1], dtype=g.dtype, device=g.device)
-        grad = grad.index_add(0, flat, g.reshape(-1, g.shape[-1]))  # out of place: vmaps over K
-        return {"weight": grad.view(batch, rows, -1)}
+    if wanted["weight"]:  # the per-example gradient, as its factors: one-hot rows idx, g
+        return {"weight": Outer(idx, g, module.num_embeddings)}
     same = (idx.unsqueeze(2) == idx.unsqueeze(1)).to(g.dtype)  # [B, T, T]
     return {"weight": (same * (g @ g.transpose(1, 2))).sum((1, 2))}

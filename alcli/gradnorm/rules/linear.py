@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from ..outer import transposed
 from .registry import flat_batch, linear_grads, register
 
 
@@ -13,5 +14,5 @@ from .registry import flat_batch, linear_grads, register
 def linear_rule(module, call, wanted):
     out = linear_grads(flat_batch(call.args[0]), flat_batch(call.grad_out), wanted, call.cache)  # [B, T, d]
     if wanted.get("weight") and not isinstance(module, nn.Linear):  # Conv1D: [B, d_in, d_out]
-        out["weight"] = out["weight"].transpose(1, 2)
+        out["weight"] = transposed(out["weight"])
     return out

@@ -6,6 +6,7 @@ from typing import Any, Callable, NamedTuple
 import torch
 
 from ..errors import UnsupportedModel
+from ..outer import Outer
 
 
 class RuleCall(NamedTuple):
@@ -72,13 +73,13 @@ def flat_batch(t):
 
 def linear_grads(a, g, wanted: dict, cache: dict, prefix: str = "") -> dict:
     """A linear map's `{prefix}weight` [d_out, d_in] and `{prefix}bias` from inputs a [B, T, d_in]
-    and output gradients g [B, T, d_out]: the weight's per-example gradient G_i^T A_i where
-    `wanted` says so, else its squared norm; the bias's per-example gradient sum_t g_it [B, d_out]
-    (small: the driver squares those all at once)."""
+    and output gradients g [B, T, d_out]: the weight's per-example gradient G_i^T A_i, as its
+    factors (outer.Outer), where `wanted` says so, else its squared norm; the bias's per-example
+    gradient sum_t g_it [B, d_out] (small: the driver squares those all at once)."""
     out = {}
     weight, bias = prefix + "weight", prefix + "bias"
     if weight in wanted:
-        out[weight] = g.transpose(1, 2) @ a if wanted[weight] else sq_norm_of_product(a, g, cache, weight)
+        out[weight] = Outer(g, a, g.shape[-1]) if wanted[weight] else sq_norm_of_product(a, g, cache, weight)
     if bias in wanted:
         out[bias] = g.sum(1) if g.shape[1] > 1 else g[:, 0]
     return out
