@@ -208,7 +208,7 @@ class TiedLM(nn.Module):
         return self.head(h)  # [B, VOCAB]
 
 
-class TiedLongLM(nn.Module):
+class TiedLongLM(TiedLM):
     """The output layer's weight IS the embedding's, applied at every position and to the mean
     over positions, and the embedding is looked up twice (the tokens, and the tokens reversed).
     At T = 6 the per-position output layer's per-example gradient [V, d] holds fewer numbers than
@@ -216,11 +216,7 @@ class TiedLongLM(nn.Module):
     (dense rows, one-hot rows), and the cross terms mix all three kinds."""
 
     def __init__(self, d=5):
-        super().__init__()
-        self.emb = nn.Embedding(VOCAB, d)
-        self.mix = nn.Linear(d, d)
-        self.head = nn.Linear(d, VOCAB, bias=False)
-        self.head.weight = self.emb.weight
+        super().__init__(d)
 
     def forward(self, tokens):
         h = torch.tanh(self.mix(self.emb(tokens) + self.emb(tokens.flip(1))))  # [B, T, d]
