@@ -1,4 +1,4 @@
-"""alcli on one GPU, in one command (at most ~8 minutes on one H200):
+"""alcli on one GPU, in one command (at most ~9 minutes on one H200):
 
 1. the CUDA-marked tests (tests/test_cuda.py);
 2. side by side in one process, per model: plain forward, plain forward+backward, alcli gradnorm
@@ -17,7 +17,11 @@
    does now, ghost.VMAP_ELEMENTS_CUDA = None) against chunks and one backward per target set,
    on resnet18 (10 classes) and fcn_resnet50 (8 label sets, 16x3x128x128);
 8. issue 18's tasks against the floor (benchmarks/tasks.py): fcn_resnet50 16x3x128x128 and
-   BERT-small token classification 32x64, gradnorm and EGL-8 ÷ the floor and ÷ 8 plain backwards.
+   BERT-small token classification 32x64, gradnorm and EGL-8 ÷ the floor and ÷ 8 plain backwards;
+9. the detectors (benchmarks/detection.py), batch 8 at 320 px: gradnorm and egl S = 8 as `auto`
+   runs them and on the per-image loop, ÷ the floor (issue 33);
+10. causal LMs (benchmarks/causal_lm.py), GPT-2 small and a tiny Llama: gradnorm ÷ the floor at
+   T = 512, B = 8, and the peak memory of each at T = 2048, B = 2 (issue 36).
 
     python benchmarks/gpu.py              # writes benchmarks/results/gpu-<device>.txt
     python benchmarks/gpu.py --dry-run    # the whole script on the CPU, tiny sizes, < 1 minute
@@ -311,6 +315,7 @@ def main():
     compile_table(device, args.dry_run, say)
     egl_chunks_table(device, args.dry_run, say)
     tasks_table(device, args.dry_run, say)
+    causal_lm_table(device, args.dry_run, say)
     say(f"\n(total {time.perf_counter() - start:.0f} s)")
     out = args.out or (None if args.dry_run else ROOT / "benchmarks" / "results" / f"gpu-{device.type}.txt")
     if out:
@@ -379,6 +384,47 @@ def tasks_table(device, dry: bool, say):
         say(f"{task:22} {t['floor']:8.4f} {t['gradnorm']:9.4f} {t['egl8']:8.4f} {t['gradnorm'] / t['floor']:8.2f}x "
             f"{t['egl8'] / t['gradnorm']:6.2f}x {t['egl8'] / t['floor_s']:15.2f}x")
 
+
+
+def causal_lm_table(device, dry: bool, say):
+    """Issue 36's targets on the device: gradnorm ÷ the floor at T = 512 and, on CUDA, the peak
+    memory of each above the model at T = 2048 (a first gradnorm call at that length, its layout
+    probe included). The CPU's figures are benchmarks/causal_lm.py's."""
+    from causal_lm import batch, build, floor, gradnorm
+    t_time, t_memory, b = (16, 32, 2) if dry else (512, 2048, 8)
+    say(f"\n## Causal LMs (benchmarks/causal_lm.py): gradnorm ÷ the floor at T = {t_time}, B = {b}; "
+        f"peak memory above the model at T = {t_memory}, B = 2")
+
+    def on_device(length: int, n: int):
+        inputs, targets = batch(model, n, length)
+        return {k: v.to(device) for k, v in inputs.items()}, targets.to(device)
+
+    for name in ("tiny-llama",) if dry else ("gpt2-small", "tiny-llama"):
+        model = build(name).to(device)
+        inputs, targets = on_device(t_time, b)
+        gradnorm(model, inputs, targets)  # ghost's first call probes the model
+        f = timed(lambda: floor(model, inputs, targets), device, 0.05 if dry else 3.0, 1 if dry else 10)
+        g = timed(lambda: gradnorm(model, inputs, targets), device, 0.05 if dry else 3.0, 1 if dry else 10)
+        line = f"{name:11} floor {f * 1e3:9.1f} ms  gradnorm {g * 1e3:9.1f} ms  {g / f:5.2f}x"
+        if device.type == "cuda":
+            peaks = {}
+            for what, fn in (("floor", floor), ("gradnorm", gradnorm)):
+                model.zero_grad(set_to_none=True)
+                inputs, targets = on_device(t_memory, 2)
+                torch.cuda.empty_cache()
+                base = torch.cuda.memory_allocated(device)
+                torch.cuda.reset_peak_memory_stats(device)
+                try:
+                    fn(model, inputs, targets)
+                    sync(device)
+                    peaks[what] = (torch.cuda.max_memory_allocated(device) - base) / 2 ** 20
+                except torch.cuda.OutOfMemoryError:
+                    peaks[what] = float("nan")
+            model.zero_grad(set_to_none=True)
+            line += (f"   peak MiB: floor {peaks['floor']:8.0f}  gradnorm {peaks['gradnorm']:8.0f}  "
+                     f"{peaks['gradnorm'] / peaks['floor']:5.2f}x")
+        say(line)
+        del model
 
 if __name__ == "__main__":
     main()
