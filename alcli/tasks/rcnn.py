@@ -141,6 +141,13 @@ def _choices(model: nn.Module, image: torch.Tensor, target: dict, seed: int, anc
     return rpn, chosen[0], rows, masks
 
 
+def with_scales(pool: nn.Module, features, image_list) -> None:
+    """A MultiScaleRoIAlign's level scales, which its first call sets (as in the loop)."""
+    if pool.scales is None:
+        x = image_list.tensors
+        pool(features, [x.new_tensor([[0.0, 0.0, 1.0, 1.0]])] * x.shape[0], image_list.image_sizes)
+
+
 def mask_rows(model: nn.Module, heads_: Heads, features, image_list, choices: list[list[tuple]]):
     """Mask R-CNN's positive proposals of every image and label set -> (mask_rois [B, P, 4],
     mask_labels [B, P], per set [S, B, P, 1 + M*M]: whether the row counts, its mask target), each
@@ -149,9 +156,7 @@ def mask_rows(model: nn.Module, heads_: Heads, features, image_list, choices: li
     if choices[0][0][3] is None:
         return None
     pool = model.roi_heads.mask_roi_pool
-    if pool.scales is None:  # set by its first call, as in the loop
-        x = image_list.tensors
-        pool(features, [x.new_tensor([[0.0, 0.0, 1.0, 1.0]])] * x.shape[0], image_list.image_sizes)
+    with_scales(pool, features, image_list)
     sets, b = len(choices[0]), len(choices)
     most = max(len(c[3][0]) for per_set in choices for c in per_set)
     if most == 0:
@@ -224,9 +229,7 @@ def norms(model: nn.Module, images: list[torch.Tensor], target_sets: list[list[d
         x = image_list.tensors
         with torch.no_grad():
             features = model.backbone(x)
-            if model.roi_heads.box_roi_pool.scales is None:  # set by its first call, as in the loop
-                model.roi_heads.box_roi_pool(features, [x.new_tensor([[0.0, 0.0, 1.0, 1.0]])] * len(members),
-                                             image_list.image_sizes)
+            with_scales(model.roi_heads.box_roi_pool, features, image_list)
             maps = list(features.values())
             objectness, deltas = model.rpn.head(maps)
             anchors = model.rpn.anchor_generator(image_list, maps)
