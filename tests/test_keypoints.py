@@ -104,24 +104,32 @@ def test_gradnorm_and_loss_at_the_predicted_instances_are_the_float64_loop(model
         assert torch.tensor(points).flatten().tolist() == pytest.approx(found["keypoints"][keep][..., :2].flatten().tolist())
         norm, loss = oracle(model, img, boxes, labels, points, detection.image_seed(0, row["id"]))
         assert row["score"] == pytest.approx(norm, rel=1e-9)
-        assert row["loss"] == pytest.approx(loss, rel=1e-9)
+        # torchvision's RPN takes the objectness BCE at float32 labels: its value is float32's
+        assert row["loss"] == pytest.approx(loss, rel=1e-7)
         assert (row["width"], row["height"]) == (img.shape[2], img.shape[1])
+    assert detection.method(model, "auto")[1].startswith("batched")
     loss_rows = keypoints.rows(model, imgs, IDS, Settings("loss"), None)
-    assert [r["score"] for r in loss_rows] == pytest.approx([r["loss"] for r in rows], rel=1e-9)
+    assert [r["score"] for r in loss_rows] == pytest.approx([r["loss"] for r in rows], rel=1e-7)
 
 
-def test_egl_is_the_mean_norm_over_instance_sets_drawn_from_the_scores(model):
-    imgs = images()[:1]
-    row = keypoints.rows(model, imgs, IDS[:1], Settings("egl"), None)[0]
-    found = predictions(model, imgs[0])
-    k = len(found["scores"])
-    u = tasks.uniforms([row["id"]], max(k, 1), 2, 0, "cpu")[:, 0, :k]  # the seeded draws
-    norms = []
-    for draws in u:
-        keep = [j for j in range(k) if draws[j] < found["scores"][j]]
-        norms.append(oracle(model, imgs[0], found["boxes"][keep].tolist(), found["labels"][keep].tolist(),
-                            found["keypoints"][keep][..., :2].tolist(), detection.image_seed(0, row["id"]))[0])
-    assert row["score"] == pytest.approx(sum(norms) / len(norms), rel=1e-9)
+def test_egl_and_gradnorm_batched_through_the_engine_equal_the_loop(model):
+    """egl's S keypoint-carrying label sets in one forward (--method ghost; auto loops them, as
+    Faster R-CNN's) and gradnorm against the per-image loop: two images of one size in one batch,
+    the box scores lowered (about 0.2 to 0.7) so that the sets differ and, at gradnorm's threshold
+    0.6, one of a batch's two images has no instance."""
+    doubtful = copy.deepcopy(model)
+    doubtful.roi_heads.box_predictor.cls_score.bias.data[1] -= 3.0  # scores 0.2 to 0.7 instead of 0.97
+    imgs = images() + [images()[0].flip(-1)]
+    ids = IDS + ["wide, flipped"]
+    found = detection.predict(doubtful, imgs)
+    assert [int((f["scores"] >= 0.6).sum()) for f in found] == [3, 1, 0]
+    scores = {}
+    for strategy, kw in (("egl", {"egl_samples": 2}), ("gradnorm", {"box_threshold": 0.6})):
+        batched, loop = (keypoints.rows(doubtful, imgs, ids, Settings(strategy, method=m, **kw), None)
+                         for m in ("ghost", "loop"))
+        assert [r["score"] for r in batched] == pytest.approx([r["score"] for r in loop], rel=1e-9)
+        scores[strategy] = [r["score"] for r in batched]
+    assert all(abs(e - g) > 1e-6 * g for e, g in zip(scores["egl"], scores["gradnorm"]))
 
 
 def test_an_image_without_instances_has_a_finite_score(model):

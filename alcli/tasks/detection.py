@@ -24,8 +24,8 @@ or resume. The utilities (`--strategy`):
 
 RetinaNet's, FCOS's and SSD's losses split by image, so their images go through the engine in one
 batch per padded size (alcli.tasks.batched); Faster R-CNN's too once its random choices are drawn
-(alcli.tasks.rcnn). Mask and Keypoint R-CNN's and DETR's gradient utilities run one backward per
-image and label set (a loop). The
+(alcli.tasks.rcnn), and Mask and Keypoint R-CNN's with their second head. DETR's gradient
+utilities run one backward per image and label set (a loop). The
 predictions come from one no-grad forward per group of same-sized images, which a batch of one
 would give.
 """
@@ -299,9 +299,9 @@ def _target(found: dict) -> dict:
 def gradient_norms(model: nn.Module, images: list[torch.Tensor], sets: list[list[dict]], ids: list,
                    settings) -> tuple[list[list[float]], list[list[float]]]:
     """Each image's K target sets -> its K gradient norms and losses: RetinaNet's, FCOS's and
-    SSD's images through the engine batched (alcli.tasks.batched), Faster and Mask R-CNN's too
-    once their random choices are drawn (alcli.tasks.rcnn), else one image at a time (Keypoint
-    R-CNN's backbone once per image for all K sets)."""
+    SSD's images through the engine batched (alcli.tasks.batched), Faster, Mask and Keypoint
+    R-CNN's too once their random choices are drawn (alcli.tasks.rcnn), else one image at a time
+    (an R-CNN's backbone once per image for all K sets)."""
     per_set = [[s[j] for s in sets] for j in range(len(sets[0]))]
     if settings.method != "loop" and batched.kind(model) is not None:
         grads, values = batched.norms(model, images, per_set, settings.method)
@@ -324,7 +324,7 @@ def gradient_norms(model: nn.Module, images: list[torch.Tensor], sets: list[list
 
 
 def rcnn_batched(model: nn.Module, setting: str, sets: int) -> bool:
-    """Faster R-CNN through the engine: for one label set under auto (its S egl sets each run the
+    """An R-CNN through the engine: for one label set under auto (its S egl sets each run the
     box head at all S sets' proposals and cost more than its loop, which shares the backbone: see
     docs/benchmarks.md), for any number under a named engine method."""
     return rcnn.servable(model) and setting != "loop" and (sets == 1 or setting != "auto")

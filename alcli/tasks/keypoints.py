@@ -8,7 +8,9 @@ The per-image loss ℓ(x, T) is detection's (the image alone, normalisation as i
 sampling seeded by (--seed, id)) at targets T that carry each instance's keypoints: the pseudo-labels
 T̂ are the predicted instances scoring at least --box-threshold with their predicted keypoints (all
 visible); egl's label sets keep instance j with its keypoints with probability p_j. The cheap
-utilities are detection's, over the instances' box scores.
+utilities are detection's, over the instances' box scores; the gradient ones go through the engine
+batched as Faster R-CNN's (alcli.tasks.rcnn: the keypoint head at each image's positive proposals,
+its term normalised over that image's valid keypoints).
 
 Rows are detection's (score, pred: the instances' classes, confidence, loss, uncertain, boxes,
 width, height) and `keypoints`: per pseudo-label instance its K keypoints [x, y, score], JSON.

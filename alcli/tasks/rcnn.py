@@ -1,29 +1,33 @@
-"""Faster and Mask R-CNN through the gradient engine. The loss splits by image once the random
-choices are made: the RPN's loss is over the image's own sampled anchors (a BCE of their
+"""Faster, Mask and Keypoint R-CNN through the gradient engine. The loss splits by image once the
+random choices are made: the RPN's loss is over the image's own sampled anchors (a BCE of their
 objectness, a smooth-L1 of the positives' deltas, both over the image's sampled count), the box
 head's over the image's own sampled proposals (a cross-entropy, a smooth-L1 of the positives'
-class deltas, over its sampled count), Mask R-CNN's mask head's over the image's positive
-proposals (a per-pixel BCE of the mask logits at the row's class against the target mask cropped
-to the proposal, over its positives' pixels). So the choices are made first, without gradients
-and seeded per image as the loop draws them (the training transform's size draw, the RPN's
-anchors, then the proposals), and the proposals go in as inputs: one batched forward then gives
-every image's loss.
+class deltas, over its sampled count), and the second head's over the image's positive proposals:
+Mask R-CNN's a per-pixel BCE of the mask logits at the row's class against the target mask cropped
+to the proposal, over its positives' pixels; Keypoint R-CNN's a cross-entropy of each keypoint's
+heatmap (softmax over its S x S cells) at the cell of the target keypoint, over the image's valid
+keypoints (inside the proposal and visible). So the choices are made first, without gradients and
+seeded per image as the loop draws them (the training transform's size draw, the RPN's anchors,
+then the proposals), and the proposals go in as inputs: one batched forward then gives every
+image's loss.
 
-    Heads(model)((x [B, 3, H, W], rois [B, R, 4][, mask_rois [B, P, 4], mask_labels [B, P]]))
-        -> out [B, A + 4A + R (C + 4C) + P M M]
-        (objectness and deltas per anchor; class logits and class deltas per proposal row; the
-        mask logits at each mask row's class)
-    targets -> t [B, 4 + 7A + 7R + P (1 + M M)]
-        (A, R, P, M*M; per anchor: sampled, label, delta target, positive; per row: the same for
-        the box head; per mask row: whether it counts, then its target mask)
+    Heads(model)((x [B, 3, H, W], rois [B, R, 4][, pos_rois [B, P, 4], pos_index [B, P(, K)]]))
+        -> out [B, A + 4A + R (C + 4C) + P E]
+        (objectness and deltas per anchor; class logits and class deltas per proposal row; per
+        positive row its E = M*M mask logits at its class, or its K keypoints' log-probabilities
+        at their target cells)
+    targets -> t [B, 5 + 7A + 7R + P (1 + E)]
+        (A, R, P, E, whether keypoints; per anchor: sampled, label, delta target, positive; per row:
+        the same for the box head; per positive row: whether it counts, then its target mask or
+        its keypoints' validity)
     per_image_loss(out, t) -> [B]
 
 The R = S x k rows hold each of the S label sets' k sampled proposals (fewer padded, not counted):
-the proposals depend on the label set, and one forward serves all S; the mask rows likewise. The
-multi-scale RoI pooling needs each row at its own pyramid level, which torchvision selects inside
-the forward (shapes the engine cannot follow); here the rows are ordered level by level before it
-(Heads.split, .mask_split), each level padded to the most rows any image has there (padding rows
-not counted), and each level's RoIAlign takes its own.
+the proposals depend on the label set, and one forward serves all S; the positive rows likewise.
+The multi-scale RoI pooling needs each row at its own pyramid level, which torchvision selects
+inside the forward (shapes the engine cannot follow); here the rows are ordered level by level
+before it (Heads.split, .pos_split), each level padded to the most rows any image has there
+(padding rows not counted), and each level's RoIAlign takes its own.
 """
 from __future__ import annotations
 
@@ -35,8 +39,23 @@ from torch import nn
 
 
 def servable(model: nn.Module) -> bool:
-    """torchvision's Faster and Mask R-CNN (not Keypoint R-CNN: its keypoint head stays on the loop)."""
-    return type(model).__name__ in ("FasterRCNN", "MaskRCNN")
+    """torchvision's Faster, Mask and Keypoint R-CNN, with torchvision's mask or keypoint predictor
+    (the targets are drawn at the heatmap size it gives: 2x or 4x the pooled size)."""
+    from torchvision.models.detection.keypoint_rcnn import KeypointRCNNPredictor
+    from torchvision.models.detection.mask_rcnn import MaskRCNNPredictor
+    predictors = {"FasterRCNN": type(None), "MaskRCNN": MaskRCNNPredictor, "KeypointRCNN": KeypointRCNNPredictor}
+    want = predictors.get(type(model).__name__)
+    return want is not None and type(_second(model.roi_heads)[2]) is want
+
+
+def _second(roi_heads: nn.Module) -> tuple:
+    """The RoI heads' second head at the positive proposals: (pool, head, predictor, heatmap size
+    per pooled size, whether keypoints), Nones for Faster R-CNN."""
+    if roi_heads.has_mask():
+        return roi_heads.mask_roi_pool, roi_heads.mask_head, roi_heads.mask_predictor, 2, False
+    if roi_heads.has_keypoint():
+        return roi_heads.keypoint_roi_pool, roi_heads.keypoint_head, roi_heads.keypoint_predictor, 4, True
+    return None, None, None, 0, False
 
 
 def _pooled(maps: list[torch.Tensor], pool: nn.Module, rois: torch.Tensor, split: list[int]) -> torch.Tensor:
@@ -53,9 +72,8 @@ def _pooled(maps: list[torch.Tensor], pool: nn.Module, rois: torch.Tensor, split
 
 
 class Heads(nn.Module):
-    """The backbone, the RPN head, the box head at given proposals and, for Mask R-CNN, the mask
-    head at given positive proposals -> [B, A*5 + R*5C + P*M*M] (each mask row's logits at its
-    class)."""
+    """The backbone, the RPN head, the box head at given proposals and, for Mask and Keypoint
+    R-CNN, the mask or keypoint head at given positive proposals -> [B, A*5 + R*5C + P*E]."""
 
     def __init__(self, model: nn.Module):
         super().__init__()
@@ -63,12 +81,11 @@ class Heads(nn.Module):
         self.backbone, self.rpn_head = model.backbone, model.rpn.head
         self.box_head, self.box_predictor, self.pool = heads.box_head, heads.box_predictor, heads.box_roi_pool
         self.split: list[int] = []  # rows per pyramid level, set per call (rows come level by level)
-        if heads.has_mask():
-            self.mask_head, self.mask_predictor, self.mask_pool = heads.mask_head, heads.mask_predictor, heads.mask_roi_pool
-            self.mask_split: list[int] = []
+        self.pos_pool, self.pos_head, self.pos_predictor, _, self.keypoints = _second(heads)
+        self.pos_split: list[int] = []
 
-    def forward(self, x: torch.Tensor, rois: torch.Tensor, mask_rois: torch.Tensor | None = None,
-                mask_labels: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rois: torch.Tensor, pos_rois: torch.Tensor | None = None,
+                pos_index: torch.Tensor | None = None) -> torch.Tensor:
         from torchvision.models.detection.rpn import concat_box_prediction_layers
         b = rois.shape[0]
         features = self.backbone(x)
@@ -77,25 +94,30 @@ class Heads(nn.Module):
         maps = [f for name, f in features.items() if name in self.pool.featmap_names]
         logits, box = self.box_predictor(self.box_head(_pooled(maps, self.pool, rois, self.split)))  # [B*R, C], [B*R, 4C]
         parts = [objectness.reshape(b, -1), deltas.reshape(b, -1), torch.cat([logits, box], 1).reshape(b, -1)]
-        if mask_rois is not None:
-            maps = [f for name, f in features.items() if name in self.mask_pool.featmap_names]
-            masks = self.mask_predictor(self.mask_head(_pooled(maps, self.mask_pool, mask_rois, self.mask_split)))
-            m = masks.shape[-1]                                                    # [B*P, C, M, M]
-            at = mask_labels.flatten()[:, None, None, None].expand(-1, 1, m, m)
-            parts.append(masks.gather(1, at).reshape(b, -1))                      # [B, P*M*M]
+        if pos_rois is not None:
+            maps = [f for name, f in features.items() if name in self.pos_pool.featmap_names]
+            logits = self.pos_predictor(self.pos_head(_pooled(maps, self.pos_pool, pos_rois, self.pos_split)))
+            if self.keypoints:  # [B*P, K, S, S] -> each heatmap's log-softmax over its S*S cells at the target's
+                logp = logits.flatten(2).log_softmax(-1)
+                parts.append(logp.gather(2, pos_index.reshape(-1, logp.shape[1], 1)).reshape(b, -1))  # [B, P*K]
+            else:               # [B*P, C, M, M] -> the mask logits at the row's class
+                m = logits.shape[-1]
+                at = pos_index.flatten()[:, None, None, None].expand(-1, 1, m, m)
+                parts.append(logits.gather(1, at).reshape(b, -1))                  # [B, P*M*M]
         return torch.cat(parts, 1)
 
 
 def per_image_loss(out: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     """[B]: the box head's cross-entropy and smooth-L1 over the image's sampled proposals, the mask
-    head's per-pixel BCE over its positive ones (Mask R-CNN), then the RPN's BCE and smooth-L1 over
-    its sampled anchors, summed in GeneralizedRCNN's order. t's first 4 columns: A, R, P, M*M."""
+    head's per-pixel BCE over its positive ones (Mask R-CNN) or the keypoint head's cross-entropy
+    over its valid keypoints (Keypoint R-CNN), then the RPN's BCE and smooth-L1 over its sampled
+    anchors, summed in GeneralizedRCNN's order. t's first 5 columns: A, R, P, E, whether keypoints."""
     f = nn.functional
     b = out.shape[0]
-    a, r, p, mm = (int(v) for v in t[0, :4])
-    c = (out.shape[1] - 5 * a - p * mm) // (5 * r)
-    at = 4 + 7 * a + 7 * r                                          # where the mask columns start
-    rpn_t, roi_t = t[:, 4:4 + 7 * a].view(b, a, 7), t[:, 4 + 7 * a:at].view(b, r, 7)
+    a, r, p, e, keypoints = (int(v) for v in t[0, :5])
+    c = (out.shape[1] - 5 * a - p * e) // (5 * r)
+    at = 5 + 7 * a + 7 * r                                          # where the positive rows' columns start
+    rpn_t, roi_t = t[:, 5:5 + 7 * a].view(b, a, 7), t[:, 5 + 7 * a:at].view(b, r, 7)
     objectness, deltas = out[:, :a], out[:, a:5 * a].view(b, a, 4)
     rows = out[:, 5 * a:5 * a + 5 * r * c].view(b, r, 5 * c)
     labels = roi_t[..., 1].long()
@@ -105,10 +127,14 @@ def per_image_loss(out: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     loss = (ce * roi_t[..., 0]).sum(1) / kept
     loss = loss + (f.smooth_l1_loss(chosen, roi_t[..., 2:6], beta=1 / 9, reduction="none").sum(-1)
                    * roi_t[..., 6]).sum(1) / kept
-    if p:  # the mean BCE over the positive rows' M x M pixels (0 without positives, as torchvision's)
-        weight, pixels = t[:, at:at + p], t[:, at + p:].view(b, p, mm)
-        bce = f.binary_cross_entropy_with_logits(out[:, 5 * a + 5 * r * c:].view(b, p, mm), pixels, reduction="none")
-        loss = loss + (bce.sum(-1) * weight).sum(1) / (weight.sum(1) * mm).clamp(min=1)
+    second = out[:, 5 * a + 5 * r * c:].view(b, p, e)
+    if p and keypoints:  # the mean cross-entropy over the valid keypoints (0 without, as torchvision's)
+        valid = t[:, at:at + p, None] * t[:, at + p:].view(b, p, e)
+        loss = loss - (second * valid).sum((1, 2)) / valid.sum((1, 2)).clamp(min=1)
+    elif p:  # the mean BCE over the positive rows' M x M pixels (0 without positives, as torchvision's)
+        weight, pixels = t[:, at:at + p], t[:, at + p:].view(b, p, e)
+        bce = f.binary_cross_entropy_with_logits(second, pixels, reduction="none")
+        loss = loss + (bce.sum(-1) * weight).sum(1) / (weight.sum(1) * e).clamp(min=1)
     bce = f.binary_cross_entropy_with_logits(objectness, rpn_t[..., 1], reduction="none")
     rpn_box = f.smooth_l1_loss(deltas, rpn_t[..., 2:6], beta=1 / 9, reduction="none").sum(-1)
     return loss + (bce * rpn_t[..., 0]).sum(1) / sampled + (rpn_box * rpn_t[..., 6]).sum(1) / sampled
@@ -117,9 +143,10 @@ def per_image_loss(out: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
 def _choices(model: nn.Module, image: torch.Tensor, target: dict, seed: int, anchors: torch.Tensor,
              proposals: torch.Tensor, dtype) -> tuple:
     """One image at one label set, its random choices drawn as the loop draws them -> (rpn [A, 7],
-    its sampled proposals [k', 4], their rows [k', 7], and for Mask R-CNN its positive proposals
-    [P, 4], their classes [P] and mask targets [P, M, M], else None)."""
-    from torchvision.models.detection.roi_heads import project_masks_on_boxes
+    its sampled proposals [k', 4], their rows [k', 7], and for Mask or Keypoint R-CNN (its positive
+    proposals [P, 4], their index [P] (the class: Mask R-CNN) or [P, K] (each keypoint's target
+    cell), their payload [P, E] (the target mask, or each keypoint's validity)), else None)."""
+    from torchvision.models.detection.roi_heads import keypoints_to_heatmap, project_masks_on_boxes
     devices = [image.device] if image.device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
@@ -131,14 +158,16 @@ def _choices(model: nn.Module, image: torch.Tensor, target: dict, seed: int, anc
     rpn = torch.cat([(pos | neg)[:, None], labels[0][:, None], deltas, pos[:, None]], 1).to(dtype)
     rows = torch.cat([torch.ones_like(classes[0])[:, None], classes[0][:, None], box_targets[0],
                       (classes[0] > 0)[:, None]], 1).to(dtype)
-    masks = None
-    if model.roi_heads.has_mask():
-        positive = classes[0] > 0
-        m = 2 * model.roi_heads.mask_roi_pool.output_size[0]  # torchvision's predictor doubles the pooled size
-        boxes = chosen[0][positive]
-        masks = (boxes, classes[0][positive],
-                 project_masks_on_boxes(resized["masks"], boxes, gt[0][positive], m).to(dtype))
-    return rpn, chosen[0], rows, masks
+    pool, _, _, per_pooled, keypoints = _second(model.roi_heads)
+    if pool is None:
+        return rpn, chosen[0], rows, None
+    positive = classes[0] > 0
+    boxes, matched_gt, size = chosen[0][positive], gt[0][positive], per_pooled * pool.output_size[0]
+    if keypoints:
+        cells, valid = keypoints_to_heatmap(resized["keypoints"][matched_gt], boxes, size)
+        return rpn, chosen[0], rows, (boxes, cells, valid.to(dtype))
+    masks = project_masks_on_boxes(resized["masks"], boxes, matched_gt, size).to(dtype)
+    return rpn, chosen[0], rows, (boxes, classes[0][positive], masks.flatten(1))
 
 
 def with_scales(pool: nn.Module, features, image_list) -> None:
@@ -148,34 +177,33 @@ def with_scales(pool: nn.Module, features, image_list) -> None:
         pool(features, [x.new_tensor([[0.0, 0.0, 1.0, 1.0]])] * x.shape[0], image_list.image_sizes)
 
 
-def mask_rows(model: nn.Module, heads_: Heads, features, image_list, choices: list[list[tuple]]):
-    """Mask R-CNN's positive proposals of every image and label set -> (mask_rois [B, P, 4],
-    mask_labels [B, P], per set [S, B, P, 1 + M*M]: whether the row counts, its mask target), each
-    set's rows in its own slot, level by level (heads_.mask_split); None without a mask head or
-    without a positive proposal."""
+def positive_rows(heads_: Heads, features, image_list, choices: list[list[tuple]]):
+    """The positive proposals of every image and label set -> (pos_rois [B, P, 4], pos_index
+    [B, P(, K)], per set [S, B, P, 1 + E]: whether the row counts, its payload), each set's rows in
+    its own slot, level by level (heads_.pos_split); None without a second head or without a
+    positive proposal."""
     if choices[0][0][3] is None:
         return None
-    pool = model.roi_heads.mask_roi_pool
+    pool = heads_.pos_pool
     with_scales(pool, features, image_list)
     sets, b = len(choices[0]), len(choices)
     most = max(len(c[3][0]) for per_set in choices for c in per_set)
     if most == 0:
         return None
-    m2 = choices[0][0][3][2].shape[-1] ** 2
-    x = choices[0][0][0]
+    x, (_, index, payload) = choices[0][0][0], choices[0][0][3]
     rois = x.new_zeros(b, sets * most + 1, 4)
     rois[..., 2:] = 1.0                                             # padding rows: a unit box, not counted
-    labels = torch.zeros(b, sets * most + 1, dtype=torch.long, device=x.device)
-    t = x.new_zeros(sets, b, sets * most + 1, 1 + m2)
+    indices = index.new_zeros(b, sets * most + 1, *index.shape[1:])
+    t = x.new_zeros(sets, b, sets * most + 1, 1 + payload.shape[-1])
     for col, per_set in enumerate(choices):
-        for s, (_, _, _, (boxes, classes, targets)) in enumerate(per_set):
+        for s, (_, _, _, (boxes, index, payload)) in enumerate(per_set):
             rows = slice(s * most, s * most + len(boxes))
-            rois[col, rows], labels[col, rows] = boxes, classes
+            rois[col, rows], indices[col, rows] = boxes, index
             t[s, col, rows, 0] = 1.0
-            t[s, col, rows, 1:] = targets.flatten(1)
-    order, heads_.mask_split = by_level(pool.map_levels([rois.flatten(0, 1)]).view(b, -1)[:, :-1], len(pool.scales))
-    return (rois.gather(1, order[..., None].expand(-1, -1, 4)), labels.gather(1, order),
-            t.gather(2, order[None, ..., None].expand(sets, -1, -1, 1 + m2)))
+            t[s, col, rows, 1:] = payload
+    order, heads_.pos_split = by_level(pool.map_levels([rois.flatten(0, 1)]).view(b, -1)[:, :-1], len(pool.scales))
+    image = torch.arange(b, device=order.device)[:, None]
+    return rois[image, order], indices[image, order], t[:, image, order]
 
 
 def by_level(levels: torch.Tensor, count: int) -> tuple[torch.Tensor, list[int]]:
@@ -253,15 +281,15 @@ def norms(model: nn.Module, images: list[torch.Tensor], target_sets: list[list[d
                                        len(heads_.pool.scales))
         rois = rois.gather(1, order[..., None].expand(-1, -1, 4))
         roi_t = roi_t.gather(2, order[None, ..., None].expand(sets, -1, -1, 7))
-        inputs, masks = (x, rois), mask_rows(model, heads_, features, image_list, choices)
-        p, mm = 0, 0
-        if masks is not None:
-            mask_rois, mask_labels, mask_t = masks                  # [B, P, 4], [B, P], [S, B, P, 1 + M*M]
-            p, mm = mask_rois.shape[1], mask_t.shape[-1] - 1
-            inputs = (x, rois, mask_rois, mask_labels)
-        header = x.new_tensor([a, rois.shape[1], p, mm]).expand(b, 4)       # rows after the level order
+        inputs, positives = (x, rois), positive_rows(heads_, features, image_list, choices)
+        p, e = 0, 0
+        if positives is not None:
+            pos_rois, pos_index, pos_t = positives                  # [B, P, 4], [B, P(, K)], [S, B, P, 1 + E]
+            p, e = pos_rois.shape[1], pos_t.shape[-1] - 1
+            inputs = (x, rois, pos_rois, pos_index)
+        header = x.new_tensor([a, rois.shape[1], p, e, heads_.keypoints]).expand(b, 5)  # rows after the level order
         dense = [torch.cat([header, rpn_t[s], roi_t[s].flatten(1)]
-                           + ([mask_t[s, ..., 0], mask_t[s, ..., 1:].flatten(1)] if p else []), 1)
+                           + ([pos_t[s, ..., 0], pos_t[s, ..., 1:].flatten(1)] if p else []), 1)
                  for s in range(sets)]
 
         def targets_for(out: torch.Tensor) -> list[torch.Tensor]:
