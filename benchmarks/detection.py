@@ -1,12 +1,13 @@
 """Detection speed: alcli's per-image utilities ÷ one plain forward+backward of the batch's summed
 training loss (the floor), side by side in one process, median of several rounds: gradnorm and
-egl with S label sets as `auto` runs them (batched through the engine for RetinaNet, FCOS and
-SSD) and, beside them, the per-image loop (`--method loop`).
+egl with S label sets batched through the engine (as `auto` runs them, but the R-CNNs' egl, which
+`auto` loops: `--method ghost`) and, beside them, the per-image loop (`--method loop`).
 
     nice -n 10 python benchmarks/detection.py [--size 320] [--batch 8] [--samples 8] [--rounds 1]
 
 Random weights, `--size` square images (SSD resizes to 320 itself), targets = the predicted
-boxes scoring at least 0.05 (the same pseudo-labels for the floor and for alcli).
+instances scoring at least 0.05, with their masks or keypoints (the same pseudo-labels for the
+floor and for alcli).
 """
 from __future__ import annotations
 
@@ -18,10 +19,16 @@ from types import SimpleNamespace
 import torch
 import torchvision
 
-from alcli.tasks import detection
+from alcli.tasks import detection, instances, keypoints, rcnn
 
 DETECTORS = ("fasterrcnn_mobilenet_v3_large_320_fpn", "fasterrcnn_resnet50_fpn", "retinanet_resnet50_fpn",
-             "fcos_resnet50_fpn", "ssdlite320_mobilenet_v3_large")
+             "fcos_resnet50_fpn", "ssdlite320_mobilenet_v3_large", "maskrcnn_resnet50_fpn",
+             "keypointrcnn_resnet50_fpn")
+# per detector: (its instances above a threshold, a training target of them, the utility) of the
+# task module that scores it (masks and keypoints carried by instance segmentation and keypoints)
+TASK_OF = {"maskrcnn": (instances.kept, instances.target, instances.utility),
+           "keypointrcnn": (keypoints.kept, keypoints.target, keypoints.utility)}
+BOXES = (detection.kept, detection.box_target, detection.utility)
 
 
 def build(name: str, size: int) -> torch.nn.Module:
@@ -59,19 +66,21 @@ def measure(name: str, images: list[torch.Tensor], samples: int, rounds: int, lo
     as `auto` runs them and on the per-image loop (None where `auto` is the loop or loop=False)."""
     device = images[0].device
     model = build(name, images[0].shape[-1]).to(device)
+    kept, target, utility = next((t for prefix, t in TASK_OF.items() if name.startswith(prefix)), BOXES)
     ids = [f"img{i}" for i in range(len(images))]
     found = detection.predict(model, images)
-    targets = [{k: v for k, v in detection.kept(f, 0.05).items() if k != "scores"} for f in found]
+    targets = [target(kept(f, 0.05)) for f in found]
     t_floor = timed(lambda: floor(model, images, targets), rounds, sync=sync)
 
     def ratio(strategy: str, method: str) -> float:
         settings = SimpleNamespace(box_threshold=0.05, aggregate="mean", seed=0, egl_samples=samples,
                                    method=method)
-        t = timed(lambda: detection.utility(strategy, model, images, detection.predict(model, images),
-                                            ids, settings), rounds, warm=method != "loop", sync=sync)
+        t = timed(lambda: utility(strategy, model, images, detection.predict(model, images), ids, settings),
+                  rounds, warm=method != "loop", sync=sync)
         return t / t_floor
 
-    gradnorm, egl = ratio("gradnorm", "auto"), ratio("egl", "auto")
+    # the R-CNNs' egl batched: `auto` loops their label sets (the loop columns give that)
+    gradnorm, egl = ratio("gradnorm", "auto"), ratio("egl", "ghost" if rcnn.servable(model) else "auto")
     how = detection.method(model, "auto")  # after a run: Faster R-CNN's gradnorm is batched once it ran
     on_loop = not how[1].startswith("batched")
     return {"method": how[0], "floor": t_floor, "gradnorm": gradnorm, "egl": egl,

@@ -265,7 +265,7 @@ def utility(strategy: str, model: nn.Module, images: list[torch.Tensor], found: 
             target: Callable[[dict], dict] | None = None) -> tuple[list[float], list[float] | None]:
     """(score per image, loss per image or None) for `strategy`; the loss and the gradient ones at
     `target(instances)`, instances with their `extra` fields (keypoints, masks)."""
-    target = target or _target
+    target = target or box_target
     threshold = settings.box_threshold
     if strategy == "entropy":
         return _per_box(_binary_entropy, found, settings.aggregate), None
@@ -292,7 +292,8 @@ def utility(strategy: str, model: nn.Module, images: list[torch.Tensor], found: 
     return scores, ([v[0] for v in losses] if single else None)
 
 
-def _target(found: dict) -> dict:
+def box_target(found: dict) -> dict:
+    """A training target: boxes [N, 4], labels [N]."""
     return {"boxes": found["boxes"], "labels": found["labels"]}
 
 
