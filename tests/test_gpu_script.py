@@ -63,7 +63,7 @@ def check_detection(out):
 
 
 def check_end_to_end(out):
-    assert "## alcli score end to end" in out and "  ok" in out.split("end to end")[1], out
+    assert "## alcli score end to end: 4 JPEGs" in out and "  ok (4 rows)" in out.split("end to end")[1], out
 
 
 def check_call_cost(out):
