@@ -23,12 +23,20 @@
 10. causal LMs (benchmarks/causal_lm.py), GPT-2 small and a tiny Llama: gradnorm ÷ the floor at
    T = 512, B = 8, and the peak memory of each at T = 2048, B = 2 (issue 36).
 
-    python benchmarks/gpu.py              # writes benchmarks/results/gpu-<device>.txt
-    python benchmarks/gpu.py --dry-run    # the whole script on the CPU, tiny sizes, < 1 minute
+    python benchmarks/gpu.py                         # writes benchmarks/results/gpu-<device>.txt
+    python benchmarks/gpu.py --only detection tasks  # some sections (names: --help), no results file
+    python benchmarks/gpu.py --dry-run               # every section on the CPU at tiny sizes, < 1 minute
+
+The dry run calls each section once at tiny sizes, timing each contender on one call, so that the
+script does not crash on the day a GPU is lent; tests/test_gpu_script.py runs each section in it.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
+import io
+import math
 import statistics
 import subprocess
 import sys
@@ -91,10 +99,14 @@ def models(dry: bool):
 
 
 # --------------------------------------------------------------------------------------- timing
-def timed(fn, device, seconds: float, reps: int) -> float:
-    """Median seconds per call after one warm-up call, within `seconds` or `reps` calls."""
-    fn()
-    sync(device)
+def timed(fn, device, seconds: float, reps: int, dry: bool = False) -> float:
+    """Median seconds per call after one warm-up call, within `seconds` or `reps` calls; dry: the
+    seconds of one call, no warm-up (the dry run checks that it runs, not how fast)."""
+    if dry:
+        seconds, reps = 0.0, 1
+    else:
+        fn()
+        sync(device)
     times, start = [], time.perf_counter()
     while len(times) < reps and (not times or time.perf_counter() - start < seconds):
         t0 = time.perf_counter()
@@ -144,8 +156,19 @@ def peers(model, x, y):
             yield name, None, f"{type(err).__name__}: {str(err).strip().splitlines()[0][:80] if str(err).strip() else ''}"
 
 
-def timing_table(device, dry: bool, say, budget_s: float):
-    per_call_s = 0.05 if dry else 3.0
+def cuda_tests(device, dry: bool, say):
+    """tests/test_cuda.py in a pytest of its own; the summary line (and the failures' tail)."""
+    if dry:  # the suite runs them, skipped without CUDA
+        say("\n## CUDA-marked tests: not run in a dry run")
+        return
+    tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_cuda.py"],
+                           capture_output=True, text=True, cwd=ROOT)
+    say(f"\n## CUDA-marked tests: {(tests.stdout.strip().splitlines() or ['(no output)'])[-1]}")
+    if tests.returncode not in (0, 5):
+        say("\n".join(tests.stdout.strip().splitlines()[-30:]))
+
+
+def timing_table(device, dry: bool, say, deadline: float = math.inf):
     for name, build in models(dry):
         torch.manual_seed(0)
         model, x, y = build()
@@ -162,13 +185,13 @@ def timing_table(device, dry: bool, say, budget_s: float):
         rows = [(n, f, None) for n, f in contenders(model, x, y, device, exact_ok=classes <= 10)]
         rows += list(peers(model, x, y))
         for label, fn, note in rows:
-            if note is None and not dry and time.perf_counter() > budget_s:
+            if note is None and not dry and time.perf_counter() > deadline:
                 note = "skipped: over the time budget"
             if note is not None:
                 say(f"   {label:<28} {'-':>10} {'-':>11}  {note}")
                 continue
             try:
-                s = timed(fn, device, per_call_s, 1 if dry else 20)
+                s = timed(fn, device, 3.0, 20, dry)
             except torch.OutOfMemoryError:
                 torch.cuda.empty_cache()
                 say(f"   {label:<28} {'-':>10} {'-':>11}  out of memory")
@@ -252,14 +275,32 @@ def end_to_end(device, dry: bool, say):
         torch.save(getattr(torchvision.models, arch)(num_classes=1000).state_dict(), weights)
         say(f"\n## alcli score end to end: {n} JPEGs {size}x{size}, {arch} (1000 classes), {device.type}")
         for precision in ("bf16",) if dry else ("fp32", "bf16"):
-            cmd = [sys.executable, "-m", "alcli", "score", str(folder), "-m", str(weights), "--arch",
-                   f"torchvision:{arch}", "--device", device.type, "--precision", precision,
-                   "-b", "2" if dry else "64", "-o", str(Path(tmp) / f"{precision}.csv"), "-q"]
+            out = Path(tmp) / f"{precision}.csv"
+            args = ["score", str(folder), "-m", str(weights), "--arch", f"torchvision:{arch}", "--device", device.type,
+                    "--precision", precision, "-b", "2" if dry else "64", "-o", str(out), "-q"]
             t0 = time.perf_counter()
-            done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+            code, err = alcli_command(args, own_process=not dry)
             s = time.perf_counter() - t0
-            status = "ok" if done.returncode == 0 else f"failed: {done.stderr.strip().splitlines()[-1:]}"
-            say(f"   egl top-10 {precision}: {s:6.1f} s wall (process start included), {n / s:7.1f} images/s  {status}")
+            rows = len(out.read_text().splitlines()) - 1 if code == 0 else 0  # under a header line
+            status = f"ok ({rows} rows)" if code == 0 else f"failed: {err.strip().splitlines()[-1:]}"
+            how = "process start included" if not dry else "in this process"
+            say(f"   egl top-10 {precision}: {s:6.1f} s wall ({how}), {n / s:7.1f} images/s  {status}")
+
+
+def alcli_command(args: list[str], own_process: bool) -> tuple[int, str]:
+    """(exit code, stderr) of `alcli ARGS`: in a process of its own, as a user runs it, or (the dry
+    run) in this one, where torch and torchvision are imported already (5 s of a 7 s CPU run)."""
+    if own_process:
+        done = subprocess.run([sys.executable, "-m", "alcli", *args], capture_output=True, text=True, cwd=ROOT)
+        return done.returncode, done.stderr
+    from alcli.cli import app
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        try:
+            app(args, prog_name="alcli")
+        except SystemExit as done:  # the app always exits with the command's code
+            return done.code, err.getvalue()
+    return 0, err.getvalue()
 
 
 def detection_table(device, dry: bool, say):
@@ -276,52 +317,6 @@ def detection_table(device, dry: bool, say):
         say(row(name, measure(name, images, samples, 1 if dry else 5, loop=not dry, sync=lambda: sync(device))))
 
 
-# ------------------------------------------------------------------------------------------ main
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--dry-run", action="store_true", help="the whole script on the CPU at tiny sizes")
-    ap.add_argument("--out", help="the results file (default benchmarks/results/gpu-<device>.txt; "
-                                  "none for --dry-run)")
-    ap.add_argument("--budget", type=float, default=420.0, help="seconds before timing stops (default 420)")
-    args = ap.parse_args()
-    if not args.dry_run and not torch.cuda.is_available():
-        raise SystemExit("no CUDA device: run with --dry-run to check the script on the CPU")
-    device = torch.device("cpu" if args.dry_run else "cuda")
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-        torch.backends.cudnn.benchmark = True
-    lines: list[str] = []
-
-    def say(line=""):
-        print(line, flush=True)
-        lines.append(line)
-
-    start = time.perf_counter()
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (dry run)"
-    say(f"# alcli on {name}: torch {torch.__version__}")
-    if args.dry_run:  # the suite runs them, skipped without CUDA
-        say("\n## CUDA-marked tests: not run in a dry run")
-    else:
-        tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_cuda.py"],
-                               capture_output=True, text=True, cwd=ROOT)
-        say(f"\n## CUDA-marked tests: {(tests.stdout.strip().splitlines() or ['(no output)'])[-1]}")
-        if tests.returncode not in (0, 5):
-            say("\n".join(tests.stdout.strip().splitlines()[-30:]))
-    timing_table(device, args.dry_run, say, start + (20 if args.dry_run else args.budget))
-    precision_table(device, args.dry_run, say)
-    detection_table(device, args.dry_run, say)
-    end_to_end(device, args.dry_run, say)
-    call_cost_table(device, args.dry_run, say)
-    compile_table(device, args.dry_run, say)
-    egl_chunks_table(device, args.dry_run, say)
-    tasks_table(device, args.dry_run, say)
-    causal_lm_table(device, args.dry_run, say)
-    say(f"\n(total {time.perf_counter() - start:.0f} s)")
-    out = args.out or (None if args.dry_run else ROOT / "benchmarks" / "results" / f"gpu-{device.type}.txt")
-    if out:
-        Path(out).write_text("\n".join(lines) + "\n")
-
-
 def call_cost_table(device, dry: bool, say):
     """Issue 23's figures where launches cost most: first/steady, kernels and dispatches per call,
     time outside ops, and a steady call by phase."""
@@ -333,13 +328,15 @@ def call_cost_table(device, dry: bool, say):
     by_phase = {}
     for name in ("simple",) if dry else ("simple", "resnet18", "bert-small"):
         case = build_case(name, device)
-        timing = first_vs_steady(case, device, 2 if dry else 5)
+        timing = first_vs_steady(case, device, 1 if dry else 5)
         plain_k, plain_all = op_counts(floor_fn(case))
         ours_k, ours_all = op_counts(norms_fn(case, case.model))
-        plain, ours = where_time_goes(floor_fn(case), device), where_time_goes(norms_fn(case, case.model), device)
+        calls = 2 if dry else 20
+        plain = where_time_goes(floor_fn(case), device, calls)
+        ours = where_time_goes(norms_fn(case, case.model), device, calls)
         say(f"{name:<12} {timing['first_x_steady']:>11.2f}x {plain_k:>13} {ours_k:>13} {plain_all:>16} {ours_all:>16} "
             f"{plain['wall']:>10.0f} {ours['wall']:>10.0f} {ours['rest (Python, dispatch)']:>17.0f}")
-        by_phase[name] = phases(norms_fn(case, case.model), device, 5 if dry else 50)
+        by_phase[name] = phases(norms_fn(case, case.model), device, 2 if dry else 50)
     say("\nsteady call by phase, us (benchmarks/call_cost.py phases)")
     say(f"{'model':<12} " + " ".join(f"{k:>10}" for k in next(iter(by_phase.values()))))
     for name, parts in by_phase.items():
@@ -357,7 +354,7 @@ def compile_table(device, dry: bool, say):
     runs = [("simple", 1)] if dry else [("simple", 1), ("resnet18", 1), ("bert-small", 1), ("simple", 10)]
     for name, k in runs:
         say(compiled.row(f"{name}{' egl' + str(k) if k > 1 else ''}",
-                         compiled.compare(build_case(name, device), device, k, 3 if dry else 11)))
+                         compiled.compare(build_case(name, device), device, k, 1 if dry else 11)))
     if device.type == "cuda":  # the same kernels launched one by one
         engine_compiled.CUDA_MODE = None
         engine_compiled._compiled.clear()
@@ -403,8 +400,8 @@ def causal_lm_table(device, dry: bool, say):
         model = build(name).to(device)
         inputs, targets = on_device(t_time, b)
         gradnorm(model, inputs, targets)  # ghost's first call probes the model
-        f = timed(lambda: floor(model, inputs, targets), device, 0.05 if dry else 3.0, 1 if dry else 10)
-        g = timed(lambda: gradnorm(model, inputs, targets), device, 0.05 if dry else 3.0, 1 if dry else 10)
+        f = timed(lambda: floor(model, inputs, targets), device, 3.0, 10, dry)
+        g = timed(lambda: gradnorm(model, inputs, targets), device, 3.0, 10, dry)
         line = f"{name:11} floor {f * 1e3:9.1f} ms  gradnorm {g * 1e3:9.1f} ms  {g / f:5.2f}x"
         if device.type == "cuda":
             peaks = {}
@@ -425,6 +422,55 @@ def causal_lm_table(device, dry: bool, say):
                      f"{peaks['gradnorm'] / peaks['floor']:5.2f}x")
         say(line)
         del model
+
+
+# ------------------------------------------------------------------------------------------ main
+def sections(deadline: float = math.inf) -> dict:
+    """name -> section(device, dry, say), in the order a whole run goes through them; `deadline`
+    (time.perf_counter()) stops the timing table's contenders on a GPU."""
+    return {"cuda-tests": cuda_tests, "timing": functools.partial(timing_table, deadline=deadline),
+            "precision": precision_table, "detection": detection_table, "end-to-end": end_to_end,
+            "call-cost": call_cost_table, "compile": compile_table, "egl-chunks": egl_chunks_table,
+            "tasks": tasks_table, "causal-lm": causal_lm_table}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dry-run", action="store_true", help="the script on the CPU at tiny sizes")
+    ap.add_argument("--only", nargs="+", choices=list(sections()), metavar="SECTION",
+                    help=f"run these sections only, in the script's order ({', '.join(sections())})")
+    ap.add_argument("--out", help="the results file (default benchmarks/results/gpu-<device>.txt when every "
+                                  "section runs; none for --dry-run or --only)")
+    ap.add_argument("--budget", type=float, default=420.0, help="seconds before timing stops (default 420)")
+    return ap.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if not args.dry_run and not torch.cuda.is_available():
+        raise SystemExit("no CUDA device: run with --dry-run to check the script on the CPU")
+    device = torch.device("cpu" if args.dry_run else "cuda")
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+        torch.backends.cudnn.benchmark = True
+    lines: list[str] = []
+
+    def say(line=""):
+        print(line, flush=True)
+        lines.append(line)
+
+    start = time.perf_counter()
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (dry run)"
+    say(f"# alcli on {name}: torch {torch.__version__}")
+    for section, run in sections(start + args.budget).items():
+        if args.only is None or section in args.only:
+            run(device, args.dry_run, say)
+    say(f"\n(total {time.perf_counter() - start:.0f} s)")
+    whole = not args.dry_run and args.only is None
+    out = args.out or (ROOT / "benchmarks" / "results" / f"gpu-{device.type}.txt" if whole else None)
+    if out:
+        Path(out).write_text("\n".join(lines) + "\n")
+
 
 if __name__ == "__main__":
     main()
