@@ -61,22 +61,23 @@ def timed(fn, rounds: int, warm: bool = True, sync=lambda: None) -> float:
 
 
 def measure(name: str, images: list[torch.Tensor], samples: int, rounds: int, loop: bool = True,
-            sync=lambda: None) -> dict:
+            sync=lambda: None, warm: bool = True) -> dict:
     """One detector's row: how `auto` runs it, the floor's seconds, gradnorm and egl ÷ the floor
-    as `auto` runs them and on the per-image loop (None where `auto` is the loop or loop=False)."""
+    as `auto` runs them and on the per-image loop (None where `auto` is the loop or loop=False);
+    warm=False: no warm-up call (a dry run)."""
     device = images[0].device
     model = build(name, images[0].shape[-1]).to(device)
     kept, target, utility = next((t for prefix, t in TASK_OF.items() if name.startswith(prefix)), BOXES)
     ids = [f"img{i}" for i in range(len(images))]
     found = detection.predict(model, images)
     targets = [target(kept(f, 0.05)) for f in found]
-    t_floor = timed(lambda: floor(model, images, targets), rounds, sync=sync)
+    t_floor = timed(lambda: floor(model, images, targets), rounds, warm=warm, sync=sync)
 
     def ratio(strategy: str, method: str) -> float:
         settings = SimpleNamespace(box_threshold=0.05, aggregate="mean", seed=0, egl_samples=samples,
                                    method=method)
         t = timed(lambda: utility(strategy, model, images, detection.predict(model, images), ids, settings),
-                  rounds, warm=method != "loop", sync=sync)
+                  rounds, warm=warm and method != "loop", sync=sync)
         return t / t_floor
 
     # the R-CNNs' egl batched: `auto` loops their label sets (the loop columns give that)
