@@ -226,6 +226,42 @@ def test_grad_norms_per_target(case_id, method):
     torch.testing.assert_close(logits, expected_logits, rtol=1e-9, atol=1e-12)
 
 
+class GroupedConvRows(nn.Module):
+    """Grouped and depthwise convolutions (the conv rule's weight backward with the batch folded
+    into the groups): one on [B, C, H, W], one on each example's two halves of the channels
+    stacked as rows [B*2, C/2, H, W] (an example's gradient sums its rows), one shared by two calls
+    (the per-example gradient itself), with stride, dilation and circular padding."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, padding=1)
+        self.dw = nn.Conv2d(8, 8, 5, stride=2, padding=2, groups=8)                    # depthwise
+        self.rows = nn.Conv2d(4, 8, 3, padding=2, dilation=2, groups=2, padding_mode="circular")
+        self.twice = nn.Conv2d(16, 16, 3, padding="same", groups=16, bias=False)
+        self.fc = nn.Linear(16, 4)
+
+    def forward(self, x):  # [B, 3, 8, 8]
+        h = torch.tanh(self.dw(torch.tanh(self.stem(x))))                          # [B, 8, 4, 4]
+        h = torch.tanh(self.rows(h.reshape(-1, 4, 4, 4))).reshape(x.shape[0], 16, 4, 4)
+        h = torch.tanh(self.twice(torch.tanh(self.twice(h))))
+        return self.fc(h.mean((2, 3)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+def test_grouped_convolutions_for_several_target_sets(dtype):
+    """Ghost's grouped convolutions against the float64 loop, for three target sets at once (one
+    vmapped backward, the rule inside vmap) and for one."""
+    torch.manual_seed(3)
+    model = GroupedConvRows().eval().to(dtype)
+    x = torch.randn(5, 3, 8, 8, dtype=dtype)
+    sets = [torch.tensor([0, 1, 2, 3, 0]), torch.tensor([3, 3, 1, 0, 2]), torch.zeros(5, dtype=torch.long)]
+    expected = torch.stack([oracle_norms(model, x, t) for t in sets])
+    norms, _ = grad_norms_per_target(model, x, sets, method="ghost")
+    for k in range(len(sets)):
+        assert_matches(norms[k], expected[k], TOL[dtype], f"target set {k}")
+    assert_matches(per_example_grad_norms(model, x, sets[1], method="ghost"), expected[1], TOL[dtype], "one set")
+
+
 # --------------------------------------------------------------------------------- batch edges
 @pytest.mark.parametrize("method", METHODS)
 def test_batch_of_one(method):

@@ -2,6 +2,9 @@
 
 A convolution is a Linear applied at every output position t to the unfolded input patch:
 W grad_i = sum_t g_it a_it^T per group, with a_it the (C_in/groups * prod(kernel)) patch.
+Grouped and depthwise convolutions form W grad_i with the convolution's own weight backward
+instead (the batch folded into the groups); ungrouped ones from the patches, as a Gram product
+or materialised, whichever is smaller.
 """
 from __future__ import annotations
 
@@ -36,6 +39,25 @@ def unfold_patches(module, x):
     return x.permute(perm).reshape(batch, module.groups, -1, out_shape.numel())
 
 
+def grouped_weight_grads(module, x, g):
+    """x [N, C_in, *S], g [N, C_out, *O] -> per-example weight gradients [N, *weight.shape]: the
+    convolution's own weight backward with the batch folded into the groups (example n's groups
+    are n*groups ... (n+1)*groups - 1 of a [1, N*C_in, *S] input), so no patch is copied."""
+    batch, spatial = x.shape[0], len(module.kernel_size)
+    padding = module.padding
+    if isinstance(padding, str) or module.padding_mode != "zeros":  # 'same', circular, ...: padded here
+        mode = "constant" if module.padding_mode == "zeros" else module.padding_mode
+        if any(module._reversed_padding_repeated_twice):
+            x = F.pad(x, module._reversed_padding_repeated_twice, mode=mode)
+        padding = (0,) * spatial
+    weight = module.weight.detach().repeat(batch, *[1] * (module.weight.dim() - 1))  # only its shape is read
+    grad = torch.ops.aten.convolution_backward(
+        g.reshape(1, -1, *g.shape[2:]), x.reshape(1, -1, *x.shape[2:]), weight.to(g.dtype), None,
+        module.stride, padding, module.dilation, False, (0,) * spatial, batch * module.groups,
+        (False, True, False))[1]                                            # [N*C_out, C_in/groups, *K]
+    return grad.view(batch, *module.weight.shape)
+
+
 @register(nn.Conv1d, nn.Conv2d, nn.Conv3d, layout="batch_first", blocks=True)
 def conv_rule(module, call, wanted):
     x = call.args[0]
@@ -43,32 +65,42 @@ def conv_rule(module, call, wanted):
         raise UnsupportedModel("unbatched convolution input")
     g = call.grad_out
     rows = g.shape[1] if g.dim() == x.dim() + 1 else 0  # k rows per example: x [B*k, ...], g [B, k, ...]
+    batch, c_out = g.shape[0], g.shape[2 if rows else 1]
+    out = {}
+    if "weight" in wanted and module.groups > 1:
+        # grouped and depthwise: the per-example gradient [C_out, C_in/groups, *K] is small, and
+        # the weight backward forms it at the floor's cost, where patches would copy x K times
+        w = grouped_weight_grads(module, x, g.flatten(0, 1) if rows else g)
+        if rows:  # [B*k, ...] -> an example's sum over its k rows
+            w = w.unflatten(0, (batch, rows)).sum(1)
+        out["weight"] = w if wanted["weight"] else w.square().flatten(1).sum(1)
+    elif "weight" in wanted:
+        out["weight"] = _patch_weight(module, call.cache, x, g, rows, wanted["weight"])
+    if "bias" in wanted:  # [B, C_out]: the driver squares small gradients all at once
+        out["bias"] = (g.sum(1) if rows else g).flatten(2).sum(2)
+    return out
+
+
+def _patch_weight(module, cache, x, g, rows: int, per_example: bool):
+    """An ungrouped convolution's per-example weight gradients [B, *weight.shape] (`per_example`)
+    or their squared norms [B], from the unfolded input patches."""
     if rows:  # an example's positions are all its rows' positions: T -> k*T below
         g = g.movedim(1, 2).flatten(3)                 # [B, C_out, k*T]
-    batch, c_out = g.shape[:2]
-    groups = module.groups
-    # 3-D batched matmuls over (example, group): one bmm each, no broadcasting matmul's views
-    g = g.reshape(batch * groups, c_out // groups, -1)  # [B*groups, C_out/groups, T]
-    out = {}
-    if "weight" in wanted:
-        a = call.cache.get("patches")
-        if a is None:
-            a = unfold_patches(module, x)                  # [B(*k), groups, K, T]
-            if rows:
-                a = a.unflatten(0, (batch, rows)).permute(0, 2, 3, 1, 4).flatten(3)  # [B, groups, K, k*T]
-            a = call.cache["patches"] = a.flatten(0, 1)   # [B*groups, K, T]
-        k, steps = a.shape[1], a.shape[2]
-        o = g.shape[1]
-        if wanted["weight"]:
-            out["weight"] = torch.bmm(g, a.mT).reshape(batch, *module.weight.shape)
-        elif steps * steps <= k * o:
-            # Gram form <A^T A, G^T G> per group: [T, T] is no larger than the [o, k] product
-            gram_a = call.cache.get("gram")
-            if gram_a is None:
-                gram_a = call.cache["gram"] = torch.bmm(a.mT, a)  # [B*groups, T, T]
-            out["weight"] = (gram_a * torch.bmm(g.mT, g)).reshape(batch, -1).sum(1)
-        else:
-            out["weight"] = torch.bmm(g, a.mT).square().reshape(batch, -1).sum(1)
-    if "bias" in wanted:
-        out["bias"] = g.sum(2).reshape(batch, c_out)  # [B, C_out]: the driver squares small gradients all at once
-    return out
+    batch = g.shape[0]
+    g = g.reshape(batch, g.shape[1], -1)               # [B, C_out, T]
+    a = cache.get("patches")
+    if a is None:
+        a = unfold_patches(module, x)[:, 0]            # [B(*k), K, T]
+        if rows:
+            a = a.unflatten(0, (batch, rows)).permute(0, 2, 1, 3).flatten(2)  # [B, K, k*T]
+        cache["patches"] = a
+    k, steps = a.shape[1], a.shape[2]
+    if per_example:
+        return torch.bmm(g, a.mT).reshape(batch, *module.weight.shape)
+    if steps * steps <= k * g.shape[1]:
+        # Gram form <A^T A, G^T G>: [T, T] is no larger than the [C_out, K] product
+        gram_a = cache.get("gram")
+        if gram_a is None:
+            gram_a = cache["gram"] = torch.bmm(a.mT, a)  # [B, T, T]
+        return (gram_a * torch.bmm(g.mT, g)).reshape(batch, -1).sum(1)
+    return torch.bmm(g, a.mT).square().reshape(batch, -1).sum(1)
