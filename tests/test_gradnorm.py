@@ -226,40 +226,56 @@ def test_grad_norms_per_target(case_id, method):
     torch.testing.assert_close(logits, expected_logits, rtol=1e-9, atol=1e-12)
 
 
-class GroupedConvRows(nn.Module):
-    """Grouped and depthwise convolutions (the conv rule's weight backward with the batch folded
-    into the groups): one on [B, C, H, W], one on each example's two halves of the channels
-    stacked as rows [B*2, C/2, H, W] (an example's gradient sums its rows), one shared by two calls
-    (the per-example gradient itself), with stride, dilation and circular padding."""
+class ConvPaths(nn.Module):
+    """Every way the conv rule forms a weight gradient. The weight backward (the batch folded into
+    the groups) where an example's positions outnumber C_out/groups: a stem, a depthwise one with
+    stride, a grouped one on each example's channel halves stacked as rows [B*2, C/2, H, W]
+    (an example's gradient sums its rows), a 'same' depthwise one; the patches elsewhere: rows, a
+    conv called twice (per-example gradients), a grouped one (Gram form), a 1x1 (materialised)."""
 
     def __init__(self):
         super().__init__()
         self.stem = nn.Conv2d(3, 8, 3, padding=1)
-        self.dw = nn.Conv2d(8, 8, 5, stride=2, padding=2, groups=8)                    # depthwise
+        self.dw = nn.Conv2d(8, 8, 5, stride=2, padding=2, groups=8)
         self.rows = nn.Conv2d(4, 8, 3, padding=2, dilation=2, groups=2, padding_mode="circular")
-        self.twice = nn.Conv2d(16, 16, 3, padding="same", groups=16, bias=False)
-        self.fc = nn.Linear(16, 4)
+        self.same = nn.Conv2d(16, 16, 3, padding="same", groups=16, bias=False)
+        self.rows_small = nn.Conv2d(8, 8, 3, padding=1)
+        self.twice = nn.Conv2d(16, 16, 3, padding=1)
+        self.small = nn.Conv2d(16, 32, 3, padding=1, groups=2)
+        self.point = nn.Conv2d(32, 32, 1, groups=32)
+        self.fc = nn.Linear(32, 4)
 
     def forward(self, x):  # [B, 3, 8, 8]
-        h = torch.tanh(self.dw(torch.tanh(self.stem(x))))                          # [B, 8, 4, 4]
-        h = torch.tanh(self.rows(h.reshape(-1, 4, 4, 4))).reshape(x.shape[0], 16, 4, 4)
+        b = x.shape[0]
+        h = torch.tanh(self.dw(torch.tanh(self.stem(x))))                              # [B, 8, 4, 4]
+        h = torch.tanh(self.rows(h.reshape(-1, 4, 4, 4))).reshape(b, 16, 4, 4)
+        h = F.avg_pool2d(torch.tanh(self.same(h)), 2)                                  # [B, 16, 2, 2]
+        h = torch.tanh(self.rows_small(h.reshape(-1, 8, 2, 2))).reshape(b, 16, 2, 2)
         h = torch.tanh(self.twice(torch.tanh(self.twice(h))))
+        h = torch.tanh(self.point(torch.tanh(self.small(h))))                          # [B, 32, 2, 2]
         return self.fc(h.mean((2, 3)))
 
 
+CONV_PATHS = ["stem", "dw", "rows", "same", "rows_small", "twice", "small", "point"]
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
-def test_grouped_convolutions_for_several_target_sets(dtype):
-    """Ghost's grouped convolutions against the float64 loop, for three target sets at once (one
-    vmapped backward, the rule inside vmap) and for one."""
+def test_conv_rule_paths_for_several_target_sets(dtype):
+    """Ghost's convolutions against the float64 loop, each layer alone (deep layers' gradients
+    would hide a shallow one's error in the model's norm) and all together, for three target
+    sets at once (one vmapped backward, the rule inside vmap) and for one."""
     torch.manual_seed(3)
-    model = GroupedConvRows().eval().to(dtype)
+    model = ConvPaths().eval().to(dtype)
     x = torch.randn(5, 3, 8, 8, dtype=dtype)
     sets = [torch.tensor([0, 1, 2, 3, 0]), torch.tensor([3, 3, 1, 0, 2]), torch.zeros(5, dtype=torch.long)]
-    expected = torch.stack([oracle_norms(model, x, t) for t in sets])
-    norms, _ = grad_norms_per_target(model, x, sets, method="ghost")
-    for k in range(len(sets)):
-        assert_matches(norms[k], expected[k], TOL[dtype], f"target set {k}")
-    assert_matches(per_example_grad_norms(model, x, sets[1], method="ghost"), expected[1], TOL[dtype], "one set")
+    for name in [*CONV_PATHS, None]:
+        select = None if name is None else lambda n, name=name: n.startswith(name + ".")
+        expected = torch.stack([oracle_norms(model, x, t, select) for t in sets])
+        norms, _ = grad_norms_per_target(model, x, sets, method="ghost", params=name and [name])
+        for k in range(len(sets)):
+            assert_matches(norms[k], expected[k], TOL[dtype], f"{name or 'all'}, target set {k}")
+        one = per_example_grad_norms(model, x, sets[1], method="ghost", params=name and [name])
+        assert_matches(one, expected[1], TOL[dtype], f"{name or 'all'}, one target set")
 
 
 # --------------------------------------------------------------------------------- batch edges
