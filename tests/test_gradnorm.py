@@ -278,6 +278,41 @@ def test_conv_rule_paths_for_several_target_sets(dtype):
         assert_matches(one, expected[1], TOL[dtype], f"{name or 'all'}, one target set")
 
 
+class ExpLinear(nn.Linear):
+    """A Linear subclass whose own forward ends in exp, which keeps its result for the backward."""
+
+    def forward(self, x):
+        return torch.exp(0.1 * super().forward(x))
+
+
+class InPlaceAfterTaps(nn.Module):
+    """Outputs tapped in place (Conv2d, BatchNorm2d, Linear: their backwards never read them)
+    then modified in place by the model (ReLU); a subclass's output that its backward reads
+    (ExpLinear), which must keep its tap out of place."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 6, 3, padding=1)
+        self.bn = nn.BatchNorm2d(6)
+        self.exp = ExpLinear(6, 6)
+        self.fc = nn.Linear(6, 4)
+
+    def forward(self, x):  # [B, 3, 6, 6]
+        h = self.bn(self.conv(x)).relu_()
+        return self.fc(self.exp(h.mean((2, 3))))
+
+
+def test_taps_in_place_only_where_the_backward_never_reads_the_output():
+    torch.manual_seed(4)
+    model = InPlaceAfterTaps().eval().double()
+    with torch.no_grad():
+        model.bn.running_mean.uniform_(-0.5, 0.5)
+        model.bn.running_var.uniform_(0.5, 2.0)
+    x, y = torch.randn(5, 3, 6, 6, dtype=torch.float64), torch.tensor([0, 1, 2, 3, 0])
+    torch.testing.assert_close(per_example_grad_norms(model, x, y, method="ghost"), oracle_norms(model, x, y),
+                               rtol=1e-10, atol=0)
+
+
 # --------------------------------------------------------------------------------- batch edges
 @pytest.mark.parametrize("method", METHODS)
 def test_batch_of_one(method):
