@@ -49,9 +49,10 @@ def weight_backward(module, x, g):
         if any(module._reversed_padding_repeated_twice):
             x = F.pad(x, module._reversed_padding_repeated_twice, mode=mode)
         padding = (0,) * spatial
-    weight = module.weight.detach().repeat(batch, *[1] * (module.weight.dim() - 1))  # only its shape is read
+    shape = module.weight.shape  # the weight's values are read for the input gradient only: a stride-0 zero
+    weight = torch.zeros((), dtype=g.dtype, device=g.device).expand(batch * shape[0], *shape[1:])
     grad = torch.ops.aten.convolution_backward(
-        g.reshape(1, -1, *g.shape[2:]), x.reshape(1, -1, *x.shape[2:]), weight.to(g.dtype), None,
+        g.reshape(1, -1, *g.shape[2:]), x.reshape(1, -1, *x.shape[2:]), weight, None,
         module.stride, padding, module.dilation, False, (0,) * spatial, batch * module.groups,
         (False, True, False))[1]                                            # [N*C_out, C_in/groups, *K]
     return grad.view(batch, *module.weight.shape)
