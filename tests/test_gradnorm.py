@@ -226,6 +226,93 @@ def test_grad_norms_per_target(case_id, method):
     torch.testing.assert_close(logits, expected_logits, rtol=1e-9, atol=1e-12)
 
 
+class ConvPaths(nn.Module):
+    """Every way the conv rule forms a weight gradient. The weight backward (the batch folded into
+    the groups) where an example's positions outnumber C_out/groups: a stem, a depthwise one with
+    stride, a grouped one on each example's channel halves stacked as rows [B*2, C/2, H, W]
+    (an example's gradient sums its rows), a 'same' depthwise one; the patches elsewhere: rows, a
+    conv called twice (per-example gradients), a grouped one (Gram form), a 1x1 (materialised)."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, padding=1)
+        self.dw = nn.Conv2d(8, 8, 5, stride=2, padding=2, groups=8)
+        self.rows = nn.Conv2d(4, 8, 3, padding=2, dilation=2, groups=2, padding_mode="circular")
+        self.same = nn.Conv2d(16, 16, 3, padding="same", groups=16, bias=False)
+        self.rows_small = nn.Conv2d(8, 8, 3, padding=1)
+        self.twice = nn.Conv2d(16, 16, 3, padding=1)
+        self.small = nn.Conv2d(16, 32, 3, padding=1, groups=2)
+        self.point = nn.Conv2d(32, 32, 1, groups=32)
+        self.fc = nn.Linear(32, 4)
+
+    def forward(self, x):  # [B, 3, 8, 8]
+        b = x.shape[0]
+        h = torch.tanh(self.dw(torch.tanh(self.stem(x))))                              # [B, 8, 4, 4]
+        h = torch.tanh(self.rows(h.reshape(-1, 4, 4, 4))).reshape(b, 16, 4, 4)
+        h = F.avg_pool2d(torch.tanh(self.same(h)), 2)                                  # [B, 16, 2, 2]
+        h = torch.tanh(self.rows_small(h.reshape(-1, 8, 2, 2))).reshape(b, 16, 2, 2)
+        h = torch.tanh(self.twice(torch.tanh(self.twice(h))))
+        h = torch.tanh(self.point(torch.tanh(self.small(h))))                          # [B, 32, 2, 2]
+        return self.fc(h.mean((2, 3)))
+
+
+CONV_PATHS = ["stem", "dw", "rows", "same", "rows_small", "twice", "small", "point"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+def test_conv_rule_paths_for_several_target_sets(dtype):
+    """Ghost's convolutions against the float64 loop, each layer alone (deep layers' gradients
+    would hide a shallow one's error in the model's norm) and all together, for three target
+    sets at once (one vmapped backward, the rule inside vmap) and for one."""
+    torch.manual_seed(3)
+    model = ConvPaths().eval().to(dtype)
+    x = torch.randn(5, 3, 8, 8, dtype=dtype)
+    sets = [torch.tensor([0, 1, 2, 3, 0]), torch.tensor([3, 3, 1, 0, 2]), torch.zeros(5, dtype=torch.long)]
+    for name in [*CONV_PATHS, None]:
+        select = None if name is None else lambda n, name=name: n.startswith(name + ".")
+        expected = torch.stack([oracle_norms(model, x, t, select) for t in sets])
+        norms, _ = grad_norms_per_target(model, x, sets, method="ghost", params=name and [name])
+        for k in range(len(sets)):
+            assert_matches(norms[k], expected[k], TOL[dtype], f"{name or 'all'}, target set {k}")
+        one = per_example_grad_norms(model, x, sets[1], method="ghost", params=name and [name])
+        assert_matches(one, expected[1], TOL[dtype], f"{name or 'all'}, one target set")
+
+
+class ExpLinear(nn.Linear):
+    """A Linear subclass whose own forward ends in exp, which keeps its result for the backward."""
+
+    def forward(self, x):
+        return torch.exp(0.1 * super().forward(x))
+
+
+class InPlaceAfterTaps(nn.Module):
+    """Outputs tapped in place (Conv2d, BatchNorm2d, Linear: their backwards never read them)
+    then modified in place by the model (ReLU); a subclass's output that its backward reads
+    (ExpLinear), which must keep its tap out of place."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 6, 3, padding=1)
+        self.bn = nn.BatchNorm2d(6)
+        self.exp = ExpLinear(6, 6)
+        self.fc = nn.Linear(6, 4)
+
+    def forward(self, x):  # [B, 3, 6, 6]
+        h = self.bn(self.conv(x)).relu_()
+        return self.fc(self.exp(h.mean((2, 3))))
+
+
+def test_taps_in_place_only_where_the_backward_never_reads_the_output():
+    torch.manual_seed(4)
+    model = InPlaceAfterTaps().eval().double()
+    with torch.no_grad():
+        model.bn.running_mean.uniform_(-0.5, 0.5)
+        model.bn.running_var.uniform_(0.5, 2.0)
+    x, y = torch.randn(5, 3, 6, 6, dtype=torch.float64), torch.tensor([0, 1, 2, 3, 0])
+    torch.testing.assert_close(per_example_grad_norms(model, x, y, method="ghost"), oracle_norms(model, x, y),
+                               rtol=1e-10, atol=0)
+
+
 # --------------------------------------------------------------------------------- batch edges
 @pytest.mark.parametrize("method", METHODS)
 def test_batch_of_one(method):

@@ -16,6 +16,7 @@ import contextlib
 import weakref
 
 import torch
+from torch import nn
 from torch.func import vmap
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils._pytree import tree_flatten, tree_unflatten
@@ -73,6 +74,7 @@ def ghost_norms(model, inputs, targets_for, selection: ParamSelection, loss_fn, 
 
     def post_hook(name):
         module_calls, shared = calls[name], _broadcast_calls(plan, layouts, name)
+        in_place = any(type(plan.modules[name]).forward is t.forward for t in _OUTPUT_UNSAVED)
 
         def hook(module, args, kwargs, output):
             if verify:
@@ -85,7 +87,7 @@ def ghost_norms(model, inputs, targets_for, selection: ParamSelection, loss_fn, 
                     output = output.expand(batch, *output.shape[1:])
                     call.expanded = True
                 module_calls.append(call)
-                return _tap(call, output)
+                return _tap(call, output, in_place and not call.expanded)
             leaves, call.out_spec = tree_flatten(output)
             leaves = [_tap(call, leaf) if isinstance(leaf, torch.Tensor) and leaf.is_floating_point()
                       else _untapped(call, leaf) for leaf in leaves]
@@ -353,12 +355,21 @@ def _zero(dtype, device) -> torch.Tensor:
     return _ZEROS[key]
 
 
-def _tap(call: _Call, tensor: torch.Tensor) -> torch.Tensor:
-    """tensor + Z, with Z a stride-0 zero leaf whose gradient is dL/d(tensor) as it is now."""
+# modules whose backward reads their inputs and weights but never their output (their own
+# forward, not a subclass's): that output takes its tap in place (tensor += Z), no copy of it.
+# SSDlite's tapped forward at B = 8, 320 px, one thread: 0.28-0.31 s -> 0.22 s (untapped: 0.21 s)
+_OUTPUT_UNSAVED = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear, nn.modules.batchnorm._BatchNorm)
+
+
+def _tap(call: _Call, tensor: torch.Tensor, in_place: bool = False) -> torch.Tensor:
+    """tensor + Z, with Z a stride-0 zero leaf whose gradient is dL/d(tensor) as it is now; added
+    in place (`in_place`) where the tensor is an op's own fresh result, not a view or a leaf."""
     tap = _zero(tensor.dtype, tensor.device).expand(tensor.shape)
     tap.requires_grad_()
     call.taps.append(tap)
     call.tapped.append(True)
+    if in_place and tensor.grad_fn is not None and tensor._base is None:
+        return tensor.add_(tap)
     return tensor + tap
 
 

@@ -2,6 +2,8 @@
 
 A convolution is a Linear applied at every output position t to the unfolded input patch:
 W grad_i = sum_t g_it a_it^T per group, with a_it the (C_in/groups * prod(kernel)) patch.
+Where the patches would be a large copy of the input (depthwise convolutions, large maps) W grad_i
+comes from the convolution's own weight backward instead, the batch folded into the groups.
 """
 from __future__ import annotations
 
@@ -36,6 +38,26 @@ def unfold_patches(module, x):
     return x.permute(perm).reshape(batch, module.groups, -1, out_shape.numel())
 
 
+def weight_backward(module, x, g):
+    """x [N, C_in, *S], g [N, C_out, *O] -> per-example weight gradients [N, *weight.shape]: the
+    convolution's own weight backward with the batch folded into the groups (example n's groups
+    are n*groups ... (n+1)*groups - 1 of a [1, N*C_in, *S] input), so no patch is copied."""
+    batch, spatial = x.shape[0], len(module.kernel_size)
+    padding = module.padding
+    if isinstance(padding, str) or module.padding_mode != "zeros":  # 'same', circular, ...: padded here
+        mode = "constant" if module.padding_mode == "zeros" else module.padding_mode
+        if any(module._reversed_padding_repeated_twice):
+            x = F.pad(x, module._reversed_padding_repeated_twice, mode=mode)
+        padding = (0,) * spatial
+    shape = module.weight.shape  # the weight's values are read for the input gradient only: a stride-0 zero
+    weight = torch.zeros((), dtype=g.dtype, device=g.device).expand(batch * shape[0], *shape[1:])
+    grad = torch.ops.aten.convolution_backward(
+        g.reshape(1, -1, *g.shape[2:]), x.reshape(1, -1, *x.shape[2:]), weight, None,
+        module.stride, padding, module.dilation, False, (0,) * spatial, batch * module.groups,
+        (False, True, False))[1]                                            # [N*C_out, C_in/groups, *K]
+    return grad.view(batch, *module.weight.shape)
+
+
 @register(nn.Conv1d, nn.Conv2d, nn.Conv3d, layout="batch_first", blocks=True)
 def conv_rule(module, call, wanted):
     x = call.args[0]
@@ -43,32 +65,51 @@ def conv_rule(module, call, wanted):
         raise UnsupportedModel("unbatched convolution input")
     g = call.grad_out
     rows = g.shape[1] if g.dim() == x.dim() + 1 else 0  # k rows per example: x [B*k, ...], g [B, k, ...]
+    batch, c_out = g.shape[0], g.shape[2 if rows else 1]
+    out = {}
+    if "weight" in wanted and _by_weight_backward(module, g[0].numel() // c_out):  # T: an example's positions
+        w = weight_backward(module, x, g.flatten(0, 1) if rows else g)
+        if rows:  # [B*k, ...] -> an example's sum over its k rows
+            w = w.unflatten(0, (batch, rows)).sum(1)
+        out["weight"] = w if wanted["weight"] else w.square().flatten(1).sum(1)
+    elif "weight" in wanted:
+        out["weight"] = _patch_weight(module, call.cache, x, g, rows, wanted["weight"])
+    if "bias" in wanted:  # [B, C_out]: the driver squares small gradients all at once
+        out["bias"] = (g.sum(1) if rows else g).flatten(2).sum(2)
+    return out
+
+
+def _by_weight_backward(module, steps: int) -> bool:
+    """Whether the weight backward (`weight_backward`) serves this call: where the patches
+    would be a copy of x (a kernel, stride or padding other than 1, 1, 0) holding more numbers
+    than the per-example gradient, T > C_out/groups (SSDlite's depthwise convolutions; a
+    ResNet's early 3x3 ones). Elsewhere the patches' Gram product or a batched matmul is cheaper."""
+    view = (all(k == 1 for k in module.kernel_size) and all(s == 1 for s in module.stride)
+            and not any(module._reversed_padding_repeated_twice))
+    return not view and steps > module.out_channels // module.groups
+
+
+def _patch_weight(module, cache, x, g, rows: int, per_example: bool):
+    """Per-example weight gradients [B, *weight.shape] (`per_example`) or their squared norms
+    [B] from the unfolded input patches: W grad_i = sum_t g_it a_it^T per group."""
     if rows:  # an example's positions are all its rows' positions: T -> k*T below
         g = g.movedim(1, 2).flatten(3)                 # [B, C_out, k*T]
-    batch, c_out = g.shape[:2]
-    groups = module.groups
+    batch, c_out, groups = g.shape[0], g.shape[1], module.groups
     # 3-D batched matmuls over (example, group): one bmm each, no broadcasting matmul's views
     g = g.reshape(batch * groups, c_out // groups, -1)  # [B*groups, C_out/groups, T]
-    out = {}
-    if "weight" in wanted:
-        a = call.cache.get("patches")
-        if a is None:
-            a = unfold_patches(module, x)                  # [B(*k), groups, K, T]
-            if rows:
-                a = a.unflatten(0, (batch, rows)).permute(0, 2, 3, 1, 4).flatten(3)  # [B, groups, K, k*T]
-            a = call.cache["patches"] = a.flatten(0, 1)   # [B*groups, K, T]
-        k, steps = a.shape[1], a.shape[2]
-        o = g.shape[1]
-        if wanted["weight"]:
-            out["weight"] = torch.bmm(g, a.mT).reshape(batch, *module.weight.shape)
-        elif steps * steps <= k * o:
-            # Gram form <A^T A, G^T G> per group: [T, T] is no larger than the [o, k] product
-            gram_a = call.cache.get("gram")
-            if gram_a is None:
-                gram_a = call.cache["gram"] = torch.bmm(a.mT, a)  # [B*groups, T, T]
-            out["weight"] = (gram_a * torch.bmm(g.mT, g)).reshape(batch, -1).sum(1)
-        else:
-            out["weight"] = torch.bmm(g, a.mT).square().reshape(batch, -1).sum(1)
-    if "bias" in wanted:
-        out["bias"] = g.sum(2).reshape(batch, c_out)  # [B, C_out]: the driver squares small gradients all at once
-    return out
+    a = cache.get("patches")
+    if a is None:
+        a = unfold_patches(module, x)                  # [B(*k), groups, K, T]
+        if rows:
+            a = a.unflatten(0, (batch, rows)).permute(0, 2, 3, 1, 4).flatten(3)  # [B, groups, K, k*T]
+        a = cache["patches"] = a.flatten(0, 1)         # [B*groups, K, T]
+    k, steps = a.shape[1], a.shape[2]
+    if per_example:
+        return torch.bmm(g, a.mT).reshape(batch, *module.weight.shape)
+    if steps * steps <= k * g.shape[1]:
+        # Gram form <A^T A, G^T G> per group: [T, T] is no larger than the [C_out/groups, K] product
+        gram_a = cache.get("gram")
+        if gram_a is None:
+            gram_a = cache["gram"] = torch.bmm(a.mT, a)  # [B*groups, T, T]
+        return (gram_a * torch.bmm(g.mT, g)).reshape(batch, -1).sum(1)
+    return torch.bmm(g, a.mT).square().reshape(batch, -1).sum(1)

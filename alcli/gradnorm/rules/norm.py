@@ -54,14 +54,21 @@ def batchnorm_rule(module, call, wanted):
         raise UnsupportedModel("BatchNorm without running statistics normalises with batch "
                                "statistics, which couples the examples")
     x, g = call.args[0], call.grad_out
-    # x_hat = (x - mean) * invstd per channel, so sum g * x_hat = (sum g * x - mean * sum g) * invstd:
-    # one full-size product, the rest on [B, C]
-    g_sum = _sum_to(g, "channel")                                      # [B, C] = bias grad
-    out = {"bias": g_sum} if "bias" in wanted else {}
+    # BatchNorm's own eval-mode weight and bias backward (sum g * x_hat, sum g per channel, one
+    # pass), with the batch folded into the channels: [1, B*C, *], example b's channel c as b*C + c
+    batch, channels = x.shape[:2]
+    mean = module.running_mean.to(g.dtype).repeat(batch)                 # [B*C]
+    invstd = _invstd(module).to(g.dtype).repeat(batch)
+    ones = torch.ones_like(mean)  # the weight: read for the input gradient only, not asked for here
+    _, weight, bias = torch.ops.aten.native_batch_norm_backward(
+        g.reshape(1, batch * channels, *g.shape[2:]), x.reshape(1, batch * channels, *x.shape[2:]),
+        ones, mean, module.running_var.to(g.dtype).repeat(batch), mean, invstd, False, module.eps,
+        (False, "weight" in wanted, "bias" in wanted))
+    out = {}
     if "weight" in wanted:
-        invstd = _invstd(module).to(g.dtype)
-        gx_sum = _sum_to(g * x, "channel")                             # [B, C]
-        out["weight"] = (gx_sum - module.running_mean.to(g.dtype) * g_sum) * invstd
+        out["weight"] = weight.view(batch, channels)                   # [B, C]
+    if "bias" in wanted:
+        out["bias"] = bias.view(batch, channels)
     return out
 
 
