@@ -74,7 +74,7 @@ def check_call_cost(out):
 
 
 def check_compile(out):
-    assert "## --compile" in out and len(rows(out, "simple", 7)) == 1, out
+    assert "## --compile" in out and len(rows(out, "mlp", 7)) == 1, out
 
 
 def check_egl_chunks(out):

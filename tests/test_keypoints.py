@@ -115,14 +115,14 @@ def test_gradnorm_and_loss_at_the_predicted_instances_are_the_float64_loop(model
 def test_egl_and_gradnorm_batched_through_the_engine_equal_the_loop(model):
     """egl's S keypoint-carrying label sets in one forward (--method ghost; auto loops them, as
     Faster R-CNN's) and gradnorm against the per-image loop: two images of one size in one batch,
-    the box scores lowered (about 0.2 to 0.7) so that the sets differ and, at gradnorm's threshold
-    0.6, one of a batch's two images has no instance."""
+    the box scores lowered (about 0.5 to 0.7) so that the sets differ and, at gradnorm's threshold
+    0.6, one of the two has no instance."""
     doubtful = copy.deepcopy(model)
-    doubtful.roi_heads.box_predictor.cls_score.bias.data[1] -= 3.0  # scores 0.2 to 0.7 instead of 0.97
-    imgs = images() + [images()[0].flip(-1)]
-    ids = IDS + ["wide, flipped"]
+    doubtful.roi_heads.box_predictor.cls_score.bias.data[1] -= 3.0  # scores 0.5 to 0.7 instead of 0.97
+    imgs = [images()[0], images()[0].flip(-1)]
+    ids = [IDS[0], "wide, flipped"]
     found = detection.predict(doubtful, imgs)
-    assert [int((f["scores"] >= 0.6).sum()) for f in found] == [3, 1, 0]
+    assert [int((f["scores"] >= 0.6).sum()) for f in found] == [3, 0]
     scores = {}
     for strategy, kw in (("egl", {"egl_samples": 2}), ("gradnorm", {"box_threshold": 0.6})):
         batched, loop = (keypoints.rows(doubtful, imgs, ids, Settings(strategy, method=m, **kw), None)
