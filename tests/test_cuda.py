@@ -1,8 +1,10 @@
 """On a real CUDA device (skipped without one; benchmarks/gpu.py runs them first): every method
 against the float64 loop on zoo models, auto's choice per zoo model, classes in one backward,
 no host sync in the engine after the first batch, compile=True (CUDA graphs), bf16 autocast, and
-the runner's one sync."""
+the runner's one sync, the detectors batched against their loop."""
 from __future__ import annotations
+
+import json
 
 import pytest
 import torch
@@ -94,3 +96,33 @@ def test_score_pool_on_cuda_matches_the_cpu():
     gpu = {r["id"]: r["score"] for r in alcli.score_pool(pool, model, batch_size=16, device="cuda")}
     for i in cpu:
         assert gpu[i] == pytest.approx(cpu[i], rel=1e-2)
+
+
+def _detector_case(name: str):
+    """(the model in float64, its images, the task's rows, the test module's Settings) of the
+    small detectors the CPU tests build: test_detection's, test_instances', test_keypoints'."""
+    import test_detection
+    import test_instances
+    import test_keypoints
+    from alcli.tasks import detection, instances, keypoints
+    if name in test_detection.DETECTORS:
+        return test_detection.build(name), test_detection.images(), detection.rows, test_detection.Settings
+    where, task = {"maskrcnn": (test_instances, instances), "keypointrcnn": (test_keypoints, keypoints)}[name]
+    return where.build(), where.images(), task.rows, where.Settings
+
+
+@pytest.mark.parametrize("name", ["fasterrcnn_mobilenet_v3_large_320_fpn", "ssdlite320_mobilenet_v3_large",
+                                  "maskrcnn", "keypointrcnn"])
+def test_detectors_batched_on_cuda_match_their_loop_on_cuda(name):
+    """A detector's gradnorm and egl batched through the engine on CUDA against its per-image loop
+    on CUDA, in float64, two images of one size in one batch (R-CNN's sampling draws from CUDA's
+    generator, so the numbers are not the CPU's)."""
+    model, imgs, rows, settings = _detector_case(name)
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    model = model.to(CUDA)
+    imgs = [img.to(CUDA) for img in imgs + [imgs[0].flip(-1)]]
+    ids = ["wide", "square", "wide, flipped"]
+    for strategy in ("gradnorm", "egl"):
+        batched, loop = (rows(model, imgs, ids, settings(strategy, method=m), None) for m in ("ghost", "loop"))
+        assert any(json.loads(r.get("boxes", "[]")) for r in batched), "the random model predicts boxes"
+        assert [r["score"] for r in batched] == pytest.approx([r["score"] for r in loop], rel=1e-6)
