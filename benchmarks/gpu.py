@@ -384,7 +384,6 @@ def tasks_table(device, dry: bool, say):
             f"{t['egl8'] / t['gradnorm']:6.2f}x {t['egl8'] / t['floor_s']:15.2f}x")
 
 
-
 def causal_lm_table(device, dry: bool, say):
     """Issue 36's targets on the device: gradnorm ÷ the floor at T = 512 and, on CUDA, the peak
     memory of each above the model at T = 2048 (a first gradnorm call at that length, its layout

@@ -67,8 +67,7 @@ _cache: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 def call_layouts(model, inputs: torch.Tensor, modules: dict) -> dict[str, list[Layout]]:
     """module name -> the Layout of each of its calls, in call order."""
-    # batches of 2 (or one example as two copies) cannot show every reordering: not reused for more
-    key = (tuple(modules), example_key(inputs), min(batch_size(inputs), 3))
+    key = _layout_key(inputs, modules)
     per_model = _cache.setdefault(model, {})
     first = _first_runs.pop(model, None)  # (key, shapes) of the use probe's one-example forward
     if key not in per_model:
@@ -107,7 +106,13 @@ def largest_output(model, inputs, modules: dict) -> int:
     """The most elements one example puts in one output of a call of `modules` (from the
     one-example run of call_layouts)."""
     call_layouts(model, inputs, modules)
-    return _cache[model][(tuple(modules), example_key(inputs), min(batch_size(inputs), 3))][1]
+    return _cache[model][_layout_key(inputs, modules)][1]
+
+
+def _layout_key(inputs, modules: dict) -> tuple:
+    """What a model's cached layouts are kept by: batches of 2 (or one example as two copies)
+    cannot show every reordering, so they are not reused for more."""
+    return tuple(modules), example_key(inputs), min(batch_size(inputs), 3)
 
 
 CACHED_LAYOUTS = 64  # per model: example shapes (text lengths, image sizes) whose layouts are kept
