@@ -24,11 +24,11 @@ from alcli.tasks import detection, instances, keypoints, rcnn
 DETECTORS = ("fasterrcnn_mobilenet_v3_large_320_fpn", "fasterrcnn_resnet50_fpn", "retinanet_resnet50_fpn",
              "fcos_resnet50_fpn", "ssdlite320_mobilenet_v3_large", "maskrcnn_resnet50_fpn",
              "keypointrcnn_resnet50_fpn")
-# per detector: (its instances above a threshold, a training target of them, the utility) of the
-# task module that scores it (masks and keypoints carried by instance segmentation and keypoints)
-TASK_OF = {"maskrcnn": (instances.kept, instances.target, instances.utility),
-           "keypointrcnn": (keypoints.kept, keypoints.target, keypoints.utility)}
-BOXES = (detection.kept, detection.box_target, detection.utility)
+# per detector: (its instances above a threshold, a training target of them, the per-instance
+# fields beside boxes) of the task module that scores it (instance segmentation, keypoints)
+TASK_OF = {"maskrcnn": (instances.kept, instances.target, instances.EXTRA),
+           "keypointrcnn": (keypoints.kept, keypoints.target, keypoints.EXTRA)}
+BOXES = (detection.kept, detection.box_target, ())
 
 
 def build(name: str, size: int) -> torch.nn.Module:
@@ -70,7 +70,7 @@ def measure(name: str, images: list[torch.Tensor], samples: int, rounds: int, lo
     warm=False: no warm-up call (a dry run)."""
     device = images[0].device
     model = build(name, images[0].shape[-1]).to(device)
-    kept, target, utility = next((t for prefix, t in TASK_OF.items() if name.startswith(prefix)), BOXES)
+    kept, target, extra = next((t for prefix, t in TASK_OF.items() if name.startswith(prefix)), BOXES)
     ids = [f"img{i}" for i in range(len(images))]
     found = detection.predict(model, images)
     targets = [target(kept(f, 0.05)) for f in found]
@@ -79,7 +79,7 @@ def measure(name: str, images: list[torch.Tensor], samples: int, rounds: int, lo
     def ratio(strategy: str, method: str) -> float:
         settings = SimpleNamespace(box_threshold=0.05, aggregate="mean", seed=0, egl_samples=samples,
                                    method=method)
-        t = timed(lambda: utility(strategy, model, images, detection.predict(model, images), ids, settings),
+        t = timed(lambda: detection.scored(strategy, model, images, ids, settings, extra, target),
                   rounds, warm=warm and method != "loop", sync=sync)
         return t / t_floor
 

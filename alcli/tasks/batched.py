@@ -9,6 +9,12 @@ per-example functions of one batched forward:
                                                  (anchors: per image [A, 4], of anchors_at)
     per_image_loss(out, t)                       -> [B]: each image's loss, normalised over
                                                     that image alone
+    BY_LEVEL                                     whether torchvision's postprocess takes the
+                                                    outputs and anchors split by pyramid level
+
+The predictions the pseudo-labels come from are decoded from the same forward (`decoded`:
+torchvision's own postprocess of the head outputs), so gradnorm and egl cost one forward and the
+engine's backward, not a prediction forward besides.
 
 Images whose transform (resize, normalise, pad) gives the same padded size go in one batch: the
 tensor each gets alone, so the batch gives what the per-image loop gives.
@@ -16,6 +22,7 @@ tensor each gets alone, so the batch gives what the per-image loop gives.
 from __future__ import annotations
 
 import weakref
+from typing import Callable
 
 import torch
 from torch import nn
@@ -78,24 +85,55 @@ def padded_groups(model: nn.Module, images: list[torch.Tensor]) -> list[tuple[li
             for members in groups.values()]
 
 
-def norms(model: nn.Module, images: list[torch.Tensor], target_sets: list[list[dict]], method: str
-          ) -> tuple[torch.Tensor, torch.Tensor]:
+WIDTHS = {"bbox_regression": 4, "bbox_ctrness": 1}  # per anchor; the class logits take the rest
+
+
+def decoded(model: nn.Module, out: torch.Tensor, image_list, sizes: list[tuple[int, int]],
+            anchors: list[torch.Tensor], originals: list[tuple[int, int]]) -> list[dict]:
+    """Heads' out [B, A, D] (detached, in eval mode) -> per image {boxes, labels, scores} in its
+    original pixels: torchvision's own postprocess, what model(images) returns."""
+    names = kind(model).OUTPUTS
+    widths = [WIDTHS.get(name, 0) for name in names]
+    widths = [w or out.shape[-1] - sum(widths) for w in widths]
+    head_outputs = dict(zip(names, out.split(widths, -1)))
+    if kind(model).BY_LEVEL:  # each level's share of the A anchors: its h * w points x anchors per point
+        per_point = [h * w for h, w in sizes]
+        per_level = [n * (out.shape[1] // sum(per_point)) for n in per_point]
+        head_outputs = {name: list(v.split(per_level, 1)) for name, v in head_outputs.items()}
+        anchors = [list(a.split(per_level)) for a in anchors]
+    found = model.postprocess_detections(head_outputs, anchors, image_list.image_sizes)
+    return model.transform.postprocess(found, image_list.image_sizes, originals)
+
+
+def norms(model: nn.Module, images: list[torch.Tensor],
+          target_sets: list[list[dict]] | Callable[[int, dict], list[dict]], method: str
+          ) -> tuple[torch.Tensor, torch.Tensor, list[dict] | None]:
     """Images and K target sets (each a target per image) -> ([K, B] gradient norms, [K, B]
-    losses): one forward and the engine's backward per padded size."""
+    losses, None): one forward and the engine's backward per padded size. `target_sets` may be a
+    function (an image's position, its predictions) -> its K targets: the predictions are then
+    decoded from that forward, and come back third (per image {boxes, labels, scores})."""
     from ..gradnorm import grad_norms_per_target
     k = kind(model)
     heads_ = heads(model)
-    grads = torch.zeros(len(target_sets), len(images), dtype=torch.float64)
-    losses = torch.zeros_like(grads)
+    count = None if callable(target_sets) else len(target_sets)
+    found: list[dict | None] = [None] * len(images)
+    per_group = []
     with torch.no_grad():
         groups = padded_groups(model, images)
     for members, image_list in groups:
         originals = [tuple(images[i].shape[-2:]) for i in members]
-        sets = [[ts[i] for i in members] for ts in target_sets]
         dense: list[torch.Tensor] = []
 
         def targets_for(out: torch.Tensor) -> list[torch.Tensor]:
             anchors = anchors_at(model, image_list, heads_.sizes)
+            if callable(target_sets):  # out [2, ...] for one image (gradnorm.api.ONE_EXAMPLE_BUG)
+                mine = decoded(model, out[:len(members)], image_list, heads_.sizes, anchors, originals)
+                for i, f in zip(members, mine):
+                    found[i] = f
+                per_image = [target_sets(i, found[i]) for i in members]
+                sets = [list(ts) for ts in zip(*per_image)]
+            else:
+                sets = [[ts[i] for i in members] for ts in target_sets]
             dense[:] = [k.dense_targets(model, image_list, anchors, heads_.sizes, originals, ts, out.dtype)
                         for ts in sets]
             # the engine runs a batch of one as two copies (gradnorm.api.ONE_EXAMPLE_BUG)
@@ -105,6 +143,10 @@ def norms(model: nn.Module, images: list[torch.Tensor], target_sets: list[list[d
                                        loss_fn=k.per_image_loss)
         with torch.no_grad():
             values = torch.stack([k.per_image_loss(out, t) for t in dense])
-        grads[:, members] = g.to(torch.float64).cpu()
-        losses[:, members] = values.to(torch.float64).cpu()
-    return grads, losses
+        per_group.append((members, g.to(torch.float64).cpu(), values.to(torch.float64).cpu()))
+    count = count if count is not None else per_group[0][1].shape[0]
+    grads = torch.zeros(count, len(images), dtype=torch.float64)
+    losses = torch.zeros_like(grads)
+    for members, g, values in per_group:
+        grads[:, members], losses[:, members] = g, values
+    return grads, losses, (found if callable(target_sets) else None)

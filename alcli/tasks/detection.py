@@ -27,7 +27,8 @@ batch per padded size (alcli.tasks.batched); Faster R-CNN's too once its random 
 (alcli.tasks.rcnn), and Mask and Keypoint R-CNN's with their second head. DETR's gradient
 utilities run one backward per image and label set (a loop). The
 predictions come from one no-grad forward per group of same-sized images, which a batch of one
-would give.
+would give; for the one-stage detectors' gradient utilities, from the engine's own forward
+(decoded by torchvision's postprocess: no forward of their own).
 """
 from __future__ import annotations
 
@@ -283,13 +284,49 @@ def utility(strategy: str, model: nn.Module, images: list[torch.Tensor], found: 
                                        image_seed(settings.seed, id_)))
                       for img, f, id_ in zip(images, found, ids)]
         return values, values
+    sets = [label_sets(strategy, f, id_, settings, extra, target) for f, id_ in zip(found, ids)]
+    return averaged(strategy, settings, *gradient_norms(model, images, sets, ids, settings))
+
+
+def label_sets(strategy: str, found: dict, id_, settings, extra: tuple[str, ...] = (),
+               target: Callable[[dict], dict] = None) -> list[dict]:
+    """One image's target sets for a gradient utility: its pseudo-labels (gradnorm; egl with
+    --egl-samples pseudo), else egl's S sampled sets."""
+    target = target or box_target
+    if strategy == "gradnorm" or settings.egl_samples == "pseudo":
+        return [target(kept(found, settings.box_threshold, extra))]
+    return [target(t) for t in sampled_targets(found, id_, int(settings.egl_samples), settings.seed, extra)]
+
+
+def averaged(strategy: str, settings, norms: list[list[float]], losses: list[list[float]]
+             ) -> tuple[list[float], list[float] | None]:
+    """Each image's K norms and losses -> (its score: the mean norm, its loss at the pseudo-labels
+    or None for sampled sets)."""
     single = strategy == "gradnorm" or settings.egl_samples == "pseudo"
-    sets = [[target(kept(f, threshold, extra))] if single else
-            [target(t) for t in sampled_targets(f, id_, int(settings.egl_samples), settings.seed, extra)]
-            for f, id_ in zip(found, ids)]
-    norms, losses = gradient_norms(model, images, sets, ids, settings)
-    scores = [sum(n) / len(n) for n in norms]
-    return scores, ([v[0] for v in losses] if single else None)
+    return [sum(n) / len(n) for n in norms], ([v[0] for v in losses] if single else None)
+
+
+def scored(strategy: str, model: nn.Module, images: list[torch.Tensor], ids: list, settings,
+           extra: tuple[str, ...] = (), target: Callable[[dict], dict] | None = None
+           ) -> tuple[list[dict], list[float], list[float] | None]:
+    """(predictions per image, score per image, loss per image or None) for `strategy`: the
+    one-stage detectors' gradient utilities decode their predictions from the engine's own
+    forward (alcli.tasks.batched), the R-CNNs' batched ones take them from the backbone pass their
+    random choices are drawn from (alcli.tasks.rcnn), the rest from predict."""
+    def sets_of(position: int, found: dict) -> list[dict]:
+        return label_sets(strategy, found, ids[position], settings, extra, target)
+
+    count = 1 if strategy == "gradnorm" or settings.egl_samples == "pseudo" else int(settings.egl_samples)
+    if strategy in GRADIENT_UTILITIES and settings.method != "loop" and batched.kind(model) is not None:
+        grads, values, found = batched.norms(model, images, sets_of, settings.method)
+        return (found, *averaged(strategy, settings, grads.T.tolist(), values.T.tolist()))
+    if strategy in GRADIENT_UTILITIES and rcnn_batched(model, settings.method, count) and rcnn.one_size(model):
+        with loss_mode(model):
+            grads, values, found = rcnn.norms(model, images, sets_of, [image_seed(settings.seed, i) for i in ids],
+                                              settings.method)
+        return (found, *averaged(strategy, settings, grads.T.tolist(), values.T.tolist()))
+    found = predict(model, images)
+    return (found, *utility(strategy, model, images, found, ids, settings, extra, target))
 
 
 def box_target(found: dict) -> dict:
@@ -305,11 +342,11 @@ def gradient_norms(model: nn.Module, images: list[torch.Tensor], sets: list[list
     (an R-CNN's backbone once per image for all K sets)."""
     per_set = [[s[j] for s in sets] for j in range(len(sets[0]))]
     if settings.method != "loop" and batched.kind(model) is not None:
-        grads, values = batched.norms(model, images, per_set, settings.method)
+        grads, values, _ = batched.norms(model, images, per_set, settings.method)
         return grads.T.tolist(), values.T.tolist()
     if rcnn_batched(model, settings.method, len(per_set)):
         with loss_mode(model):
-            grads, values = rcnn.norms(model, images, per_set, [image_seed(settings.seed, i) for i in ids],
+            grads, values, _ = rcnn.norms(model, images, per_set, [image_seed(settings.seed, i) for i in ids],
                                        settings.method)
         return grads.T.tolist(), values.T.tolist()
     params = [p for p in model.parameters() if p.requires_grad]
@@ -355,8 +392,7 @@ def rows(model: nn.Module, images: list[torch.Tensor], ids: list, settings, name
     if settings.strategy not in UTILITIES:
         raise RunError(f"--strategy {settings.strategy} is not defined for --task detection; "
                        f"use one of {', '.join(UTILITIES)}")
-    found = predict(model, images)
-    scores, losses = utility(settings.strategy, model, images, found, ids, settings)
+    found, scores, losses = scored(settings.strategy, model, images, ids, settings)
     return rows_of(images, found, ids, scores, losses, settings, names)
 
 

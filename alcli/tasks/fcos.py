@@ -21,6 +21,7 @@ def servable(model: nn.Module) -> bool:
 
 
 OUTPUTS = ("cls_logits", "bbox_regression", "bbox_ctrness")  # batched.Heads concatenates these
+BY_LEVEL = True  # torchvision's postprocess takes the outputs per pyramid level
 
 
 def _matches(model: nn.Module, targets: list[dict], anchors: list[torch.Tensor], per_level: list[int]):

@@ -71,8 +71,7 @@ def rows(model: nn.Module, images: list[torch.Tensor], ids: list, settings, name
     if settings.strategy not in detection.UTILITIES:
         raise RunError(f"--strategy {settings.strategy} is not defined for --task keypoints; "
                        f"use one of {', '.join(detection.UTILITIES)}")
-    found = detection.predict(model, images)
-    scores, losses = utility(settings.strategy, model, images, found, ids, settings)
+    found, scores, losses = detection.scored(settings.strategy, model, images, ids, settings, EXTRA, target)
     return detection.rows_of(images, found, ids, scores, losses, settings, None,
                              keep=kept, extra=_keypoints_column)
 

@@ -31,8 +31,10 @@ before it (Heads.split, .pos_split), each level padded to the most rows any imag
 """
 from __future__ import annotations
 
+import contextlib
 import warnings
 import weakref
+from typing import Callable
 
 import torch
 from torch import nn
@@ -238,19 +240,44 @@ def ran(model: nn.Module) -> bool:
     return model in _ran
 
 
-def norms(model: nn.Module, images: list[torch.Tensor], target_sets: list[list[dict]], seeds: list[int],
-          method: str) -> tuple[torch.Tensor, torch.Tensor]:
+def one_size(model: nn.Module) -> bool:
+    """Does the training transform resize as inference does (one --min-size): the features the
+    choices are drawn from are then those the predictions come from."""
+    return len(model.transform.min_size) == 1
+
+
+@contextlib.contextmanager
+def inference(model: nn.Module):
+    """The transform, RPN and RoI heads as in eval mode (test proposal counts, postprocessed
+    detections), inside detection.loss_mode."""
+    parts = (model.transform, model.rpn, model.roi_heads)
+    modes = [p.training for p in parts]
+    for p in parts:
+        p.training = False
+    try:
+        yield
+    finally:
+        for p, mode in zip(parts, modes):
+            p.training = mode
+
+
+def norms(model: nn.Module, images: list[torch.Tensor],
+          target_sets: list[list[dict]] | Callable[[int, dict], list[dict]], seeds: list[int],
+          method: str) -> tuple[torch.Tensor, torch.Tensor, list[dict] | None]:
     """Images, K target sets (each a target per image) and each image's seed -> ([K, B] gradient
-    norms, [K, B] losses): the choices first, then one forward and the engine's backward per
-    padded size. Call in detection.loss_mode (the RPN keeps its training proposal counts)."""
+    norms, [K, B] losses, None): the choices first, then one forward and the engine's backward per
+    padded size. Call in detection.loss_mode (the RPN keeps its training proposal counts).
+    `target_sets` may be a function (an image's position, its predictions) -> its K targets (when
+    one_size): the predictions then come from the backbone pass the choices are drawn from (its
+    RPN and RoI heads in eval mode), and come back third, as model(images) gives them."""
     from torchvision.models.detection.rpn import concat_box_prediction_layers
     from ..gradnorm import grad_norms_per_target
     from .batched import padded_groups
     heads_ = heads(model)
     _ran.add(model)
     k = model.roi_heads.fg_bg_sampler.batch_size_per_image
-    grads = torch.zeros(len(target_sets), len(images), dtype=torch.float64)
-    losses = torch.zeros_like(grads)
+    found: list[dict | None] = [None] * len(images)
+    per_group = []
     with torch.no_grad():
         groups = padded_groups(model, images)
     for members, image_list in groups:
@@ -265,9 +292,21 @@ def norms(model: nn.Module, images: list[torch.Tensor], target_sets: list[list[d
             objectness, deltas = concat_box_prediction_layers(objectness, deltas)
             decoded = model.rpn.box_coder.decode(deltas, anchors).view(len(members), -1, 4)
             proposals, _ = model.rpn.filter_proposals(decoded, objectness, image_list.image_sizes, per_level)
-        sets, a, b, r = len(target_sets), anchors[0].shape[0], len(members), len(target_sets) * k
-        choices = [[_choices(model, images[i], ts[i], seeds[i], anchors[col], proposals[col], x.dtype)
-                    for ts in target_sets] for col, i in enumerate(members)]
+            if callable(target_sets):
+                with inference(model):
+                    tested, _ = model.rpn.filter_proposals(decoded, objectness, image_list.image_sizes, per_level)
+                    mine, _ = model.roi_heads(features, tested, image_list.image_sizes)
+                    mine = model.transform.postprocess(mine, image_list.image_sizes,
+                                                       [tuple(images[i].shape[-2:]) for i in members])
+                for i, f in zip(members, mine):
+                    found[i] = f
+        if callable(target_sets):
+            group_sets = [list(ts) for ts in zip(*[target_sets(i, found[i]) for i in members])]  # [K][b]
+        else:
+            group_sets = [[ts[i] for i in members] for ts in target_sets]
+        sets, a, b, r = len(group_sets), anchors[0].shape[0], len(members), len(group_sets) * k
+        choices = [[_choices(model, images[i], ts[col], seeds[i], anchors[col], proposals[col], x.dtype)
+                    for ts in group_sets] for col, i in enumerate(members)]
         rois = x.new_zeros(b, r + 1, 4)
         rois[..., 2:] = 1.0                                         # padding rows: a unit box, not counted
         roi_t = x.new_zeros(sets, b, r + 1, 7)
@@ -301,6 +340,9 @@ def norms(model: nn.Module, images: list[torch.Tensor], target_sets: list[list[d
             g, out = grad_norms_per_target(heads_, inputs, targets_for, method=method, loss_fn=per_image_loss)
         with torch.no_grad():
             values = torch.stack([per_image_loss(out, t) for t in dense])
-        grads[:, members] = g.to(torch.float64).cpu()
-        losses[:, members] = values.to(torch.float64).cpu()
-    return grads, losses
+        per_group.append((members, g.to(torch.float64).cpu(), values.to(torch.float64).cpu()))
+    grads = torch.zeros(per_group[0][1].shape[0], len(images), dtype=torch.float64)
+    losses = torch.zeros_like(grads)
+    for members, g, values in per_group:
+        grads[:, members], losses[:, members] = g, values
+    return grads, losses, (found if callable(target_sets) else None)

@@ -24,6 +24,7 @@ def servable(model: nn.Module) -> bool:
 
 
 OUTPUTS = ("cls_logits", "bbox_regression")  # batched.Heads concatenates these
+BY_LEVEL = True  # torchvision's postprocess takes the outputs per pyramid level
 
 
 def dense_targets(model: nn.Module, image_list, anchors: list[torch.Tensor], sizes, originals,

@@ -19,6 +19,7 @@ def servable(model: nn.Module) -> bool:
 
 
 OUTPUTS = ("cls_logits", "bbox_regression")  # batched.Heads concatenates these
+BY_LEVEL = False  # torchvision's postprocess takes the outputs whole
 
 
 def dense_targets(model: nn.Module, image_list, anchors: list[torch.Tensor], sizes, originals,
