@@ -61,7 +61,7 @@ def check_precision(out):
 
 def check_detection(out):
     table = out.split("## detection")[1]
-    assert table.count("| fasterrcnn_mobilenet_v3_large_320_fpn |") == 1 and table.count("x |") == 2, table
+    assert table.count("| fasterrcnn_mobilenet_v3_large_320_fpn |") == 1 and table.count("x |") == 3, table
 
 
 def check_end_to_end(out):

@@ -27,8 +27,9 @@ batch per padded size (alcli.tasks.batched); Faster R-CNN's too once its random 
 (alcli.tasks.rcnn), and Mask and Keypoint R-CNN's with their second head. DETR's gradient
 utilities run one backward per image and label set (a loop). The
 predictions come from one no-grad forward per group of same-sized images, which a batch of one
-would give; for the one-stage detectors' gradient utilities, from the engine's own forward
-(decoded by torchvision's postprocess: no forward of their own).
+would give; for the batched gradient utilities, from a pass they run anyway (detection.scored:
+the one-stage detectors' decoded from the engine's own forward by torchvision's postprocess, the
+R-CNNs' from the no-grad backbone pass their random choices are drawn from).
 """
 from __future__ import annotations
 
@@ -293,7 +294,7 @@ def label_sets(strategy: str, found: dict, id_, settings, extra: tuple[str, ...]
     """One image's target sets for a gradient utility: its pseudo-labels (gradnorm; egl with
     --egl-samples pseudo), else egl's S sampled sets."""
     target = target or box_target
-    if strategy == "gradnorm" or settings.egl_samples == "pseudo":
+    if one_set(strategy, settings):
         return [target(kept(found, settings.box_threshold, extra))]
     return [target(t) for t in sampled_targets(found, id_, int(settings.egl_samples), settings.seed, extra)]
 
@@ -302,8 +303,12 @@ def averaged(strategy: str, settings, norms: list[list[float]], losses: list[lis
              ) -> tuple[list[float], list[float] | None]:
     """Each image's K norms and losses -> (its score: the mean norm, its loss at the pseudo-labels
     or None for sampled sets)."""
-    single = strategy == "gradnorm" or settings.egl_samples == "pseudo"
-    return [sum(n) / len(n) for n in norms], ([v[0] for v in losses] if single else None)
+    return [sum(n) / len(n) for n in norms], ([v[0] for v in losses] if one_set(strategy, settings) else None)
+
+
+def one_set(strategy: str, settings) -> bool:
+    """Does the gradient utility take one label set, the pseudo-labels (else egl's S sampled)?"""
+    return strategy == "gradnorm" or settings.egl_samples == "pseudo"
 
 
 def scored(strategy: str, model: nn.Module, images: list[torch.Tensor], ids: list, settings,
@@ -316,17 +321,18 @@ def scored(strategy: str, model: nn.Module, images: list[torch.Tensor], ids: lis
     def sets_of(position: int, found: dict) -> list[dict]:
         return label_sets(strategy, found, ids[position], settings, extra, target)
 
-    count = 1 if strategy == "gradnorm" or settings.egl_samples == "pseudo" else int(settings.egl_samples)
-    if strategy in GRADIENT_UTILITIES and settings.method != "loop" and batched.kind(model) is not None:
+    gradient = strategy in GRADIENT_UTILITIES and settings.method != "loop"
+    count = 1 if one_set(strategy, settings) else int(settings.egl_samples)
+    if gradient and batched.kind(model) is not None:
         grads, values, found = batched.norms(model, images, sets_of, settings.method)
-        return (found, *averaged(strategy, settings, grads.T.tolist(), values.T.tolist()))
-    if strategy in GRADIENT_UTILITIES and rcnn_batched(model, settings.method, count) and rcnn.one_size(model):
+    elif gradient and rcnn_batched(model, settings.method, count) and rcnn.one_size(model):
         with loss_mode(model):
             grads, values, found = rcnn.norms(model, images, sets_of, [image_seed(settings.seed, i) for i in ids],
                                               settings.method)
-        return (found, *averaged(strategy, settings, grads.T.tolist(), values.T.tolist()))
-    found = predict(model, images)
-    return (found, *utility(strategy, model, images, found, ids, settings, extra, target))
+    else:
+        found = predict(model, images)
+        return (found, *utility(strategy, model, images, found, ids, settings, extra, target))
+    return (found, *averaged(strategy, settings, grads.T.tolist(), values.T.tolist()))
 
 
 def box_target(found: dict) -> dict:

@@ -59,13 +59,6 @@ def target(found: dict) -> dict:
             "masks": (found["masks"][:, 0] >= MASK_THRESHOLD).to(torch.uint8)}
 
 
-def utility(strategy: str, model: nn.Module, images: list[torch.Tensor], found: list[dict],
-            ids: list, settings) -> tuple[list[float], list[float] | None]:
-    """(score per image, loss per image or None): detection's, the loss and the gradient ones at
-    targets with masks (egl's label sets keep instance j with its masks with probability p_j)."""
-    return detection.utility(strategy, model, images, found, ids, settings, EXTRA, target)
-
-
 def rows(model: nn.Module, images: list[torch.Tensor], ids: list, settings, names) -> list[dict]:
     """One row per image: detection's columns and `masks`, a run-length code per pseudo-label
     instance, JSON."""

@@ -58,13 +58,6 @@ def target(found: dict) -> dict:
     return {"boxes": found["boxes"], "labels": found["labels"], "keypoints": found["keypoints"].float()}
 
 
-def utility(strategy: str, model: nn.Module, images: list[torch.Tensor], found: list[dict],
-            ids: list, settings) -> tuple[list[float], list[float] | None]:
-    """(score per image, loss per image or None): detection's, the loss and the gradient ones at
-    targets with keypoints (egl's label sets keep instance j with its keypoints with probability p_j)."""
-    return detection.utility(strategy, model, images, found, ids, settings, EXTRA, target)
-
-
 def rows(model: nn.Module, images: list[torch.Tensor], ids: list, settings, names) -> list[dict]:
     """One row per image: detection's columns (the instances' classes by index in pred: the names
     name the keypoints) and `keypoints`, [[x, y, score] * K] per pseudo-label instance, JSON."""
