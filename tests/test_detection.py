@@ -206,6 +206,27 @@ def test_a_batch_of_other_sizes_and_an_image_without_boxes_is_each_image_alone(n
         assert norms[1] == [0.0] and losses[1] == [0.0]  # no box: SSD's loss is 0
 
 
+def test_an_rcnn_trained_at_several_sizes_draws_each_images_size_as_its_loss_does():
+    """A training transform of several min sizes draws one per image from the image's seed: the
+    batched forward's tensor, the loop's features and every label set's targets at that size
+    (each was drawn unseeded once: a norm at the wrong size's features)."""
+    torch.manual_seed(0)
+    model = torchvision.models.get_model("fasterrcnn_mobilenet_v3_large_320_fpn", weights=None,
+                                         weights_backbone=None, num_classes=3,
+                                         **{**RCNN_SMALL, "min_size": (48, 64, 80)}).double().eval()
+    imgs = images()
+    wants = []
+    for row, img in zip(detection.rows(model, imgs, IDS, Settings("uncertain-boxes"), None), imgs):
+        boxes = json.loads(row["boxes"])
+        wants.append(oracle_norm(model, img, [b[:4] for b in boxes], [b[4] for b in boxes],
+                                 detection.image_seed(0, row["id"])))
+    for method in ("ghost", "loop"):
+        for state in (1, 2):  # an unseeded draw would follow the global generator
+            torch.manual_seed(state)
+            rows = detection.rows(model, imgs, IDS, Settings("gradnorm", method=method), None)
+            assert [r["score"] for r in rows] == pytest.approx(wants, rel=1e-9), method
+
+
 def test_a_row_does_not_depend_on_its_batch():
     """Predictions per group of same-sized images, the loss per image alone: an image scored
     with others of other sizes, or alone, gets the same row (shards, resume, batch sizes)."""

@@ -72,11 +72,21 @@ def heads(model: nn.Module) -> nn.Module:
     return _heads[model]
 
 
-def padded_groups(model: nn.Module, images: list[torch.Tensor]) -> list[tuple[list[int], object]]:
+def padded_groups(model: nn.Module, images: list[torch.Tensor], seeds: list[int] | None = None
+                  ) -> list[tuple[list[int], object]]:
     """(positions, ImageList) per padded size: each image transformed alone, those of one
-    padded size stacked."""
+    padded size stacked. `seeds`: each image's transform seeded by its own (a training transform
+    of several sizes draws one, as the loop draws it)."""
     from torchvision.models.detection.image_list import ImageList
-    alone = [model.transform([img])[0] for img in images]
+
+    def transformed(img: torch.Tensor, seed: int | None):
+        if seed is None:
+            return model.transform([img])[0]
+        with torch.random.fork_rng(devices=[img.device] if img.device.type == "cuda" else []):
+            torch.manual_seed(seed)
+            return model.transform([img])[0]
+
+    alone = [transformed(img, None if seeds is None else seeds[i]) for i, img in enumerate(images)]
     groups: dict[tuple, list[int]] = {}
     for i, one in enumerate(alone):
         groups.setdefault(tuple(one.tensors.shape), []).append(i)

@@ -227,11 +227,13 @@ def rcnn_set_norms(model: nn.Module, image: torch.Tensor, targets: list[dict], s
     (the training transform's size draw, then the RPN's anchors, then the RoI proposals), one
     backward per set (in loss_mode)."""
     from collections import OrderedDict
-    batch, _ = model.transform([image])
+    devices = [image.device] if image.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):  # the size each set's transform draws below
+        torch.manual_seed(seed)
+        batch, _ = model.transform([image])
     features = model.backbone(batch.tensors)
     if isinstance(features, torch.Tensor):
         features = OrderedDict([("0", features)])
-    devices = [image.device] if image.device.type == "cuda" else []
     out = []
     for j, target in enumerate(targets):
         with torch.random.fork_rng(devices=devices):

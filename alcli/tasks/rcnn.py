@@ -241,9 +241,10 @@ def ran(model: nn.Module) -> bool:
 
 
 def one_size(model: nn.Module) -> bool:
-    """Does the training transform resize as inference does (one --min-size): the features the
-    choices are drawn from are then those the predictions come from."""
-    return len(model.transform.min_size) == 1
+    """Does the training transform resize as inference does (one min_size, resizing not skipped
+    in training): the features the choices are drawn from are then those the predictions come
+    from."""
+    return len(model.transform.min_size) == 1 and not getattr(model.transform, "_skip_resize", False)
 
 
 @contextlib.contextmanager
@@ -279,7 +280,7 @@ def norms(model: nn.Module, images: list[torch.Tensor],
     found: list[dict | None] = [None] * len(images)
     per_group = []
     with torch.no_grad():
-        groups = padded_groups(model, images)
+        groups = padded_groups(model, images, seeds)  # the training transform's size draw, as the loop's
     for members, image_list in groups:
         x = image_list.tensors
         with torch.no_grad():
