@@ -33,8 +33,16 @@ KINDS = (retinanet, fcos, ssd)
 
 
 def kind(model: nn.Module):
-    """The module serving this detector batched, or None (Faster R-CNN, DETR: the loop)."""
-    return next((k for k in KINDS if k.servable(model)), None)
+    """The module serving this detector batched, or None (Faster R-CNN, DETR, and a training
+    transform of several sizes, whose loss draws one per image: the loop)."""
+    found = next((k for k in KINDS if k.servable(model)), None)
+    return found if found is not None and one_size(model) else None
+
+
+def one_size(model: nn.Module) -> bool:
+    """Does the training transform resize as inference does (one min_size, resizing not skipped
+    in training)? Then the tensor inference gives an image is the one its loss is taken at."""
+    return len(model.transform.min_size) == 1 and not getattr(model.transform, "_skip_resize", False)
 
 
 _heads: "weakref.WeakKeyDictionary[nn.Module, nn.Module]" = weakref.WeakKeyDictionary()

@@ -327,7 +327,7 @@ def scored(strategy: str, model: nn.Module, images: list[torch.Tensor], ids: lis
     count = 1 if one_set(strategy, settings) else int(settings.egl_samples)
     if gradient and batched.kind(model) is not None:
         grads, values, found = batched.norms(model, images, sets_of, settings.method)
-    elif gradient and rcnn_batched(model, settings.method, count) and rcnn.one_size(model):
+    elif gradient and rcnn_batched(model, settings.method, count) and batched.one_size(model):
         with loss_mode(model):
             grads, values, found = rcnn.norms(model, images, sets_of, [image_seed(settings.seed, i) for i in ids],
                                               settings.method)
@@ -389,6 +389,9 @@ def method(model: nn.Module, setting: str) -> tuple[str, str]:
     if rcnn.servable(model) and setting == "auto":
         return "loop", ("an R-CNN's egl label sets: a backward per image and set, its backbone once "
                         "per image (batched, each set would run the box head at every set's proposals)")
+    if not is_hf(model) and not batched.one_size(model):
+        return "loop", ("its training transform has several sizes, and its loss draws one per image: a "
+                        "backward per image")
     return "loop", METHOD_REASON
 
 

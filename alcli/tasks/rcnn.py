@@ -240,13 +240,6 @@ def ran(model: nn.Module) -> bool:
     return model in _ran
 
 
-def one_size(model: nn.Module) -> bool:
-    """Does the training transform resize as inference does (one min_size, resizing not skipped
-    in training): the features the choices are drawn from are then those the predictions come
-    from."""
-    return len(model.transform.min_size) == 1 and not getattr(model.transform, "_skip_resize", False)
-
-
 @contextlib.contextmanager
 def inference(model: nn.Module):
     """The transform, RPN and RoI heads as in eval mode (test proposal counts, postprocessed
@@ -269,7 +262,7 @@ def norms(model: nn.Module, images: list[torch.Tensor],
     norms, [K, B] losses, None): the choices first, then one forward and the engine's backward per
     padded size. Call in detection.loss_mode (the RPN keeps its training proposal counts).
     `target_sets` may be a function (an image's position, its predictions) -> its K targets (when
-    one_size): the predictions then come from the backbone pass the choices are drawn from (its
+    batched.one_size): the predictions then come from the backbone pass the choices are drawn from (its
     RPN and RoI heads in eval mode), and come back third, as model(images) gives them."""
     from torchvision.models.detection.rpn import concat_box_prediction_layers
     from ..gradnorm import grad_norms_per_target
