@@ -133,7 +133,6 @@ def norms(model: nn.Module, images: list[torch.Tensor],
     from ..gradnorm import grad_norms_per_target
     k = kind(model)
     heads_ = heads(model)
-    count = None if callable(target_sets) else len(target_sets)
     found: list[dict | None] = [None] * len(images)
     per_group = []
     with torch.no_grad():
@@ -161,10 +160,18 @@ def norms(model: nn.Module, images: list[torch.Tensor],
                                        loss_fn=k.per_image_loss)
         with torch.no_grad():
             values = torch.stack([k.per_image_loss(out, t) for t in dense])
-        per_group.append((members, g.to(torch.float64).cpu(), values.to(torch.float64).cpu()))
-    count = count if count is not None else per_group[0][1].shape[0]
-    grads = torch.zeros(count, len(images), dtype=torch.float64)
+        per_group.append((members, g, values))
+    return (*in_order(per_group, len(images)), found if callable(target_sets) else None)
+
+
+def in_order(per_group: list[tuple[list[int], torch.Tensor, torch.Tensor]], count: int
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each group's (positions, [K, b] norms, [K, b] losses) -> [K, count] norms and losses in
+    float64 on the CPU, each image at its position."""
+    sets = per_group[0][1].shape[0] if per_group else 0
+    grads = torch.zeros(sets, count, dtype=torch.float64)
     losses = torch.zeros_like(grads)
     for members, g, values in per_group:
-        grads[:, members], losses[:, members] = g, values
-    return grads, losses, (found if callable(target_sets) else None)
+        grads[:, members] = g.to(torch.float64).cpu()
+        losses[:, members] = values.to(torch.float64).cpu()
+    return grads, losses

@@ -262,11 +262,11 @@ def norms(model: nn.Module, images: list[torch.Tensor],
     norms, [K, B] losses, None): the choices first, then one forward and the engine's backward per
     padded size. Call in detection.loss_mode (the RPN keeps its training proposal counts).
     `target_sets` may be a function (an image's position, its predictions) -> its K targets (when
-    batched.one_size): the predictions then come from the backbone pass the choices are drawn from (its
-    RPN and RoI heads in eval mode), and come back third, as model(images) gives them."""
+    batched.one_size): the predictions then come from the backbone pass the choices are drawn
+    from (its RPN and RoI heads in eval mode), and come back third, as model(images) gives them."""
     from torchvision.models.detection.rpn import concat_box_prediction_layers
     from ..gradnorm import grad_norms_per_target
-    from .batched import padded_groups
+    from .batched import in_order, padded_groups
     heads_ = heads(model)
     _ran.add(model)
     k = model.roi_heads.fg_bg_sampler.batch_size_per_image
@@ -334,9 +334,5 @@ def norms(model: nn.Module, images: list[torch.Tensor],
             g, out = grad_norms_per_target(heads_, inputs, targets_for, method=method, loss_fn=per_image_loss)
         with torch.no_grad():
             values = torch.stack([per_image_loss(out, t) for t in dense])
-        per_group.append((members, g.to(torch.float64).cpu(), values.to(torch.float64).cpu()))
-    grads = torch.zeros(per_group[0][1].shape[0], len(images), dtype=torch.float64)
-    losses = torch.zeros_like(grads)
-    for members, g, values in per_group:
-        grads[:, members], losses[:, members] = g, values
-    return grads, losses, (found if callable(target_sets) else None)
+        per_group.append((members, g, values))
+    return (*in_order(per_group, len(images)), found if callable(target_sets) else None)
