@@ -3,7 +3,9 @@ training loss (the floor), side by side in one process, median of several rounds
 egl with S label sets batched through the engine (as `auto` runs them, but the R-CNNs' egl, which
 `auto` loops: `--method ghost`) and, beside them, the per-image loop (`--method loop`). Every
 utility includes its predictions; "predictions alone" is what they cost by themselves (a no-grad
-`model(images)`), which the batched utilities take from a pass they run anyway.
+`model(images)`), which the batched utilities take from a pass they run anyway. Their warm-up call
+runs on other images of the same size, as a pool's next batch is other images (rounds after the
+first repeat the batch).
 
     nice -n 10 python benchmarks/detection.py [--size 320] [--batch 8] [--samples 8] [--rounds 1]
 
@@ -52,9 +54,9 @@ def floor(model, images, targets) -> None:
     model.zero_grad(set_to_none=True)
 
 
-def timed(fn, rounds: int, warm: bool = True, sync=lambda: None) -> float:
+def timed(fn, rounds: int, warm: bool = True, sync=lambda: None, warm_fn=None) -> float:
     if warm:
-        fn()  # warm-up (the engine's first call learns the model's layout)
+        (warm_fn or fn)()  # warm-up (the engine's first call learns the model's layout)
         sync()
     times = []
     for _ in range(rounds):
@@ -80,11 +82,17 @@ def measure(name: str, images: list[torch.Tensor], samples: int, rounds: int, lo
     # the predictions alone (model(images), no-grad): part of every utility, not of the floor
     t_predict = timed(lambda: detection.predict(model, images), rounds, warm=warm, sync=sync)
 
+    # the utilities' warm-up runs on other images of the same size: a pool's next batch is other
+    # images, so a layout the engine learns from one batch's contents (not its sizes) would show
+    g = torch.Generator(device=device).manual_seed(1)
+    others = [torch.rand(i.shape, generator=g, device=device) for i in images]
+
     def ratio(strategy: str, method: str) -> float:
         settings = SimpleNamespace(box_threshold=0.05, aggregate="mean", seed=0, egl_samples=samples,
                                    method=method)
         t = timed(lambda: detection.scored(strategy, model, images, ids, settings, extra, target),
-                  rounds, warm=warm and method != "loop", sync=sync)
+                  rounds, warm=warm and method != "loop", sync=sync,
+                  warm_fn=lambda: detection.scored(strategy, model, others, ids, settings, extra, target))
         return t / t_floor
 
     # the R-CNNs' egl batched: `auto` loops their label sets (the loop columns give that)

@@ -226,6 +226,29 @@ def test_an_rcnn_trained_at_several_sizes_draws_each_images_size_as_its_loss_doe
         assert [r["score"] for r in rows] == pytest.approx(wants, rel=1e-9), method
 
 
+def test_an_rcnns_rows_at_every_pyramid_level_are_pooled_at_their_own():
+    """RoIAlign takes each proposal at its own level, chosen in the forward: gradnorm and the
+    batched egl at proposals spread over the four levels (a level mapping of small boxes: the
+    test's images are small) against the float64 loop."""
+    from torchvision.ops import MultiScaleRoIAlign
+    torch.manual_seed(0)
+    pool = MultiScaleRoIAlign(["0", "1", "2", "3"], 7, 2, canonical_scale=16)
+    model = torchvision.models.get_model("fasterrcnn_resnet50_fpn", weights=None, weights_backbone=None,
+                                         num_classes=3, box_roi_pool=pool, **RCNN_SMALL).double().eval()
+    imgs = images()
+    rows = detection.rows(model, imgs, IDS, Settings("gradnorm"), None)
+    assert detection.method(model, "auto")[1].startswith("batched")
+    boxes = [json.loads(row["boxes"]) for row in rows]
+    levels = pool.map_levels([torch.tensor([b[:4] for b in boxes[0] + boxes[1]], dtype=torch.float64)])
+    assert len(set(levels.tolist())) >= 3
+    for row, img, found in zip(rows, imgs, boxes):
+        want = oracle_norm(model, img, [b[:4] for b in found], [b[4] for b in found], detection.image_seed(0, row["id"]))
+        assert row["score"] == pytest.approx(want, rel=1e-9)
+    ghost = detection.rows(model, imgs, IDS, Settings("egl", method="ghost"), None)
+    loop = detection.rows(model, imgs, IDS, Settings("egl", method="loop"), None)
+    assert [r["score"] for r in ghost] == pytest.approx([r["score"] for r in loop], rel=1e-9)
+
+
 def test_a_one_stage_detector_trained_at_several_sizes_is_scored_on_the_loop():
     """Its loss draws a size per image, which its inference (the batched forward's tensor) does
     not: `auto` takes the loop, seeded as the loss is."""

@@ -24,10 +24,10 @@ image's loss.
 
 The R = S x k rows hold each of the S label sets' k sampled proposals (fewer padded, not counted):
 the proposals depend on the label set, and one forward serves all S; the positive rows likewise.
-The multi-scale RoI pooling needs each row at its own pyramid level, which torchvision selects
-inside the forward (shapes the engine cannot follow); here the rows are ordered level by level
-before it (Heads.split, .pos_split), each level padded to the most rows any image has there
-(padding rows not counted), and each level's RoIAlign takes its own.
+The multi-scale RoI pooling takes each row at its own pyramid level: the rows are sorted by level
+inside the forward and put back after (_pooled), so R and P, not the rows' levels, make the
+inputs' shapes, and batches of one image size share the engine's layout (learnt per shape, at
+the cost of about ten images' forward).
 """
 from __future__ import annotations
 
@@ -60,17 +60,24 @@ def _second(roi_heads: nn.Module) -> tuple:
     return None, None, None, 0, False
 
 
-def _pooled(maps: list[torch.Tensor], pool: nn.Module, rois: torch.Tensor, split: list[int]) -> torch.Tensor:
-    """rois [B, N, 4], level by level (split: N per level) -> [B*N, C, s, s]: each level's RoIAlign
-    of its own rows (torchvision's MultiScaleRoIAlign with the levels chosen before the forward)."""
+def _pooled(maps: list[torch.Tensor], pool: nn.Module, rois: torch.Tensor) -> torch.Tensor:
+    """rois [B, N, 4] -> [B*N, C, s, s]: each row's RoIAlign at its own pyramid level, as
+    torchvision's MultiScaleRoIAlign. The rows are sorted by level inside the forward (each
+    level's pooled at once) and put back in their order, so the inputs' shapes do not depend on
+    how the rows fall across the levels (the engine learns a layout per input shape)."""
     from torchvision.ops import roi_align
-    b, pooled, start = rois.shape[0], [], 0
-    for m, scale, n in zip(maps, pool.scales, split):
-        image = torch.arange(b, device=rois.device, dtype=rois.dtype).repeat_interleave(n)[:, None]
-        flat = torch.cat([image, rois[:, start:start + n].flatten(0, 1)], 1)  # [B*n, 5]
-        pooled.append(roi_align(m, flat, pool.output_size, scale, pool.sampling_ratio).unflatten(0, (b, n)))
-        start += n
-    return torch.cat(pooled, 1).flatten(0, 1)
+    b, n = rois.shape[:2]
+    flat = rois.flatten(0, 1)
+    image = torch.arange(b, device=rois.device, dtype=rois.dtype).repeat_interleave(n)[:, None]
+    levels = pool.map_levels([flat])                                     # [B*N]
+    order = torch.argsort(levels, stable=True)
+    rows = torch.cat([image, flat], 1)[order]                            # [B*N, 5], level by level
+    pooled, start = [], 0
+    for level, (m, scale) in enumerate(zip(maps, pool.scales)):
+        count = int((levels == level).sum())
+        pooled.append(roi_align(m, rows[start:start + count], pool.output_size, scale, pool.sampling_ratio))
+        start += count
+    return torch.cat(pooled)[torch.argsort(order)]
 
 
 class Heads(nn.Module):
@@ -82,9 +89,7 @@ class Heads(nn.Module):
         heads = model.roi_heads
         self.backbone, self.rpn_head = model.backbone, model.rpn.head
         self.box_head, self.box_predictor, self.pool = heads.box_head, heads.box_predictor, heads.box_roi_pool
-        self.split: list[int] = []  # rows per pyramid level, set per call (rows come level by level)
         self.pos_pool, self.pos_head, self.pos_predictor, _, self.keypoints = _second(heads)
-        self.pos_split: list[int] = []
 
     def forward(self, x: torch.Tensor, rois: torch.Tensor, pos_rois: torch.Tensor | None = None,
                 pos_index: torch.Tensor | None = None) -> torch.Tensor:
@@ -94,11 +99,11 @@ class Heads(nn.Module):
         objectness, deltas = self.rpn_head(list(features.values()))
         objectness, deltas = concat_box_prediction_layers(objectness, deltas)   # [B*A, 1], [B*A, 4]
         maps = [f for name, f in features.items() if name in self.pool.featmap_names]
-        logits, box = self.box_predictor(self.box_head(_pooled(maps, self.pool, rois, self.split)))  # [B*R, C], [B*R, 4C]
+        logits, box = self.box_predictor(self.box_head(_pooled(maps, self.pool, rois)))  # [B*R, C], [B*R, 4C]
         parts = [objectness.reshape(b, -1), deltas.reshape(b, -1), torch.cat([logits, box], 1).reshape(b, -1)]
         if pos_rois is not None:
             maps = [f for name, f in features.items() if name in self.pos_pool.featmap_names]
-            logits = self.pos_predictor(self.pos_head(_pooled(maps, self.pos_pool, pos_rois, self.pos_split)))
+            logits = self.pos_predictor(self.pos_head(_pooled(maps, self.pos_pool, pos_rois)))
             if self.keypoints:  # [B*P, K, S, S] -> each heatmap's log-softmax over its S*S cells at the target's
                 logp = logits.flatten(2).log_softmax(-1)
                 parts.append(logp.gather(2, pos_index.reshape(-1, logp.shape[1], 1)).reshape(b, -1))  # [B, P*K]
@@ -182,16 +187,16 @@ def with_scales(pool: nn.Module, features, image_list) -> None:
 def positive_rows(heads_: Heads, features, image_list, choices: list[list[tuple]]):
     """The positive proposals of every image and label set -> (pos_rois [B, P, 4], pos_index
     [B, P(, K)], per set [S, B, P, 1 + E]: whether the row counts, its payload), each set's rows in
-    its own slot, level by level (heads_.pos_split); None without a second head or without a
-    positive proposal."""
+    a slot of its own of POSITIVE_SLOTS-rounded size (so that batches share a few input shapes);
+    None without a second head or without a positive proposal."""
     if choices[0][0][3] is None:
         return None
-    pool = heads_.pos_pool
-    with_scales(pool, features, image_list)
+    with_scales(heads_.pos_pool, features, image_list)
     sets, b = len(choices[0]), len(choices)
     most = max(len(c[3][0]) for per_set in choices for c in per_set)
     if most == 0:
         return None
+    most = -(-most // POSITIVE_SLOTS) * POSITIVE_SLOTS
     x, (_, index, payload) = choices[0][0][0], choices[0][0][3]
     rois = x.new_zeros(b, sets * most + 1, 4)
     rois[..., 2:] = 1.0                                             # padding rows: a unit box, not counted
@@ -203,24 +208,10 @@ def positive_rows(heads_: Heads, features, image_list, choices: list[list[tuple]
             rois[col, rows], indices[col, rows] = boxes, index
             t[s, col, rows, 0] = 1.0
             t[s, col, rows, 1:] = payload
-    order, heads_.pos_split = by_level(pool.map_levels([rois.flatten(0, 1)]).view(b, -1)[:, :-1], len(pool.scales))
-    image = torch.arange(b, device=order.device)[:, None]
-    return rois[image, order], indices[image, order], t[:, image, order]
+    return rois, indices, t
 
 
-def by_level(levels: torch.Tensor, count: int) -> tuple[torch.Tensor, list[int]]:
-    """levels [B, R] (each row's pyramid level) -> (order [B, N]: row indices level by level, each
-    level padded with index R, the padding row, to the most rows any image has there; N per level)."""
-    b, r = levels.shape
-    split = [int((levels == level).sum(1).max()) for level in range(count)]
-    order = torch.full((b, sum(split)), r, dtype=torch.long, device=levels.device)
-    for row in range(b):
-        start = 0
-        for level, n in enumerate(split):
-            at = torch.nonzero(levels[row] == level).flatten()
-            order[row, start:start + len(at)] = at
-            start += n
-    return order, split
+POSITIVE_SLOTS = 32  # a label set's positive rows are padded to a multiple of this (at most 128 at torchvision's defaults)
 
 
 _heads: "weakref.WeakKeyDictionary[nn.Module, Heads]" = weakref.WeakKeyDictionary()
@@ -310,17 +301,13 @@ def norms(model: nn.Module, images: list[torch.Tensor],
                 rois[col, s * k:s * k + len(chosen)] = chosen
                 roi_t[s, col, s * k:s * k + len(rows)] = rows
                 rpn_t[s, col] = rpn.flatten()
-        order, heads_.split = by_level(heads_.pool.map_levels([rois.flatten(0, 1)]).view(b, r + 1)[:, :r],
-                                       len(heads_.pool.scales))
-        rois = rois.gather(1, order[..., None].expand(-1, -1, 4))
-        roi_t = roi_t.gather(2, order[None, ..., None].expand(sets, -1, -1, 7))
         inputs, positives = (x, rois), positive_rows(heads_, features, image_list, choices)
         p, e = 0, 0
         if positives is not None:
             pos_rois, pos_index, pos_t = positives                  # [B, P, 4], [B, P(, K)], [S, B, P, 1 + E]
             p, e = pos_rois.shape[1], pos_t.shape[-1] - 1
             inputs = (x, rois, pos_rois, pos_index)
-        header = x.new_tensor([a, rois.shape[1], p, e, heads_.keypoints]).expand(b, 5)  # rows after the level order
+        header = x.new_tensor([a, rois.shape[1], p, e, heads_.keypoints]).expand(b, 5)
         dense = [torch.cat([header, rpn_t[s], roi_t[s].flatten(1)]
                            + ([pos_t[s, ..., 0], pos_t[s, ..., 1:].flatten(1)] if p else []), 1)
                  for s in range(sets)]
