@@ -38,23 +38,31 @@ def unfold_patches(module, x):
     return x.permute(perm).reshape(batch, module.groups, -1, out_shape.numel())
 
 
-def weight_backward(module, x, g):
+def weight_backward(module, x, g, rows: int = 0):
     """x [N, C_in, *S], g [N, C_out, *O] -> per-example weight gradients [N, *weight.shape]: the
     convolution's own weight backward with the batch folded into the groups (example n's groups
-    are n*groups ... (n+1)*groups - 1 of a [1, N*C_in, *S] input), so no patch is copied."""
-    batch, spatial = x.shape[0], len(module.kernel_size)
+    are n*groups ... (n+1)*groups - 1 of a [1, N*C_in, *S] input), so no patch is copied.
+    With `rows` = k: x [N*k, C_in, *S], g [N, k, C_out, *O]; the k rows of an example go in as
+    the backward's batch ([k, N*C_in, *S]), which sums them: no per-row gradient is formed."""
+    spatial = len(module.kernel_size)
     padding = module.padding
     if isinstance(padding, str) or module.padding_mode != "zeros":  # 'same', circular, ...: padded here
         mode = "constant" if module.padding_mode == "zeros" else module.padding_mode
         if any(module._reversed_padding_repeated_twice):
             x = F.pad(x, module._reversed_padding_repeated_twice, mode=mode)
         padding = (0,) * spatial
+    if rows:  # [N*k, C, ...] -> [k, N*C, ...]
+        batch = g.shape[0]
+        x = x.unflatten(0, (batch, rows)).movedim(1, 0).flatten(1, 2)
+        g = g.movedim(1, 0).flatten(1, 2)
+    else:
+        batch = x.shape[0]
+        x, g = x.reshape(1, -1, *x.shape[2:]), g.reshape(1, -1, *g.shape[2:])
     shape = module.weight.shape  # the weight's values are read for the input gradient only: a stride-0 zero
     weight = torch.zeros((), dtype=g.dtype, device=g.device).expand(batch * shape[0], *shape[1:])
     grad = torch.ops.aten.convolution_backward(
-        g.reshape(1, -1, *g.shape[2:]), x.reshape(1, -1, *x.shape[2:]), weight, None,
-        module.stride, padding, module.dilation, False, (0,) * spatial, batch * module.groups,
-        (False, True, False))[1]                                            # [N*C_out, C_in/groups, *K]
+        g, x, weight, None, module.stride, padding, module.dilation, False, (0,) * spatial,
+        batch * module.groups, (False, True, False))[1]                     # [N*C_out, C_in/groups, *K]
     return grad.view(batch, *module.weight.shape)
 
 
@@ -68,9 +76,7 @@ def conv_rule(module, call, wanted):
     batch, c_out = g.shape[0], g.shape[2 if rows else 1]
     out = {}
     if "weight" in wanted and _by_weight_backward(module, g[0].numel() // c_out):  # T: an example's positions
-        w = weight_backward(module, x, g.flatten(0, 1) if rows else g)
-        if rows:  # [B*k, ...] -> an example's sum over its k rows
-            w = w.unflatten(0, (batch, rows)).sum(1)
+        w = weight_backward(module, x, g, rows)
         out["weight"] = w if wanted["weight"] else w.square().flatten(1).sum(1)
     elif "weight" in wanted:
         out["weight"] = _patch_weight(module, call.cache, x, g, rows, wanted["weight"])
