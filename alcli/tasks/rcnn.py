@@ -72,9 +72,9 @@ def _pooled(maps: list[torch.Tensor], pool: nn.Module, rois: torch.Tensor) -> to
     levels = pool.map_levels([flat])                                     # [B*N]
     order = torch.argsort(levels, stable=True)
     rows = torch.cat([image, flat], 1)[order]                            # [B*N, 5], level by level
+    counts = torch.stack([(levels == level).sum() for level in range(len(maps))]).tolist()  # one sync
     pooled, start = [], 0
-    for level, (m, scale) in enumerate(zip(maps, pool.scales)):
-        count = int((levels == level).sum())
+    for m, scale, count in zip(maps, pool.scales, counts):
         pooled.append(roi_align(m, rows[start:start + count], pool.output_size, scale, pool.sampling_ratio))
         start += count
     return torch.cat(pooled)[torch.argsort(order)]
@@ -184,6 +184,9 @@ def with_scales(pool: nn.Module, features, image_list) -> None:
         pool(features, [x.new_tensor([[0.0, 0.0, 1.0, 1.0]])] * x.shape[0], image_list.image_sizes)
 
 
+POSITIVE_SLOTS = 32  # a label set's positive rows are padded to a multiple of this (at most 128 at torchvision's defaults)
+
+
 def positive_rows(heads_: Heads, features, image_list, choices: list[list[tuple]]):
     """The positive proposals of every image and label set -> (pos_rois [B, P, 4], pos_index
     [B, P(, K)], per set [S, B, P, 1 + E]: whether the row counts, its payload), each set's rows in
@@ -198,10 +201,10 @@ def positive_rows(heads_: Heads, features, image_list, choices: list[list[tuple]
         return None
     most = -(-most // POSITIVE_SLOTS) * POSITIVE_SLOTS
     x, (_, index, payload) = choices[0][0][0], choices[0][0][3]
-    rois = x.new_zeros(b, sets * most + 1, 4)
+    rois = x.new_zeros(b, sets * most, 4)
     rois[..., 2:] = 1.0                                             # padding rows: a unit box, not counted
-    indices = index.new_zeros(b, sets * most + 1, *index.shape[1:])
-    t = x.new_zeros(sets, b, sets * most + 1, 1 + payload.shape[-1])
+    indices = index.new_zeros(b, sets * most, *index.shape[1:])
+    t = x.new_zeros(sets, b, sets * most, 1 + payload.shape[-1])
     for col, per_set in enumerate(choices):
         for s, (_, _, _, (boxes, index, payload)) in enumerate(per_set):
             rows = slice(s * most, s * most + len(boxes))
@@ -210,8 +213,6 @@ def positive_rows(heads_: Heads, features, image_list, choices: list[list[tuple]
             t[s, col, rows, 1:] = payload
     return rois, indices, t
 
-
-POSITIVE_SLOTS = 32  # a label set's positive rows are padded to a multiple of this (at most 128 at torchvision's defaults)
 
 
 _heads: "weakref.WeakKeyDictionary[nn.Module, Heads]" = weakref.WeakKeyDictionary()
@@ -292,9 +293,9 @@ def norms(model: nn.Module, images: list[torch.Tensor],
         sets, a, b, r = len(group_sets), anchors[0].shape[0], len(members), len(group_sets) * k
         choices = [[_choices(model, images[i], ts[col], seeds[i], anchors[col], proposals[col], x.dtype)
                     for ts in group_sets] for col, i in enumerate(members)]
-        rois = x.new_zeros(b, r + 1, 4)
+        rois = x.new_zeros(b, r, 4)
         rois[..., 2:] = 1.0                                         # padding rows: a unit box, not counted
-        roi_t = x.new_zeros(sets, b, r + 1, 7)
+        roi_t = x.new_zeros(sets, b, r, 7)
         rpn_t = x.new_zeros(sets, b, 7 * a)
         for col, per_set in enumerate(choices):
             for s, (rpn, chosen, rows, _) in enumerate(per_set):
