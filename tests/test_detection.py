@@ -255,6 +255,24 @@ def test_an_rcnns_rows_at_every_pyramid_level_are_pooled_at_their_own(monkeypatc
     assert [r["score"] for r in ghost] == pytest.approx([r["score"] for r in loop], rel=1e-9)
 
 
+def test_an_rcnns_next_batch_reuses_the_engines_layout():
+    """The engine learns a layout per input shape (about ten images' forward): a batch of other
+    images of the same size, whose proposals fall differently across the levels, has the same
+    inputs' shapes and learns none."""
+    from torchvision.ops import MultiScaleRoIAlign
+    from alcli.gradnorm import layout
+    from alcli.tasks import rcnn
+    torch.manual_seed(0)
+    pool = MultiScaleRoIAlign(["0", "1", "2", "3"], 7, 2, canonical_scale=16)
+    model = torchvision.models.get_model("fasterrcnn_resnet50_fpn", weights=None, weights_backbone=None,
+                                         num_classes=3, box_roi_pool=pool, **RCNN_SMALL).eval()
+    g = torch.Generator().manual_seed(3)
+    for batch in range(3):
+        imgs = [torch.rand(3, 60, 80, generator=g) for _ in range(2)]
+        detection.rows(model, imgs, [f"b{batch}-{i}" for i in range(2)], Settings("gradnorm"), None)
+        assert len(layout._cache[rcnn.heads(model)]) == 1, batch
+
+
 def test_a_one_stage_detector_trained_at_several_sizes_is_scored_on_the_loop():
     """Its loss draws a size per image, which its inference (the batched forward's tensor) does
     not: `auto` takes the loop, seeded as the loss is."""
