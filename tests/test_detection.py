@@ -226,16 +226,22 @@ def test_an_rcnn_trained_at_several_sizes_draws_each_images_size_as_its_loss_doe
         assert [r["score"] for r in rows] == pytest.approx(wants, rel=1e-9), method
 
 
+def rcnn_over_levels() -> torch.nn.Module:
+    """A ResNet-50 Faster R-CNN whose box pool maps the small test images' boxes over all four
+    pyramid levels (canonical_scale 16 in place of 224)."""
+    from torchvision.ops import MultiScaleRoIAlign
+    torch.manual_seed(0)
+    pool = MultiScaleRoIAlign(["0", "1", "2", "3"], 7, 2, canonical_scale=16)
+    return torchvision.models.get_model("fasterrcnn_resnet50_fpn", weights=None, weights_backbone=None,
+                                        num_classes=3, box_roi_pool=pool, **RCNN_SMALL).eval()
+
+
 def test_an_rcnns_rows_at_every_pyramid_level_are_pooled_at_their_own(monkeypatch):
     """RoIAlign takes each proposal at its own level, chosen in the forward: gradnorm and the
     batched egl at proposals spread over the four levels (a level mapping of small boxes: the
     test's images are small) against the float64 loop."""
-    from torchvision.ops import MultiScaleRoIAlign
     from alcli.tasks import rcnn
-    torch.manual_seed(0)
-    pool = MultiScaleRoIAlign(["0", "1", "2", "3"], 7, 2, canonical_scale=16)
-    model = torchvision.models.get_model("fasterrcnn_resnet50_fpn", weights=None, weights_backbone=None,
-                                         num_classes=3, box_roi_pool=pool, **RCNN_SMALL).double().eval()
+    model = rcnn_over_levels().double()
     imgs, pooled_levels = images(), set()
 
     def pooled(maps, pool_, rois):  # the levels of the rows the batched forward pools
@@ -259,13 +265,9 @@ def test_an_rcnns_next_batch_reuses_the_engines_layout():
     """The engine learns a layout per input shape (about ten images' forward): a batch of other
     images of the same size, whose proposals fall differently across the levels, has the same
     inputs' shapes and learns none."""
-    from torchvision.ops import MultiScaleRoIAlign
     from alcli.gradnorm import layout
     from alcli.tasks import rcnn
-    torch.manual_seed(0)
-    pool = MultiScaleRoIAlign(["0", "1", "2", "3"], 7, 2, canonical_scale=16)
-    model = torchvision.models.get_model("fasterrcnn_resnet50_fpn", weights=None, weights_backbone=None,
-                                         num_classes=3, box_roi_pool=pool, **RCNN_SMALL).eval()
+    model = rcnn_over_levels()
     g = torch.Generator().manual_seed(3)
     for batch in range(3):
         imgs = [torch.rand(3, 60, 80, generator=g) for _ in range(2)]

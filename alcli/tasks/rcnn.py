@@ -214,7 +214,6 @@ def positive_rows(heads_: Heads, features, image_list, choices: list[list[tuple]
     return rois, indices, t
 
 
-
 _heads: "weakref.WeakKeyDictionary[nn.Module, Heads]" = weakref.WeakKeyDictionary()
 
 
