@@ -240,15 +240,15 @@ def test_an_rcnns_rows_at_every_pyramid_level_are_pooled_at_their_own(monkeypatc
     """RoIAlign takes each proposal at its own level, chosen in the forward: gradnorm and the
     batched egl at proposals spread over the four levels (a level mapping of small boxes: the
     test's images are small) against the float64 loop."""
-    from alcli.tasks import rcnn
+    from alcli.tasks import roi_align
     model = rcnn_over_levels().double()
     imgs, pooled_levels = images(), set()
 
     def pooled(maps, pool_, rois):  # the levels of the rows the batched forward pools
         pooled_levels.update(pool_.map_levels([rois.flatten(0, 1)]).tolist())
         return original(maps, pool_, rois)
-    original = rcnn._pooled
-    monkeypatch.setattr(rcnn, "_pooled", pooled)
+    original = roi_align.pooled
+    monkeypatch.setattr(roi_align, "pooled", pooled)
     rows = detection.rows(model, imgs, IDS, Settings("gradnorm"), None)
     assert detection.method(model, "auto")[1].startswith("batched")
     assert len(pooled_levels) >= 3

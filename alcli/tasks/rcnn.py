@@ -24,10 +24,9 @@ image's loss.
 
 The R = S x k rows hold each of the S label sets' k sampled proposals (fewer padded, not counted):
 the proposals depend on the label set, and one forward serves all S; the positive rows likewise.
-The multi-scale RoI pooling takes each row at its own pyramid level: the rows are sorted by level
-inside the forward and put back after (_pooled), so R and P, not the rows' levels, make the
-inputs' shapes, and batches of one image size share the engine's layout (learnt per shape, at
-the cost of about ten images' forward).
+The multi-scale RoI pooling takes each row at its own pyramid level, picked inside the forward
+(roi_align.pooled), so R and P, not the rows' levels, make the inputs' shapes, and batches of one
+image size share the engine's layout (learnt per shape, at the cost of about ten images' forward).
 """
 from __future__ import annotations
 
@@ -39,15 +38,21 @@ from typing import Callable
 import torch
 from torch import nn
 
+from . import roi_align
+
 
 def servable(model: nn.Module) -> bool:
     """torchvision's Faster, Mask and Keypoint R-CNN, with torchvision's mask or keypoint predictor
-    (the targets are drawn at the heatmap size it gives: 2x or 4x the pooled size)."""
+    (the targets are drawn at the heatmap size it gives: 2x or 4x the pooled size) and RoI pools
+    roi_align.pooled computes."""
     from torchvision.models.detection.keypoint_rcnn import KeypointRCNNPredictor
     from torchvision.models.detection.mask_rcnn import MaskRCNNPredictor
     predictors = {"FasterRCNN": type(None), "MaskRCNN": MaskRCNNPredictor, "KeypointRCNN": KeypointRCNNPredictor}
     want = predictors.get(type(model).__name__)
-    return want is not None and type(_second(model.roi_heads)[2]) is want
+    if want is None or type(_second(model.roi_heads)[2]) is not want:
+        return False
+    pools = (model.roi_heads.box_roi_pool, _second(model.roi_heads)[0])
+    return all(roi_align.servable(pool) for pool in pools if pool is not None)
 
 
 def _second(roi_heads: nn.Module) -> tuple:
@@ -58,26 +63,6 @@ def _second(roi_heads: nn.Module) -> tuple:
     if roi_heads.has_keypoint():
         return roi_heads.keypoint_roi_pool, roi_heads.keypoint_head, roi_heads.keypoint_predictor, 4, True
     return None, None, None, 0, False
-
-
-def _pooled(maps: list[torch.Tensor], pool: nn.Module, rois: torch.Tensor) -> torch.Tensor:
-    """rois [B, N, 4] -> [B*N, C, s, s]: each row's RoIAlign at its own pyramid level, as
-    torchvision's MultiScaleRoIAlign. The rows are sorted by level inside the forward (each
-    level's pooled at once) and put back in their order, so the inputs' shapes do not depend on
-    how the rows fall across the levels (the engine learns a layout per input shape)."""
-    from torchvision.ops import roi_align
-    b, n = rois.shape[:2]
-    flat = rois.flatten(0, 1)
-    image = torch.arange(b, device=rois.device, dtype=rois.dtype).repeat_interleave(n)[:, None]
-    levels = pool.map_levels([flat])                                     # [B*N]
-    order = torch.argsort(levels, stable=True)
-    rows = torch.cat([image, flat], 1)[order]                            # [B*N, 5], level by level
-    counts = torch.stack([(levels == level).sum() for level in range(len(maps))]).tolist()  # one sync
-    pooled, start = [], 0
-    for m, scale, count in zip(maps, pool.scales, counts):
-        pooled.append(roi_align(m, rows[start:start + count], pool.output_size, scale, pool.sampling_ratio))
-        start += count
-    return torch.cat(pooled)[torch.argsort(order)]
 
 
 class Heads(nn.Module):
@@ -99,11 +84,11 @@ class Heads(nn.Module):
         objectness, deltas = self.rpn_head(list(features.values()))
         objectness, deltas = concat_box_prediction_layers(objectness, deltas)   # [B*A, 1], [B*A, 4]
         maps = [f for name, f in features.items() if name in self.pool.featmap_names]
-        logits, box = self.box_predictor(self.box_head(_pooled(maps, self.pool, rois)))  # [B*R, C], [B*R, 4C]
+        logits, box = self.box_predictor(self.box_head(roi_align.pooled(maps, self.pool, rois)))  # [B*R, C], [B*R, 4C]
         parts = [objectness.reshape(b, -1), deltas.reshape(b, -1), torch.cat([logits, box], 1).reshape(b, -1)]
         if pos_rois is not None:
             maps = [f for name, f in features.items() if name in self.pos_pool.featmap_names]
-            logits = self.pos_predictor(self.pos_head(_pooled(maps, self.pos_pool, pos_rois)))
+            logits = self.pos_predictor(self.pos_head(roi_align.pooled(maps, self.pos_pool, pos_rois)))
             if self.keypoints:  # [B*P, K, S, S] -> each heatmap's log-softmax over its S*S cells at the target's
                 logp = logits.flatten(2).log_softmax(-1)
                 parts.append(logp.gather(2, pos_index.reshape(-1, logp.shape[1], 1)).reshape(b, -1))  # [B, P*K]
@@ -316,8 +301,8 @@ def norms(model: nn.Module, images: list[torch.Tensor],
             # the engine runs a batch of one as two copies (gradnorm.api.ONE_EXAMPLE_BUG)
             return [t.repeat(out.shape[0] // t.shape[0], 1) for t in dense]
 
-        with warnings.catch_warnings():  # the S label sets' vmapped backward runs RoIAlign's one at a time
-            warnings.filterwarnings("ignore", message=".*batching rule for torchvision::_roi_align_backward")
+        with warnings.catch_warnings():  # the S label sets' vmapped backward runs the RoI pool's one at a time
+            warnings.filterwarnings("ignore", message=".*batching rule for aten::_embedding_bag_backward")
             g, out = grad_norms_per_target(heads_, inputs, targets_for, method=method, loss_fn=per_image_loss)
         with torch.no_grad():
             values = torch.stack([per_image_loss(out, t) for t in dense])
