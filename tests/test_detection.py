@@ -275,6 +275,20 @@ def test_an_rcnns_next_batch_reuses_the_engines_layout():
         assert len(layout._cache[rcnn.heads(model)]) == 1, batch
 
 
+def test_an_rcnn_whose_roi_pool_samples_adaptively_is_scored_on_the_loop():
+    """A sampling ratio of 0 samples each bin by the box's size, which the batched pool does
+    not: `auto` and `--method ghost` take the loop, whose scores are the float64 oracle's."""
+    model, imgs = build("fasterrcnn_mobilenet_v3_large_320_fpn"), images()
+    model.roi_heads.box_roi_pool.sampling_ratio = 0
+    for method in ("auto", "ghost"):
+        rows = detection.rows(model, imgs, IDS, Settings("gradnorm", method=method), None)
+        assert detection.method(model, method)[0] == "loop"
+    for row, img in zip(rows, imgs):
+        boxes = json.loads(row["boxes"])
+        want = oracle_norm(model, img, [b[:4] for b in boxes], [b[4] for b in boxes], detection.image_seed(0, row["id"]))
+        assert row["score"] == pytest.approx(want, rel=1e-9)
+
+
 def test_a_one_stage_detector_trained_at_several_sizes_is_scored_on_the_loop():
     """Its loss draws a size per image, which its inference (the batched forward's tensor) does
     not: `auto` takes the loop, seeded as the loss is."""
