@@ -52,3 +52,24 @@ def test_pooled_equals_torchvisions_multiscale_roi_align(output_size, ratio, can
 def test_an_adaptive_sampling_ratio_is_not_served():
     assert roi_align.servable(MultiScaleRoIAlign(NAMES, 7, 2))
     assert not roi_align.servable(MultiScaleRoIAlign(NAMES, 7, 0))
+
+
+def test_the_pool_swapped_into_the_roi_heads_pools_as_torchvisions():
+    """roi_align.Pool takes a MultiScaleRoIAlign's call (boxes per image, as many as each has,
+    none for one) and gives its numbers; swapped puts it in the heads and the original back."""
+    import torchvision
+    model = torchvision.models.get_model("maskrcnn_resnet50_fpn", weights=None, weights_backbone=None,
+                                         num_classes=3)
+    heads = model.roi_heads
+    originals = {name: getattr(heads, name) for name in roi_align.POOLS}
+    size, counts = (64, 48), [7, 0, 12]
+    maps = pyramid(len(counts), size=size)
+    per_image = [boxes(1, 12, size)[0][:k] for k in counts]
+    with roi_align.swapped(heads):
+        assert isinstance(heads.box_roi_pool, roi_align.Pool) and isinstance(heads.mask_roi_pool, roi_align.Pool)
+        got = {name: getattr(heads, name)(maps, per_image, [size] * len(counts)) for name in ("box_roi_pool", "mask_roi_pool")}
+    assert {name: getattr(heads, name) for name in roi_align.POOLS} == originals
+    for name, pooled in got.items():
+        want = originals[name](maps, per_image, [size] * len(counts))
+        assert pooled.shape == want.shape == (sum(counts), 5, *originals[name].output_size)
+        torch.testing.assert_close(pooled, want, rtol=1e-12, atol=1e-12)

@@ -45,7 +45,7 @@ from torch import nn
 from ..errors import RunError
 from ..files.classnames import class_name
 from ..gradnorm import auto_choice
-from . import batched, rcnn
+from . import batched, rcnn, roi_align
 from .common import Task, aggregate, exact_dtype, seeded_uniform, uniforms
 from .labelstudio import Tag, _json_list, _loose_list, _named, _size, class_index, names_control, offered
 
@@ -225,7 +225,7 @@ def rcnn_set_norms(model: nn.Module, image: torch.Tensor, targets: list[dict], s
     """grad_norm of one image at each of its K target sets, the R-CNN's backbone and FPN run once:
     each set's RPN and RoI losses from those features, the sampling seeded as image_loss seeds it
     (the training transform's size draw, then the RPN's anchors, then the RoI proposals), one
-    backward per set (in loss_mode)."""
+    backward per set (in loss_mode); the RoI pools threaded (roi_align.swapped)."""
     from collections import OrderedDict
     devices = [image.device] if image.device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):  # the size each set's transform draws below
@@ -236,7 +236,7 @@ def rcnn_set_norms(model: nn.Module, image: torch.Tensor, targets: list[dict], s
         features = OrderedDict([("0", features)])
     out = []
     for j, target in enumerate(targets):
-        with torch.random.fork_rng(devices=devices):
+        with torch.random.fork_rng(devices=devices), roi_align.swapped(model.roi_heads):
             torch.manual_seed(seed)
             batch_j, resized = model.transform([image], [target])
             proposals, rpn_terms = model.rpn(batch_j, features, resized)

@@ -1,4 +1,5 @@
-"""Multi-scale RoIAlign as one weighted sum of feature-map cells, for the R-CNNs' batched forward.
+"""Multi-scale RoIAlign as one weighted sum of feature-map cells, for the R-CNNs' batched forward
+and their loop (swapped into the RoI heads).
 
 The numbers of torchvision's MultiScaleRoIAlign (aligned=False, a fixed sampling ratio r): each
 row's box goes to its pyramid level, each of its n x n bins is the mean of r x r bilinear samples,
@@ -9,9 +10,11 @@ level's cells, an embedding bag:
 
 torchvision's CPU kernels run the rows one after another, forward and backward; the bag sum and
 its backward are threaded (about 9x faster on 2 cores), and all levels are one call (no host sync
-for the rows' levels). The float64 loop through torchvision's own RoIAlign is the tests' oracle.
+for the rows' levels). The tests' oracle is torchvision's own RoIAlign, in float64.
 """
 from __future__ import annotations
+
+import contextlib
 
 import torch
 from torch import nn
@@ -37,18 +40,22 @@ def _axis(at: torch.Tensor, size: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
 
 
 def pooled(maps: list[torch.Tensor], pool: nn.Module, rois: torch.Tensor) -> torch.Tensor:
-    """rois [B, N, 4] (x1, y1, x2, y2 in the image) -> [B*N, C, n_h, n_w]: every row pooled at its
-    own pyramid level (pool.map_levels, pool.scales: the pool has run once, rcnn.with_scales)."""
+    """rois [B, N, 4] (x1, y1, x2, y2 in the image) -> [B*N, C, n_h, n_w]."""
     b, n = rois.shape[:2]
+    image = torch.arange(b, device=rois.device).repeat_interleave(n)
+    return pooled_rows(maps, pool, rois.flatten(0, 1), image)
+
+
+def pooled_rows(maps: list[torch.Tensor], pool: nn.Module, rois: torch.Tensor, image: torch.Tensor) -> torch.Tensor:
+    """rois [R, 4] of the images `image` [R] -> [R, C, n_h, n_w]: every row pooled at its own
+    pyramid level (pool.map_levels, pool.scales: the pool has run once, rcnn.with_scales)."""
     (out_h, out_w), ratio = pool.output_size, pool.sampling_ratio
-    flat = rois.flatten(0, 1)
-    level = pool.map_levels([flat]).long()                                      # [R]
+    level = pool.map_levels([rois]).long()                                      # [R]
     sizes = torch.tensor([m.shape[-2:] for m in maps], device=rois.device)      # [L, 2]
     starts = torch.tensor([0] + [m[:, 0].numel() for m in maps[:-1]], device=rois.device).cumsum(0)
     h, w = sizes[level].unbind(1)                                               # [R], [R]
-    image = torch.arange(b, device=rois.device).repeat_interleave(n)
     base = starts[level] + image * h * w                                        # the row's map in the table
-    x1, y1, x2, y2 = (flat * rois.new_tensor(pool.scales)[level, None]).unbind(1)
+    x1, y1, x2, y2 = (rois * rois.new_tensor(pool.scales)[level, None]).unbind(1)
 
     def samples(start, length, bins, size):  # -> [R, bins, 2r] cells and weights of each bin's samples
         steps = (torch.arange(bins * ratio, device=rois.device, dtype=rois.dtype) + 0.5) / ratio
@@ -66,4 +73,37 @@ def pooled(maps: list[torch.Tensor], pool: nn.Module, rois: torch.Tensor) -> tor
     table = torch.cat([m.permute(0, 2, 3, 1).reshape(-1, c) for m in maps])     # [sum_l B H_l W_l, C]
     bins = nn.functional.embedding_bag(cells.flatten(3).flatten(0, 2), table,
                                        per_sample_weights=weights.flatten(3).flatten(0, 2), mode="sum")
-    return bins.view(b * n, out_h, out_w, c).permute(0, 3, 1, 2).contiguous()
+    return bins.view(len(rois), out_h, out_w, c).permute(0, 3, 1, 2).contiguous()
+
+
+class Pool(nn.Module):
+    """A MultiScaleRoIAlign's call (feature maps by name, boxes per image, the images' sizes), its
+    numbers from pooled_rows: what swapped puts in an R-CNN's RoI heads."""
+
+    def __init__(self, pool: nn.Module):
+        super().__init__()
+        self.pool = pool
+
+    def forward(self, features: dict, boxes: list[torch.Tensor], image_shapes: list) -> torch.Tensor:
+        if self.pool.scales is None:  # set by the pool's first call, from the maps' sizes
+            self.pool(features, [b.new_tensor([[0.0, 0.0, 1.0, 1.0]]) for b in boxes], image_shapes)
+        maps = [f for name, f in features.items() if name in self.pool.featmap_names]
+        image = torch.cat([torch.full((len(b),), i, device=b.device) for i, b in enumerate(boxes)])
+        return pooled_rows(maps, self.pool, torch.cat(boxes), image)
+
+
+POOLS = ("box_roi_pool", "mask_roi_pool", "keypoint_roi_pool")  # torchvision's RoIHeads' pools
+
+
+@contextlib.contextmanager
+def swapped(roi_heads: nn.Module):
+    """An R-CNN's RoI heads with each pool servable() computed by pooled_rows, for the duration."""
+    originals = {name: getattr(roi_heads, name) for name in POOLS
+                 if getattr(roi_heads, name, None) is not None and servable(getattr(roi_heads, name))}
+    for name, pool in originals.items():
+        setattr(roi_heads, name, Pool(pool))
+    try:
+        yield
+    finally:
+        for name, pool in originals.items():
+            setattr(roi_heads, name, pool)
