@@ -204,3 +204,14 @@ def test_lm_pruning_quick(tmp_path):
     with torch.no_grad():
         base = sum(loss_of(t).item() for t in heldout) / len(heldout)
     assert result["base"][0] == pytest.approx(base, rel=1e-5)
+
+
+def test_roi_pool_quick():
+    """benchmarks/roi_pool.py at a few rows: its table, and the two pools equal in float64."""
+    proc = subprocess.run([sys.executable, str(BENCH / "roi_pool.py"), "--rows", "64", "--rounds", "1"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    first = proc.stdout.splitlines()[0]
+    assert first.startswith("float64: largest difference")
+    assert all(float(v.rstrip(",")) < 1e-10 for v in first.split()[-3::2]), first
+    assert proc.stdout.count("| alcli |") == 2 and proc.stdout.count("| torchvision |") == 2
