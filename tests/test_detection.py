@@ -244,9 +244,9 @@ def test_an_rcnns_rows_at_every_pyramid_level_are_pooled_at_their_own(monkeypatc
     model = rcnn_over_levels().double()
     imgs, pooled_levels = images(), set()
 
-    def pooled(maps, pool_, rois):  # the levels of the rows the batched forward pools
+    def pooled(maps, pool_, rois, *cells):  # the levels of the rows the batched forward pools
         pooled_levels.update(pool_.map_levels([rois.flatten(0, 1)]).tolist())
-        return original(maps, pool_, rois)
+        return original(maps, pool_, rois, *cells)
     original = roi_align.pooled
     monkeypatch.setattr(roi_align, "pooled", pooled)
     rows = detection.rows(model, imgs, IDS, Settings("gradnorm"), None)
@@ -259,6 +259,37 @@ def test_an_rcnns_rows_at_every_pyramid_level_are_pooled_at_their_own(monkeypatc
     ghost = detection.rows(model, imgs, IDS, Settings("egl", method="ghost"), None)
     loop = detection.rows(model, imgs, IDS, Settings("egl", method="loop"), None)
     assert [r["score"] for r in ghost] == pytest.approx([r["score"] for r in loop], rel=1e-9)
+
+
+@pytest.mark.parametrize("vmapped", [False, True])
+def test_an_rcnns_label_set_backward_runs_the_heads_at_its_own_proposals(monkeypatch, vmapped):
+    """egl batched (--method ghost), S = 3: one backward per label set reaches the box head at
+    that set's proposals alone (rcnn._Parts), 3 pool backwards per batch and not 3 x 3; with the
+    S backwards vmapped as one (as on CUDA) every set's rows, once. The scores are the loop's."""
+    from alcli.gradnorm import ghost
+    from alcli.tasks import rcnn, roi_align
+    backwards = []
+
+    class Counted(torch.autograd.Function):  # the pool's output, the backwards that reach it counted
+        @staticmethod
+        def forward(ctx, x):
+            ctx.set_materialize_grads(False)  # an unreached output's gradient stays None
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, grad):
+            if grad is not None:
+                backwards.append(grad.shape)
+            return grad
+    original = roi_align.pooled
+    monkeypatch.setattr(roi_align, "pooled", lambda *args: Counted.apply(original(*args)))
+    monkeypatch.setattr(ghost, "VMAP_ELEMENTS", None if vmapped else 1)  # all S in one backward, or 1
+    model, imgs = build("fasterrcnn_mobilenet_v3_large_320_fpn"), images()
+    ghost_rows = detection.rows(model, imgs, IDS, Settings("egl", method="ghost", egl_samples=3), None)
+    assert ghost._k_mode.get(rcnn.heads(model)) == ("batched" if vmapped else None)  # None: one at a time
+    assert len(backwards) == 2 * 3                                   # two batches (two sizes), 3 sets each
+    loop = detection.rows(model, imgs, IDS, Settings("egl", method="loop", egl_samples=3), None)
+    assert [r["score"] for r in ghost_rows] == pytest.approx([r["score"] for r in loop], rel=1e-9)
 
 
 def test_an_rcnns_next_batch_reuses_the_engines_layout():

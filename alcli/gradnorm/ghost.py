@@ -402,6 +402,8 @@ class _Pass:
 
     def _on_grad(self, name, call, i):
         def hook(grad):
+            if grad is None:  # an output whose gradient a custom backward left undefined (rcnn._Parts)
+                return None
             call.arrived[i] = grad
             if all(g is not None for g in call.arrived):
                 self._run(name, call)

@@ -75,28 +75,62 @@ class Heads(nn.Module):
         self.backbone, self.rpn_head = model.backbone, model.rpn.head
         self.box_head, self.box_predictor, self.pool = heads.box_head, heads.box_predictor, heads.box_roi_pool
         self.pos_pool, self.pos_head, self.pos_predictor, _, self.keypoints = _second(heads)
+        self.k = heads.fg_bg_sampler.batch_size_per_image  # a label set's sampled proposals per image
 
     def forward(self, x: torch.Tensor, rois: torch.Tensor, pos_rois: torch.Tensor | None = None,
                 pos_index: torch.Tensor | None = None) -> torch.Tensor:
         from torchvision.models.detection.rpn import concat_box_prediction_layers
-        b = rois.shape[0]
+        b, sets = rois.shape[0], rois.shape[1] // self.k
         features = self.backbone(x)
         objectness, deltas = self.rpn_head(list(features.values()))
         objectness, deltas = concat_box_prediction_layers(objectness, deltas)   # [B*A, 1], [B*A, 4]
+        parts = [objectness.reshape(b, -1), deltas.reshape(b, -1)]
+        # one call of the heads per label set: a set's backward reaches its own (_Parts), not all S
         maps = [f for name, f in features.items() if name in self.pool.featmap_names]
-        logits, box = self.box_predictor(self.box_head(roi_align.pooled(maps, self.pool, rois)))  # [B*R, C], [B*R, 4C]
-        parts = [objectness.reshape(b, -1), deltas.reshape(b, -1), torch.cat([logits, box], 1).reshape(b, -1)]
+        table = roi_align.table(maps)
+        for s in range(sets):  # [B, k, 4] -> [B*k, C], [B*k, 4C] -> [B, k*5C]
+            set_rois = rois[:, s * self.k:(s + 1) * self.k]
+            logits, box = self.box_predictor(self.box_head(roi_align.pooled(maps, self.pool, set_rois, table)))
+            parts.append(torch.cat([logits, box], 1).reshape(b, -1))
         if pos_rois is not None:
             maps = [f for name, f in features.items() if name in self.pos_pool.featmap_names]
-            logits = self.pos_predictor(self.pos_head(roi_align.pooled(maps, self.pos_pool, pos_rois)))
-            if self.keypoints:  # [B*P, K, S, S] -> each heatmap's log-softmax over its S*S cells at the target's
-                logp = logits.flatten(2).log_softmax(-1)
-                parts.append(logp.gather(2, pos_index.reshape(-1, logp.shape[1], 1)).reshape(b, -1))  # [B, P*K]
-            else:               # [B*P, C, M, M] -> the mask logits at the row's class
-                m = logits.shape[-1]
-                at = pos_index.flatten()[:, None, None, None].expand(-1, 1, m, m)
-                parts.append(logits.gather(1, at).reshape(b, -1))                  # [B, P*M*M]
+            table, most = roi_align.table(maps), pos_rois.shape[1] // sets
+            for s in range(sets):
+                rows = slice(s * most, (s + 1) * most)
+                parts.append(self._second(roi_align.pooled(maps, self.pos_pool, pos_rois[:, rows], table),
+                                          pos_index[:, rows]))
+        return _Parts.apply(*parts)
+
+    def _second(self, pooled: torch.Tensor, pos_index: torch.Tensor) -> torch.Tensor:
+        """The second head at one set's positive rows, pooled [B*P, C, s, s] -> [B, P*E]."""
+        b = pos_index.shape[0]
+        logits = self.pos_predictor(self.pos_head(pooled))
+        if self.keypoints:  # [B*P, K, S, S] -> each heatmap's log-softmax over its S*S cells at the target's
+            logp = logits.flatten(2).log_softmax(-1)
+            return logp.gather(2, pos_index.reshape(-1, logp.shape[1], 1)).reshape(b, -1)   # [B, P*K]
+        m = logits.shape[-1]  # [B*P, C, M, M] -> the mask logits at the row's class
+        at = pos_index.flatten()[:, None, None, None].expand(-1, 1, m, m)
+        return logits.gather(1, at).reshape(b, -1)                                        # [B, P*M*M]
+
+
+class _Parts(torch.autograd.Function):
+    """cat(parts, 1), whose backward gives a part with an all-zero gradient None, so autograd skips
+    what made it. Label set s's loss reaches the RPN's parts and set s's own rows only: its
+    backward runs set s's box and second-head calls, not all S sets' (S x S x k rows)."""
+
+    @staticmethod
+    def forward(ctx, *parts):
+        ctx.widths = [p.shape[1] for p in parts]
         return torch.cat(parts, 1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        parts = grad.split(ctx.widths, 1)
+        try:
+            reached = torch.stack([p.ne(0).any() for p in parts]).tolist()   # one host sync
+        except RuntimeError:  # the S sets' gradients vmapped as one: every part, as a plain cat
+            return parts
+        return tuple(p if r else None for p, r in zip(parts, reached))
 
 
 def per_image_loss(out: torch.Tensor, t: torch.Tensor) -> torch.Tensor:

@@ -39,16 +39,24 @@ def _axis(at: torch.Tensor, size: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     return cells, torch.stack([1 - frac, frac], -1) * inside[..., None]
 
 
-def pooled(maps: list[torch.Tensor], pool: nn.Module, rois: torch.Tensor) -> torch.Tensor:
+def table(maps: list[torch.Tensor]) -> torch.Tensor:
+    """Every level's cells, level by level, image by image: [sum_l B H_l W_l, C]."""
+    return torch.cat([m.permute(0, 2, 3, 1).reshape(-1, m.shape[1]) for m in maps])
+
+
+def pooled(maps: list[torch.Tensor], pool: nn.Module, rois: torch.Tensor, cells: torch.Tensor | None = None
+           ) -> torch.Tensor:
     """rois [B, N, 4] (x1, y1, x2, y2 in the image) -> [B*N, C, n_h, n_w]."""
     b, n = rois.shape[:2]
     image = torch.arange(b, device=rois.device).repeat_interleave(n)
-    return pooled_rows(maps, pool, rois.flatten(0, 1), image)
+    return pooled_rows(maps, pool, rois.flatten(0, 1), image, cells)
 
 
-def pooled_rows(maps: list[torch.Tensor], pool: nn.Module, rois: torch.Tensor, image: torch.Tensor) -> torch.Tensor:
+def pooled_rows(maps: list[torch.Tensor], pool: nn.Module, rois: torch.Tensor, image: torch.Tensor,
+                cells: torch.Tensor | None = None) -> torch.Tensor:
     """rois [R, 4] of the images `image` [R] -> [R, C, n_h, n_w]: every row pooled at its own
-    pyramid level (pool.map_levels, pool.scales: the pool has run once, rcnn.with_scales)."""
+    pyramid level (pool.map_levels, pool.scales: the pool has run once, rcnn.with_scales), from
+    table(maps) (`cells`: made once for several calls)."""
     (out_h, out_w), ratio = pool.output_size, pool.sampling_ratio
     level = pool.map_levels([rois]).long()                                      # [R]
     sizes = torch.tensor([m.shape[-2:] for m in maps], device=rois.device)      # [L, 2]
@@ -66,12 +74,11 @@ def pooled_rows(maps: list[torch.Tensor], pool: nn.Module, rois: torch.Tensor, i
     ys, wy = samples(y1, y2 - y1, out_h, h)
     xs, wx = samples(x1, x2 - x1, out_w, w)
     # bin (p, q): every (y cell of bin p's samples) x (x cell of bin q's samples), mean over r^2 samples
-    cells = base[:, None, None, None, None] + ys[:, :, None, :, None] * w[:, None, None, None, None] \
+    at = base[:, None, None, None, None] + ys[:, :, None, :, None] * w[:, None, None, None, None] \
         + xs[:, None, :, None, :]                                               # [R, n_h, n_w, 2r, 2r]
     weights = wy[:, :, None, :, None] * wx[:, None, :, None, :] / ratio ** 2
     c = maps[0].shape[1]
-    table = torch.cat([m.permute(0, 2, 3, 1).reshape(-1, c) for m in maps])     # [sum_l B H_l W_l, C]
-    bins = nn.functional.embedding_bag(cells.flatten(3).flatten(0, 2), table,
+    bins = nn.functional.embedding_bag(at.flatten(3).flatten(0, 2), table(maps) if cells is None else cells,
                                        per_sample_weights=weights.flatten(3).flatten(0, 2), mode="sum")
     return bins.view(len(rois), out_h, out_w, c).permute(0, 3, 1, 2).contiguous()
 
