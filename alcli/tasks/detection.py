@@ -370,9 +370,9 @@ def gradient_norms(model: nn.Module, images: list[torch.Tensor], sets: list[list
 
 
 def rcnn_batched(model: nn.Module, setting: str, sets: int) -> bool:
-    """An R-CNN through the engine: for one label set under auto (its S egl sets each run the
-    box head at all S sets' proposals and cost more than its loop, which shares the backbone: see
-    docs/benchmarks.md), for any number under a named engine method."""
+    """An R-CNN through the engine: for one label set under auto (its S egl sets batched are on
+    par with its loop, which shares the backbone, at a batch of 8 of one size, and slower on pools
+    of mixed sizes: see docs/benchmarks.md), for any number under a named engine method."""
     return rcnn.servable(model) and setting != "loop" and (sets == 1 or setting != "auto")
 
 
@@ -388,7 +388,7 @@ def method(model: nn.Module, setting: str) -> tuple[str, str]:
                       f"its own samples: images of one padded size go through the engine in one batch")
     if rcnn.servable(model) and setting == "auto":
         return "loop", ("an R-CNN's egl label sets: a backward per image and set, its backbone once "
-                        "per image (batched, each set would run the box head at every set's proposals)")
+                        "per image (batched, they are no faster on a CPU, and slower on mixed sizes)")
     if not is_hf(model) and not batched.one_size(model):
         return "loop", ("its training transform has several sizes, and its loss draws one per image: a "
                         "backward per image")
