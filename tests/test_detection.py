@@ -244,9 +244,9 @@ def test_an_rcnns_rows_at_every_pyramid_level_are_pooled_at_their_own(monkeypatc
     model = rcnn_over_levels().double()
     imgs, pooled_levels = images(), set()
 
-    def pooled(maps, pool_, rois, *cells):  # the levels of the rows the batched forward pools
+    def pooled(maps, pool_, rois, *table):  # the levels of the rows the batched forward pools
         pooled_levels.update(pool_.map_levels([rois.flatten(0, 1)]).tolist())
-        return original(maps, pool_, rois, *cells)
+        return original(maps, pool_, rois, *table)
     original = roi_align.pooled
     monkeypatch.setattr(roi_align, "pooled", pooled)
     rows = detection.rows(model, imgs, IDS, Settings("gradnorm"), None)

@@ -235,14 +235,15 @@ def rcnn_set_norms(model: nn.Module, image: torch.Tensor, targets: list[dict], s
     if isinstance(features, torch.Tensor):
         features = OrderedDict([("0", features)])
     out = []
-    for j, target in enumerate(targets):
-        with torch.random.fork_rng(devices=devices), roi_align.swapped(model.roi_heads):
-            torch.manual_seed(seed)
-            batch_j, resized = model.transform([image], [target])
-            proposals, rpn_terms = model.rpn(batch_j, features, resized)
-            _, roi_terms = model.roi_heads(features, proposals, batch_j.image_sizes, resized)
-        loss = sum({**roi_terms, **rpn_terms}.values())  # the order GeneralizedRCNN sums them in
-        out.append(_norm_and_value(loss, params, keep=j < len(targets) - 1))
+    with roi_align.swapped(model.roi_heads):
+        for j, target in enumerate(targets):
+            with torch.random.fork_rng(devices=devices):
+                torch.manual_seed(seed)
+                batch_j, resized = model.transform([image], [target])
+                proposals, rpn_terms = model.rpn(batch_j, features, resized)
+                _, roi_terms = model.roi_heads(features, proposals, batch_j.image_sizes, resized)
+            loss = sum({**roi_terms, **rpn_terms}.values())  # the order GeneralizedRCNN sums them in
+            out.append(_norm_and_value(loss, params, keep=j < len(targets) - 1))
     return out
 
 

@@ -49,10 +49,11 @@ def servable(model: nn.Module) -> bool:
     from torchvision.models.detection.mask_rcnn import MaskRCNNPredictor
     predictors = {"FasterRCNN": type(None), "MaskRCNN": MaskRCNNPredictor, "KeypointRCNN": KeypointRCNNPredictor}
     want = predictors.get(type(model).__name__)
-    if want is None or type(_second(model.roi_heads)[2]) is not want:
+    if want is None:
         return False
-    pools = (model.roi_heads.box_roi_pool, _second(model.roi_heads)[0])
-    return all(roi_align.servable(pool) for pool in pools if pool is not None)
+    second_pool, _, predictor, _, _ = _second(model.roi_heads)
+    pools = [pool for pool in (model.roi_heads.box_roi_pool, second_pool) if pool is not None]
+    return type(predictor) is want and all(roi_align.servable(pool) for pool in pools)
 
 
 def _second(roi_heads: nn.Module) -> tuple:
@@ -86,15 +87,17 @@ class Heads(nn.Module):
         objectness, deltas = concat_box_prediction_layers(objectness, deltas)   # [B*A, 1], [B*A, 4]
         parts = [objectness.reshape(b, -1), deltas.reshape(b, -1)]
         # one call of the heads per label set: a set's backward reaches its own (_Parts), not all S
-        maps = [f for name, f in features.items() if name in self.pool.featmap_names]
-        table = roi_align.table(maps)
+        maps = roi_align.maps_of(self.pool, features)
+        table = roi_align.cell_table(maps)
         for s in range(sets):  # [B, k, 4] -> [B*k, C], [B*k, 4C] -> [B, k*5C]
             set_rois = rois[:, s * self.k:(s + 1) * self.k]
             logits, box = self.box_predictor(self.box_head(roi_align.pooled(maps, self.pool, set_rois, table)))
             parts.append(torch.cat([logits, box], 1).reshape(b, -1))
         if pos_rois is not None:
-            maps = [f for name, f in features.items() if name in self.pos_pool.featmap_names]
-            table, most = roi_align.table(maps), pos_rois.shape[1] // sets
+            if self.pos_pool.featmap_names != self.pool.featmap_names:  # else the box pool's table
+                maps = roi_align.maps_of(self.pos_pool, features)
+                table = roi_align.cell_table(maps)
+            most = pos_rois.shape[1] // sets
             for s in range(sets):
                 rows = slice(s * most, (s + 1) * most)
                 parts.append(self._second(roi_align.pooled(maps, self.pos_pool, pos_rois[:, rows], table),
@@ -196,13 +199,6 @@ def _choices(model: nn.Module, image: torch.Tensor, target: dict, seed: int, anc
     return rpn, chosen[0], rows, (boxes, classes[0][positive], masks.flatten(1))
 
 
-def with_scales(pool: nn.Module, features, image_list) -> None:
-    """A MultiScaleRoIAlign's level scales, which its first call sets (as in the loop)."""
-    if pool.scales is None:
-        x = image_list.tensors
-        pool(features, [x.new_tensor([[0.0, 0.0, 1.0, 1.0]])] * x.shape[0], image_list.image_sizes)
-
-
 POSITIVE_SLOTS = 32  # a label set's positive rows are padded to a multiple of this (at most 128 at torchvision's defaults)
 
 
@@ -213,7 +209,7 @@ def positive_rows(heads_: Heads, features, image_list, choices: list[list[tuple]
     None without a second head or without a positive proposal."""
     if choices[0][0][3] is None:
         return None
-    with_scales(heads_.pos_pool, features, image_list)
+    roi_align.with_scales(heads_.pos_pool, features, image_list.image_sizes)
     sets, b = len(choices[0]), len(choices)
     most = max(len(c[3][0]) for per_set in choices for c in per_set)
     if most == 0:
@@ -288,7 +284,7 @@ def norms(model: nn.Module, images: list[torch.Tensor],
         x = image_list.tensors
         with torch.no_grad():
             features = model.backbone(x)
-            with_scales(model.roi_heads.box_roi_pool, features, image_list)
+            roi_align.with_scales(model.roi_heads.box_roi_pool, features, image_list.image_sizes)
             maps = list(features.values())
             objectness, deltas = model.rpn.head(maps)
             anchors = model.rpn.anchor_generator(image_list, maps)

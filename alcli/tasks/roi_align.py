@@ -9,8 +9,8 @@ level's cells, an embedding bag:
     pooled(maps [L][B, C, H_l, W_l], pool, rois [B, N, 4]) -> [B*N, C, n, n]
 
 torchvision's CPU kernels run the rows one after another, forward and backward; the bag sum and
-its backward are threaded (about 9x faster on 2 cores), and all levels are one call (no host sync
-for the rows' levels). The tests' oracle is torchvision's own RoIAlign, in float64.
+its backward are threaded (3x and 7x faster on 2 cores: benchmarks/roi_pool.py), and all levels
+are one call (no host sync for the rows' levels). The tests' oracle is torchvision's own RoIAlign, in float64.
 """
 from __future__ import annotations
 
@@ -39,24 +39,37 @@ def _axis(at: torch.Tensor, size: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     return cells, torch.stack([1 - frac, frac], -1) * inside[..., None]
 
 
-def table(maps: list[torch.Tensor]) -> torch.Tensor:
+def with_scales(pool: nn.Module, features: dict, image_shapes: list) -> None:
+    """A MultiScaleRoIAlign's level scales, which its first call sets from the maps' sizes (as in
+    the loop): one call at a unit box per image."""
+    if pool.scales is None:
+        unit = next(iter(features.values())).new_tensor([[0.0, 0.0, 1.0, 1.0]])
+        pool(features, [unit] * len(image_shapes), image_shapes)
+
+
+def maps_of(pool: nn.Module, features: dict) -> list[torch.Tensor]:
+    """The feature maps the pool reads, in the features' order (as MultiScaleRoIAlign filters)."""
+    return [f for name, f in features.items() if name in pool.featmap_names]
+
+
+def cell_table(maps: list[torch.Tensor]) -> torch.Tensor:
     """Every level's cells, level by level, image by image: [sum_l B H_l W_l, C]."""
     return torch.cat([m.permute(0, 2, 3, 1).reshape(-1, m.shape[1]) for m in maps])
 
 
-def pooled(maps: list[torch.Tensor], pool: nn.Module, rois: torch.Tensor, cells: torch.Tensor | None = None
+def pooled(maps: list[torch.Tensor], pool: nn.Module, rois: torch.Tensor, table: torch.Tensor | None = None
            ) -> torch.Tensor:
     """rois [B, N, 4] (x1, y1, x2, y2 in the image) -> [B*N, C, n_h, n_w]."""
     b, n = rois.shape[:2]
     image = torch.arange(b, device=rois.device).repeat_interleave(n)
-    return pooled_rows(maps, pool, rois.flatten(0, 1), image, cells)
+    return pooled_rows(maps, pool, rois.flatten(0, 1), image, table)
 
 
 def pooled_rows(maps: list[torch.Tensor], pool: nn.Module, rois: torch.Tensor, image: torch.Tensor,
-                cells: torch.Tensor | None = None) -> torch.Tensor:
+                table: torch.Tensor | None = None) -> torch.Tensor:
     """rois [R, 4] of the images `image` [R] -> [R, C, n_h, n_w]: every row pooled at its own
-    pyramid level (pool.map_levels, pool.scales: the pool has run once, rcnn.with_scales), from
-    table(maps) (`cells`: made once for several calls)."""
+    pyramid level (pool.map_levels, pool.scales: with_scales has run), from cell_table(maps)
+    (`table`: made once for several calls)."""
     (out_h, out_w), ratio = pool.output_size, pool.sampling_ratio
     level = pool.map_levels([rois]).long()                                      # [R]
     sizes = torch.tensor([m.shape[-2:] for m in maps], device=rois.device)      # [L, 2]
@@ -78,7 +91,7 @@ def pooled_rows(maps: list[torch.Tensor], pool: nn.Module, rois: torch.Tensor, i
         + xs[:, None, :, None, :]                                               # [R, n_h, n_w, 2r, 2r]
     weights = wy[:, :, None, :, None] * wx[:, None, :, None, :] / ratio ** 2
     c = maps[0].shape[1]
-    bins = nn.functional.embedding_bag(at.flatten(3).flatten(0, 2), table(maps) if cells is None else cells,
+    bins = nn.functional.embedding_bag(at.flatten(3).flatten(0, 2), cell_table(maps) if table is None else table,
                                        per_sample_weights=weights.flatten(3).flatten(0, 2), mode="sum")
     return bins.view(len(rois), out_h, out_w, c).permute(0, 3, 1, 2).contiguous()
 
@@ -92,11 +105,9 @@ class Pool(nn.Module):
         self.pool = pool
 
     def forward(self, features: dict, boxes: list[torch.Tensor], image_shapes: list) -> torch.Tensor:
-        if self.pool.scales is None:  # set by the pool's first call, from the maps' sizes
-            self.pool(features, [b.new_tensor([[0.0, 0.0, 1.0, 1.0]]) for b in boxes], image_shapes)
-        maps = [f for name, f in features.items() if name in self.pool.featmap_names]
+        with_scales(self.pool, features, image_shapes)
         image = torch.cat([torch.full((len(b),), i, device=b.device) for i, b in enumerate(boxes)])
-        return pooled_rows(maps, self.pool, torch.cat(boxes), image)
+        return pooled_rows(maps_of(self.pool, features), self.pool, torch.cat(boxes), image)
 
 
 POOLS = ("box_roi_pool", "mask_roi_pool", "keypoint_roi_pool")  # torchvision's RoIHeads' pools
