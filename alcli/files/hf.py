@@ -16,11 +16,12 @@ import inspect
 import json
 import math
 import os
+import warnings
 from pathlib import Path
 
 from torch import nn
 
-from ..errors import CheckpointError, PoolError, first_line
+from ..errors import CheckpointError, ConfigError, PoolError, first_line
 from .config import MAX_SIDE, Transform
 
 INSTALL = "pip install 'alcli[hf]'"
@@ -122,7 +123,9 @@ def load_adapter(path: Path, trust_remote_code: bool = False) -> nn.Module:
     except ImportError:
         raise CheckpointError(f"adapter directory {path} needs the peft package; pip install 'alcli[lm]'") from None
     try:
-        model = PeftModel.from_pretrained(base, str(path), is_trainable=True)
+        with warnings.catch_warnings():  # peft reads transformers' deprecated is_gradient_checkpointing
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")
+            model = PeftModel.from_pretrained(base, str(path), is_trainable=True)
     except Exception as err:  # noqa: BLE001 - peft raises many types for a bad adapter
         raise CheckpointError(f"adapter directory {path} cannot be loaded on its base model "
                               f"({first_line(err)})") from None
@@ -229,19 +232,52 @@ def tokenizer_for(directory: Path, model: nn.Module, max_length: int | None,
                             f"config sets no pad_token_id, so texts of different lengths cannot "
                             f"share a batch")
         tok.pad_token_id = pad
-    return Tokenize(tok, max_length or _longest(tok, config), _forward_args(model),
+    limit = position_limit(config)
+    if max_length is not None and limit is not None and max_length > limit[0]:
+        raise ConfigError(f"--max-length {max_length} is more than the {limit[0]} positions the "
+                          f"model has ({limit[1]} in its config); give at most {limit[0]}, or leave "
+                          f"--max-length out to use that limit")
+    return Tokenize(tok, max_length or _longest(tok, limit), _forward_args(model),
                     _takes_positions(model))
 
 
-def _longest(tok, config) -> int | None:
-    """The tokenizer's model_max_length, else the model's position limit; None if neither."""
+def _longest(tok, limit: tuple[int, str] | None) -> int | None:
+    """The tokenizer's model_max_length (at most the model's position limit), else that limit;
+    None if neither."""
     if tok.model_max_length and tok.model_max_length < 1e9:  # unset: a huge placeholder
-        return int(tok.model_max_length)
+        return int(min(tok.model_max_length, limit[0])) if limit is not None else int(tok.model_max_length)
+    return limit[0] if limit is not None else None
+
+
+def position_limit(config) -> tuple[int, str] | None:
+    """(the most tokens the model takes, the config key naming it): its position embeddings'
+    count (max_position_embeddings, GPT-2's n_positions), stretched by a rotary scaling that
+    reaches further (linear, YaRN: `factor` times the original); None where the config names
+    none, or a dynamic rotary scaling runs at any length."""
+    aliases = getattr(config, "attribute_map", None) or {}
     for key in ("max_position_embeddings", "n_positions"):
         value = getattr(config, key, None)
-        if isinstance(value, int):
-            return value
-    return None
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            name = aliases.get(key, key)
+            break
+    else:
+        return None
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
+    ropes = [] if not isinstance(rope, dict) else (
+        [rope] if not any(isinstance(v, dict) for v in rope.values())
+        else [v for v in rope.values() if isinstance(v, dict)])  # one per layer type (Gemma 3)
+    for r in ropes:
+        kind = r.get("rope_type", r.get("type"))
+        factor = r.get("factor")
+        if kind in (None, "default") or not isinstance(factor, (int, float)) or factor <= 1:
+            continue
+        if "dynamic" in str(kind):
+            return None
+        original = r.get("original_max_position_embeddings") or getattr(
+            config, "original_max_position_embeddings", None) or value
+        if isinstance(original, (int, float)) and original * factor > value:
+            value, name = int(original * factor), f"{name} with rope {kind} factor {factor:g}"
+    return value, name
 
 
 def _takes_positions(model: nn.Module) -> bool:
