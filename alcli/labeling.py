@@ -11,23 +11,29 @@ the tasks annotators skipped -> a CSV `id,reason`.
 from __future__ import annotations
 
 import csv
+import fcntl
 import hashlib
 import json
+import math
 import os
+import shutil
+import tempfile
 import xml.etree.ElementTree as ET
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 from PIL import Image
 
 from .api import run_select
 from .errors import ConfigError
-from .files.atomic import atomic_open
+from .files.atomic import atomic_open, writes_stream
+from .files.names import id_file
 from .files.config import Settings
 from .files.labelstudio_api import LabelStudioError, Server
-from .selection.export import (IMAGE_ROOT_HINT, ImageRootError, _inside, labeling_config,
-                               unreachable_image)
+from .selection.export import IMAGE_ROOT_HINT, labeling_config, unreachable_image
 from .selection.coco_yolo import to_coco
 from .selection.pick import labelstudio_tasks
 from .tasks import TASKS
@@ -123,12 +129,13 @@ def push(server: Server, settings: Settings, scores: str, project: str, setup: b
         found = server.set_config(found["id"], config)
     _check_config(found, picked.task, field_, settings, server.shown)
     done = Pushed(str(found.get("title")), notes=list(picked.notes))
-    known = {str(t["data"].get("alcli_id")): t for t in server.tasks(found["id"])
-             if "alcli_id" in t.get("data", {})}
-    new = [t for t in tasks if t["data"]["alcli_id"] not in known]
-    if new:
-        server.import_tasks(found["id"], new)
-        done.created = len(new)
+    with push_lock(server.url, found["id"]):  # pushes from this machine list and import in turn
+        known = _by_alcli_id(server.tasks(found["id"]))
+        new = [t for t in tasks if t["data"]["alcli_id"] not in known]
+        if new:
+            server.import_tasks(found["id"], new)
+            done.created = len(new)
+            _drop_duplicates(server, found["id"], {t["data"]["alcli_id"] for t in new})
     for task in tasks:
         there = known.get(task["data"]["alcli_id"])
         if there is None:
@@ -145,12 +152,51 @@ def push(server: Server, settings: Settings, scores: str, project: str, setup: b
     return done
 
 
+def _by_alcli_id(tasks) -> dict[str, dict]:
+    return {str(t["data"]["alcli_id"]): t for t in tasks if "alcli_id" in (t.get("data") or {})}
+
+
+def _drop_duplicates(server: Server, project: int, ids: set[str]) -> None:
+    """After an import: where a push elsewhere imported one of `ids` at the same time, the task
+    with the lowest id stays and the others, unannotated, are deleted (every push that sees the
+    pair deletes the same one)."""
+    seen: dict[str, list[dict]] = {}
+    for t in server.tasks(project):
+        id_ = (t.get("data") or {}).get("alcli_id")
+        if id_ is not None and str(id_) in ids:
+            seen.setdefault(str(id_), []).append(t)
+    for copies in seen.values():
+        for t in sorted(copies, key=lambda t: (str(type(t["id"])), t["id"]))[1:]:
+            if not t.get("annotations"):
+                server.delete_task(t["id"])
+
+
+@contextmanager
+def push_lock(url: str, project) -> Iterator[None]:
+    """An flock per server and project in the temporary folder, waited for: two pushes on one
+    machine never both find an id missing and import it."""
+    key = hashlib.sha256(f"{url}\n{project}".encode()).hexdigest()[:16]
+    path = Path(tempfile.gettempdir()) / f"alcli-push-{os.getuid()}-{key}.lock"
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    except OSError as err:
+        raise ConfigError(f"cannot open the lock file {path}, which keeps two pushes from "
+                          f"importing one task twice ({err.strerror or err})") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
 # --- pull ------------------------------------------------------------------------------------------
 
 def pull(server: Server, project: str, output: str, skipped_file: str | None,
-         names: list[str] | None, from_name: str, task: str | None) -> Pulled:
-    """The project's annotations into `output` (masks under OUTPUT_masks/), skipped tasks into
-    `skipped_file`."""
+         names: list[str] | None, from_name: str, task: str | None,
+         names_file: str | None = None) -> Pulled:
+    """The project's annotations into `output` (masks under OUTPUT_masks/, boxes also in
+    OUTPUT.coco.json), skipped tasks into `skipped_file`: every file staged, then moved in place
+    together, so a failure leaves the previous pull's files as they were."""
     found = server.find_project(project)
     if found is None:
         raise LabelStudioError(f"Label Studio at {server.shown} has no project '{project}'")
@@ -166,48 +212,116 @@ def pull(server: Server, project: str, output: str, skipped_file: str | None,
     if names is None:  # the config's labels, in its order
         tag = _control(config, from_name)
         names = [e.get("value") for e in tag if e.get("value") is not None] if tag is not None else None
-    rows, skipped = [], []
-    masks = Path(output).with_name(Path(output).stem + "_masks")
-    for t in sorted(server.tasks(found["id"]), key=lambda t: t["id"]):
-        data = t.get("data", {})
-        id_ = str(data.get("alcli_id", data.get("image", data.get("text", t["id"]))))
-        given = [a for a in t.get("annotations", []) if not a.get("was_cancelled")]
-        if not given:
-            if t.get("annotations"):
-                skipped.append({"id": id_, "reason": "skipped"})
-            continue
-        latest = max(given, key=lambda a: (a.get("updated_at") or "", a["id"]))
-        regions = [r for r in latest.get("result", []) if r.get("from_name") == from_name]
-        try:
-            cells = TASKS[task].from_annotation(regions, names)
-        except (KeyError, TypeError, ValueError) as err:
-            raise LabelStudioError(f"the annotation {latest['id']} of task {t['id']} (id '{id_}') "
-                                   f"cannot be read as {task} labels ({str(err).rstrip('.')})") from None
-        for key, value in cells.items():
-            if isinstance(value, np.ndarray):
-                cells[key] = _save_mask(value, masks, id_, Path(output).parent)
-        rows.append({"id": id_, **cells})
-    _write_csv(rows, output, ["id", *dict.fromkeys(k for r in rows for k in r if k != "id")])
-    if TASKS[task].instances is not None and all("boxes" in r for r in rows):
-        _write_coco(rows, names, task, Path(output).with_name(Path(output).stem + ".coco.json"))
-    if skipped_file:
-        _write_csv(skipped, skipped_file, ["id", "reason"])
-    return Pulled(str(found.get("title")), len(rows), len(skipped), task)
+    files = pulled_files(output, skipped_file)
+    with staging(files) as staged:
+        latest_of: dict[str, tuple] = {}  # id -> (its annotation's order key, row)
+        skipped: dict[str, dict] = {}
+        for t in server.tasks(found["id"]):
+            data = t.get("data") or {}
+            id_ = str(data.get("alcli_id", data.get("image", data.get("text", t["id"]))))
+            given = [a for a in t.get("annotations") or [] if not a.get("was_cancelled")]
+            if not given:
+                if t.get("annotations"):
+                    skipped.setdefault(id_, {"id": id_, "reason": "skipped"})
+                continue
+            latest = max(given, key=_annotation_order)
+            order = _annotation_order(latest)
+            if id_ in latest_of and latest_of[id_][0] >= order:
+                continue  # a second task of this id (two pushes at once) annotated earlier
+            regions = [r for r in latest.get("result") or [] if r.get("from_name") == from_name]
+            where = f"the annotation {latest.get('id')} of task {t['id']} (id '{id_}')"
+            try:
+                cells = TASKS[task].from_annotation(regions, names)
+            except (KeyError, TypeError, ValueError, AttributeError, IndexError) as err:
+                raise LabelStudioError(f"{where} cannot be read as {task} labels "
+                                       f"({str(err).rstrip('.') or type(err).__name__})") from None
+            _check_boxes(cells, where, names_file)
+            for key, value in cells.items():
+                if isinstance(value, np.ndarray):
+                    cells[key] = _save_mask(value, staged["masks"], files["masks"], id_,
+                                            Path(output).parent)
+            task_key = (0, t["id"], "") if isinstance(t["id"], int) else (1, 0, str(t["id"]))
+            latest_of[id_] = (order, task_key, {"id": id_, **cells})
+        rows = [row for _, _, row in sorted(latest_of.values(), key=lambda kept: kept[1])]
+        skipped_rows = [row for id_, row in skipped.items() if id_ not in latest_of]
+        _write_csv(rows, staged["labels"], ["id", *dict.fromkeys(k for r in rows for k in r if k != "id")])
+        if TASKS[task].instances is not None and all("boxes" in r for r in rows):
+            _write_coco(rows, names, task, staged["coco"])
+        _write_csv(skipped_rows, staged["skipped"], ["id", "reason"])
+    return Pulled(str(found.get("title")), len(rows), len(skipped_rows), task)
 
 
-def _save_mask(mask: np.ndarray, folder: Path, id_: str, base: Path) -> str:
-    """A mask as `folder/ID.png` (the id's own folders kept; an id that cannot be a path under
-    the folder by a hash of it), its path relative to the labels file's folder."""
+def _annotation_order(annotation: dict) -> tuple:
+    """Later annotations sort last: by updated_at, then id (the task id breaks no tie here)."""
+    updated = annotation.get("updated_at")
+    id_ = annotation.get("id")
+    return (updated if isinstance(updated, str) else "",
+            id_ if isinstance(id_, int) and not isinstance(id_, bool) else -1)
+
+
+def _check_boxes(cells: dict, where: str, names_file: str | None) -> None:
+    """Boxes with finite coordinates and, when class names were given, a class among them."""
+    if "boxes" not in cells:
+        return
+    for box in json.loads(cells["boxes"]):
+        if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in box[:4]):
+            raise LabelStudioError(f"{where} has a box whose coordinates are not numbers: {box[:4]}")
+        if names_file and not isinstance(box[4], int):
+            raise LabelStudioError(f"{where} has a box labeled '{box[4]}', which is not among the "
+                                   f"class names of {names_file}; add it there, or pull without "
+                                   f"--class-names to use the project's labels")
+
+
+def pulled_files(output: str, skipped_file: str | None) -> dict[str, Path]:
+    """The files one pull writes: the labels CSV, its masks folder, its COCO file, the skipped CSV."""
+    out = Path(output)
+    return {"labels": out, "masks": out.with_name(out.stem + "_masks"),
+            "coco": out.with_name(out.stem + ".coco.json"),
+            "skipped": Path(skipped_file) if skipped_file else out.with_name(out.stem + ".skipped.csv")}
+
+
+@contextmanager
+def staging(files: dict[str, Path]):
+    """A folder beside the labels file where each of `files` is written first ({key: staged
+    path}); on success each staged file is moved onto its place (a masks folder replaces the old
+    one whole), and a file this pull did not make (an older COCO file) is removed. On failure
+    the staged files are removed and the old ones stay."""
+    folder = Path(tempfile.mkdtemp(prefix=f".{files['labels'].name}.", suffix=".pull",
+                                   dir=files["labels"].parent or "."))
+    staged = {key: folder / key for key in files}
     try:
-        name = _inside(id_, id_.replace("\\", "/"), os.path) if id_ else ""
-    except ImageRootError:
-        name = ""
-    name = name or hashlib.sha1(id_.encode()).hexdigest()[:16]
-    path = folder / (os.path.splitext(name)[0] + ".png")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_open(path, "wb") as fh:
+        yield staged
+        for key, dest in files.items():
+            if staged[key].is_dir():
+                _replace_folder(staged[key], dest)
+            elif staged[key].exists():
+                if writes_stream(dest):
+                    with open(dest, "wb") as out:
+                        out.write(staged[key].read_bytes())
+                else:
+                    os.replace(staged[key], os.path.realpath(dest))
+            elif key == "coco" and dest.is_file():
+                dest.unlink()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _replace_folder(new: Path, dest: Path) -> None:
+    old = dest.with_name(f".{dest.name}.{os.getpid()}.old")
+    if dest.exists():
+        os.replace(dest, old)
+    os.replace(new, dest)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _save_mask(mask: np.ndarray, staged: Path, folder: Path, id_: str, base: Path) -> str:
+    """A mask as `staged/<files.names.id_file>` (a name no other id shares), and the path it will
+    have under `folder`, relative to the labels file's folder."""
+    name = id_file(id_, ".png")
+    staged.mkdir(exist_ok=True)
+    with atomic_open(staged / name, "wb") as fh:
         Image.fromarray(mask).save(fh, format="PNG")
-    return os.path.relpath(path, base)
+    return os.path.relpath(folder / name, base)
 
 
 def _write_coco(rows: list[dict], names, task: str, dest: Path) -> None:
@@ -216,7 +330,10 @@ def _write_coco(rows: list[dict], names, task: str, dest: Path) -> None:
     left out of it."""
     boxed = [{**r, "boxes": json.dumps([[*b, 1.0] for b in json.loads(r["boxes"])])}
              for r in rows if r.get("width") is not None]  # 1.0: instances' score
-    doc = to_coco(boxed, names, task)
+    try:
+        doc = to_coco(boxed, names, task)
+    except (ValueError, TypeError) as err:
+        raise LabelStudioError(f"cannot write the pulled boxes as COCO: {str(err).rstrip('.')}") from None
     doc["info"] = {"description": "alcli pull: a Label Studio project's boxes"}
     for ann in doc["annotations"]:
         ann.pop("score", None)

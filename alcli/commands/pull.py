@@ -1,7 +1,6 @@
 """`alcli pull`: a Label Studio project's annotations into a labels file."""
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -9,6 +8,7 @@ import typer
 from ..errors import AlcliError
 from ..files.classnames import read_class_names
 from ..files.labelstudio_api import connect
+from ..files.outputs import check_outputs
 from . import shared
 from .options import (LABELING, OUTPUT, ClassNames, FromName, LogFormat, Project, Quiet, Task,
                       Token, Url, under)
@@ -54,11 +54,15 @@ def pull(
         raise AlcliError("pull writes a labels file with its masks and skipped tasks beside it; "
                          "name it with -o FILE")
     names = read_class_names(class_names, "option --class-names") if class_names else None
-    out = Path(output)
-    skipped = skipped or str(out.with_name(out.stem + ".skipped.csv"))
     server = connect(url, token)
     from .. import labeling  # imports torch (about 2 s), which --help need not wait for
+    files = labeling.pulled_files(output, skipped)
+    check_outputs({"option --output": files["labels"], "option --skipped": files["skipped"],
+                   "the COCO file of option --output": files["coco"],
+                   "the masks folder of option --output": files["masks"]},
+                  [("the class names file given by option --class-names", class_names)])
+    skipped = str(files["skipped"])
     done = labeling.pull(server, project, output, skipped, names, from_name or "label",
-                             None if settings.task in (None, "auto") else settings.task)
+                         None if settings.task in (None, "auto") else settings.task, class_names)
     r.info(f"pulled {done.labeled} {done.task} labels from the project '{done.project}' on "
            f"{server.shown} to {output}; {done.skipped} skipped tasks to {skipped}")

@@ -92,3 +92,23 @@ def _same(a, b) -> bool:
         return os.path.samefile(a, b)
     except OSError:
         return os.path.realpath(a) == os.path.realpath(b)
+
+
+def check_outputs(outputs: dict[str, object], inputs: list[tuple[str, object]]) -> None:
+    """Refuse when one of `outputs` ({what: path}, a folder among them replaced whole) is one of
+    `inputs`, holds one of them (a folder), or is another of the outputs."""
+    given = [(what, path) for what, path in outputs.items() if path is not None]
+    for k, (what, path) in enumerate(given):
+        check_not_input(str(path), what, inputs + given[:k])
+        for other, other_path in inputs + given[:k]:
+            if _holds(path, other_path):
+                raise ConfigError(f"{what} {path} is a folder written whole, and it holds {other} "
+                                  f"({other_path}); choose another output file")
+
+
+def _holds(folder, path) -> bool:
+    """Is `path` (an existing file) under the existing folder `folder`?"""
+    if not isinstance(path, (str, os.PathLike)) or is_url(path) or not os.path.isdir(folder):
+        return False
+    where = os.path.realpath(path)
+    return os.path.commonpath([where, os.path.realpath(folder)]) == os.path.realpath(folder)

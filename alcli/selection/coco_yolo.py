@@ -6,33 +6,26 @@ COCO: one JSON document {images, annotations, categories}; an image's `id` is it
 batch (1, 2, ...), a box is [x, y, width, height] in pixels (x, y: top-left corner), its category
 the model's class index (torchvision's background, class 0, is no category), keypoints as
 [x, y, 2 (visible)] * K with the category's `keypoints` names.
-YOLO: a folder: labels/ID.txt per image (the id's suffix replaced; one line per box:
+YOLO: a folder: labels/ID.txt per image (the id's suffix replaced, so a batch holding a.png and
+a.jpg is refused; one line per box:
 `class x_center y_center width height`, fractions of the image, then `x y 2` per keypoint),
 images.txt (the ids, in batch order) and data.yaml (the class names, kpt_shape). YOLO classes
-count from 0: a torchvision detector's class c is c - 1.
+count from 0: a torchvision detector's class c is c - 1. Ids become file names only through
+files/names.py; a box with no area left after clipping to the image is left out of both.
 """
 from __future__ import annotations
 
 import json
 import os
-import posixpath
 from typing import Mapping, Sequence
 
 from ..files.atomic import atomic_open
+from ..files.names import file_names, id_path, stem_file
 from ..tasks import TASKS
 from ..tasks.labelstudio import _size, offered
 
 VISIBLE = 2  # COCO's and YOLO's keypoint visibility flag: labeled and visible
 POINTS = "keypoints"  # COCO's field of an annotation's and a category's keypoints
-
-
-def _relative(row_id: str) -> str:
-    path = str(row_id).replace("\\", "/")
-    norm = posixpath.normpath(path)
-    if posixpath.isabs(norm) or norm == ".." or norm.startswith("../"):
-        raise ValueError(f"the id '{row_id}' is not a path relative to the pool's folder, which COCO "
-                         f"and YOLO files name images by")
-    return norm
 
 
 def _first_class(names: Sequence[str] | None) -> int:
@@ -52,6 +45,8 @@ def _instances(rows: Sequence[Mapping], task: str):
         for (x0, y0, x1, y1), c, score, points in spec.instances(row, n):
             x0, x1 = (min(max(v, 0.0), w) for v in (x0, x1))
             y0, y1 = (min(max(v, 0.0), h) for v in (y0, y1))
+            if x1 <= x0 or y1 <= y0:  # wholly outside the image (or no area to begin with)
+                continue
             found.append(((x0, y0, x1, y1), c, score, points))
         yield n, row, w, h, found
 
@@ -61,8 +56,9 @@ def to_coco(rows: Sequence[Mapping], names: Sequence[str] | None, task: str) -> 
     keypoints: they name the keypoints, and the categories are the class indices."""
     keypoints = TASKS[task].names_classes is False
     images, annotations, seen = [], [], set()
+    file_name = file_names((row["id"] for row in rows), id_path)
     for n, row, w, h, found in _instances(rows, task):
-        images.append({"id": n, "file_name": _relative(row["id"]), "width": w, "height": h})
+        images.append({"id": n, "file_name": file_name[str(row["id"])], "width": w, "height": h})
         for (x0, y0, x1, y1), c, score, points in found:
             seen.add(c)
             ann = {"id": len(annotations) + 1, "image_id": n, "category_id": c,
@@ -91,9 +87,9 @@ def to_yolo(rows: Sequence[Mapping], names: Sequence[str] | None, task: str) -> 
     keypoints = TASKS[task].names_classes is False
     start = 0 if keypoints else _first_class(names)
     files, listed, classes, kpt = {}, [], set(), 0
+    label_file = file_names((row["id"] for row in rows), lambda i: "labels/" + stem_file(i, ".txt"))
     for n, row, w, h, found in _instances(rows, task):
-        path = _relative(row["id"])
-        listed.append(path)
+        listed.append(id_path(row["id"]))
         lines = []
         for (x0, y0, x1, y1), c, score, points in found:
             classes.add(c - start)
@@ -102,8 +98,7 @@ def to_yolo(rows: Sequence[Mapping], names: Sequence[str] | None, task: str) -> 
                 fields += [min(max(x, 0.0), w) / w, min(max(y, 0.0), h) / h, VISIBLE]
             kpt = max(kpt, len(points or ()))
             lines.append(" ".join(str(v) if isinstance(v, int) else f"{v:.6f}" for v in fields))
-        files[posixpath.join("labels", posixpath.splitext(path)[0] + ".txt")] = \
-            "".join(line + "\n" for line in lines)
+        files[label_file[str(row["id"])]] = "".join(line + "\n" for line in lines)
     if keypoints or not names:
         class_names = {k: f"class {k + start}" for k in sorted(classes)}
     else:

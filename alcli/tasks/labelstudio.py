@@ -168,6 +168,28 @@ def mask_to_rle(mask: np.ndarray) -> list[int]:
     return np.packbits(np.frombuffer(stream.encode(), np.uint8) - ord("0")).tolist()
 
 
+MAX_RUN_VALUES_PER_BIT = 3277  # a run of 2^16 values costs at least 1 + 2 + 16 + 1 bits
+
+
+def check_brush_size(rle, height, width) -> None:
+    """A ValueError unless height and width are positive integers within PIL's MAX_IMAGE_PIXELS and
+    the run-length stream `rle` (a list of bytes) counts height x width x 4 values and can hold them:
+    what a server claims is checked before anything of that size is allocated."""
+    from PIL import Image
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (height, width)):
+        raise ValueError(f"the brush region's size {width!r}x{height!r} is not two positive integers")
+    if not isinstance(rle, list) or not all(isinstance(b, int) and 0 <= b < 256 for b in rle):
+        raise ValueError("the brush region's rle is not a list of bytes")
+    cap = Image.MAX_IMAGE_PIXELS or 89_478_485
+    if height * width > cap:
+        raise ValueError(f"the brush region claims {width}x{height} pixels, more than the {cap} "
+                         f"pixels of the largest image alcli reads")
+    count = int.from_bytes(bytes(rle[:4]).ljust(4, b"\0"), "big")
+    if count != height * width * 4 or count > len(rle) * 8 * MAX_RUN_VALUES_PER_BIT:
+        raise ValueError(f"the brush mask holds {count} values in {len(rle)} bytes, not those of a "
+                         f"{width}x{height} image (x 4)")
+
+
 def rle_to_mask(rle, height: int, width: int) -> np.ndarray:
     """A brush region's `rle` -> a boolean mask [height, width] (alpha byte not 0); a ValueError
     when the stream does not hold height x width x 4 values."""

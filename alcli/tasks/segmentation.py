@@ -1,18 +1,17 @@
 """Semantic segmentation: a class per pixel. logits [B, C, H, W], targets [B, H, W] long, the mean
 cross-entropy over an example's valid pixels. Labels as given: a mask image (column `mask`, or
-`label`), a class index per pixel, 255 = ignore, resized and cropped as the images are. Its rows
+`label`), a class index per pixel, 255 = ignore (65535 for a model of more than 255 classes,
+whose masks are 16-bit), resized and cropped as the images are. Its rows
 show the classes predicted at any pixel, joined by |. Label Studio: a BrushLabels config (torchvision's
 class 0, background, not offered: unpainted pixels are it), brush pre-labels from a row's
 `pred_mask` (a PNG of class indices at the original image's size; `score` writes it as
-OUTPUT.masks/ID.png), and annotations read back as
-such a PNG (unpainted pixels: background where class 0 is it, else 255, ignored).
+OUTPUT.masks/<files/names.id_file>), and annotations read back as
+such a PNG (unpainted pixels: background where class 0 is it, else the ignore value).
 """
 from __future__ import annotations
 
-import hashlib
 import math
 import os
-import re
 
 import numpy as np
 import torch
@@ -20,14 +19,27 @@ from PIL import Image
 from torch import nn
 
 from ..errors import PoolError, RunError, first_line
+from ..files.names import id_file
 from ..files.pool import Pool, _crop_box, _resized
 from .common import (IGNORE, Task, _categorical, _labels_to_dense, _mean_ce, all_positions,
                      egl_sampled, given_or_predicted, named_set, per_position, position_badge,
                      position_loss, predicted, refuse_single_labels, set_columns)
 from .labels import base, reader
-from .labelstudio import _named, mask_to_rle, names_control, offered, rle_to_mask
+from .labelstudio import (_named, check_brush_size, mask_to_rle, names_control, offered,
+                          rle_to_mask)
 
-MASK_IGNORE = 255  # a mask pixel of this value counts in no loss
+MASK_IGNORE = 255  # a mask pixel of this value counts in no loss (65535 past 255 classes)
+
+
+def mask_dtype(classes: int):
+    """The narrowest mask dtype whose ignore value is no class: uint8 up to 255 classes."""
+    return np.uint8 if classes <= MASK_IGNORE else np.uint16
+
+
+def ignore_value(classes: int) -> int:
+    """The pixel value that counts in no loss for a model of `classes` classes: 255, or 65535 for
+    more than 255 (where 255 is a class)."""
+    return int(np.iinfo(mask_dtype(classes)).max)
 
 
 def segmentation_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -41,7 +53,7 @@ def _seg_targets(labels, valid, logits):
 
 
 def _mask(path, where: str, classes: int, size: tuple[int, int], pool: Pool) -> torch.Tensor:
-    """A mask image of class indices (255 = ignore), resized and cropped as the pool's images are
+    """A mask image of class indices (`ignore_value` = ignore), resized and cropped as the pool's images are
     (nearest neighbour; a crop past the edge is ignored), of the model's output size -> [H, W]."""
     transform = getattr(getattr(base(pool), "transform", None), "t", None)
     try:
@@ -53,7 +65,7 @@ def _mask(path, where: str, classes: int, size: tuple[int, int], pool: Pool) -> 
             if transform is not None and transform.resize is not None:
                 img = img.resize(_resized(img.size, transform.resize), Image.NEAREST)
             if transform is not None and transform.center_crop is not None:
-                img = _crop_ignoring(img, transform.center_crop)
+                img = _crop_ignoring(img, transform.center_crop, ignore_value(classes))
             m = np.array(img).astype(np.int64)
     except PoolError:
         raise
@@ -62,16 +74,17 @@ def _mask(path, where: str, classes: int, size: tuple[int, int], pool: Pool) -> 
     if tuple(m.shape) != size:
         raise PoolError(f"{where}: mask {path} is {m.shape[1]}x{m.shape[0]} pixels but the model's "
                         f"output for its image is {size[1]}x{size[0]}")
-    bad = (m != MASK_IGNORE) & ((m < 0) | (m >= classes))
+    ignore = ignore_value(classes)
+    bad = (m != ignore) & ((m < 0) | (m >= classes))
     if bad.any():
         raise PoolError(f"{where}: mask {path} holds class {int(m[bad][0])}, but the model has "
-                        f"{classes} classes (0..{classes - 1}; 255 = ignore)")
-    return torch.from_numpy(np.where(m == MASK_IGNORE, IGNORE, m))
+                        f"{classes} classes (0..{classes - 1}; {ignore} = ignore)")
+    return torch.from_numpy(np.where(m == ignore, IGNORE, m))
 
 
-def _crop_ignoring(img, crop):
+def _crop_ignoring(img, crop, ignore: int):
     box = _crop_box(img.size, crop)
-    canvas = Image.new(img.mode, (box[2] - box[0], box[3] - box[1]), MASK_IGNORE)
+    canvas = Image.new(img.mode, (box[2] - box[0], box[3] - box[1]), ignore)
     canvas.paste(img, (-box[0], -box[1]))
     return canvas
 
@@ -99,19 +112,12 @@ def _brushes(row, n, tag, names, ref) -> list[dict]:
     out = []
     for index in np.unique(m).tolist():
         name = _named(index, names)
-        if index == MASK_IGNORE or name is None or name not in offered(names or [name]):
+        if index == ignore_value(len(names or ())) or name is None or name not in offered(names or [name]):
             continue
         out.append(tag.region(f"alcli-{n}-{index}", "brushlabels", {
             "format": "rle", "rle": mask_to_rle(m == index), "brushlabels": [name]},
             original_width=w, original_height=h, image_rotation=0))
     return out
-
-
-def _mask_file(id_: str) -> str:
-    """A filesystem-safe file name for an id: its safe characters, and a hash that keeps ids
-    differing only in unsafe ones apart."""
-    digest = hashlib.blake2b(str(id_).encode(), digest_size=4).hexdigest()
-    return f"{re.sub(r'[^A-Za-z0-9._-]', '_', str(id_))[:100]}-{digest}.png"
 
 
 def _nearest(m: np.ndarray, size: tuple[int, int]) -> np.ndarray:
@@ -127,7 +133,7 @@ def _write_masks(logits: torch.Tensor, rows: list[dict], paths, folder: str) -> 
     """logits [B, C, H, W] -> each row's predicted mask (argmax, class indices) resized (nearest)
     to its image's original size (nearest: `_nearest`), written as folder/ID.png; the row's `pred_mask` is its path."""
     labels = logits.argmax(1).to(torch.int32).cpu().numpy()  # [B, H, W]
-    dtype = np.uint8 if logits.shape[1] <= MASK_IGNORE else np.uint16
+    dtype = mask_dtype(logits.shape[1])
     try:
         os.makedirs(folder, exist_ok=True)
     except OSError as err:
@@ -138,7 +144,7 @@ def _write_masks(logits: torch.Tensor, rows: list[dict], paths, folder: str) -> 
                 size = img.size  # (width, height)
         except Exception as err:  # noqa: BLE001 - any unreadable image is a sentence naming it
             raise PoolError(f"{path}: cannot read its size for the predicted mask ({first_line(err)})") from None
-        out = os.path.join(folder, _mask_file(row["id"]))
+        out = os.path.join(folder, id_file(row["id"], ".png"))
         try:
             Image.fromarray(_nearest(m, size).astype(dtype)).save(out)
         except OSError as err:
@@ -147,15 +153,21 @@ def _write_masks(logits: torch.Tensor, rows: list[dict], paths, folder: str) -> 
 
 
 def _painted(regions, names) -> dict:
-    """Brush regions -> the labels file's `mask`: class indices [H, W] uint8 (a later region over an
-    earlier one), unpainted pixels background (class 0, where names[0] is it) or 255."""
+    """Brush regions -> the labels file's `mask`: class indices [H, W] (`mask_dtype`; a later region
+    over an earlier one), unpainted pixels background (class 0, where names[0] is it) or the ignore
+    value. The size a region claims is checked against its stream and a cap before any allocation."""
     if not names:
         raise ValueError("a segmentation mask holds class indices, and no class names are known")
-    unpainted = 0 if offered(names) != list(dict.fromkeys(names)) else MASK_IGNORE
+    unpainted = 0 if offered(names) != list(dict.fromkeys(names)) else ignore_value(len(names))
     mask = None
     for r in regions:
         h, w = r["original_height"], r["original_width"]
-        mask = np.full((h, w), unpainted, np.uint8) if mask is None else mask
+        check_brush_size(r["value"]["rle"], h, w)
+        if mask is None:
+            mask = np.full((h, w), unpainted, mask_dtype(len(names)))
+        elif mask.shape != (h, w):
+            raise ValueError(f"its brush regions are of different sizes ({mask.shape[1]}x"
+                             f"{mask.shape[0]} and {w}x{h})")
         for label in r["value"].get("brushlabels", []):
             if label not in names:
                 raise ValueError(f"the brush label '{label}' is not among the class names")
