@@ -28,10 +28,12 @@ from pathlib import Path
 import numpy as np
 
 from .api import run_score, run_select
-from .errors import AlcliError, ConfigError, PoolError, RunError
+from .errors import AlcliError, ConfigError, PoolError, RunError, first_line
 from .files.atomic import atomic_open, make_folder
 from .files.classnames import class_name, read_class_names
 from .files.config import DIVERSE_MODES, STRATEGY_NAMES, Settings
+from .files.outputs import check_not_input, inputs_of
+from .files.remote import is_url
 from .files.sources import open_pool
 from .files.pool import PoolOptions
 
@@ -79,13 +81,73 @@ def parse_seeds(spec: str) -> list[int]:
     return seeds
 
 
+PLACEHOLDER = re.compile(r"(?<!\$)\{(" + "|".join(PLACEHOLDERS) + r")\}")  # ${VAR} is the shell's
+
+
 def check_train(command: str) -> None:
     """A {name} in the training command that alcli does not fill is a ConfigError (${VAR}, the
-    shell's, is left alone)."""
+    shell's, is left alone); so is a placeholder inside the command's own quotes or after a
+    backslash: alcli quotes each value as one shell word, and quoted again, a value's $(...) or
+    `...` would run (and its quotes reach the command)."""
     for name in re.findall(r"(?<!\$)\{([A-Za-z_]\w*)\}", command):
         if name not in PLACEHOLDERS:
             raise ConfigError(f"option --train: {{{name}}} is not a placeholder alcli fills; it "
                               f"fills {', '.join('{' + p + '}' for p in PLACEHOLDERS)}")
+    quoted = _quoted_placeholder(command)
+    if quoted:
+        raise ConfigError(f"option --train: {quoted}; alcli quotes each placeholder's value as "
+                          f"one shell word itself, so write it bare (e.g. --out {{model}}, not "
+                          f"--out \"{{model}}\")")
+
+
+def _quoted_placeholder(command: str) -> str | None:
+    """How the first placeholder that sits inside quotes ('...', "...", $'...') or right after a
+    backslash is placed, or None. The shell's quoting is followed as far as it matters here:
+    $(...) and `...` (also inside "...") start unquoted text again, and a # at a word's start
+    (unquoted) begins a comment."""
+    starts = {m.start(): m.group(0) for m in PLACEHOLDER.finditer(command)}
+    stack = [""]  # "" unquoted, "'", '"', "$'", "$(", "`"
+    i = 0
+    while i < len(command):
+        c, where = command[i], stack[-1]
+        if i in starts and where in ("'", '"', "$'"):
+            return (f"{starts[i]} sits inside the command's own quotes "
+                    f"({where}...{where[-1]})")
+        if c == "\\" and where != "'":  # escapes the next character
+            if i + 1 in starts:
+                return f"{starts[i + 1]} follows a backslash"
+            i += 2
+            continue
+        if where == "'" or where == "$'":
+            if c == "'":
+                stack.pop()
+        elif where == '"':
+            if c == '"':
+                stack.pop()
+            elif command.startswith("$(", i):
+                stack.append("$(")
+                i += 1
+            elif c == "`":
+                stack.append("`")
+        else:  # unquoted: the top level, inside $(...) or `...`
+            if c == "#" and (i == 0 or command[i - 1] in " \t\n;&|()"):
+                end = command.find("\n", i)
+                i = len(command) if end < 0 else end
+                continue
+            if command.startswith("$'", i):
+                stack.append("$'")
+                i += 1
+            elif c in ("'", '"'):
+                stack.append(c)
+            elif command.startswith("$(", i):
+                stack.append("$(")
+                i += 1
+            elif c == ")" and where == "$(":
+                stack.pop()
+            elif c == "`":
+                stack.pop() if where == "`" else stack.append("`")
+        i += 1
+    return None
 
 
 def check_strategies(spec: str) -> list[str]:
@@ -100,6 +162,74 @@ def check_strategies(spec: str) -> list[str]:
                               f"of {', '.join(STRATEGY_NAMES)} and MODE one of "
                               f"{', '.join(DIVERSE_MODES)}")
     return names
+
+
+IMAGE_FORMATS = ("png", "pdf", "svg", "jpg", "jpeg")  # --plot's formats where matplotlib is absent
+
+
+def check_outputs(settings: Settings, plan: Plan, report: str | None, plot_file: str | None,
+                  workdir_option: str = "option --workdir") -> None:
+    """Refuse, before any round, an output (-o, --report, --plot, the work folder) that is one of
+    the inputs (POOL, --eval, the settings' files, the config file) or another output; a work
+    folder inside a folder pool (read again every round: its files would join the pool), or whose
+    plan.json or STRATEGY/ folders would replace an input."""
+    inputs = [("the pool", plan.pool), ("the eval pool", plan.eval_pool), *inputs_of(settings)]
+    written: list[tuple[str, object]] = []
+    for option, what, dest in (("option --output", "the curves CSV given by option --output",
+                                plan.output),
+                               ("option --report", "the report given by option --report", report),
+                               ("option --plot", "the plot given by option --plot", plot_file)):
+        check_not_input(dest, option, [*inputs, *written])
+        written.append((what, dest))
+    workdir = str(plan.workdir)
+    check_not_input(workdir, workdir_option, [*inputs, *written])
+    runs = [plan.workdir / PLAN_FILE, *(plan.workdir / s for s in plan.strategies)]
+    for what, path in [*inputs, *written]:
+        if not isinstance(path, (str, os.PathLike)) or str(path) == "-" or is_url(str(path)):
+            continue
+        if what in ("the pool", "the eval pool") and os.path.isdir(path) and \
+                _under(plan.workdir, path):
+            raise ConfigError(f"{workdir_option} {workdir} is inside {what} {path}, a folder read "
+                              f"again every round (its files would join it); give a --workdir "
+                              f"outside it")
+        if any(_under(path, run) for run in runs):
+            raise ConfigError(f"{workdir_option} {workdir} would write {path}, which is {what}; "
+                              f"give another --workdir")
+
+
+def _under(path, folder) -> bool:
+    """Is `path` the folder `folder` or under it (links resolved; neither need exist)?"""
+    path, folder = os.path.realpath(path), os.path.realpath(folder)
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def plot_format(dest: str) -> str:
+    """The image format --plot `dest` is written in: its suffix (one matplotlib writes, or one of
+    IMAGE_FORMATS where matplotlib is not installed), PNG for a name without one; else a
+    ConfigError (before any round)."""
+    if dest == "-":
+        raise ConfigError("option --plot - : the plot needs a file name, not stdout")
+    suffix = Path(dest).suffix.lower().lstrip(".")
+    if not suffix:
+        return "png"
+    formats = plot_formats()
+    if suffix not in formats:
+        raise ConfigError(f"option --plot {dest}: '.{suffix}' is not an image format the plot "
+                          f"can be written in; give a name ending in "
+                          f"{', '.join('.' + f for f in formats)}")
+    return suffix
+
+
+def plot_formats() -> tuple[str, ...]:
+    """The file formats matplotlib writes (without drawing anything), else IMAGE_FORMATS."""
+    import importlib.util
+    try:
+        if importlib.util.find_spec("matplotlib") is None:
+            return IMAGE_FORMATS
+        from matplotlib.backend_bases import FigureCanvasBase
+        return tuple(sorted(FigureCanvasBase.get_supported_filetypes()))
+    except Exception:  # a broken matplotlib: plot() will say it cannot draw
+        return IMAGE_FORMATS
 
 
 def pool_labels(settings: Settings, spec: str, what: str) -> tuple[list[str], list, list | None]:
@@ -130,9 +260,11 @@ def pool_labels(settings: Settings, spec: str, what: str) -> tuple[list[str], li
     return list(pool.ids), shown, [str(Path(p).resolve()) for p in paths] if paths else None
 
 
-def simulate(base: Settings, plan: Plan, say=lambda line: None) -> list[dict]:
+def simulate(base: Settings, plan: Plan, say=lambda line: None, warn=None) -> list[dict]:
     """Every (strategy, seed, round) -> one curve row; the rows are also written to plan.output
-    after every round, so a failure keeps the finished rounds."""
+    after every round, so a failure keeps the finished rounds. `warn`: a damaged round of the work
+    folder, rerun (default: `say`)."""
+    warn = warn or say
     ids, labels, paths = pool_labels(base, plan.pool, "the pool")
     if plan.init + plan.rounds * plan.budget > len(ids):
         raise ConfigError(f"--init {plan.init} + --rounds {plan.rounds} x --budget {plan.budget} "
@@ -147,7 +279,7 @@ def simulate(base: Settings, plan: Plan, say=lambda line: None) -> list[dict]:
             labeled = [ids[i] for i in sorted(start.tolist())]  # the same start for every strategy
             for r in range(plan.rounds + 1):
                 where = plan.workdir / strategy / f"seed{seed}" / f"round{r}"
-                done = finished(where, labeled)
+                done = finished(where, labeled, ids, plan.budget, warn)
                 if done is None:
                     model = train(plan, where, labeled, ids, labels, paths, strategy, seed, r)
                     acc = accuracy(base, plan.eval_pool, model)
@@ -156,6 +288,7 @@ def simulate(base: Settings, plan: Plan, say=lambda line: None) -> list[dict]:
                         if r < plan.rounds else []
                     done = {"labels": len(labeled), "accuracy": acc, "picked": picked,
                             "score_s": time.perf_counter() - began if r < plan.rounds else None}
+                    replaceable(where / DONE)
                     with atomic_open(where / DONE, "w") as f:  # last: the round's mark
                         json.dump(done, f)
                     model.unlink()  # labeled.csv and train.log stay; checkpoints can be large
@@ -172,35 +305,125 @@ def simulate(base: Settings, plan: Plan, say=lambda line: None) -> list[dict]:
 
 DONE = "done.json"  # a finished round: its accuracy, the ids it picked, its scoring time
 PLAN_FILE = "plan.json"  # the settings the work folder's rounds were run with
+PLAN_CAP = 16 << 20  # bytes of plan.json read: the settings and the training command
 
 
 def same_plan(plan: Plan) -> None:
     """Record the plan in the work folder, or refuse one whose finished rounds ran otherwise (a
-    folder with no finished round takes the new plan)."""
+    folder with no finished round takes the new plan). A plan.json that cannot be read, beside
+    finished rounds, is refused too: the settings those rounds ran with are unknown."""
     mine = {k: getattr(plan, k) for k in SAME}
     mine["settings"] = {k: str(v) for k, v in sorted(plan.settings.items())
                         if v is not None and k != "quiet"}
     path = plan.workdir / PLAN_FILE
     if path.is_file() and any(plan.workdir.glob(f"*/seed*/round*/{DONE}")):
-        theirs = json.loads(path.read_text())
+        try:
+            theirs = json.loads(read_capped(path, PLAN_CAP))
+            if not isinstance(theirs, dict):
+                raise ValueError(f"it holds a JSON {type(theirs).__name__}, not the settings")
+        except (OSError, ValueError) as err:
+            raise ConfigError(f"the work folder's {path} cannot be read ({first_line(err)}), so "
+                              f"the settings its finished rounds ran with are unknown; give "
+                              f"another --workdir, or remove the folder {plan.workdir} to start "
+                              f"over") from None
         differs = next((k for k in SAME if theirs.get(k) != mine[k]), None)
         if differs:
             raise ConfigError(f"the work folder {plan.workdir} holds rounds run with other "
                               f"settings ({differs}: {theirs.get(differs)!r}, now "
                               f"{mine[differs]!r}); give another --workdir or the same settings")
         return
+    replaceable(path)
     with atomic_open(path, "w") as f:
         json.dump(mine, f)
 
 
-def finished(where: Path, labeled: list[str]) -> dict | None:
-    """The round's record when it finished with these labeled ids (its labeled.csv), else None."""
-    if not (where / DONE).is_file() or not (where / "labeled.csv").is_file():
+def finished(where: Path, labeled: list[str], ids: list[str] | None = None, budget: int = 0,
+             warn=lambda line: None) -> dict | None:
+    """The round's record when it finished with these labeled ids (its labeled.csv), else None.
+    A done.json or labeled.csv that cannot be read or does not hold what alcli writes there (a
+    damaged work folder: truncated, another file linked in, a picked id that `ids`, the pool's,
+    lacks) is an unfinished round too, with a warning naming the file: it is rerun."""
+    done, listing = where / DONE, where / "labeled.csv"
+    if not done.is_file() or not listing.is_file():
         return None
-    with open(where / "labeled.csv", newline="") as f:
-        if [row["id"] for row in csv.DictReader(f)] != [str(i) for i in labeled]:
+    try:
+        if not same_ids(listing, labeled):
             return None
-    return json.loads((where / DONE).read_text())
+    except (OSError, ValueError, csv.Error) as err:  # UnicodeDecodeError is a ValueError
+        warn(f"the work folder's {listing} cannot be read ({first_line(err)}); its round is rerun")
+        return None
+    longest = max((len(i) for i in ids), default=0) if ids is not None else 0
+    try:  # done.json as written: mostly the picked ids, JSON-escaped (12 bytes a character at most)
+        record = json.loads(read_capped(done, 4096 + budget * (12 * longest + 4)
+                                        if ids is not None else PLAN_CAP))
+        problem = record_problem(record, labeled, ids)
+    except (OSError, ValueError) as err:
+        problem = f"cannot be read ({first_line(err)})"
+    if problem:
+        warn(f"the work folder's {done} {problem}; its round is rerun")
+        return None
+    return record
+
+
+def same_ids(listing: Path, labeled: list[str]) -> bool:
+    """Does labeled.csv list exactly these ids, in this order? (Read up to the first that differs;
+    a file without an id column is a ValueError.)"""
+    with open(listing, newline="") as f:
+        rows = csv.DictReader(f)
+        if "id" not in (rows.fieldnames or ()):
+            raise ValueError("it has no id column")
+        n = 0
+        for n, row in enumerate(rows, 1):
+            if n > len(labeled) or row["id"] != str(labeled[n - 1]):
+                return False
+        return n == len(labeled)
+
+
+def record_problem(record, labeled: list[str], ids: list[str] | None) -> str | None:
+    """What makes `record` (a done.json as read) other than what simulate writes for a round with
+    `labeled`, or None."""
+    def number(v):
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    if not isinstance(record, dict):
+        return f"holds a JSON {type(record).__name__}, not a round's record"
+    if record.get("labels") != len(labeled) or isinstance(record.get("labels"), bool):
+        return f"does not record the round's {len(labeled)} labels"
+    if not number(record.get("accuracy")) or not 0 <= record["accuracy"] <= 1:
+        return "holds no accuracy between 0 and 1"
+    if not (record.get("score_s") is None or number(record["score_s"]) and record["score_s"] >= 0):
+        return "holds no scoring time"
+    picked = record.get("picked")
+    if not isinstance(picked, list) or not all(isinstance(i, str) for i in picked):
+        return "holds no list of picked ids"
+    if ids is not None:
+        known, taken = set(map(str, ids)), set(map(str, labeled))
+        stray = next((i for i in picked if i not in known or i in taken), None)
+        if stray is not None:
+            why = "is already labeled" if stray in taken else "is not in the pool"
+            return f"picked the id '{stray[:80]}', which {why}"
+        if len(set(picked)) != len(picked):
+            return "picked an id twice"
+    return None
+
+
+def read_capped(path: Path, cap: int) -> str:
+    """The text of `path`, a file alcli wrote; one larger than `cap` bytes is a ValueError (not
+    read whole: a damaged folder may link in any file)."""
+    with open(path, "rb") as f:
+        data = f.read(cap + 1)
+    if len(data) > cap:
+        raise ValueError(f"it is larger than {cap} bytes")
+    return data.decode()
+
+
+def replaceable(path: Path) -> None:
+    """Remove the work folder's `path` where it is a link or not a regular file, before alcli
+    writes it: written through, a link (a damaged folder) would replace the file it names."""
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        if path.is_dir() and not path.is_symlink():
+            raise RunError(f"the work folder holds a folder {path} where alcli writes a file; "
+                           f"remove it or give another --workdir")
+        path.unlink()
 
 
 def train(plan: Plan, where: Path, labeled: list[str], ids: list[str], labels: list,
@@ -209,6 +432,8 @@ def train(plan: Plan, where: Path, labeled: list[str], ids: list[str], labels: l
     where.mkdir(parents=True, exist_ok=True)
     index = {i: n for n, i in enumerate(ids)}
     listing, model, log = where / "labeled.csv", where / "model.pt", where / "train.log"
+    for path in (listing, log):
+        replaceable(path)
     with open(listing, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["id", "label"] + (["path"] if paths else []))
@@ -218,8 +443,7 @@ def train(plan: Plan, where: Path, labeled: list[str], ids: list[str], labels: l
     values = {"labeled": listing, "model": model, "pool": plan.pool, "round": r, "seed": seed, "strategy": strategy,
               "workdir": plan.workdir}
     # one pass, each value one shell word whatever it holds ($, ;, spaces, a placeholder's name)
-    command = re.sub(r"\{(" + "|".join(PLACEHOLDERS) + r")\}",
-                     lambda m: shlex.quote(str(values[m.group(1)])), plan.train)
+    command = PLACEHOLDER.sub(lambda m: shlex.quote(str(values[m.group(1)])), plan.train)
     with open(log, "w") as out:
         done = subprocess.run(command, shell=True, stdout=out, stderr=subprocess.STDOUT)
     if done.returncode != 0:
@@ -398,6 +622,6 @@ def plot(rows: list[dict], dest: str) -> bool:
     ax.set_ylabel("accuracy on the eval pool (%)")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(dest, dpi=100)
+    fig.savefig(dest, dpi=100, format=plot_format(dest))  # a name without a suffix: PNG
     plt.close(fig)
     return True

@@ -29,8 +29,8 @@ EPILOG = """The training command's contract:
   {round} {seed} {strategy} {workdir}: for its logs or seeds
   any other {name} is refused
 It runs in a shell, in the current folder, each placeholder replaced by
-its value quoted as one word (do not quote placeholders yourself); a
-non-zero exit stops the simulation. Each round's labeled.csv and
+its value quoted as one word (do not quote placeholders yourself: a
+quoted one is refused); a non-zero exit stops the simulation. Each round's labeled.csv and
 train.log stay in --workdir; checkpoints are removed once used.
 Run again with the same --workdir and settings, a finished round is
 not rerun: more seeds or strategies extend it, a crash resumes, and
@@ -84,7 +84,7 @@ def simulate(
         "accuracy), rewritten after every round. [default: stdout, at the end]")] = None,
     plot_file: Annotated[Optional[str], typer.Option(
         "--plot", metavar="PNG", help="Also draw the mean curves, a band of one sd over seeds "
-        "(needs matplotlib).")] = None,
+        "(needs matplotlib; the format from the name: .png, .pdf, .svg, ...).")] = None,
     report: Annotated[Optional[str], typer.Option(
         "--report", metavar="FILE", help="The summary as a table: CSV for a .csv name, else "
         "markdown.")] = None,
@@ -116,24 +116,31 @@ def simulate(
 
     from ..files.atomic import make_folder
     from ..files.config import Settings
-    from ..simulate import (Plan, check_strategies, check_train, parse_seeds, plot,
-                            simulate as run_simulation, summarize, versus, write_report)
+    from ..simulate import (PLACEHOLDER, Plan, check_outputs, check_strategies, check_train,
+                            parse_seeds, plot, plot_format, simulate as run_simulation, summarize,
+                            versus, write_report)
     # no ./configs/default.yaml here: the demo's model settings are not the user's
     given = shared.given_flags(flags)
     settings = load_settings(config, given)
     r = shared.reporter(settings)
-    if "{model}" not in train:
+    if "model" not in (m.group(1) for m in PLACEHOLDER.finditer(train)):  # ${model}: the shell's
         raise AlcliError("option --train must name {model}, the checkpoint the command writes "
                          "(and read {labeled}, the labeled examples)")
     check_train(train)
-    if output and output != "-":
-        make_folder(Path(output).parent, f"option --output {output}")
+    if plot_file:
+        plot_format(plot_file)  # a name matplotlib cannot write: refused before the first round
     plan = Plan(pool, eval_pool, train, check_strategies(strategies), parse_seeds(seeds), init,
                 budget, rounds,
                 Path(workdir or (f"{output}.runs" if output and output != "-"
                                  else ".alcli/simulate")),
                 output if output != "-" else None, settings=given)
-    rows = run_simulation(settings, plan, say=r.info)
+    # no output replaces an input or another output, nor writes into a folder pool
+    check_outputs(settings, plan, report, plot_file,
+                  "option --workdir" if workdir else "the default work folder (--workdir)")
+    for option, dest in (("--output", plan.output), ("--report", report), ("--plot", plot_file)):
+        if dest and dest != "-":
+            make_folder(Path(dest).parent, f"option {option} {dest}")
+    rows = run_simulation(settings, plan, say=r.info, warn=r.warn)
     if not plan.output:
         out = io.StringIO()
         w = csv.DictWriter(out, ("strategy", "seed", "round", "labels", "accuracy"),
@@ -155,7 +162,6 @@ def simulate(
     r.info(f"AULC: mean accuracy over the {rounds + 1} rounds; sd: sample sd over seeds; vs: "
            f"mean paired difference (p of the paired t-test, wins/losses over seeds)")
     if report:
-        make_folder(Path(report).parent, f"option --report {report}")
         write_report(summary, report, default)
     if plot_file and not plot(rows, plot_file):
         r.warn(f"--plot {plot_file}: matplotlib is not installed; no picture drawn")
