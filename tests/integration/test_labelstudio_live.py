@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -297,3 +298,27 @@ def test_a_refused_token_a_missing_project_a_config_of_another_task_are_one_sent
                  token=server.token)
     assert result.stderr == (f"alcli: error: Label Studio at {server.base} has no project "
                              f"'nothing here'\n")
+
+
+def test_three_pushes_at_once_add_one_task_per_id(server, tmp_path):
+    """Issue 47 (R3-12): pushes of one batch running at the same time on one machine list and
+    import in turn, so the project holds each id once, each with its prediction."""
+    ids = [f"{d}/{k:03d}.png" for d in range(3) for k in range(40)]
+    (tmp_path / "t.csv").write_text("id,score,pred\n" + "".join(
+        f"{i},{1 - n / 1000},digit {n % 3}\n" for n, i in enumerate(ids)))
+    (tmp_path / "names.txt").write_text("digit 0\ndigit 1\ndigit 2\n")
+    base = ["t.csv", "-p", "race", "--class-names", "names.txt", "--url", server.base,
+            "--image-root", ROOT]
+    run(tmp_path, "push", *base, "-n", "1", "--setup", token=server.token)
+    env = {**os.environ, "LABEL_STUDIO_API_KEY": server.token}
+    pushes = [subprocess.Popen([sys.executable, "-m", "alcli", "push", *base], cwd=tmp_path, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+              for _ in range(3)]
+    for p in pushes:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+    tasks = server.call("GET", "/api/tasks?project=" + str(next(
+        p["id"] for p in server.call("GET", "/api/projects?page_size=100")["results"]
+        if p["title"] == "race")) + "&fields=all&page_size=1000")["tasks"]
+    assert sorted(t["data"]["alcli_id"] for t in tasks) == sorted(ids)
+    assert all(len(t["predictions"]) == 1 for t in tasks)
