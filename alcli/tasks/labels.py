@@ -8,7 +8,7 @@ here:
 | multilabel | `[0, 3]`, `["cat", "dog"]`, `"cat|dog"` (indices or class names) | [C] 0/1 |
 | regression | `2.5`, `[2.5, -1]`, `"2.5|-1"` | [D] float |
 | token-classification | one label per word of the text (split on whitespace): a list, or `a|b|c` | [T] long |
-| segmentation | a mask image (column `mask`, or `label`): class index per pixel, 255 = ignore | [H, W] long |
+| segmentation | a mask image (column `mask`, or `label`): class index per pixel, 255 = ignore (65535 past 255 classes) | [H, W] long |
 
 Token labels are aligned to the tokens through the tokenizer's character offsets: a word's label
 goes to its first sub-token; its other sub-tokens, special tokens ([CLS], [SEP]) and padding are
