@@ -187,3 +187,24 @@ def test_choices_with_hostile_ids_are_written_as_data(tmp_path, monkeypatch):
     assert result.exit_code == 0, result.output
     got = rows(tmp_path / "c.csv")
     assert [r["id"] for r in got] == ["a.png", "=HYPERLINK(\"http://x\")", "b\x00c.png", "l1\nl2.png"]
+
+
+def test_http_reaches_servers_only_through_its_door():
+    """A request alcli makes with its own client goes through alcli/files/http.py: no other module
+    imports an HTTP client (fsspec's aiohttp for http(s) pools is configured in files/remote.py,
+    not called)."""
+    import ast
+    from pathlib import Path
+
+    import alcli
+    clients = {"urllib.request", "http.client", "requests", "httpx", "urllib3", "socket"}
+    root = Path(alcli.__file__).parent
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names] \
+                if isinstance(node, ast.ImportFrom) else []
+            if any(n in clients for n in names):
+                found.append(str(path.relative_to(root)))
+    assert sorted(set(found)) == ["files/http.py"]
