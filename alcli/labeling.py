@@ -11,7 +11,6 @@ the tasks annotators skipped -> a CSV `id,reason`.
 from __future__ import annotations
 
 import csv
-import fcntl
 import hashlib
 import json
 import math
@@ -22,7 +21,6 @@ import xml.etree.ElementTree as ET
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 from PIL import Image
@@ -31,6 +29,7 @@ from .api import run_select
 from .errors import ConfigError
 from .files.atomic import atomic_open, writes_stream
 from .files.names import id_file
+from .longrun.lock import waiting_lock
 from .files.config import Settings
 from .files.labelstudio_api import LabelStudioError, Server
 from .selection.export import IMAGE_ROOT_HINT, labeling_config, unreachable_image
@@ -42,7 +41,8 @@ from .tasks import TASKS
 class Pushed:
     project: str
     created: int = 0   # tasks imported
-    updated: int = 0   # tasks already there, their predictions replaced
+    updated: int = 0   # tasks already there, their data or prediction replaced
+    unchanged: int = 0  # tasks already there as this push would make them
     notes: list[str] = field(default_factory=list)
 
 
@@ -140,13 +140,20 @@ def push(server: Server, settings: Settings, scores: str, project: str, setup: b
         there = known.get(task["data"]["alcli_id"])
         if there is None:
             continue
-        server.update_task(there["id"], {**there["data"], **task["data"]})
+        data = {**there["data"], **task["data"]}
         sent = task["predictions"][0]
-        same = next((p for p in there.get("predictions", [])
+        same = next((p for p in there.get("predictions") or []
                      if p.get("model_version") == sent["model_version"]), None)
+        fresh = same is not None and (same.get("result"), same.get("score")) == \
+            (sent["result"], sent["score"])
+        if data == there["data"] and fresh:
+            done.unchanged += 1  # as pushed before: no call
+            continue
+        if data != there["data"]:
+            server.update_task(there["id"], data)
         if same is None:
             server.add_prediction(there["id"], sent)
-        else:
+        elif not fresh:
             server.update_prediction(same["id"], {"result": sent["result"], "score": sent["score"]})
         done.updated += 1
     return done
@@ -171,22 +178,12 @@ def _drop_duplicates(server: Server, project: int, ids: set[str]) -> None:
                 server.delete_task(t["id"])
 
 
-@contextmanager
-def push_lock(url: str, project) -> Iterator[None]:
-    """An flock per server and project in the temporary folder, waited for: two pushes on one
+def push_lock(url: str, project):
+    """A lock per server and project in the temporary folder, waited for: two pushes on one
     machine never both find an id missing and import it."""
     key = hashlib.sha256(f"{url}\n{project}".encode()).hexdigest()[:16]
-    path = Path(tempfile.gettempdir()) / f"alcli-push-{os.getuid()}-{key}.lock"
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-    except OSError as err:
-        raise ConfigError(f"cannot open the lock file {path}, which keeps two pushes from "
-                          f"importing one task twice ({err.strerror or err})") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
+    return waiting_lock(Path(tempfile.gettempdir()) / f"alcli-push-{os.getuid()}-{key}.lock",
+                        "two pushes from importing one task twice")
 
 
 # --- pull ------------------------------------------------------------------------------------------

@@ -167,8 +167,8 @@ def test_a_quoted_placeholder_is_refused(folder, train):
 def test_placeholders_outside_quotes_are_accepted():
     from alcli.simulate import check_train
 
-    for command in ('python t.py --n "$(wc -l < {labeled})" --out={model}',
-                    "python t.py '--flag' {labeled} \"$HOME\" {model} # '{model}' in a comment",
+    for command in ('./t.sh --n "$(wc -l < {labeled})" --out={model}',
+                    "./t.sh '--flag' {labeled} \"$HOME\" {model} # '{model}' in a comment",
                     'echo "`cat {labeled}`" ${model} "${seed}" && cp a {workdir}/x'):
         check_train(command)
 

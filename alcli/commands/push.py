@@ -61,5 +61,6 @@ def push(
     done = labeling.push(server, settings, scores, project, setup)
     for note in done.notes:
         r.warn(note)
-    r.info(f"pushed {done.created + done.updated} tasks to the project '{done.project}' on "
-           f"{server.shown}: {done.created} new, {done.updated} updated")
+    r.info(f"pushed {done.created + done.updated + done.unchanged} tasks to the project "
+           f"'{done.project}' on {server.shown}: {done.created} new, {done.updated} updated, "
+           f"{done.unchanged} unchanged")

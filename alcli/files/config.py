@@ -490,9 +490,11 @@ def read_yaml(path: str | Path) -> dict:
     """The mapping in a YAML config file; a missing file or bad YAML is a ConfigError."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"config file {path} does not exist") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file {path} is not a text file (YAML)") from None
     except OSError as err:
         raise ConfigError(f"config file {path} cannot be read: {err.strerror}") from None
     try:

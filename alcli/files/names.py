@@ -5,16 +5,18 @@ asks here: score's and pull's mask PNGs (`id_file`), YOLO's label files and imag
 Ids come from outside and are hostile: `a.png` beside `a.jpg`, `../x`, `a\\nb`, `A` beside `a` on a
 case-insensitive disk, `a.txt/b` beside `a`. Every name given here stays inside the output folder,
 holds no control character (a line break would split a line of images.txt), and no two ids of a
-batch share one (compared case-folded, and a file never doubles as another's folder).
+batch share one (compared case-folded and Unicode-normalised, and a file never doubles as another's
+folder).
 """
 from __future__ import annotations
 
 import hashlib
 import posixpath
 import re
+import unicodedata
 from typing import Callable, Iterable
 
-CONTROL = re.compile(r"[\x00-\x1f\x7f\x85\u2028\u2029]")  # line breaks and other controls
+CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")  # line breaks, C0 and C1 controls
 UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 PART_BYTES = 200  # the longest folder or file name kept from an id (file systems allow 255)
 
@@ -31,11 +33,16 @@ def id_path(row_id) -> str:
     if CONTROL.search(text):
         raise FileNameError(f"the id {text!r} holds a line break or another control character, which "
                          f"cannot name a file")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: a file name's undecodable byte, kept
+        raise FileNameError(f"the id {text!r} is not valid UTF-8 text, which the files are "
+                            f"written in") from None
     norm = posixpath.normpath(text.replace("\\", "/"))
     if not text or norm in (".", "..") or norm.startswith(("/", "../")):
         raise FileNameError(f"the id '{text}' is not a path relative to the pool's folder, which the "
                          f"files name images by")
-    if any(len(part.encode("utf-8", "surrogatepass")) > PART_BYTES for part in norm.split("/")):
+    if any(len(part.encode("utf-8")) > PART_BYTES for part in norm.split("/")):
         raise FileNameError(f"the id '{text[:60]}...' has a folder or file name longer than "
                          f"{PART_BYTES} bytes")
     return norm
@@ -62,13 +69,13 @@ def file_names(ids: Iterable, name: Callable[[object], str]) -> dict[str, str]:
     owner: dict[str, str] = {}  # case-folded name -> its id
     for row_id in dict.fromkeys(str(i) for i in ids):
         given = name(row_id)
-        key = given.casefold()
+        key = _folded(given)
         if key in owner:
             raise FileNameError(f"the ids '{owner[key]}' and '{row_id}' would both be written to the "
                              f"file {given}; rename one of them")
         owner[key] = row_id
         names[row_id] = given
-    for key, row_id in owner.items():
+    for key, row_id in owner.items():  # a file where another id needs a folder
         parts = key.split("/")
         for k in range(1, len(parts)):
             folder = "/".join(parts[:k])
@@ -76,3 +83,8 @@ def file_names(ids: Iterable, name: Callable[[object], str]) -> dict[str, str]:
                 raise FileNameError(f"the id '{owner[folder]}' would be written to the file {folder}, "
                                  f"which the id '{row_id}' needs as a folder; rename one of them")
     return names
+
+
+def _folded(name: str) -> str:
+    """The name as a case-insensitive, normalising disk (macOS, Windows) may see it."""
+    return unicodedata.normalize("NFC", unicodedata.normalize("NFD", name).casefold())

@@ -32,7 +32,7 @@ from ..files.config import Settings
 from ..files import remote
 from ..files.outputs import check_not_input, inputs_of, refuse_remote
 from ..files.pool import Pool
-from ..files.table import FORMATS as TABLE_FORMATS, check_records, sidecar
+from ..files.table import FORMATS as TABLE_FORMATS, SIDECARS, check_records, sidecar
 from ..files.embeddings import destination, encode_factors
 from ..score.embeddings import EmbeddingRecorder
 from ..score.runner import RunStats, run
@@ -214,7 +214,8 @@ def _check_options(settings: Settings, ctx, dest: str | None) -> None:
         if Path(dest).is_dir():
             raise ConfigError(f"output {dest} is a directory")
         check_writable(folder, f"output {dest}")
-        check_not_input(dest, settings.where("output"), _inputs(settings))
+        check_not_input(dest, settings.where("output"), _inputs(settings),
+                        beside=(*SIDECARS, "partial", "lock"))
         check_not_input(settings.embeddings_file, settings.where("embeddings_file"),
                         [*_inputs(settings), ("the table written", dest)])
     if settings.format not in TABLE_FORMATS:

@@ -32,13 +32,29 @@ def output_lock(path: Path, output: str) -> Iterator[None]:
         os.close(fd)
 
 
+@contextlib.contextmanager
+def waiting_lock(path: Path, why: str) -> Iterator[None]:
+    """Hold the flock `path`, waiting while another process holds it (`why`: what it keeps from
+    happening twice at once, for the message when the file cannot be made). The file stays."""
+    fd = _open(path, why)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _open(path: Path, why: str) -> int:
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as err:
+        raise RunError(f"cannot create the lock file {path}, which keeps {why} "
+                       f"({err.strerror or err})") from None
+
+
 def _acquire(path: Path, output: str) -> int:
     while True:
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
-        except OSError as err:
-            raise RunError(f"cannot create the lock file {path}, which keeps two runs from "
-                           f"writing {output} at once ({err.strerror or err})") from None
+        fd = _open(path, f"two runs from writing {output} at once")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

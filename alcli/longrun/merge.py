@@ -22,7 +22,7 @@ from ..files.embeddings import (EmbeddingsError, embeddings_path, embeddings_run
                                 load_embeddings)
 from .finish import Finished, finish, read_errors, save_table_embeddings, write_sidecars
 from .partial import new_partial, new_run_id, stdout_folder
-from ..files.table import LINE_FORMATS, read_meta, read_table, sidecar
+from ..files.table import LINE_FORMATS, SIDECARS, read_meta, read_table, sidecar
 
 
 @dataclass
@@ -41,7 +41,7 @@ def merge_tables(parts: list[str], dest: str, fmt: str = "csv", null: bool = Fal
         raise ConfigError("no parts given; pass the shard tables to merge")
     metas = [_meta(part) for part in parts]
     _check_parts(parts, metas)
-    check_not_input(dest, "option --output", [("a part", parts)])
+    check_not_input(dest, "option --output", [("a part", parts)], beside=SIDECARS)
     stream = writes_stream(dest)
     # where the embeddings of a merged table on stdout go (checked before the work)
     emb_folder = stdout_folder("merge keeps the embeddings of a table on stdout") if stream else None

@@ -199,7 +199,7 @@ def test_three_rounds_of_push_annotate_pull(server, tmp_path, task):
         first = run(tmp_path, "push", *source, "-n", 3, *push, "--setup", token=server.token)
         assert "3 new, 0 updated" in first.stderr
         again = run(tmp_path, "push", *source, "-n", 3, *push, token=server.token)
-        assert "0 new, 3 updated" in again.stderr
+        assert "0 new, 0 updated, 3 unchanged" in again.stderr  # as pushed: no call made
         stored = tasks_of(server, title)
         ids = [t["data"]["alcli_id"] for t in stored]
         assert len(ids) == len(set(ids)) == 3 * (round_ + 1)  # never a task twice
@@ -303,7 +303,7 @@ def test_a_refused_token_a_missing_project_a_config_of_another_task_are_one_sent
 def test_three_pushes_at_once_add_one_task_per_id(server, tmp_path):
     """Issue 47 (R3-12): pushes of one batch running at the same time on one machine list and
     import in turn, so the project holds each id once, each with its prediction."""
-    ids = [f"{d}/{k:03d}.png" for d in range(3) for k in range(40)]
+    ids = [f"{d}/{k:03d}.png" for d in range(4) for k in range(100)]  # 400, as R3-12 pushed
     (tmp_path / "t.csv").write_text("id,score,pred\n" + "".join(
         f"{i},{1 - n / 1000},digit {n % 3}\n" for n, i in enumerate(ids)))
     (tmp_path / "names.txt").write_text("digit 0\ndigit 1\ndigit 2\n")
@@ -322,3 +322,13 @@ def test_three_pushes_at_once_add_one_task_per_id(server, tmp_path):
         if p["title"] == "race")) + "&fields=all&page_size=1000")["tasks"]
     assert sorted(t["data"]["alcli_id"] for t in tasks) == sorted(ids)
     assert all(len(t["predictions"]) == 1 for t in tasks)
+    # a push whose scores changed for 5 rows updates those 5 tasks' predictions alone
+    text = (tmp_path / "t.csv").read_text().splitlines()
+    text[1:6] = [line.replace(",1.0,", ",2.0,", 1) if ",1.0," in line else
+                 line.replace(",0.", ",1.", 1) for line in text[1:6]]
+    (tmp_path / "t.csv").write_text("\n".join(text) + "\n")
+    again = run(tmp_path, "push", *base, token=server.token)
+    assert "0 new, 5 updated, 395 unchanged" in again.stderr
+    scores = {t["data"]["alcli_id"]: t["predictions"][0]["score"] for t in server.call(
+        "GET", f"/api/tasks?project={tasks[0]['project']}&fields=all&page_size=1000")["tasks"]}
+    assert [scores[i] for i in ids[:5]] == [2.0, 1.999, 1.998, 1.997, 1.996]
