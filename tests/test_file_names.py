@@ -137,8 +137,8 @@ def all_files(root: Path) -> set[Path]:
 
 
 def distinct_case_folded(paths) -> bool:
-    folded = [folded(str(p)) for p in paths]
-    return len(set(folded)) == len(folded)
+    names = [folded(str(p)) for p in paths]
+    return len(set(names)) == len(names)
 
 
 # ---------------------------------------------------------------------------------- the writers
