@@ -22,6 +22,7 @@ from .files.webdataset import is_shard_spec
 from .gradnorm import select_params
 from . import tasks
 from .score import preflight
+from .score.target import target_for
 
 
 @dataclass
@@ -38,6 +39,8 @@ def opened(settings: Settings, model: nn.Module | None = None, pool=None, stdin=
     """The session for `settings` (`model` and `pool` may be given as objects instead); the
     model's training flags are restored on exit. `narrow` (score --exclude) takes examples out of
     the pool before the pre-flight checks read any."""
+    if pool is None:
+        check_pool_exists(settings)  # before the model: a mistyped pool is the first thing to say
     net = model_for(settings, model)
     device = resolve_device(device_spec or settings.device)
     if device.type == "cuda":  # TF32 matmuls under fp32; cuDNN picks kernels for the batch's fixed shapes
@@ -50,6 +53,7 @@ def opened(settings: Settings, model: nn.Module | None = None, pool=None, stdin=
         if narrow is not None:
             the_pool = narrow(the_pool)
         the_pool.outputs = preflight.check(net, the_pool, settings, device)
+        the_pool.align_target = target_for(settings, net, device, lambda s: pool_for(s, net))
         yield Session(net, device, the_pool)
     finally:
         for m, mode in modes:
@@ -103,14 +107,20 @@ def pool_for(settings: Settings, model: nn.Module, pool=None, stdin=None) -> Poo
     hf_options(opts, settings, model)
     if own_sizes:
         opts.transform = detector_transform(opts.transform, settings, spec.normalised_outside(model))
-    if isinstance(settings.pool, str) and settings.pool != "-" and not Path(settings.pool).exists() \
-            and not is_shard_spec(settings.pool) and not remote.is_url(settings.pool):  # shards: each named in its own error
-        raise PoolError(f"pool {settings.pool}{from_config(settings, 'pool')} does not exist")
+    check_pool_exists(settings)
     opened_pool = named(open_pool(settings.pool, opts, stdin), names, names_file)
     opened_pool.keeps_sizes = own_sizes
     if opened_pool.kind == "images" and opts.transform.normalize is None and not own_sizes:
         warn_unnormalised(settings, model)
     return opened_pool
+
+
+def check_pool_exists(settings: Settings) -> None:
+    """PoolError when the pool is a local path that does not exist (shards and URLs: each named in
+    its own error)."""
+    if isinstance(settings.pool, str) and settings.pool != "-" and not Path(settings.pool).exists() \
+            and not is_shard_spec(settings.pool) and not remote.is_url(settings.pool):
+        raise PoolError(f"pool {settings.pool}{from_config(settings, 'pool')} does not exist")
 
 
 def detector_transform(t: Transform, settings: Settings, normalised_outside: bool) -> Transform:

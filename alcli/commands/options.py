@@ -87,9 +87,12 @@ LabelsFromFolders = Annotated[bool, typer.Option(
     "--labels-from-folders", help="Class subfolders of an image folder are the labels (sorted, "
                                   "like torchvision's ImageFolder).", rich_help_panel=INPUT)]
 Strategy = Annotated[Optional[str], typer.Option(
-    "--strategy", "-s", metavar="NAME", help="One of egl, gradnorm, loss, entropy, "
-    "margin, least-confidence, random; uncertain-boxes (detection). [default: egl]",
+    "--strategy", "-s", metavar="NAME", help="One of egl, gradnorm, align (with --target), "
+    "loss, entropy, margin, least-confidence, random; uncertain-boxes (detection). [default: egl]",
     rich_help_panel=STRATEGY)]
+Target = Annotated[Optional[str], typer.Option(
+    metavar="POOL", help="align: a labeled pool (any kind POOL is) whose mean loss gradient each "
+    "example's is aligned with.", show_default=False, rich_help_panel=STRATEGY)]
 TopClasses = Annotated[Optional[int], typer.Option(
     metavar="K", help="egl: sum over the K most probable classes; 0 = all classes, exact. "
     "[default: 10 for models with more than 10 classes, else all]", rich_help_panel=STRATEGY)]

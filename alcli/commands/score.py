@@ -13,7 +13,7 @@ from .options import (
     Compile, Config, Decode, Device, EglSamples, Ema, Grayscale, IdColumn, ImageColumn,
     LabelColumn, LabelsFromFolders, Layers, LogFormat, MaxLength, Method, Model, Normalize, Null,
     Output, Precision, ProgressEvery, Quiet, Resize, Restart, Resume, ScoreExclude, Seed, Shard,
-    Split, Strategy, Strict, TableFormat, Task, TextColumnOpt, TextWidth, TopClasses, Trust,
+    Split, Strategy, Strict, Target, TableFormat, Task, TextColumnOpt, TextWidth, TopClasses, Trust,
     TrustRemoteCode, Verbose, Workers, WriteEmbeddings)
 
 # Examples: one command per line, each under 78 columns, so that no terminal wraps them; \b keeps
@@ -47,7 +47,7 @@ def score(
     model: Model = None, arch: Arch = None, arch_kwargs: ArchKwargs = None, ema: Ema = False,
     trust_checkpoint: Trust = False, trust_remote_code: TrustRemoteCode = False,
     task: Task = None,
-    strategy: Strategy = None, top_classes: TopClasses = None, egl_samples: EglSamples = None,
+    strategy: Strategy = None, target: Target = None, top_classes: TopClasses = None, egl_samples: EglSamples = None,
     aggregate: Aggregate = None, box_threshold: BoxThreshold = None, temperature: Temperature = None,
     max_new_tokens: MaxNewTokens = None, layers: Layers = None,
     seed: Seed = None,

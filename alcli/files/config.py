@@ -29,14 +29,14 @@ FORMATS = ("csv", "jsonl", "paths", "ids", "labelstudio", "coco", "yolo")  # the
 LOG_FORMATS = ("text", "json")
 # keys holding a file or folder: in a config file, relative to the config file's folder
 PATH_KEYS = ("model", "pool", "output", "scores", "embeddings_file", "exclude", "image_dir",
-             "contact_sheet", "class_names", "labelstudio_config")
+             "contact_sheet", "class_names", "labelstudio_config", "target")
 PER_CLASS_MODES = ("proportional", "equal")
 DIVERSE_MODES = ("badge", "cluster-margin")  # select --diverse-mode (alcli.selection.choose)
 SAMPLINGS = ("top", "power", "softmax")  # alcli.selection.sampling.SAMPLINGS; a test keeps them equal
 # the names the strategy registry (alcli.score.strategies) and the engine (alcli.gradnorm.METHODS)
 # define, listed here so that reading a config does not import torch; a test keeps them equal
-STRATEGY_NAMES = ("egl", "gradnorm", "loss", "entropy", "margin", "least-confidence", "random",
-                  "uncertain-boxes")
+STRATEGY_NAMES = ("egl", "gradnorm", "align", "loss", "entropy", "margin", "least-confidence",
+                  "random", "uncertain-boxes")
 METHOD_NAMES = ("auto", "ghost", "replicate", "vmap", "loop")
 PRECISIONS = ("fp32", "bf16", "fp16")
 # the labeling tasks (alcli.tasks.TASKS, plus auto: read from the model); config is read before
@@ -86,6 +86,7 @@ class Settings:
     transform: Transform = field(default_factory=Transform)
     task: str = "auto"               # what one example's output is (alcli.tasks); auto: read from the model
     strategy: str = "egl"
+    target: str | None = None        # align: a labeled pool whose mean loss gradient rows align with
     top_classes: int | None = None   # egl: K most probable classes; 0 = all (exact); None = 10 at most
     egl_samples: int | str = 8       # egl on multilabel/segmentation/token tasks: S sampled label
                                      # sets, or "pseudo" (the predicted labels, one set)
@@ -463,7 +464,7 @@ CHECKS: dict[str, Callable[[Any], Any]] = {
     "model": _opt_str, "arch": _opt_str, "arch_kwargs": _mapping, "trust_checkpoint": _bool,
     "trust_remote_code": _bool,
     "pool": _pool, "null": _bool, "labels_from_folders": _bool, "transform": _transform,
-    "strategy": _choice(STRATEGY_NAMES), "top_classes": _opt(_int(0)), "layers": _layers,
+    "strategy": _choice(STRATEGY_NAMES), "target": _opt_str, "top_classes": _opt(_int(0)), "layers": _layers,
     "task": _choice(TASK_NAMES), "egl_samples": _egl_samples, "aggregate": _aggregate,
     "box_threshold": _probability, "temperature": _number_in(0, 100, low_allowed=False, what="above 0, at most 100"),
     "max_new_tokens": _int(1, 4096),

@@ -137,7 +137,8 @@ def score_batch(model: nn.Module, batch: Batch, settings: Settings, device: torc
                                                               batch.ids, pool),
                        task=task, egl_samples=settings.egl_samples, aggregate=settings.aggregate,
                        temperature=settings.temperature, max_new_tokens=settings.max_new_tokens,
-                       words=word_ids, given=_given(task, pool, batch.ids, words), decode=_decoder(pool))
+                       words=word_ids, given=_given(task, pool, batch.ids, words), decode=_decoder(pool),
+                       target=getattr(pool, "align_target", None))
     try:
         with autocast(settings.precision, device):
             cols = strategy.fn(s)

@@ -19,6 +19,7 @@ from ..errors import RunError
 from ..tasks import TASKS, DEFAULT_EGL_SAMPLES, Task
 from ..tasks.classification import DEFAULT_TOP_CLASSES  # noqa: F401 - the runner's note on --top-classes
 from ..tasks.common import exact_dtype, grad_norms, seeded_uniform, undefined_as_nan
+from .align import TargetGradient, along, output_tangent, unlabeled_spread
 
 Columns = dict[str, torch.Tensor]
 
@@ -49,6 +50,7 @@ class StrategyInputs:
     given: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None
     words: torch.Tensor | None = None  # token classification: each token's word [B, T], -1 special
     decode: Callable[[list[int]], str] | None = None  # a text pool's tokenizer: token ids -> text
+    target: TargetGradient | None = None  # align: the target set's mean gradient (score/target.py)
     _given_targets: tuple | None = None
 
     @property
@@ -116,6 +118,32 @@ def gradnorm(s: StrategyInputs) -> Columns:
     """Gradient norm at the example's label where known, else at the predicted class."""
     _needs_labels(s, "gradnorm")  # NaN where the targets count at no position (common.no_positions)
     return {"score": undefined_as_nan(s.spec, s.targets, grad_norms(s, lambda s: [s.targets])[0])}
+
+
+@strategy("align", gradients=True)
+def align(s: StrategyInputs) -> Columns:
+    """Alignment with the --target set's mean gradient: the cosine at the example's label, else how far a label can move it."""
+    if s.target is None:
+        raise RunError("--strategy align needs --target TARGET, a labeled pool whose mean loss "
+                       "gradient the examples are aligned with")
+    z, zdot = output_tangent(s.model, s.inputs, s.layers, s.target)
+    if s.logits is None:
+        if s.check_logits is not None:
+            s.check_logits(z)
+        s.logits = z.detach()
+    given = s.given_targets()
+    known = (s.labels >= 0) if s.spec.name == "classification" else \
+        given[1] if given is not None else torch.zeros(len(s.ids), dtype=torch.bool)
+    known = known.to(z.device)
+    score = torch.full((len(s.ids),), float("nan"), dtype=torch.float64, device=z.device)
+    if known.any():  # cos(g_i, ḡ) at the given label
+        targets = s.targets
+        norms = grad_norms(s, lambda s: [s.targets])[0].to(z.device, torch.float64)
+        score = torch.where(known, along(s.spec.loss, z, zdot, targets) / (norms * s.target.norm),
+                            score)
+    if not known.all():  # sqrt(E_y[(g_i(y)·ḡ)²]) / ‖ḡ‖
+        score = torch.where(known, score, unlabeled_spread(s, z, zdot) / s.target.norm)
+    return {"score": score.to(exact_dtype(s.logits))}
 
 
 def loss_at_targets(s: StrategyInputs) -> torch.Tensor:

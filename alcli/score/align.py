@@ -1,0 +1,84 @@
+"""`--strategy align --target TARGET`: each example's exact gradient alignment with a target set
+(LESS's selection, exact, with no projection). ḡ is the mean loss gradient of TARGET's labeled
+rows over the selected parameters (target.py, float64, once per run). One forward-mode pass of the
+model along ḡ gives every example's output tangent ż_i = J_i ḡ, and the inner product of its loss
+gradient with ḡ is the loss's derivative along it, g_i·ḡ = ∂L_i/∂z_i · ż_i (no per-example
+gradient formed). Per example:
+
+  labeled:   cos(g_i, ḡ) = g_i·ḡ / (‖g_i‖ ‖ḡ‖)              ‖g_i‖: the engine's exact norm
+  unlabeled: sqrt(E_y~p[(g_i(y)·ḡ)²]) / ‖ḡ‖                   how far a label on this example can
+             move the target's loss, either way (E_y[g_i(y)] = 0 for cross-entropy, so the mean
+             alignment says nothing); classification: every class, exactly; multilabel,
+             segmentation, token classification: egl's S label sets, drawn as egl draws them.
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import torch
+from torch.func import functional_call, jvp
+
+from ..errors import RunError
+from ..gradnorm.model_io import logits_of, model_args
+from ..gradnorm.params import selection_for
+
+
+@dataclass
+class TargetGradient:
+    """ḡ over the selected parameters (float64), by their names in model.named_parameters()."""
+    vectors: dict[str, torch.Tensor]
+    norm: float
+    rows: int      # the target rows it averages
+    source: str    # the target pool, for messages
+
+
+def output_tangent(model, inputs, layers, target: TargetGradient) -> tuple[torch.Tensor, torch.Tensor]:
+    """The logits z [B, ...] and their derivative along ḡ, ż = J ḡ [B, ...], in one forward-mode
+    pass (parameters outside the selection held fixed)."""
+    selection = selection_for(model, layers)
+    primals = {n: p.detach() for n, p in zip(selection.names, selection.params)}
+    tangents = {n: target.vectors[n].to(p.dtype) for n, p in primals.items()}
+    args, kwargs = model_args(inputs)
+
+    def logits(params):
+        return logits_of(functional_call(model, params, args, kwargs))
+
+    with torch.no_grad():  # forward-mode only: no graph is kept
+        z, zdot = _jvp(logits, primals, tangents)
+    return z, zdot
+
+
+def along(loss, z: torch.Tensor, zdot: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """g_i·ḡ for each example at `targets`: the derivative of its loss along ż -> [B] float64."""
+    z64, zdot64 = z.double(), zdot.double()
+    with torch.no_grad():
+        _, d = _jvp(lambda logits: loss(logits, targets), z64, zdot64)
+    return d
+
+
+def _jvp(fn, primal, tangent):
+    """torch.func.jvp of one argument; its first call's note that it scripts a decomposition with
+    the deprecated torch.jit.script (torch's own code) is not the user's to act on."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*torch.jit.script.* is deprecated",
+                                category=FutureWarning)
+        return jvp(fn, (primal,), (tangent,))
+
+
+def unlabeled_spread(s, z: torch.Tensor, zdot: torch.Tensor) -> torch.Tensor:
+    """sqrt(E_y~p[(g(y)·ḡ)²]) per example -> [B] float64 (classification: over every class)."""
+    spec = s.spec
+    if spec.name == "classification":
+        probs = torch.softmax(z.double(), dim=1)                          # [B, C]
+        per_class = torch.stack([along(spec.loss, z, zdot, torch.full_like(probs[:, 0], c,
+                                                                           dtype=torch.long))
+                                 for c in range(z.shape[1])], dim=1)      # [B, C]
+        return (probs * per_class ** 2).sum(1).sqrt()
+    if spec.egl.__name__ != "egl_sampled" or s.egl_samples == "pseudo":
+        raise RunError(f"--strategy align on {spec.name} rows without a label is not defined "
+                       f"here; give the rows their labels (the cosine at the given label)")
+    from ..tasks.common import sampled
+    sets = sampled(spec, z, s.valid, s.ids, s.egl_samples, s.seed)       # S x [B, ...]
+    squares = torch.stack([along(spec.loss, z, zdot, t) ** 2 for t in sets])  # [S, B]
+    return squares.mean(0).sqrt()

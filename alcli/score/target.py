@@ -1,0 +1,78 @@
+"""The target set of `--strategy align`: ḡ = (1/N) Σ_j ∇L_j, the mean loss gradient of the target
+pool's N labeled rows over the parameters the strategy selects (--layers; an adapter's own), each
+batch's gradient accumulated in float64. Computed once per run, before the pool is scored."""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import nn
+
+from .. import tasks
+from ..errors import ConfigError, PoolError
+from ..files.config import Settings
+from ..gradnorm.model_io import call_model, logits_of
+from ..gradnorm.params import selection_for
+from ..tasks import TASKS
+from .align import TargetGradient
+from .runner import _given, make_loader, to_model
+
+
+def target_for(settings: Settings, model: nn.Module, device: torch.device, open_pool) -> TargetGradient | None:
+    """ḡ of `settings.target` for align (None for other strategies); `open_pool(settings)` opens a
+    pool as the run opens its own (the same transforms, tokenizer and class names)."""
+    if settings.strategy != "align":
+        if settings.target is not None:
+            raise ConfigError(f"{settings.where('target')} is read by --strategy align alone; "
+                              f"add -s align, or leave it out")
+        return None
+    if settings.target is None:
+        raise ConfigError("--strategy align needs --target POOL, a labeled pool whose mean loss "
+                          "gradient the examples are aligned with")
+    pool = open_pool(dataclasses.replace(settings, pool=settings.target))
+    task = settings.task if settings.task != "auto" else tasks.from_model(model) or "classification"
+    spec = TASKS[task]
+    if spec.rows is not None:
+        raise ConfigError(f"--strategy align needs a task whose loss alcli computes per batch; "
+                          f"{task} scores its own batches")
+    selection = selection_for(model, settings.layers)
+    total = [torch.zeros_like(p, dtype=torch.float64) for p in selection.params]
+    rows = 0
+    for batch in make_loader(pool, settings.batch_size, 0, device):
+        if batch.errors:
+            raise PoolError(f"target {settings.target}: {batch.errors[0][1]}")
+        inputs = to_model(batch.inputs, model, device, pool.to_float)
+        words = spec.words(batch, pool, inputs)
+        with torch.enable_grad():
+            logits = logits_of(call_model(model, inputs))
+            targets, known = _labels(spec, task, pool, batch, logits, words)
+            if not bool(known.all()):
+                missing = batch.ids[int((~known).nonzero()[0])]
+                raise ConfigError(f"target {settings.target}: the row '{missing}' has no label; "
+                                  f"the target's gradient is taken at its labels")
+            grads = torch.autograd.grad(spec.loss(logits, targets).sum(), selection.params,
+                                        allow_unused=True)
+        for acc, g in zip(total, grads):
+            if g is not None:
+                acc += g.double()
+        rows += len(batch.ids)
+    if rows == 0:
+        raise ConfigError(f"target {settings.target} holds no rows")
+    vectors = {n: acc / rows for n, acc in zip(selection.names, total)}
+    norm = float(torch.sqrt(sum((v * v).sum() for v in vectors.values())))
+    if norm == 0:
+        raise ConfigError(f"target {settings.target}: its mean loss gradient is zero over the "
+                          f"selected parameters, so no direction to align with")
+    return TargetGradient(vectors, norm, rows, str(settings.target))
+
+
+def _labels(spec, task: str, pool, batch, logits, words) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target rows' given labels in the loss's layout, and which rows have one."""
+    if task == "classification":
+        labels = batch.labels.to(logits.device)
+        return labels.clamp(min=0), labels >= 0
+    given = _given(task, pool, batch.ids, words)
+    if given is None:
+        return logits.new_zeros(0), torch.zeros(len(batch.ids), dtype=torch.bool)
+    targets, known = given(logits.detach())
+    return targets, known.to(logits.device)
