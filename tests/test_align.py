@@ -13,7 +13,9 @@ import torch.nn.functional as F
 from torch import nn
 
 import task_models as tm
+from alcli import tasks
 from alcli.files.config import Settings
+from alcli.gradnorm.model_io import forward_logits
 from alcli.files.pool import tensor_pool
 from alcli.gradnorm.params import selection_for
 from alcli.score.align import TargetGradient
@@ -97,35 +99,41 @@ def test_a_target_row_without_a_label_is_one_sentence():
                    lambda s: tensor_pool(torch.randn(3, 4, dtype=torch.float64), torch.tensor([0, -1, 1])))
 
 
-def test_segmentation_cosines_and_sampled_spreads_against_the_loop():
-    model = copy.deepcopy(tm.unet()).double().eval()
-    x = tm.images(4, 16).double()
+@pytest.mark.parametrize("name, task, data", [
+    ("unet", "segmentation", lambda: tm.images(4, 16).double()),
+    ("bert_tokens", "token-classification", lambda: tm.tokens(4)),
+    ("bert_multilabel", "multilabel", lambda: tm.tokens(4))])
+def test_other_tasks_cosines_and_sampled_spreads_against_the_loop(name, task, data):
+    model = copy.deepcopy(getattr(tm, name)()).double().eval()
+    x = data()
     names = selection_for(model, None).names
-    gen = torch.Generator().manual_seed(7)
     with torch.no_grad():
-        z = model(x)
-    masks = torch.randint(0, z.shape[1], (4, 16, 16), generator=gen)
-    masks[0, :3] = tm.IGNORE
+        z = forward_logits(model, x)
+    labels = tasks.sampled(task, z, tasks.valid_positions(task, z, x), list(range(4)), 1, 9)[0]
     known = torch.tensor([True, True, False, False])
-    seg = lambda logits, t: tm.oracle_loss("segmentation", logits, t)  # noqa: E731
-    gbar = torch.stack([flat_grad(model, seg(model(tm._one(x, j))[:1], masks[j:j + 1]), names)
-                        for j in range(2)]).mean(0)
+
+    def loss(i, t):  # example i's loss at targets t (its own row), float64, alone
+        out = model(**tm._one(x, i)) if isinstance(x, dict) else model(tm._one(x, i))
+        return tm.oracle_loss(task, tm._logits(out)[:1], t)
+
+    gbar = torch.stack([flat_grad(model, loss(j, labels[j:j + 1]), names) for j in range(2)]).mean(0)
+    unknown = torch.full_like(labels, tm.IGNORE) if task != "multilabel" else labels
     s = StrategyInputs(model=model, inputs=x, labels=torch.full((4,), -1), logits=None,
-                       ids=[f"s{i}" for i in range(4)], task="segmentation", egl_samples=3,
-                       given=lambda logits: (torch.where(known[:, None, None], masks, tm.IGNORE), known),
+                       ids=[f"s{i}" for i in range(4)], task=task, egl_samples=3,
+                       given=lambda logits: (torch.where(known.view(-1, *[1] * (labels.dim() - 1)),
+                                                         labels, unknown), known),
                        target=as_target(gbar, model, names))
     got = STRATEGIES["align"].fn(s)["score"]
     sets = sampled(s.spec, z, s.valid, s.ids, 3, 0)
     want = torch.empty(4, dtype=torch.float64)
     for i in range(4):
-        def dot(t):
-            return flat_grad(model, seg(model(tm._one(x, i))[:1], t[i:i + 1]), names) @ gbar
         if known[i]:
-            gi = flat_grad(model, seg(model(tm._one(x, i))[:1], masks[i:i + 1]), names)
+            gi = flat_grad(model, loss(i, labels[i:i + 1]), names)
             want[i] = gi @ gbar / (gi.norm() * gbar.norm())
         else:
-            want[i] = torch.stack([dot(t) ** 2 for t in sets]).mean().sqrt() / gbar.norm()
-    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-13)
+            dots = [flat_grad(model, loss(i, t[i:i + 1]), names) @ gbar for t in sets]
+            want[i] = torch.stack(dots).square().mean().sqrt() / gbar.norm()
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-14)
 
 
 def test_align_from_the_command_line(tmp_path):

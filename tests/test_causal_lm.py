@@ -450,3 +450,48 @@ def test_select_pairwise_hands_a_prompt_and_two_completions_to_label_studio(ws, 
         result = invoke_in(ws, "select", *args, "-n", "2", "--pairwise", "-o", tmp_path / "out.json")
         assert_one_error(result, words, str(args))
         assert "--pairwise" in result.stderr and not (tmp_path / "out.json").exists(), args
+
+
+def row_gradients(model, tok, rows, only=None) -> torch.Tensor:
+    """[N, P] float64: each row's own loss gradient (as `oracle` takes it), flattened."""
+    m = model.double().eval()
+    params = [p.requires_grad_() for n, p in m.named_parameters() if (only(n) if only else p.requires_grad)]
+    out = []
+    for row in rows:
+        enc, scored = answer_tokens(tok, row)
+        ids = torch.tensor([enc["input_ids"]])
+        logits = m(input_ids=ids).logits[0]
+        loss = F.cross_entropy(logits[[t - 1 for t in scored]], ids[0, scored])
+        grads = torch.autograd.grad(loss, params, allow_unused=True)
+        out.append(torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1)
+                              for g, p in zip(grads, params)]))
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("name", ["gpt2-right", "lora"])
+def test_align_is_the_cosine_with_the_targets_mean_gradient(ws, name):
+    """Issue 54: --strategy align on prompt + response rows (a LoRA adapter over its own
+    parameters), against each row's float64 gradient and the target rows' mean, formed here."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    base = "llama-left" if name == "lora" else name
+    pool, pool_rows = answered(ws, base)
+    model_dir, only = name, None
+    if name == "lora":
+        import warnings
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model_dir, only = make_adapter(ws, base).name, (lambda n: "lora_" in n)
+    target_rows = pool_rows[::2]
+    (ws / f"target-{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in target_rows))
+    rows = by_id(score_in(ws, pool, "-m", model_dir, "-s", "align", "--target", f"target-{name}.jsonl",
+                          "-b", "4", "--no-embeddings").stdout)
+    tok = AutoTokenizer.from_pretrained(ws / base)
+    model = AutoModelForCausalLM.from_pretrained(ws / base)
+    if name == "lora":
+        from peft import PeftModel
+        model = PeftModel.from_pretrained(model, str(ws / model_dir))
+    g = row_gradients(model, tok, pool_rows, only)
+    gbar = row_gradients(model, tok, target_rows, only).mean(0)
+    want = (g @ gbar / (g.norm(dim=1) * gbar.norm())).tolist()
+    for row, w in zip(pool_rows, want):
+        assert abs(float(rows[row["id"]]["score"]) - w) <= 1e-5, (row["id"], w)

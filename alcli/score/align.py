@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 from torch.func import functional_call, jvp
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ..errors import RunError
 from ..gradnorm.model_io import logits_of, model_args
@@ -44,7 +45,9 @@ def output_tangent(model, inputs, layers, target: TargetGradient) -> tuple[torch
     def logits(params):
         return logits_of(functional_call(model, params, args, kwargs))
 
-    with torch.no_grad():  # forward-mode only: no graph is kept
+    # forward-mode only, so no graph is kept; attention on its math kernel, the one with forward AD
+    # (the fused flash and memory-efficient kernels have none)
+    with torch.no_grad(), sdpa_kernel([SDPBackend.MATH]):
         z, zdot = _jvp(logits, primals, tangents)
     return z, zdot
 

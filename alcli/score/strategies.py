@@ -131,10 +131,7 @@ def align(s: StrategyInputs) -> Columns:
         if s.check_logits is not None:
             s.check_logits(z)
         s.logits = z.detach()
-    given = s.given_targets()
-    known = (s.labels >= 0) if s.spec.name == "classification" else \
-        given[1] if given is not None else torch.zeros(len(s.ids), dtype=torch.bool)
-    known = known.to(z.device)
+    known = _labeled(s).to(z.device)
     score = torch.full((len(s.ids),), float("nan"), dtype=torch.float64, device=z.device)
     if known.any():  # cos(g_i, ḡ) at the given label
         targets = s.targets
@@ -144,6 +141,16 @@ def align(s: StrategyInputs) -> Columns:
     if not known.all():  # sqrt(E_y[(g_i(y)·ḡ)²]) / ‖ḡ‖
         score = torch.where(known, score, unlabeled_spread(s, z, zdot) / s.target.norm)
     return {"score": score.to(exact_dtype(s.logits))}
+
+
+def _labeled(s: StrategyInputs) -> torch.Tensor:
+    """[B] bool: the rows scored at a label of their own (a causal LM's: its answer, each)."""
+    if s.spec.name == "classification":
+        return s.labels >= 0
+    if not s.spec.given_labels:
+        return torch.ones(len(s.ids), dtype=torch.bool)
+    given = s.given_targets()
+    return given[1] if given is not None else torch.zeros(len(s.ids), dtype=torch.bool)
 
 
 def loss_at_targets(s: StrategyInputs) -> torch.Tensor:

@@ -16,6 +16,7 @@ from ..gradnorm.params import selection_for
 from ..tasks import TASKS
 from .align import TargetGradient
 from .runner import _given, make_loader, to_model
+from .strategies import StrategyInputs
 
 
 def target_for(settings: Settings, model: nn.Module, device: torch.device, open_pool) -> TargetGradient | None:
@@ -35,6 +36,9 @@ def target_for(settings: Settings, model: nn.Module, device: torch.device, open_
     if spec.rows is not None:
         raise ConfigError(f"--strategy align needs a task whose loss alcli computes per batch; "
                           f"{task} scores its own batches")
+    unanswered = spec.unanswered(pool, "align") if spec.unanswered is not None else None
+    if unanswered:
+        raise ConfigError(f"target {settings.target}: {unanswered}")
     selection = selection_for(model, settings.layers)
     total = [torch.zeros_like(p, dtype=torch.float64) for p in selection.params]
     rows = 0
@@ -45,7 +49,7 @@ def target_for(settings: Settings, model: nn.Module, device: torch.device, open_
         words = spec.words(batch, pool, inputs)
         with torch.enable_grad():
             logits = logits_of(call_model(model, inputs))
-            targets, known = _labels(spec, task, pool, batch, logits, words)
+            targets, known = _labels(spec, task, pool, batch, inputs, logits, words)
             if not bool(known.all()):
                 missing = batch.ids[int((~known).nonzero()[0])]
                 raise ConfigError(f"target {settings.target}: the row '{missing}' has no label; "
@@ -66,11 +70,16 @@ def target_for(settings: Settings, model: nn.Module, device: torch.device, open_
     return TargetGradient(vectors, norm, rows, str(settings.target))
 
 
-def _labels(spec, task: str, pool, batch, logits, words) -> tuple[torch.Tensor, torch.Tensor]:
-    """The target rows' given labels in the loss's layout, and which rows have one."""
+def _labels(spec, task: str, pool, batch, inputs, logits, words) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target rows' given labels in the loss's layout, and which rows have one (a causal LM's
+    are its rows' answers, checked by `unanswered` for the whole pool)."""
     if task == "classification":
         labels = batch.labels.to(logits.device)
         return labels.clamp(min=0), labels >= 0
+    if not spec.given_labels:
+        s = StrategyInputs(model=None, inputs=inputs, labels=batch.labels, logits=logits.detach(),
+                           ids=batch.ids, task=task, words=None if words is None else words[0])
+        return spec.targets(s), torch.ones(len(batch.ids), dtype=torch.bool, device=logits.device)
     given = _given(task, pool, batch.ids, words)
     if given is None:
         return logits.new_zeros(0), torch.zeros(len(batch.ids), dtype=torch.bool)
