@@ -58,6 +58,7 @@ class SelectPlan:
     diverse: bool = False  # --diverse asked for, or by default with the embeddings at hand
     look_up: str | None = None  # the embeddings file the table lacks, looked up by its rows
     notes: list[str] = field(default_factory=list)  # warnings for people
+    folder: str | None = None  # the folder of a table read from a file: its pred_mask paths' base
 
 
 @dataclass
@@ -82,6 +83,7 @@ def prepare(settings: Settings, source: str | None, score_first: bool,
     plan = SelectPlan()
     if source not in (None, "-"):
         plan.meta = read_meta(sidecar(source, "meta.json")) or {}
+        plan.folder = os.path.dirname(os.path.abspath(source))
     if settings.exclude:
         try:
             plan.exclusions = read_exclusion_files(settings.exclude)
@@ -235,6 +237,7 @@ def pick(settings: Settings, rows: list[dict], plan: SelectPlan, *, embeddings=N
         chosen, available = _chosen(settings, plan, kept, notes, embeddings)
         if plan.exclusions and not settings.quiet:  # advice, not a problem: -q drops it
             notes.extend(_cold_start_note(settings, ranked, len(excluded)))
+    chosen = table_paths(chosen, plan.folder)
     picked = Picked(chosen, available, notes, plan.meta)
     picked.task = export_task(settings, plan.meta, chosen)
     picked.class_names = class_names(settings, plan.meta, picked.task, ranked)
@@ -252,6 +255,18 @@ def pick(settings: Settings, rows: list[dict], plan: SelectPlan, *, embeddings=N
         paths = image_files(chosen, settings, pool, plan.meta)
         picked.notes.extend(draw_sheet(chosen, paths, settings))
     return picked
+
+
+def table_paths(rows: list[dict], folder: str | None) -> list[dict]:
+    """The rows with a relative `pred_mask` (segmentation's predicted mask, which `score` names
+    relative to the table's folder, as a manifest's paths are) joined to `folder`, the table's:
+    the hand-offs (Label Studio's brushes, the batch written) read it from any working folder.
+    Rows not read from a file (`folder` None) are left as they are."""
+    if folder is None:
+        return rows
+    return [{**r, "pred_mask": os.path.join(folder, r["pred_mask"])}
+            if isinstance(r.get("pred_mask"), str) and r["pred_mask"] and not os.path.isabs(r["pred_mask"])
+            else r for r in rows]
 
 
 def _unopenable(rows: list[dict]) -> list[str]:

@@ -171,9 +171,11 @@ def uncertainty(s, name: str) -> dict:
 
 
 def columns(s, score: torch.Tensor):
-    """No pred; the mean probability of the predicted next token over the scored positions; the
-    loss at the answers (NaN without one)."""
-    return torch.zeros_like(score), confidence(TASK, s.logits, s.valid), position_loss(s), []
+    """No pred; the mean probability of the predicted next token over the scored positions (a
+    prompt without an answer: the top probability after its last token, what it would say
+    first); the loss at the answers (NaN without one)."""
+    return (torch.zeros_like(score), confidence(TASK, s.logits, scored_or_last(s.valid, s.inputs)),
+            position_loss(s), [])
 
 
 def perplexity(s, loss: torch.Tensor | None) -> dict:

@@ -13,9 +13,12 @@ batched as Faster R-CNN's (alcli.tasks.rcnn: the keypoint head at each image's p
 its term normalised over that image's valid keypoints).
 
 Rows are detection's (score, pred: the instances' classes, confidence, loss, uncertain, boxes,
-width, height) and `keypoints`: per pseudo-label instance its K keypoints [x, y, score], JSON.
---class-names names the keypoints (in the model's order), which Label Studio's KeyPointLabels
-lists: one `keypointlabels` region per keypoint of every instance, x and y in percent of the image.
+width, height) and `keypoints`: per pseudo-label instance its K keypoints [x, y, score], JSON, the
+score torchvision's (the logit at the peak of the keypoint's heatmap).
+--class-names names the keypoints (in the model's order; as many names as the keypoint head
+predicts, checked at the first batch, not against the classes), which Label Studio's
+KeyPointLabels lists: one `keypointlabels` region per keypoint of every instance, x and y in
+percent of the image, its score the sigmoid of the heatmap logit (0..1; `point_score`).
 """
 from __future__ import annotations
 
@@ -25,7 +28,7 @@ import math
 import torch
 from torch import nn
 
-from ..errors import RunError
+from ..errors import ConfigError, RunError
 from . import detection
 from .common import Task
 from .labelstudio import _json_list, _loose_list, _named, _size, class_index, names_control
@@ -43,6 +46,35 @@ def not_a_keypoint_detector(model: nn.Module) -> str | None:
         return (f"--task keypoints needs a keypoint detector (torchvision's Keypoint R-CNN, --arch "
                 f"torchvision:keypointrcnn_resnet50_fpn), and the model is a {type(model).__name__}")
     return None
+
+
+def keypoint_count(model: nn.Module) -> int | None:
+    """How many keypoints the model's keypoint head predicts per instance (None: not known)."""
+    predictor = getattr(getattr(model, "roi_heads", None), "keypoint_predictor", None)
+    count = getattr(predictor, "out_channels", None)
+    if count is None:
+        count = getattr(getattr(predictor, "kps_score_lowres", None), "out_channels", None)
+    return count if isinstance(count, int) else None
+
+
+def model_classes(model: nn.Module) -> None:
+    """No class count for the pre-flight to hold the names to: --class-names names the
+    keypoints, not the classes (`rows` checks them against the keypoint count)."""
+    return None
+
+
+def check_names(model: nn.Module, names, settings) -> None:
+    """--class-names (the pool's names) must name each keypoint the head predicts: one sentence
+    when their count differs."""
+    count = keypoint_count(model)
+    if names is None or count is None or len(names) == count:
+        return
+    where = settings.where("class_names") if hasattr(settings, "where") else "--class-names"
+    source = getattr(settings, "class_names", None)
+    shown = ", ".join(map(str, names[:5])) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    raise ConfigError(f"{where}{f' {source}' if source else ''} names {len(names)} keypoints "
+                      f"({shown}), but the model's keypoint head predicts {count}; for --task "
+                      f"keypoints the names name the keypoints, one a line in the model's order")
 
 
 EXTRA = ("keypoints", "keypoints_scores")  # the per-instance fields beside boxes, labels and scores
@@ -64,6 +96,7 @@ def rows(model: nn.Module, images: list[torch.Tensor], ids: list, settings, name
     if settings.strategy not in detection.UTILITIES:
         raise RunError(f"--strategy {settings.strategy} is not defined for --task keypoints; "
                        f"use one of {', '.join(detection.UTILITIES)}")
+    check_names(model, names, settings)
     found, scores, losses = detection.scored(settings.strategy, model, images, ids, settings, EXTRA, target)
     return detection.rows_of(images, found, ids, scores, losses, settings, None,
                              keep=kept, extra=_keypoints_column)
@@ -88,9 +121,20 @@ def _points(row, n) -> list:
     return instances
 
 
+def point_score(logit: float) -> float:
+    """A keypoint's pre-label score in 0..1: the sigmoid of its heatmap logit (the table's
+    score, torchvision's keypoints_scores), computed without overflow at either end. Monotone in
+    the logit (the order of the keypoints is the model's), not a calibrated probability."""
+    if logit >= 0:
+        return 1.0 / (1.0 + math.exp(-logit))
+    e = math.exp(logit)
+    return e / (1.0 + e)
+
+
 def prelabels(row, n, tag, names, ref) -> list[dict]:
     """Each keypoint k of each instance j as a `keypointlabels` region named names[k], at its x, y
-    in percent of the image (clipped to it), with the image's size in pixels and its score."""
+    in percent of the image (clipped to it), with the image's size in pixels and its score in
+    0..1 (`point_score` of the row's heatmap logit)."""
     w, h = (_size(row, n, key) for key in ("width", "height"))
     out = []
     for j, points in enumerate(_points(row, n)):
@@ -101,7 +145,7 @@ def prelabels(row, n, tag, names, ref) -> list[dict]:
             x, y = min(max(x, 0.0), w), min(max(y, 0.0), h)
             out.append(tag.region(f"alcli-{n}-{j}-{k}", "keypointlabels", {
                 "x": 100.0 * x / w, "y": 100.0 * y / h, "width": POINT_WIDTH, "keypointlabels": [name]},
-                original_width=w, original_height=h, image_rotation=0, score=float(score)))
+                original_width=w, original_height=h, image_rotation=0, score=point_score(float(score))))
     return out
 
 
@@ -144,6 +188,6 @@ TASK = Task(
     from_annotation=_points_back,
     names_classes=False,  # --class-names names the keypoints
     sized_images=True, model_kind="a keypoint detector", needs_model=not_a_keypoint_detector,
-    model_classes=detection.classes, predict=detection.predict, rows=rows, method=detection.method,
+    model_classes=model_classes, predict=detection.predict, rows=rows, method=detection.method,
     gradient_utilities=detection.GRADIENT_UTILITIES,
 )

@@ -5,7 +5,8 @@ whose masks are 16-bit), resized and cropped as the images are. Its rows
 show the classes predicted at any pixel, joined by |. Label Studio: a BrushLabels config (torchvision's
 class 0, background, not offered: unpainted pixels are it), brush pre-labels from a row's
 `pred_mask` (a PNG of class indices at the original image's size; `score` writes it as
-OUTPUT.masks/<files/names.id_file>), and annotations read back as
+OUTPUT.masks/<files/names.id_file>, and the row names it relative to the table's folder, as a
+manifest's paths are: `select` and `push` read it from there), and annotations read back as
 such a PNG (unpainted pixels: background where class 0 is it, else the ignore value).
 """
 from __future__ import annotations
@@ -95,7 +96,9 @@ def _read(value, where, i, logits, pool, words) -> torch.Tensor:
 
 def _brushes(row, n, tag, names, ref) -> list[dict]:
     """The row's `pred_mask` (a PNG of class indices at the original image's size; none: no
-    pre-label) as one brush region per class painted in it (background and 255 left out)."""
+    pre-label) as one brush region per class painted in it (background and 255 left out). A
+    relative path is the table's (selection.pick joins it to the table's folder when it reads
+    one); rows in memory keep it as given."""
     path = row.get("pred_mask")
     if not path:
         return []
@@ -131,7 +134,9 @@ def _nearest(m: np.ndarray, size: tuple[int, int]) -> np.ndarray:
 
 def _write_masks(logits: torch.Tensor, rows: list[dict], paths, folder: str) -> None:
     """logits [B, C, H, W] -> each row's predicted mask (argmax, class indices) resized (nearest)
-    to its image's original size (nearest: `_nearest`), written as folder/ID.png; the row's `pred_mask` is its path."""
+    to its image's original size (nearest: `_nearest`), written as folder/<id_file>; the row's
+    `pred_mask` is its path relative to the table's folder (`folder` is the table's sidecar
+    OUTPUT.masks, beside it): OUTPUT.masks/<id_file>."""
     labels = logits.argmax(1).to(torch.int32).cpu().numpy()  # [B, H, W]
     dtype = mask_dtype(logits.shape[1])
     try:
@@ -144,12 +149,13 @@ def _write_masks(logits: torch.Tensor, rows: list[dict], paths, folder: str) -> 
                 size = img.size  # (width, height)
         except Exception as err:  # noqa: BLE001 - any unreadable image is a sentence naming it
             raise PoolError(f"{path}: cannot read its size for the predicted mask ({first_line(err)})") from None
-        out = os.path.join(folder, id_file(row["id"], ".png"))
+        name = id_file(row["id"], ".png")
+        out = os.path.join(folder, name)
         try:
             Image.fromarray(_nearest(m, size).astype(dtype)).save(out)
         except OSError as err:
             raise RunError(f"cannot write the predicted mask {out} ({first_line(err)})") from None
-        row["pred_mask"] = out
+        row["pred_mask"] = os.path.join(os.path.basename(os.path.normpath(folder)), name)  # the table's folder's
 
 
 def _painted(regions, names) -> dict:
