@@ -15,7 +15,7 @@ from .options import (
     DiverseClusters, DiverseMode, EglSamples, Ema, Exclude, FromName, Grayscale, IdColumn,
     ImageColumn, ImageDir, ImageRoot, LabelColumn, LabelsFromFolders, LabelStudioConfig, Layers,
     LogFormat, MaxLength, Method, Model, Normalize, Null, Pairwise, PerClass, Precision, ProgressEvery,
-    Quiet, ReadEmbeddings, Resize, Sampling, SamplingBeta, Seed, SelectFormat, SelectOutput,
+    Quiet, ReadEmbeddings, Resize, Sampling, SamplingBeta, Seed, Target, SelectFormat, SelectOutput,
     Split, Strategy, Task, TextColumnOpt, TextWidth, ToName, TopClasses, Trust, TrustRemoteCode,
     Typical, Verbose, Workers, under)
 
@@ -71,7 +71,7 @@ def select(
     model: scoring(Model) = None, arch: scoring(Arch) = None,
     arch_kwargs: scoring(ArchKwargs) = None, ema: scoring(Ema) = False,
     trust_checkpoint: scoring(Trust) = False, trust_remote_code: scoring(TrustRemoteCode) = False,
-    task: scoring(Task) = None, strategy: scoring(Strategy) = None,
+    task: scoring(Task) = None, strategy: scoring(Strategy) = None, target: scoring(Target) = None,
     top_classes: scoring(TopClasses) = None, egl_samples: scoring(EglSamples) = None,
     aggregate: scoring(Aggregate) = None, box_threshold: scoring(BoxThreshold) = None,
     temperature: scoring(Temperature) = None, max_new_tokens: scoring(MaxNewTokens) = None,
@@ -147,7 +147,7 @@ def select(
 # `select` options that only matter when it scores the pool itself
 SCORING_FLAGS = ("arch", "arch_kwargs", "trust_checkpoint", "trust_remote_code", "ema",
                  "text_column", "image_column", "id_column", "label_column", "split",
-                 "max_length", "text_width", "labels_from_folders", "strategy", "task",
+                 "max_length", "text_width", "labels_from_folders", "strategy", "target", "task",
                  "egl_samples", "aggregate", "temperature", "max_new_tokens", "box_threshold", "top_classes", "layers", "method",
                  "compile", "precision", "decode", "batch_size", "device", "workers", "resize",
                  "center_crop", "grayscale", "normalize")
