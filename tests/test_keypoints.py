@@ -164,7 +164,8 @@ def test_keypointlabels_one_region_per_keypoint_in_percent(model):
             assert region["value"]["keypointlabels"] == [NAMES[k]]
             assert region["value"]["x"] == pytest.approx(100 * min(max(x, 0), w) / w)
             assert region["value"]["y"] == pytest.approx(100 * min(max(y, 0), h) / h)
-            assert (region["original_width"], region["original_height"], region["score"]) == (w, h, s)
+            assert (region["original_width"], region["original_height"]) == (w, h)
+            assert region["score"] == pytest.approx(1 / (1 + math.exp(-s)), rel=1e-12)  # sigmoid
     bare = to_labelstudio(rows, None, "m", task="keypoints")
     assert all(t["predictions"][0]["result"] == [] for t in bare)
     assert unnamed(rows, None, "keypoints") == 2 and unnamed(rows, NAMES, "keypoints") == 0
