@@ -21,7 +21,7 @@ from typer.core import TyperCommand, TyperGroup
 
 from .commands import inspect, merge, pull, push, score, select, simulate
 from .commands.shared import rank0
-from .errors import AlcliError
+from .errors import AlcliError, torchvision_mismatch
 from .version import __version__
 
 try:  # recent Typer carries its own copy of click
@@ -84,6 +84,12 @@ class _Alcli(TyperGroup):
         except _ClosedPipe:  # the reader of stdout went away (`| head`): quiet, like grep and jq
             _silence_stdout()
             code = 141
+        except Exception as err:  # noqa: BLE001 - a torchvision built for another torch, in one sentence
+            mismatch = torchvision_mismatch(err)
+            if mismatch is None:
+                raise
+            sys.stderr.write(f"alcli: error: {_printable(mismatch)}\n")
+            code = 1
         sys.exit(code if isinstance(code, int) else 0)
 
 

@@ -13,6 +13,7 @@ read once, up front, and kept here. Scoring and choosing are `score`'s and `sele
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import json
@@ -20,7 +21,9 @@ import math
 import os
 import re
 import shlex
+import signal
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -272,35 +275,111 @@ def simulate(base: Settings, plan: Plan, say=lambda line: None, warn=None) -> li
     pool_labels(base, plan.eval_pool, "the eval pool")  # labeled, before any training
     make_folder(plan.workdir, f"the work folder {plan.workdir}")
     same_plan(plan)
+    kept, total = kept_rounds(plan, ids), len(plan.seeds) * len(plan.strategies) * (plan.rounds + 1)
+    if kept:
+        say(f"resuming from the work folder {plan.workdir}: {kept} of the {total} rounds are "
+            f"finished there and kept, not rerun")
     rows: list[dict] = []
-    for seed in plan.seeds:
-        start = np.random.default_rng(seed).choice(len(ids), plan.init, replace=False)
-        for strategy in plan.strategies:
-            labeled = [ids[i] for i in sorted(start.tolist())]  # the same start for every strategy
-            for r in range(plan.rounds + 1):
-                where = plan.workdir / strategy / f"seed{seed}" / f"round{r}"
-                done = finished(where, labeled, ids, plan.budget, warn)
-                if done is None:
-                    model = train(plan, where, labeled, ids, labels, paths, strategy, seed, r)
-                    acc = accuracy(base, plan.eval_pool, model)
-                    began = time.perf_counter()
-                    picked = choose(base, plan, model, strategy, seed, labeled) \
-                        if r < plan.rounds else []
-                    done = {"labels": len(labeled), "accuracy": acc, "picked": picked,
-                            "score_s": time.perf_counter() - began if r < plan.rounds else None}
-                    replaceable(where / DONE)
-                    with atomic_open(where / DONE, "w") as f:  # last: the round's mark
-                        json.dump(done, f)
-                    model.unlink()  # labeled.csv and train.log stay; checkpoints can be large
-                    say(f"{strategy} seed {seed} round {r}: {len(labeled)} labels, "
-                        f"accuracy {100 * acc:.1f}%")
-                rows.append({"strategy": strategy, "seed": seed, "round": r,
-                             "labels": done["labels"], "accuracy": done["accuracy"],
-                             "score_s": done["score_s"]})
-                if plan.output:
-                    write_curves(rows, plan.output)
-                labeled = labeled + done["picked"]
+    ran = 0  # rounds finished by this run
+    strategy, seed, r = plan.strategies[0], plan.seeds[0], 0
+    try:
+        with _sigterm_stops():
+            for seed in plan.seeds:
+                for strategy in plan.strategies:
+                    labeled = first_labeled(plan, ids, seed)  # the same start for every strategy
+                    for r in range(plan.rounds + 1):
+                        done = _round(base, plan, ids, labels, paths, strategy, seed, r, labeled,
+                                      say, warn)
+                        ran += done.pop("_ran")
+                        rows.append({"strategy": strategy, "seed": seed, "round": r,
+                                     "labels": done["labels"], "accuracy": done["accuracy"],
+                                     "score_s": done["score_s"]})
+                        if plan.output:
+                            write_curves(rows, plan.output)
+                        labeled = labeled + done["picked"]
+    except KeyboardInterrupt as err:  # Ctrl-C (or SIGTERM, stopped): say what is kept
+        code = getattr(err, "exit_code", 130)
+        name = signal.Signals(code - 128).name if 128 < code < 128 + signal.NSIG else "a signal"
+        n = kept + ran
+        raise Stopped(f"stopped by {name} in round {r} (strategy {strategy}, seed {seed}); "
+                      f"{n} finished round{'' if n == 1 else 's'} of {total} "
+                      f"{'is' if n == 1 else 'are'} kept in the work folder {plan.workdir}: run "
+                      f"the same command again to go on from there", code) from None
     return rows
+
+
+class Stopped(KeyboardInterrupt):
+    """simulate stopped by a signal; the message says what the work folder keeps. (A
+    KeyboardInterrupt, which the CLI prints and turns into exit 128 + the signal's number.)"""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+@contextlib.contextmanager
+def _sigterm_stops():
+    """SIGTERM stops the run as Ctrl-C does (a KeyboardInterrupt, exit 143), so that it is said
+    what the work folder keeps; in the main thread only, where signal handlers can be set."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise Stopped("", 128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def first_labeled(plan: Plan, ids: list[str], seed: int) -> list[str]:
+    """The seed's `init` random ids, in pool order: every strategy's round 0."""
+    start = np.random.default_rng(seed).choice(len(ids), plan.init, replace=False)
+    return [ids[i] for i in sorted(start.tolist())]
+
+
+def kept_rounds(plan: Plan, ids: list[str]) -> int:
+    """How many rounds of the plan the work folder holds finished (each reached through the
+    finished rounds before it), which a run reuses; damaged ones are warned about when reached."""
+    n = 0
+    for seed in plan.seeds:
+        for strategy in plan.strategies:
+            labeled = first_labeled(plan, ids, seed)
+            for r in range(plan.rounds + 1):
+                done = finished(plan.workdir / strategy / f"seed{seed}" / f"round{r}", labeled,
+                                ids, plan.budget)
+                if done is None:
+                    break
+                n += 1
+                labeled = labeled + done["picked"]
+    return n
+
+
+def _round(base: Settings, plan: Plan, ids, labels, paths, strategy: str, seed: int, r: int,
+           labeled: list[str], say, warn) -> dict:
+    """The round's record: the work folder's, where it finished, else the round run now
+    (`_ran`: 1 when it was run)."""
+    where = plan.workdir / strategy / f"seed{seed}" / f"round{r}"
+    done = finished(where, labeled, ids, plan.budget, warn)
+    if done is not None:
+        return {**done, "_ran": 0}
+    model = train(plan, where, labeled, ids, labels, paths, strategy, seed, r)
+    acc = accuracy(base, plan.eval_pool, model)
+    began = time.perf_counter()
+    picked = choose(base, plan, model, strategy, seed, labeled) \
+        if r < plan.rounds else []
+    done = {"labels": len(labeled), "accuracy": acc, "picked": picked,
+            "score_s": time.perf_counter() - began if r < plan.rounds else None}
+    replaceable(where / DONE)
+    with atomic_open(where / DONE, "w") as f:  # last: the round's mark
+        json.dump(done, f)
+    model.unlink()  # labeled.csv and train.log stay; checkpoints can be large
+    say(f"{strategy} seed {seed} round {r}: {len(labeled)} labels, "
+        f"accuracy {100 * acc:.1f}%")
+    return {**done, "_ran": 1}
 
 
 DONE = "done.json"  # a finished round: its accuracy, the ids it picked, its scoring time

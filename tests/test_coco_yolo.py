@@ -62,7 +62,7 @@ def test_yolo_files_give_the_boxes_back_to_the_pixel(tmp_path):
     table = write_table(tmp_path / "det.csv", ROWS, {"task": "detection", "class_names": NAMES})
     ok(invoke_in(tmp_path, "select", table, "-n", 3, "--no-diverse", "-f", "yolo", "-o", "out"))
     out = tmp_path / "out"
-    assert (out / "images.txt").read_text().split() == [r["id"] for r in ROWS]
+    assert (out / "images.txt").read_text().split() == ["./images/" + r["id"] for r in ROWS]
     yaml = (out / "data.yaml").read_text()
     assert 'names:\n  0: "cat"\n  1: "dog"\n' in yaml
     for row in ROWS:

@@ -30,12 +30,14 @@ EPILOG = """The training command's contract:
   any other {name} is refused
 It runs in a shell, in the current folder, each placeholder replaced by
 its value quoted as one word (do not quote placeholders yourself: a
-quoted one is refused); a non-zero exit stops the simulation. Each round's labeled.csv and
-train.log stay in --workdir; checkpoints are removed once used.
+quoted one is refused); a non-zero exit stops the simulation. Each
+round's labeled.csv and train.log stay in --workdir; checkpoints are
+removed once used.
 Run again with the same --workdir and settings, a finished round is
-not rerun: more seeds or strategies extend it, a crash resumes, and
-processes run by seed with one --workdir merge into one table when
-the command is run once more with all the seeds.
+not rerun (it says how many it keeps): more seeds or strategies extend
+it, a crash or Ctrl-C resumes, and processes run by seed with one work
+folder merge into one table when the command is run once more with
+all the seeds.
 
 Examples:
 

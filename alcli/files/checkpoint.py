@@ -16,8 +16,10 @@ the working directory or in the config's folder is code that came with the files
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import importlib.util
+import inspect
 import os
 import sys
 import warnings
@@ -27,7 +29,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..errors import CheckpointError, first_line
+from ..errors import CheckpointError, first_line, torchvision_mismatch
 from .config import shown
 
 NESTING_KEYS = ("state_dict", "model_state_dict", "model", "module", "net", "weights")
@@ -279,7 +281,13 @@ def build_arch(spec: str, kwargs: dict, *, trust: bool = False,
         raise CheckpointError(f"arch '{spec}' must be torchvision:NAME, timm:NAME or "
                               f"package.module:callable")
     if source == "torchvision":
-        import torchvision  # only for torchvision: archs; its import takes about 2 s
+        try:
+            import torchvision  # only for torchvision: archs; its import takes about 2 s
+        except Exception as err:  # noqa: BLE001 - a torchvision built for another torch
+            mismatch = torchvision_mismatch(err)
+            if mismatch is None:
+                raise
+            raise CheckpointError(mismatch) from None
         if name not in torchvision.models.list_models():
             raise CheckpointError(f"arch '{spec}': torchvision has no model named '{name}'")
         # segmentation and detection models would fetch ImageNet backbone weights unless told not to
@@ -288,10 +296,11 @@ def build_arch(spec: str, kwargs: dict, *, trust: bool = False,
                 torchvision.models.list_models(torchvision.models.detection):
             no_download["weights_backbone"] = None
         factory = lambda **kw: torchvision.models.get_model(name, **{**no_download, **kw})  # noqa: E731
+        builder = torchvision.models.get_model_builder(name)
     elif source == "timm":
-        factory = _timm_factory(spec, name)
+        factory, builder = _timm_factory(spec, name), None  # timm's create_model takes many of its own
     else:
-        factory = _import_callable(spec, source, name, trust, config_dir)
+        factory = builder = _import_callable(spec, source, name, trust, config_dir)
     try:
         model = factory(**kwargs)
     except Exception as err:  # noqa: BLE001 - user code can raise anything
@@ -299,7 +308,61 @@ def build_arch(spec: str, kwargs: dict, *, trust: bool = False,
                               f"({_described(err)})") from None
     if not isinstance(model, nn.Module):
         raise CheckpointError(f"arch '{spec}' returned a {type(model).__name__}, not a torch.nn.Module")
+    taken = arch_keywords(builder) if builder is not None and kwargs else None
+    unknown = [k for k in kwargs if taken is not None and k not in taken]
+    if unknown:
+        hints = [f"{k} (did you mean {close[0]}?)" if close else k for k in unknown
+                 for close in [difflib.get_close_matches(k, sorted(taken), n=1, cutoff=0.6)]]
+        warnings.warn(f"arch '{spec}' takes no argument {', '.join(hints)}; "
+                      f"{type(model).__name__} was built without {'it' if len(unknown) == 1 else 'them'} "
+                      f"(arch_kwargs {shown(kwargs)})", stacklevel=2)
     return model
+
+
+def arch_keywords(builder) -> set[str] | None:
+    """The keyword arguments an --arch callable takes, where that can be known: its own named
+    parameters and, where it passes **kwargs on (torchvision's builders do, to the model class),
+    those of the class it is annotated to return and of its bases' __init__, up to the first that
+    takes no **kwargs; torchvision's detectors hand the rest to their GeneralizedRCNNTransform,
+    which ignores what it does not know. None where the chain ends open (nn.Module's own *args)."""
+    names, more = _parameters(builder)
+    if not more:
+        return names
+    cls = builder if isinstance(builder, type) else _returned_class(builder)
+    if cls is None or not issubclass(cls, nn.Module):
+        return None
+    detector = cls.__module__.startswith("torchvision.models.detection")
+    if detector:
+        from torchvision.models.detection.transform import GeneralizedRCNNTransform
+        names |= _parameters(GeneralizedRCNNTransform.__init__)[0] | {"_skip_resize"}
+    for klass in cls.__mro__:
+        if klass in (nn.Module, object):
+            return names if detector else None
+        if "__init__" not in vars(klass):
+            continue
+        found, more = _parameters(klass.__init__)
+        names |= found
+        if not more:
+            return names
+    return None
+
+
+def _parameters(fn) -> tuple[set[str], bool]:
+    """(the named parameters of `fn`, whether it also takes **kwargs); unknown: (set(), True)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return set(), True
+    named = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)} - {"self"}
+    return named, any(p.kind is p.VAR_KEYWORD for p in params)
+
+
+def _returned_class(fn) -> type | None:
+    try:
+        annotation = inspect.signature(fn, eval_str=True).return_annotation
+    except Exception:  # noqa: BLE001 - an annotation that cannot be evaluated
+        return None
+    return annotation if isinstance(annotation, type) else None
 
 
 def _timm_factory(spec: str, name: str):

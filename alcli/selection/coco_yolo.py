@@ -6,17 +6,22 @@ COCO: one JSON document {images, annotations, categories}; an image's `id` is it
 batch (1, 2, ...), a box is [x, y, width, height] in pixels (x, y: top-left corner), its category
 the model's class index (torchvision's background, class 0, is no category), keypoints as
 [x, y, 2 (visible)] * K with the category's `keypoints` names.
-YOLO: a folder: labels/ID.txt per image (the id's suffix replaced, so a batch holding a.png and
-a.jpg is refused; one line per box:
-`class x_center y_center width height`, fractions of the image, then `x y 2` per keypoint),
-images.txt (the ids, in batch order) and data.yaml (the class names, kpt_shape). YOLO classes
-count from 0: a torchvision detector's class c is c - 1. Ids become file names only through
-files/names.py; a box with no area left after clipping to the image is left out of both.
+YOLO: a folder a trainer reads as it is (Ultralytics, YOLOv5): images/ID, a link to each image
+(a copy where links cannot be made); labels/ID.txt per image, where Ultralytics' img2label_paths
+looks for it (the last /images/ of the image's path replaced by /labels/, its suffix by .txt, so a
+batch holding a.png and a.jpg is refused; one line per box: `class x_center y_center width
+height`, fractions of the image, then `x y 2` per keypoint); images.txt (`./images/ID` per image,
+in batch order: a line starting ./ is relative to the list's folder); data.yaml (train and val:
+images.txt, relative to data.yaml's folder; the class names, kpt_shape). YOLO classes count from
+0: a torchvision detector's class c is c - 1. Ids become file names only through files/names.py;
+a box with no area left after clipping to the image is left out of both.
 """
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import uuid
 from typing import Mapping, Sequence
 
 from ..files.atomic import atomic_open
@@ -87,9 +92,11 @@ def to_yolo(rows: Sequence[Mapping], names: Sequence[str] | None, task: str) -> 
     keypoints = TASKS[task].names_classes is False
     start = 0 if keypoints else _first_class(names)
     files, listed, classes, kpt = {}, [], set(), 0
-    label_file = file_names((row["id"] for row in rows), lambda i: "labels/" + stem_file(i, ".txt"))
+    label_file = file_names((row["id"] for row in rows),
+                            lambda i: label_path(IMAGES + stem_file(i, ".txt")))
+    image = image_names(rows)
     for n, row, w, h, found in _instances(rows, task):
-        listed.append(id_path(row["id"]))
+        listed.append("./" + image[str(row["id"])])
         lines = []
         for (x0, y0, x1, y1), c, score, points in found:
             classes.add(c - start)
@@ -103,8 +110,9 @@ def to_yolo(rows: Sequence[Mapping], names: Sequence[str] | None, task: str) -> 
         class_names = {k: f"class {k + start}" for k in sorted(classes)}
     else:
         class_names = {k - start: str(names[k]) for k in range(start, len(names))}
-    yaml = ["# alcli select -f yolo: a batch's predictions (labels/), its images (images.txt)",
-            "train: images.txt", "val: images.txt", "names:",
+    yaml = ["# alcli select -f yolo: a batch's predictions (labels/), its images (images/, listed in",
+            "# images.txt); paths relative to this file's folder", "train: images.txt",
+            "val: images.txt", "names:",
             *(f"  {k}: {json.dumps(v, ensure_ascii=False)}" for k, v in sorted(class_names.items()))]
     if keypoints:
         yaml.append(f"kpt_shape: [{kpt}, 3]")
@@ -113,10 +121,53 @@ def to_yolo(rows: Sequence[Mapping], names: Sequence[str] | None, task: str) -> 
     return files
 
 
-def write_yolo(files: Mapping[str, str], folder: str) -> None:
-    """The YOLO files under `folder` (each written whole)."""
+IMAGES = "images/"  # the folder of the images' links; labels/ beside it
+
+
+def image_names(rows: Sequence[Mapping]) -> dict[str, str]:
+    """{id: images/ID}: where the YOLO folder holds each row's image (a link to it)."""
+    return file_names((row["id"] for row in rows), lambda i: IMAGES + id_path(i))
+
+
+def label_path(image: str) -> str:
+    """Ultralytics' img2label_paths on a path relative to the YOLO folder: the last images/
+    folder of the path becomes labels/ (the suffix is stem_file's)."""
+    head, sep, tail = ("/" + image).rpartition("/images/")
+    return (head + "/labels/" + tail)[1:] if sep else image
+
+
+def image_links(rows: Sequence[Mapping], sources: Sequence[str]) -> dict[str, str]:
+    """{images/ID: the image file's absolute path} for the rows whose image file exists
+    (`sources`: each row's image file, as `select` finds it)."""
+    image = image_names(rows)
+    return {image[str(row["id"])]: os.path.abspath(src) for row, src in zip(rows, sources)
+            if src and os.path.isfile(src)}
+
+
+def write_yolo(files: Mapping[str, str], folder: str, links: Mapping[str, str] | None = None) -> None:
+    """The YOLO files under `folder` (each written whole), and `links` ({images/ID: image file}):
+    a symbolic link to each image, or a copy where the file system makes no links."""
     for rel, text in files.items():
         path = os.path.join(folder, *rel.split("/"))
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with atomic_open(path, "w", encoding="utf-8", newline="\n") as fh:
             fh.write(text)
+    for rel, source in (links or {}).items():
+        path = os.path.join(folder, *rel.split("/"))
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        _link(source, path)
+
+
+def _link(source: str, path: str) -> None:
+    """`path` made a link to `source` (replacing what was there, as one rename), else a copy."""
+    temp = os.path.join(os.path.dirname(path), f".link-{uuid.uuid4().hex}")
+    try:
+        os.symlink(source, temp)
+    except (OSError, NotImplementedError):  # Windows without the privilege, a FAT disk, ...
+        shutil.copyfile(source, temp)
+    try:
+        os.replace(temp, path)
+    except OSError:
+        if os.path.lexists(temp):
+            os.unlink(temp)
+        raise

@@ -12,6 +12,7 @@ their errors into one sentence naming the option or file.
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from numbers import Real
@@ -33,7 +34,7 @@ from ..files.table import (LINE_FORMATS, MORE, SIDECARS, read_meta, remove_sidec
                            write_table)
 from ..tasks import TASKS, from_rows
 from .choose import choose
-from .coco_yolo import to_coco, to_yolo, write_yolo
+from .coco_yolo import image_links, to_coco, to_yolo, write_yolo
 from .exclusions import Exclusions, ExclusionsError, excluded_ids, read_exclusion_files
 from .export import (IMAGE_ROOT_HINT, ImageRootError, contact_sheet, labeling_config,
                      model_version_from, pairwise_config, pairwise_tasks, text_sheet,
@@ -459,7 +460,7 @@ def write_batch(rows: list[dict], dest: str | None, settings: Settings,
     elif settings.format == "labelstudio":
         _write_tasks(rows, dest, settings, meta, texts, class_names, task)
     elif settings.format in ("coco", "yolo"):
-        _write_boxes(rows, dest, settings, class_names, task)
+        _write_boxes(rows, dest, settings, class_names, task, meta)
     else:
         write_table(rows, dest, settings.format, settings.null)
     if config is not None:
@@ -488,7 +489,7 @@ def _write_json(tasks: list[dict], dest: str | None) -> None:
 
 
 def _write_boxes(rows: list[dict], dest: str | None, settings: Settings,
-                 class_names: list[str] | None, task: str) -> None:
+                 class_names: list[str] | None, task: str, meta: dict | None = None) -> None:
     """-f coco (a JSON document to DEST or stdout) or -f yolo (a folder, -o DIR)."""
     if settings.format == "yolo" and dest in (None, "-"):
         raise ConfigError(f"{settings.where('format')} yolo writes a folder of files; name it with "
@@ -497,7 +498,16 @@ def _write_boxes(rows: list[dict], dest: str | None, settings: Settings,
         if settings.format == "coco":
             write_json(to_coco(rows, class_names, task), dest or "-")
         else:
-            write_yolo(to_yolo(rows, class_names, task), dest)
+            files = to_yolo(rows, class_names, task)
+            sources = image_files(rows, settings, None, meta)
+            links = image_links(rows, sources)
+            missing = [src for row, src in zip(rows, sources) if not (src and os.path.isfile(src))]
+            if missing:
+                warnings.warn(f"{len(missing)} of the batch's {len(rows)} images were not found (the "
+                              f"first: {missing[0]}), so the YOLO folder's images/ lacks them; "
+                              f"give --image-dir DIR, the folder their ids are paths under",
+                              stacklevel=2)
+            write_yolo(files, dest, links)
     except ValueError as err:
         raise TableError(f"cannot write {settings.format.upper()} files: {_sentence(err)}") from None
     except OSError as err:
