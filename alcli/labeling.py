@@ -15,8 +15,10 @@ import hashlib
 import json
 import math
 import os
+import posixpath
 import shutil
 import tempfile
+import urllib.parse
 import xml.etree.ElementTree as ET
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -31,10 +33,12 @@ from .files.atomic import atomic_open, writes_stream
 from .files.names import id_file
 from .longrun.lock import waiting_lock
 from .files.config import Settings
+from .files.http import origin as http_origin
 from .files.labelstudio_api import LabelStudioError, Server
+from .files.redact import redacted
 from .selection.export import IMAGE_ROOT_HINT, labeling_config, unreachable_image
 from .selection.coco_yolo import to_coco
-from .selection.pick import labelstudio_tasks
+from .selection.pick import _unnamed, labelstudio_tasks
 from .tasks import TASKS
 
 @dataclass
@@ -88,6 +92,40 @@ def _check_config(project: dict, task: str, field_: str, settings: Settings, sho
                            f"pass --setup to set alcli's config, or --from-name/--to-name")
 
 
+def names_of_config(config: str, task: str, field_: str, settings: Settings,
+                    outputs) -> tuple[list[str] | None, str | None]:
+    """The class names, index by index, that a project's labeling config lists in its control
+    tag `--from-name` (its labels in order), where they are the names alcli's config for `task`
+    would list: as they are, or after torchvision's background (class 0, which a box or mask
+    config does not offer) when the model outputs one class more (the table's meta.json says how
+    many). (None, a warning) where the labels could be either; (None, None) where there are none."""
+    from_name = settings.from_name or "label"
+    tag = _control(config, from_name)
+    labels = [str(e.get("value")) for e in tag if e.get("value") is not None] if tag is not None else []
+    if not labels or TASKS.get(task) is None or not TASKS[task].names_classes:
+        return None, None
+    outputs = outputs if isinstance(outputs, int) and not isinstance(outputs, bool) else None
+    fits = []
+    for names in (labels, ["background", *labels]):
+        if outputs is not None and len(names) != outputs:
+            continue
+        try:
+            made = _control(labeling_config(task, names, field_, from_name, settings.to_name),
+                            from_name)
+        except ValueError:
+            continue
+        if made is not None and [e.get("value") for e in made if e.get("value") is not None] == labels:
+            fits.append(names)
+    if len(fits) == 1:
+        return fits[0], None
+    if len(fits) > 1:
+        return None, (f"the project's labeling config lists {len(labels)} labels, which could be "
+                      f"the model's classes from 0 or after a background class 0, so the tasks go "
+                      f"without pre-labels; pass {settings.option('class_names', 'FILE')}, one "
+                      f"name per class the model outputs")
+    return None, None
+
+
 def task_of_config(config: str, from_name: str) -> str | None:
     """The task whose labeling config has a control tag like the one named `from_name`."""
     have = _shape(_control(config, from_name))
@@ -112,6 +150,20 @@ def push(server: Server, settings: Settings, scores: str, project: str, setup: b
     if bare is not None:
         raise ConfigError(f"the image '{bare}' is no address the server can open; {IMAGE_ROOT_HINT}")
     found = server.find_project(project)
+    if picked.class_names is None and not settings.class_names and found is not None:
+        # neither --class-names nor the table's meta.json names the classes: the project's
+        # labeling config does (its control tag's labels, in order), as --setup wrote it
+        names, note = names_of_config(found.get("label_config") or "", picked.task, field_,
+                                      settings, picked.meta.get("classes"))
+        if note:
+            picked.notes.append(note)
+        if names is not None:
+            stale = _unnamed(picked.rows, None, picked.task, settings)
+            picked.notes = [n for n in picked.notes if n not in stale]
+            picked.notes += _unnamed(picked.rows, names, picked.task, settings)
+            picked.class_names = names
+            tasks = labelstudio_tasks(picked.rows, settings, picked.meta, picked.texts,
+                                      picked.class_names, picked.task)
     config = None
     if setup:
         try:
@@ -129,6 +181,7 @@ def push(server: Server, settings: Settings, scores: str, project: str, setup: b
         found = server.set_config(found["id"], config)
     _check_config(found, picked.task, field_, settings, server.shown)
     done = Pushed(str(found.get("title")), notes=list(picked.notes))
+    refused = _local_files_storage(server, found["id"], settings.image_root) if setup else None
     with push_lock(server.url, found["id"]):  # pushes from this machine list and import in turn
         known = _by_alcli_id(server.tasks(found["id"]))
         new = [t for t in tasks if t["data"]["alcli_id"] not in known]
@@ -156,7 +209,69 @@ def push(server: Server, settings: Settings, scores: str, project: str, setup: b
         elif not fresh:
             server.update_prediction(same["id"], {"result": sent["result"], "score": sent["score"]})
         done.updated += 1
+    done.notes += _image_opens(server, tasks, refused)
     return done
+
+
+LOCAL_FILES = "/data/local-files/"  # where Label Studio serves the files of its Local Files storages
+
+
+def _local_folder(url: str | None, server: str) -> str | None:
+    """FOLDER of an image root `SERVER/data/local-files/?d=FOLDER` on this server, else None."""
+    if not url:
+        return None
+    parts = urllib.parse.urlsplit(url)
+    if parts.path != LOCAL_FILES or http_origin(url) != http_origin(server):
+        return None
+    folder = (urllib.parse.parse_qs(parts.query).get("d") or [""])[0]
+    folder = posixpath.normpath(folder.strip("/")) if folder.strip("/") else ""
+    return folder if folder and not folder.startswith("..") else None
+
+
+def _local_files_storage(server: Server, project: int, image_root: str | None) -> str | None:
+    """--setup with an image root under the server's /data/local-files/?d=FOLDER: the project's
+    Local Files storage for FOLDER (under the server's LOCAL_FILES_DOCUMENT_ROOT), made unless
+    there is one. None when there is one now (or the root is elsewhere), else the server's words."""
+    folder = _local_folder(image_root, server.url)
+    if folder is None:
+        return None
+    for storage in server.local_storages(project):
+        if str(storage.get("path") or "").rstrip("/").endswith("/" + folder):
+            return None
+    root, said = server.document_root(project)
+    if root is None:
+        return f"a Local Files storage: {said[:200] or 'it named no LOCAL_FILES_DOCUMENT_ROOT'}"
+    path = posixpath.join(root, folder)
+    why = server.add_local_storage(project, path, f"alcli: {folder}"[:100])
+    return None if why is None else f"a Local Files storage for {path}: {why.split('. ')[0][:200]}"
+
+
+def _image_opens(server: Server, tasks: list[dict], refused: str | None) -> list[str]:
+    """A warning, in one sentence, when the first task's image does not open (as the server
+    answers it, or its own host): what to configure so that annotators see the images."""
+    url = next((t["data"].get("image") for t in tasks if isinstance(t["data"].get("image"), str)), None)
+    if url is None or urllib.parse.urlsplit(url).scheme not in ("http", "https"):
+        return []
+    why = server.opens(url)
+    if why is None:
+        return []
+    said = f"; Label Studio refused {refused.rstrip('.')}" if refused else ""
+    if urllib.parse.urlsplit(url).path == LOCAL_FILES:
+        fix = ("Label Studio serves local files only where the server runs with "
+               "LOCAL_FILES_SERVING_ENABLED=true and LOCAL_FILES_DOCUMENT_ROOT set to a folder above "
+               "the images and the project has a Local Files storage for their folder (push --setup "
+               "makes one where the server allows it), else pass an --image-root the server and the "
+               "annotators' browsers can reach")
+    else:
+        fix = ("pass an --image-root the server and the annotators' browsers can reach (an object "
+               "store's URL prefix, or the server's /data/local-files/?d=FOLDER with a Local Files "
+               "storage)")
+    shown = redacted(url)  # a URL's query is shown nowhere (a presigned URL's signature)
+    if urllib.parse.urlsplit(url).path == LOCAL_FILES:  # there it is a path, no secret
+        shown += " for the file " + \
+            (urllib.parse.parse_qs(urllib.parse.urlsplit(url).query).get("d") or [""])[0]
+    return [f"the image of the first task ({shown}) does not open ({why}{said}): "
+            f"annotators will not see the images; {fix}"]
 
 
 def _by_alcli_id(tasks) -> dict[str, dict]:

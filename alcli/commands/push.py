@@ -33,7 +33,9 @@ def push(
     project: Project, url: Url = None, token: Token = None,
     setup: Annotated[bool, typer.Option(
         "--setup", help="Create the project when it is missing, and give it the labeling config "
-        "the pre-labels fit (class names from the table or --class-names).",
+        "the pre-labels fit (class names from the table or --class-names); with an --image-root "
+        "under the server's /data/local-files/?d=FOLDER, also the project's Local Files storage "
+        "for FOLDER, where the server allows it.",
         rich_help_panel="Label Studio server")] = False,
     budget: Annotated[Optional[int], typer.Option(
         "--budget", "-n", metavar="N", help="Push the N best rows (those select -n N --no-diverse "
@@ -47,7 +49,9 @@ def push(
     pre-label (model_version: the checkpoint, score: alcli's, for sorting in the Data Manager).
 
     Tasks are known by their alcli id: a row pushed again updates its task's data and its
-    prediction of the same model_version, and never adds a second task.
+    prediction of the same model_version, and never adds a second task. Without --class-names
+    the names are the table's (meta.json), else the project's labeling config's. The first task's
+    image is fetched after the push: one that does not open is a warning saying what to configure.
     """
     flags = {"budget": budget, "exclude": exclude, "class_names": class_names, "task": task,
              "image_root": image_root, "from_name": from_name, "to_name": to_name,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import threading
 import urllib.parse
 from dataclasses import dataclass
 from typing import Iterator
@@ -25,6 +26,8 @@ from .redact import redacted
 REFRESH = "/api/token/refresh"  # a personal access token -> an access token
 PAGE = 100  # tasks per page when listing a project's tasks
 MAX_PAGES = 100_000  # 10 million tasks: a listing stops here whatever the server says
+IMAGE_WAIT_S = 15.0  # the longest push waits to see that one task's image opens
+IMAGE_PEEK = 1 << 16  # an image is read this far: its answer is what is checked
 
 
 class LabelStudioError(ConfigError):
@@ -199,6 +202,84 @@ class Server:
 
     def update_prediction(self, prediction: int, fields: dict) -> None:
         self.call("PATCH", f"/api/predictions/{prediction}", fields)
+
+    # --- images: does one open, and a Local Files storage for a folder -----------------------------
+
+    def opens(self, url: str, wait_s: float = IMAGE_WAIT_S) -> str | None:
+        """Does `url` (a task's image) answer 2xx? None when it does, else why not in a few words.
+        The Authorization header goes with it only where the URL is on this server's own origin
+        (as the browser of a logged-in annotator sends its session); a URL elsewhere gets no
+        credentials. The answer is read no further than its first bytes, and the check waits
+        `wait_s` at most."""
+        headers = {"Accept": "*/*"}
+        if http.origin(url) == http.origin(self.url):
+            headers["Authorization"] = self.auth or self._authorization()
+        said: list = []
+
+        def fetch():
+            try:
+                http.request("GET", url, headers, limit=IMAGE_PEEK)
+                said.append(None)
+            except http.HttpError as err:
+                said.append(None if err.kind == "too-large" else  # it answered 2xx: enough
+                            f"{err.why}" if err.kind != "status" else f"it answered {err.why}")
+            except Exception as err:  # noqa: BLE001 - a check, never the push's failure
+                said.append(type(err).__name__)
+
+        worker = threading.Thread(target=fetch, daemon=True)
+        worker.start()
+        worker.join(wait_s)
+        return said[0] if said else f"no answer within {wait_s:.0f} s"
+
+    def _answer(self, method: str, path: str, body=None) -> tuple[int, object]:
+        """A JSON request whose refusal (4xx) is an answer too: (status, the decoded body)."""
+        headers = {"Content-Type": "application/json", "Accept": "application/json",
+                   "Authorization": self.auth or self._authorization()}
+        try:
+            got = http.request(method, self.url + path, headers, json.dumps(body).encode())
+            return got.status, http.decode_json(got.body)
+        except http.HttpError as err:
+            if err.kind != "status" or not 400 <= err.status < 500 or err.status in (401, 403):
+                raise self._failed(method, path, err) from None
+            try:
+                return err.status, http.decode_json(err.body)
+            except http.HttpError:
+                return err.status, None
+
+    def local_storages(self, project: int) -> list[dict]:
+        got = self.call("GET", "/api/storages/localfiles", query={"project": project})
+        items = got.get("results") if isinstance(got, dict) else got
+        return self._objects(items or [], "GET /api/storages/localfiles", "a list of storages")
+
+    def document_root(self, project: int) -> tuple[str | None, str]:
+        """The server's LOCAL_FILES_DOCUMENT_ROOT, as its check of a storage path names it
+        (Label Studio tells no other way), and what it said: (root or None, its words)."""
+        status, said = self._answer("POST", "/api/storages/localfiles/validate",
+                                    {"project": project, "path": "/", "use_blob_urls": True})
+        text = _words(said)
+        found = re.search(r'LOCAL_FILES_DOCUMENT_ROOT="([^"]*)"', text)
+        return (found.group(1) if found else None), text
+
+    def add_local_storage(self, project: int, path: str, title: str) -> str | None:
+        """A Local Files import storage of the project for the server's folder `path` (tasks'
+        images under /data/local-files/?d=... then open); None when made, else the server's
+        words."""
+        status, said = self._answer("POST", "/api/storages/localfiles",
+                                    {"project": project, "path": path, "use_blob_urls": True,
+                                     "title": title})
+        return None if status < 300 else (_words(said) or f"status {status}")
+
+
+def _words(said) -> str:
+    """A server's JSON answer as plain words (its strings joined; of Label Studio's error
+    object, its validation errors, else its detail), tokens redacted, one line."""
+    if isinstance(said, dict) and (said.get("validation_errors") or said.get("detail")):
+        said = said.get("validation_errors") or said.get("detail")
+    if isinstance(said, dict):
+        said = " ".join(_words(v) for v in said.values())
+    elif isinstance(said, list):
+        said = " ".join(_words(v) for v in said)
+    return " ".join(redacted(str(said if said is not None else "")).split())
 
 
 def _key(value) -> str:

@@ -332,3 +332,21 @@ def test_three_pushes_at_once_add_one_task_per_id(server, tmp_path):
     scores = {t["data"]["alcli_id"]: t["predictions"][0]["score"] for t in server.call(
         "GET", f"/api/tasks?project={tasks[0]['project']}&fields=all&page_size=1000")["tasks"]}
     assert [scores[i] for i in ids[:5]] == [2.0, 1.999, 1.998, 1.997, 1.996]
+
+
+def test_images_a_server_does_not_serve_are_one_warning_saying_what_to_configure(server, tmp_path):
+    """Issue 49 item 3: this server runs without LOCAL_FILES_SERVING_ENABLED, so --setup's Local
+    Files storage is refused and the first task's image does not open: the push goes through with
+    one warning naming what to configure (the docs' loop with local files served:
+    test_labelstudio_docs_loop.py)."""
+    (tmp_path / "t.csv").write_text("id,score,pred\n2/a.png,1.0,1\n")
+    (tmp_path / "n.txt").write_text("zero\none\ntwo\n")
+    (tmp_path / "pool" / "2").mkdir(parents=True)
+    result = run(tmp_path, "push", "t.csv", "-p", "not served", "--setup", "--class-names", "n.txt",
+                 "--url", server.base, "--image-root", f"{server.base}/data/local-files/?d=pool",
+                 token=server.token)
+    warning = [line for line in result.stderr.splitlines() if "does not open" in line]
+    assert len(warning) == 1 and "1 new" in result.stderr, result.stderr
+    assert "(it answered 403 Forbidden; Label Studio refused a Local Files storage" in warning[0]
+    assert "LOCAL_FILES_SERVING_ENABLED=true and LOCAL_FILES_DOCUMENT_ROOT" in warning[0]
+    assert server.token not in result.stderr
