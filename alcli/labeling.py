@@ -347,6 +347,11 @@ def pull(server: Server, project: str, output: str, skipped_file: str | None,
             except (KeyError, TypeError, ValueError, AttributeError, IndexError) as err:
                 raise LabelStudioError(f"{where} cannot be read as {task} labels "
                                        f"({str(err).rstrip('.') or type(err).__name__})") from None
+            if not regions and _no_label(cells):
+                # nothing drawn or chosen: no answer (a list of boxes, keypoints or spans says
+                # "none found" with [] and stays a label)
+                skipped.setdefault(id_, {"id": id_, "reason": "empty"})
+                continue
             _check_boxes(cells, where, names_file)
             for key, value in cells.items():
                 if isinstance(value, np.ndarray):
@@ -361,6 +366,12 @@ def pull(server: Server, project: str, output: str, skipped_file: str | None,
             _write_coco(rows, names, task, staged["coco"])
         _write_csv(skipped_rows, staged["skipped"], ["id", "reason"])
     return Pulled(str(found.get("title")), len(rows), len(skipped_rows), task)
+
+
+def _no_label(cells: dict) -> bool:
+    """Do the cells an empty result reads as hold no label at all (no class, no number, no mask,
+    no labels that apply), rather than a list of things found that is empty?"""
+    return all(v is None or v == "" for k, v in cells.items() if k not in ("width", "height"))
 
 
 def _annotation_order(annotation: dict) -> tuple:

@@ -1,9 +1,11 @@
-"""Issue 49 (a newcomer's first hour, round 3), items 3 and 4, against a small stateful Label
+"""Issue 49 (a newcomer's first hour, round 3), items 3, 4 and 11, against a small stateful Label
 Studio in a thread of the test process (the real server: tests/integration/test_labelstudio_live.py
 and test_labelstudio_docs_loop.py):
 - item 4: a push without --class-names, of a table whose meta.json names no classes, takes the
   names from the project's labeling config (the control tag's labels in order; after
   torchvision's background where the model outputs one class more than the config offers);
+- item 11: an accepted annotation with an empty result is no label (skipped, reason "empty"),
+  except for boxes and keypoints, where it says "no objects" (boxes []);
 - item 3: after a push, one task's image is fetched (the token only to the server's own origin);
   one that does not open is one warning saying what to configure; --setup with an image root
   under the server's /data/local-files/?d=FOLDER makes the project's Local Files storage.
@@ -11,6 +13,7 @@ and test_labelstudio_docs_loop.py):
 from __future__ import annotations
 
 import contextlib
+import csv
 import json
 import re
 import threading
@@ -195,6 +198,47 @@ def test_box_labels_of_a_config_follow_torchvisions_background_where_the_model_s
     assert got["a.png"] == got["b.png"] == [["cat"], ["dog"]]  # class 1 is cat, not dog
     assert got["c.png"] == []
     assert "could be the model's classes from 0 or after a background class 0" in third.stderr
+
+
+# --- item 11: an empty result ---------------------------------------------------------------------
+
+def annotate(fake: Fake, results: dict[str, list]) -> None:
+    for t in fake.tasks.values():
+        if t["data"]["alcli_id"] in results:
+            t["annotations"] = [{"id": fake.new_id(), "result": results[t["data"]["alcli_id"]],
+                                 "was_cancelled": False, "updated_at": "2026-12-06T10:00:00Z"}]
+
+
+def rows(path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_an_empty_annotation_is_skipped_but_an_empty_box_list_is_no_objects(tmp_path, monkeypatch):
+    (tmp_path / "names.txt").write_text("cat\ndog\n")
+    (tmp_path / "c.csv").write_text("id,score,pred\na.png,0.9,0\nb.png,0.8,1\n")
+    (tmp_path / "d.csv").write_text('id,score,boxes,width,height\nx.png,1.0,"[[1, 2, 30, 40, 1, 0.9]]",64,48\n'
+                                    'y.png,0.5,"[[1, 2, 30, 40, 0, 0.9]]",64,48\n')
+    fake = Fake()
+    with serve(fake) as url:
+        common = ["--url", url]
+        run(tmp_path, monkeypatch, "push", "c.csv", "-p", "cls", "--setup", "--class-names",
+            "names.txt", "--image-root", "http://127.0.0.1:9/", *common)
+        run(tmp_path, monkeypatch, "push", "d.csv", "-p", "det", "--setup", "--class-names",
+            "names.txt", "--image-root", "http://127.0.0.1:9/", *common)
+        chosen = [r for t in fake.tasks.values() if t["data"]["alcli_id"] == "a.png"
+                  for r in t["predictions"][0]["result"]]
+        drawn = [r for t in fake.tasks.values() if t["data"]["alcli_id"] == "y.png"
+                 for r in t["predictions"][0]["result"]]
+        annotate(fake, {"a.png": chosen, "b.png": [], "x.png": [], "y.png": drawn})
+        run(tmp_path, monkeypatch, "pull", "-p", "cls", "-o", "cls.csv", *common)
+        run(tmp_path, monkeypatch, "pull", "-p", "det", "-o", "det.csv", "--class-names", "names.txt",
+            *common)
+    assert rows(tmp_path / "cls.csv") == [{"id": "a.png", "label": "cat"}]
+    assert rows(tmp_path / "cls.skipped.csv") == [{"id": "b.png", "reason": "empty"}]
+    det = {r["id"]: json.loads(r["boxes"]) for r in rows(tmp_path / "det.csv")}
+    assert det["x.png"] == [] and len(det["y.png"]) == 1  # no objects: a label
+    assert rows(tmp_path / "det.skipped.csv") == []
 
 
 # --- item 3: pushed images open, or one warning says what to configure ---------------------------

@@ -20,8 +20,10 @@ a number; [[start, end, type], ...] spans), boxes ([[x0, y0, x1, y1, class],
 keypoints ([[x, y, keypoint], ...]) with width and height, or mask (a PNG of
 class indices under OUTPUT_masks/, OUTPUT's name without .csv); boxes also
 as COCO JSON in OUTPUT.coco.json. The tasks
-skipped by annotators go to OUTPUT.skipped.csv (id,reason). Both files name
-examples by id, as --exclude reads them.
+skipped by annotators go to OUTPUT.skipped.csv (id,reason: skipped), and so
+do those submitted empty (reason: empty), except for detection and keypoints
+(an empty result: no objects, []) and token classification (no entities).
+Both files name examples by id, as --exclude reads them.
 
 Examples:
 

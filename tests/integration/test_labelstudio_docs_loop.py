@@ -7,7 +7,8 @@ The server here is one of its own (not the shared one of tests/label_studio_serv
 the docs tell a reader to run theirs for local files, LOCAL_FILES_SERVING_ENABLED=true with the
 pool's folder under LOCAL_FILES_DOCUMENT_ROOT, so `--setup` makes the project's Local Files storage
 and the tasks' images open (item 3). Round 2's push, without --class-names, keeps every task's
-pre-label (item 4).
+pre-label (item 4); an accepted annotation with an empty result is pulled as skipped, reason
+"empty" (item 11).
 """
 from __future__ import annotations
 
@@ -139,18 +140,19 @@ def test_the_docs_push_loop_runs_as_written_for_two_rounds(local_files_server):
                                    headers={"Authorization": f"Token {server.token}"})
     with urllib.request.urlopen(image, timeout=60) as answer:
         assert answer.status == 200 and answer.read(4) == b"\x89PNG"
-    # an annotator: three pre-labels accepted, one task skipped
+    # an annotator: two pre-labels accepted, one submitted empty, one skipped
     by_score = sorted(tasks, key=lambda t: -t["data"]["alcli_score"])
-    accepted, skipped = by_score[:3], by_score[3]
+    accepted, empty, skipped = by_score[:2], by_score[2], by_score[3]
     for t in accepted:
         server.call("POST", f"/api/tasks/{t['id']}/annotations", {"result": t["predictions"][0]["result"]})
+    server.call("POST", f"/api/tasks/{empty['id']}/annotations", {"result": []})
     server.call("POST", f"/api/tasks/{skipped['id']}/annotations", {"result": [], "was_cancelled": True})
     sh(loop[2])
     labels = {r["id"]: r["label"] for r in read_csv(work / "labels.csv")}
     assert labels == {t["data"]["alcli_id"]: t["predictions"][0]["result"][0]["value"]["choices"][0]
                       for t in accepted}
     assert {r["id"]: r["reason"] for r in read_csv(work / "labels.skipped.csv")} == {
-        skipped["data"]["alcli_id"]: "skipped"}
+        empty["data"]["alcli_id"]: "empty", skipped["data"]["alcli_id"]: "skipped"}
     shutil.copytree(later, work / "pool", dirs_exist_ok=True)
     sh(loop[3])  # round 2's scores, without the four labeled or skipped
     second = sh(loop[4])
