@@ -138,9 +138,9 @@ def test_image_pool_uses_the_image_processors_size_and_mean_std(hf_ws):
 
 def test_hugging_face_errors_are_one_sentence(hf_ws, tmp_path):
     (tmp_path / "empty").mkdir()
+    (tmp_path / "x.txt").write_text("hello\n")  # the pool first: a missing one is said before the model
     assert_one_error(cli(tmp_path, "x.txt", "-m", "empty", ok=False), "holds no config.json",
                      "a directory that is not a model")
-    (tmp_path / "x.txt").write_text("hello\n")
     torch.save(torch.nn.Linear(2, 3).state_dict(), tmp_path / "m.pt")
     assert_one_error(cli(tmp_path, "x.txt", "-m", "m.pt", "--arch", "torch.nn:Linear", "--arch-kwargs",
                          '{"in_features": 2, "out_features": 3}', ok=False),

@@ -158,7 +158,7 @@ INPUT_KEYS = [k for k in PATH_KEYS if k not in OUTPUT_KEYS and k != "image_dir"]
 
 def test_the_input_keys_are_every_file_setting_but_the_outputs():
     assert set(INPUT_KEYS) == {"model", "pool", "scores", "embeddings_file", "exclude",
-                               "class_names"}
+                               "class_names", "target"}
 
 
 @pytest.mark.parametrize("key", INPUT_KEYS)
@@ -169,7 +169,8 @@ def test_no_select_output_replaces_a_file_setting(scored, tmp_path, key, option)
         if name.startswith("t.csv"):
             shutil.copy(scored / name, tmp_path / name)
     given = {"model": "t.csv.emb.npz", "embeddings_file": "t.csv.emb.npz", "scores": "t.csv",
-             "pool": "names.txt", "exclude": "names.txt", "class_names": "names.txt"}[key]
+             "pool": "names.txt", "exclude": "names.txt", "class_names": "names.txt",
+             "target": "names.txt"}[key]
     (tmp_path / "names.txt").write_text("\n".join(NAMES) + "\n")
     cfg = yaml.safe_load(CONFIG.read_text())
     cfg = {k: str((CONFIG.parent / v).resolve()) if k in ("model", "pool") else v

@@ -328,3 +328,19 @@ def test_13_the_licence_file_pyproject_and_every_runtime_dependency():
         dist = re.match(r"[A-Za-z0-9_.-]+", requirement).group(0)
         terms = licence_terms(dist)
         assert terms and terms <= PERMISSIVE, (dist, terms)
+
+
+def test_a_long_run_note_is_revised_once_when_later_batches_run_off_it():
+    """Issue 49 item 7: a detector's first image alone said 14.4 s per image; the run took 27.4."""
+    from alcli.score.runner import Estimate
+    eta = Estimate(1001, "egl")
+    assert "(14.4 s per example, 1,000 examples left)" in eta.after(14.4, 1)
+    revised = eta.after(14.4 + 8 * 27.4, 9)  # the next batch of 8, at 27.4 s each
+    assert revised.startswith("revised: on the CPU this run takes about") and "(27.4 s per example" in revised
+    assert eta.after(14.4 + 16 * 27.4, 17) is None  # revised once
+    steady = Estimate(1001, "egl")
+    assert steady.after(10.0, 1) and steady.after(10.0 + 8 * 11.0, 9) is None  # within 25%: kept
+    late = Estimate(1001, "egl")  # the first batch says nothing (0.1 s each), the next ones 2 s each
+    assert late.after(0.1, 1) is None
+    note = late.after(0.1 + 8 * 2.0, 9)
+    assert note.startswith("on the CPU this run takes about") and "(2.0 s per example" in note

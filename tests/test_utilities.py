@@ -32,11 +32,11 @@ def loop_norm(model, x, target):
 
 
 def test_registry_is_uniform():
-    assert set(STRATEGIES) == {"egl", "gradnorm", "loss", "entropy", "margin", "least-confidence", "random",
-                               "uncertain-boxes"}
+    assert set(STRATEGIES) == {"egl", "gradnorm", "align", "loss", "entropy", "margin",
+                               "least-confidence", "random", "uncertain-boxes"}
     for s in STRATEGIES.values():
         assert list(inspect.signature(s.fn).parameters) == ["s"] and s.help
-    assert {n for n, s in STRATEGIES.items() if s.gradients} == {"egl", "gradnorm"}
+    assert {n for n, s in STRATEGIES.items() if s.gradients} == {"egl", "gradnorm", "align"}
 
 
 def test_egl_exact_and_top_classes():

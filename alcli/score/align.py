@@ -72,12 +72,12 @@ def _jvp(fn, primal, tangent):
 def unlabeled_spread(s, z: torch.Tensor, zdot: torch.Tensor) -> torch.Tensor:
     """sqrt(E_y~p[(g(y)·ḡ)²]) per example -> [B] float64 (classification: over every class)."""
     spec = s.spec
-    if spec.name == "classification":
-        probs = torch.softmax(z.double(), dim=1)                          # [B, C]
-        per_class = torch.stack([along(spec.loss, z, zdot, torch.full_like(probs[:, 0], c,
-                                                                           dtype=torch.long))
-                                 for c in range(z.shape[1])], dim=1)      # [B, C]
-        return (probs * per_class ** 2).sum(1).sqrt()
+    probs = spec.dists(z.double())                                        # [B, N, K]
+    if probs.shape[1] == 1:  # one categorical label per example (classification): every one of the K
+        labels = torch.arange(probs.shape[2], device=z.device).view(-1, 1, 1).expand(-1, z.shape[0], 1)
+        sets = spec.label_targets(labels, s.valid, z).unbind(0)            # K x targets
+        dots = torch.stack([along(spec.loss, z, zdot, t) for t in sets], dim=1)  # [B, K]
+        return (probs[:, 0] * dots ** 2).sum(1).sqrt()
     if spec.egl.__name__ != "egl_sampled" or s.egl_samples == "pseudo":
         raise RunError(f"--strategy align on {spec.name} rows without a label is not defined "
                        f"here; give the rows their labels (the cosine at the given label)")

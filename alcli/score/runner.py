@@ -412,16 +412,16 @@ def run(model: nn.Module, pool: Pool, settings: Settings, device: torch.device, 
     own = tasks.named(settings.task, model)
     if timed and batches is None and own is not None and own.rows is not None:
         batches = first_alone(len(pool), settings.batch_size)
-    scored = 0
+    scored, eta = 0, Estimate(len(pool), settings.strategy)
     for batch_rows in iter_rows(model, pool, settings, device, embeddings=embeddings,
                                 on_errors=None if settings.strict else errors.extend,
                                 batches=batches, micro=micro, files_dir=files_dir):
         done = len(batch_rows) + len(errors)
-        if timed and say and scored == 0:
-            note = estimate(time.perf_counter() - start, done, len(pool), settings.strategy)
+        scored += done
+        if timed and say:
+            note = eta.after(time.perf_counter() - start, scored)
             if note:
                 say(note)
-        scored += done
         stats.count += len(batch_rows)
         stats.skipped += len(errors)
         stats.nans += sum(1 for r in batch_rows if r["score"] != r["score"])
@@ -455,6 +455,39 @@ def first_alone(n: int, size: int) -> list[list[int]]:
     """Pool positions in batches: the first example alone, then batches of `size`, so a task
     scoring its own batches (a detector: seconds per image on a CPU) is timed before the rest."""
     return [[0]] + [list(range(i, min(n, i + size))) for i in range(1, n, size)] if n else []
+
+
+class Estimate:
+    """The long-run note of a CPU run: announced after its first batch (a detector's first image
+    alone), then said again, once, when the next batches run at a rate more than 25% off it (the
+    first examples are often not typical: fewer boxes, warm caches). Rates after the first batch
+    leave the first batch's time out."""
+    CHECKS = 3  # batches after the first whose rate may revise the note
+
+    def __init__(self, total: int, strategy: str):
+        self.total, self.strategy = total, strategy
+        self.first: tuple[float, int] | None = None  # (seconds, examples) of the first batch
+        self.said: float | None = None  # the rate announced (s per example)
+        self.checks = 0
+
+    def after(self, seconds: float, done: int) -> str | None:
+        """The note to say after `done` examples took `seconds` (from the run's start), or None."""
+        if self.first is None:
+            self.first = (seconds, done)
+            note = estimate(seconds, done, self.total, self.strategy)
+            self.said = seconds / done if note and done else None
+            return note
+        if self.checks >= self.CHECKS or done <= self.first[1]:
+            return None
+        self.checks += 1
+        per = (seconds - self.first[0]) / (done - self.first[1])
+        if self.said is not None and abs(per / self.said - 1) <= 0.25:
+            return None
+        note = estimate(per * done, done, self.total, self.strategy)
+        if note is None:
+            return None
+        revised, self.said, self.checks = self.said is not None, per, self.CHECKS
+        return "revised: " + note if revised else note
 
 
 def estimate(seconds: float, done: int, total: int, strategy: str) -> str | None:

@@ -145,10 +145,10 @@ def align(s: StrategyInputs) -> Columns:
 
 def _labeled(s: StrategyInputs) -> torch.Tensor:
     """[B] bool: the rows scored at a label of their own (a causal LM's: its answer, each)."""
-    if s.spec.name == "classification":
-        return s.labels >= 0
-    if not s.spec.given_labels:
+    if s.spec.reads_prompts:
         return torch.ones(len(s.ids), dtype=torch.bool)
+    if not s.spec.given_labels:  # class indices in the batch's labels, -1 unknown
+        return s.labels >= 0
     given = s.given_targets()
     return given[1] if given is not None else torch.zeros(len(s.ids), dtype=torch.bool)
 

@@ -31,25 +31,19 @@ def target_for(settings: Settings, model: nn.Module, device: torch.device, open_
         raise ConfigError("--strategy align needs --target POOL, a labeled pool whose mean loss "
                           "gradient the examples are aligned with")
     pool = open_pool(dataclasses.replace(settings, pool=settings.target))
-    task = settings.task if settings.task != "auto" else tasks.from_model(model) or "classification"
-    spec = TASKS[task]
-    if spec.rows is not None:
-        raise ConfigError(f"--strategy align needs a task whose loss alcli computes per batch; "
-                          f"{task} scores its own batches")
-    unanswered = spec.unanswered(pool, "align") if spec.unanswered is not None else None
-    if unanswered:
-        raise ConfigError(f"target {settings.target}: {unanswered}")
     selection = selection_for(model, settings.layers)
     total = [torch.zeros_like(p, dtype=torch.float64) for p in selection.params]
-    rows = 0
+    rows, spec = 0, None
     for batch in make_loader(pool, settings.batch_size, 0, device):
         if batch.errors:
             raise PoolError(f"target {settings.target}: {batch.errors[0][1]}")
         inputs = to_model(batch.inputs, model, device, pool.to_float)
+        if spec is None:  # the run's task (found by its pre-flight), asked once
+            spec = _task(settings, model, inputs, pool)
         words = spec.words(batch, pool, inputs)
         with torch.enable_grad():
             logits = logits_of(call_model(model, inputs))
-            targets, known = _labels(spec, task, pool, batch, inputs, logits, words)
+            targets, known = _labels(spec, pool, batch, inputs, logits, words)
             if not bool(known.all()):
                 missing = batch.ids[int((~known).nonzero()[0])]
                 raise ConfigError(f"target {settings.target}: the row '{missing}' has no label; "
@@ -70,17 +64,34 @@ def target_for(settings: Settings, model: nn.Module, device: torch.device, open_
     return TargetGradient(vectors, norm, rows, str(settings.target))
 
 
-def _labels(spec, task: str, pool, batch, inputs, logits, words) -> tuple[torch.Tensor, torch.Tensor]:
+def _task(settings: Settings, model: nn.Module, inputs, pool):
+    """The task whose loss the target's gradient is of; one sentence for a detector, and for a
+    target with a row no answer (a causal LM's prompt alone)."""
+    def plain_logits():
+        with torch.no_grad():
+            return logits_of(call_model(model, inputs))
+    task = tasks.resolve(settings.task, model, plain_logits)
+    spec = TASKS[task]
+    if spec.rows is not None:
+        raise ConfigError(f"--strategy align needs a task whose loss alcli computes per batch; "
+                          f"{task} scores its own batches")
+    unanswered = spec.unanswered(pool, "align")
+    if unanswered:
+        raise ConfigError(f"target {settings.target}: {unanswered}")
+    return spec
+
+
+def _labels(spec, pool, batch, inputs, logits, words) -> tuple[torch.Tensor, torch.Tensor]:
     """The target rows' given labels in the loss's layout, and which rows have one (a causal LM's
     are its rows' answers, checked by `unanswered` for the whole pool)."""
-    if task == "classification":
+    if not spec.given_labels and not spec.reads_prompts:  # class indices, -1 unknown
         labels = batch.labels.to(logits.device)
         return labels.clamp(min=0), labels >= 0
-    if not spec.given_labels:
+    if spec.reads_prompts:
         s = StrategyInputs(model=None, inputs=inputs, labels=batch.labels, logits=logits.detach(),
-                           ids=batch.ids, task=task, words=None if words is None else words[0])
+                           ids=batch.ids, task=spec.name, words=None if words is None else words[0])
         return spec.targets(s), torch.ones(len(batch.ids), dtype=torch.bool, device=logits.device)
-    given = _given(task, pool, batch.ids, words)
+    given = _given(spec.name, pool, batch.ids, words)
     if given is None:
         return logits.new_zeros(0), torch.zeros(len(batch.ids), dtype=torch.bool)
     targets, known = given(logits.detach())
