@@ -1,5 +1,6 @@
 """Data pruning for a small language model (issue 36): fine-tune on the top-k of the pool by alcli's
-gradnorm, by loss, on the bottom-k by gradnorm, or on k random examples, at equal budget k, and
+gradnorm, by loss, by alignment with the held-out texts' mean gradient (align, as LESS selects), on
+the bottom-k by gradnorm, or on k random examples, at equal budget k, and
 compare the held-out loss (5 seeds, paired differences against random).
 
 Data that ships offline: the Python reference manual's text as the standard library ships it in
@@ -46,6 +47,7 @@ import torch
 import torch.nn.functional as F
 
 REPO = Path(__file__).resolve().parents[1]
+STRATEGIES = ("gradnorm", "loss", "align")  # align: with the held-out texts' mean gradient (LESS)
 EOS = "<|endoftext|>"
 MIN_WORDS = 8
 
@@ -154,10 +156,12 @@ def heldout_loss(model, seqs: list[list[int]], pad: int) -> tuple[float, float]:
 
 
 def alcli_score(pool: Path, model_dir: Path, strategy: str, max_length: int, threads: int,
-                out: Path) -> subprocess.Popen:
-    """`python -m alcli score` of the pool into `out`, started (the two strategies run side by side)."""
+                out: Path, target: Path | None = None) -> subprocess.Popen:
+    """`python -m alcli score` of the pool into `out`, started (the strategies run side by side);
+    align's target is the held-out texts."""
+    aligned = ["--target", str(target)] if strategy == "align" else []
     return subprocess.Popen([sys.executable, "-m", "alcli", "score", str(pool), "-m", str(model_dir),
-                             "--task", "causal-lm", "-s", strategy, "--max-length", str(max_length),
+                             "--task", "causal-lm", "-s", strategy, *aligned, "--max-length", str(max_length),
                              "-b", "32", "-q", "-o", str(out)], cwd=REPO, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": str(threads)})
@@ -201,8 +205,9 @@ def report(r: dict) -> str:
         f"# model: GPT-2, {s['layers']} layers, d={s['width']}, {s['heads']} heads, {r['parameters']:,} "
         f"parameters; pretrained {s['pretrain_steps']} steps (batch {s['batch']}, AdamW {s['pretrain_lr']:g}) "
         f"on the pretraining slice ({r['pretrain_s']:.0f} s)",
-        f"# scores: python -m alcli score pool.jsonl -m base --task causal-lm -s gradnorm, and -s loss, "
-        f"side by side ({r['alcli_s']:.0f} s, startup included)",
+        f"# scores: python -m alcli score pool.jsonl -m base --task causal-lm -s gradnorm, -s loss and "
+        f"-s align --target heldout.jsonl (LESS's choice: the cosine with the held-out texts' mean "
+        f"gradient), side by side ({r['alcli_s']:.0f} s, startup included)",
         f"# budget k = {k} ({s['budget']:.0%} of the pool); fine-tuning a copy of the base model: "
         f"{s['steps']} steps, batch {s['batch']}, AdamW {s['lr']:g}, dropout 0.1; {s['seeds']} seeds "
         f"(order, dropout, random's choice)",
@@ -277,14 +282,15 @@ def main() -> None:
         f.writelines(json.dumps({"text": t}) + "\n" for t in slices["heldout"])
     t0 = time.perf_counter()
     runs = {strategy: alcli_score(work / "pool.jsonl", work / "base", strategy, s["max_length"],
-                                  args.threads, work / f"{strategy}.csv") for strategy in ("gradnorm", "loss")}
+                                  args.threads, work / f"{strategy}.csv", work / "heldout.jsonl")
+            for strategy in STRATEGIES}
     ranked = {strategy: ranked_ids(proc, work / f"{strategy}.csv") for strategy, proc in runs.items()}
     alcli_s = time.perf_counter() - t0
     k = max(1, round(len(ids) * s["budget"]))
     fixed = {"gradnorm": ranked["gradnorm"][:k], "loss": ranked["loss"][:k],
-             "gradnorm-bottom": ranked["gradnorm"][-k:], "all": ids}
-    labels = {"gradnorm": "gradnorm top-k", "loss": "loss top-k", "gradnorm-bottom": "gradnorm bottom-k",
-              "random": "random", "all": "all pool (reference)"}
+             "align": ranked["align"][:k], "gradnorm-bottom": ranked["gradnorm"][-k:], "all": ids}
+    labels = {"gradnorm": "gradnorm top-k", "loss": "loss top-k", "align": "align top-k",
+              "gradnorm-bottom": "gradnorm bottom-k", "random": "random", "all": "all pool (reference)"}
     chosen = {name: [fixed[name]] * s["seeds"] if name in fixed else
               [sorted(np.random.default_rng(seed).choice(ids, k, replace=False).tolist())
                for seed in range(s["seeds"])] for name in labels}
@@ -299,7 +305,7 @@ def main() -> None:
 
     from scipy.stats import spearmanr
     by_id = {}
-    for strategy in ("gradnorm", "loss"):
+    for strategy in STRATEGIES:
         with open(work / f"{strategy}.csv", newline="") as f:
             by_id[strategy] = {row["id"]: float(row["score"]) for row in csv.DictReader(f)}
     result = {

@@ -162,7 +162,7 @@ def test_lm_pruning_quick(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(Path(f"{out}.json").read_text())
     text = out.read_text()
-    names = ["gradnorm", "loss", "gradnorm-bottom", "random", "all"]
+    names = ["gradnorm", "loss", "align", "gradnorm-bottom", "random", "all"]
     assert list(result["heldout"]) == names
     for name in names:
         line = next(line for line in text.splitlines() if line.startswith(result["labels"][name] + " "))
@@ -188,18 +188,24 @@ def test_lm_pruning_quick(tmp_path):
         logits = model(input_ids=ids_).logits[0]                     # [T, V]
         return F.cross_entropy(logits[:-1], ids_[0, 1:])
 
-    loss, norm = {}, {}
+    def flat(text):
+        return torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss_of(text), params)])
+
+    gbar = torch.stack([flat(t) for t in heldout]).mean(0)  # align's target: the held-out texts
+    loss, norm, cosine = {}, {}, {}
     for row in pool:
         value = loss_of(row["text"])
-        grads = torch.autograd.grad(value, params)
+        grads = torch.cat([g.reshape(-1) for g in torch.autograd.grad(value, params)])
         loss[row["id"]] = value.item()
-        norm[row["id"]] = torch.sqrt(sum(g.square().sum() for g in grads)).item()
+        norm[row["id"]] = grads.norm().item()
+        cosine[row["id"]] = (grads @ gbar / (grads.norm() * gbar.norm())).item()
 
     def top(scores, picked):  # every picked score at least every other one's (ties to 1e-6)
         best_rest = max(scores[i] for i in ids if i not in picked)
         return min(scores[i] for i in picked) >= best_rest - 1e-6 * abs(best_rest)
 
     assert top(norm, chosen["gradnorm"][0]) and top(loss, chosen["loss"][0])
+    assert top(cosine, chosen["align"][0])
     assert top({i: -v for i, v in norm.items()}, chosen["gradnorm-bottom"][0])
     with torch.no_grad():
         base = sum(loss_of(t).item() for t in heldout) / len(heldout)
