@@ -1,0 +1,124 @@
+"""`-s align` beside `-s gradnorm` (and `-s loss`, the forward alone) on causal LMs at long texts:
+the wall time and peak memory of whole `alcli score` runs, side by side, on the same pool (issue
+54). align computes the target's mean gradient once (one backward per target batch), then per
+batch one forward-mode pass along it and, for labeled rows, the engine's exact norm (gradnorm's
+pass), so its cost over gradnorm is that jvp pass plus the target's backward.
+
+Models built here from their configs (no download): GPT-2 small's shape (12 layers, d = 768,
+12 heads; a 1,000-word vocabulary) and a tiny Llama (4 layers, d = 256). Texts: random words of a
+word-level tokenizer, T tokens each; the target: two texts of T tokens.
+
+    nice -n 10 python benchmarks/align.py [--out benchmarks/results/align-cpu-2core.txt]
+    python benchmarks/align.py --quick       # T = 32 and 64, tiny models, ~1 min
+
+Each run is a subprocess (`python -m alcli score`), its peak RSS sampled (benchmarks/_memory.py);
+the time includes Python's and torch's start, the same for every strategy, and so does the
+memory. Ratios: align / gradnorm, measured in one process tree, one after the other.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _memory import run_measured  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+WORDS = [f"w{i}" for i in range(995)]
+
+
+def build(kind: str, positions: int, folder: Path, quick: bool) -> None:
+    import transformers as tf
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    torch.manual_seed(0)
+    vocab = ["[PAD]", "[UNK]", "[BOS]", "[EOS]", "[SEP]"] + WORDS
+    if kind == "gpt2-small":
+        width, layers, heads = (64, 2, 2) if quick else (768, 12, 12)
+        model = tf.GPT2LMHeadModel(tf.GPT2Config(vocab_size=len(vocab), n_embd=width, n_layer=layers,
+                                                 n_head=heads, n_positions=positions, pad_token_id=0))
+    else:
+        width, layers, heads = (32, 2, 2) if quick else (256, 4, 4)
+        model = tf.LlamaForCausalLM(tf.LlamaConfig(
+            vocab_size=len(vocab), hidden_size=width, intermediate_size=width * 8 // 3,
+            num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,
+            max_position_embeddings=positions, pad_token_id=0))
+    model.save_pretrained(folder)
+    core = Tokenizer(models.WordLevel({w: i for i, w in enumerate(vocab)}, unk_token="[UNK]"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok = tf.PreTrainedTokenizerFast(tokenizer_object=core, pad_token="[PAD]", unk_token="[UNK]",
+                                     model_max_length=positions,
+                                     model_input_names=["input_ids", "attention_mask"])
+    tok.save_pretrained(folder)
+
+
+def texts(n: int, length: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(length)) for _ in range(n)]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--out")
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="align_bench_"))
+    lengths = [(32, 4), (64, 2)] if args.quick else [(512, 4), (2048, 2)]  # (T, texts in the pool)
+    out = Path(args.out or (work / "align.txt" if args.quick else
+                            REPO / "benchmarks" / "results" / "align-cpu-2core.txt"))
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": str(args.threads),
+           "TOKENIZERS_PARALLELISM": "false"}
+    rows, started = [], time.perf_counter()
+    for kind in ("gpt2-small", "llama-tiny"):
+        for length, n in lengths:
+            folder = work / f"{kind}-{length}"
+            build(kind, length + 8, folder, args.quick)
+            (work / "pool.jsonl").write_text("".join(
+                json.dumps({"id": f"t{i}", "text": t}) + "\n" for i, t in enumerate(texts(n, length - 2, 1))))
+            (work / "target.jsonl").write_text("".join(
+                json.dumps({"text": t}) + "\n" for t in texts(2, length - 2, 2)))
+            got = {}
+            for strategy in ("loss", "gradnorm", "align"):
+                cmd = [sys.executable, "-m", "alcli", "score", str(work / "pool.jsonl"), "-m", str(folder),
+                       "--task", "causal-lm", "-s", strategy, "--max-length", str(length), "-b", "1",
+                       "--no-embeddings", "-q", "-o", str(work / f"{strategy}.csv")]
+                if strategy == "align":
+                    cmd += ["--target", str(work / "target.jsonl")]
+                t0 = time.perf_counter()
+                proc, _, rss = run_measured(cmd, env, REPO)
+                seconds = time.perf_counter() - t0
+                if proc.returncode:
+                    sys.exit(f"{' '.join(cmd[2:])} failed: {proc.stderr[-2000:]}")
+                got[strategy] = (seconds, rss)
+                print(f"{kind} T={length} {strategy}: {seconds:.1f} s, peak RSS {rss / 2**20:.0f} MiB",
+                      file=sys.stderr, flush=True)
+            rows.append((kind, length, n, got))
+    lines = [f"# python benchmarks/align.py{' --quick' if args.quick else ''}   ({args.threads} torch "
+             f"threads, torch {torch.__version__}, python {platform.python_version()}, "
+             f"{os.cpu_count()} CPUs)",
+             "# whole `alcli score` runs (start included), one text per batch; align's target: 2 texts of T tokens",
+             "",
+             f"{'model':12s} {'T':>5s} {'texts':>5s}  {'loss s':>7s} {'gradnorm s':>10s} {'align s':>8s} "
+             f"{'align/gn':>8s}  {'loss MiB':>8s} {'gn MiB':>7s} {'align MiB':>9s} {'align/gn':>8s}"]
+    for kind, length, n, got in rows:
+        (ls, lm), (gs, gm), (as_, am) = got["loss"], got["gradnorm"], got["align"]
+        lines.append(f"{kind:12s} {length:5d} {n:5d}  {ls:7.1f} {gs:10.1f} {as_:8.1f} {as_ / gs:8.2f}  "
+                     f"{lm / 2**20:8.0f} {gm / 2**20:7.0f} {am / 2**20:9.0f} {am / gm:8.2f}")
+    lines.append(f"\nwall time {time.perf_counter() - started:.0f} s")
+    text = "\n".join(lines) + "\n"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
