@@ -117,7 +117,8 @@ def _needs_labels(s: StrategyInputs, name: str) -> None:
 def gradnorm(s: StrategyInputs) -> Columns:
     """Gradient norm at the example's label where known, else at the predicted class."""
     _needs_labels(s, "gradnorm")  # NaN where the targets count at no position (common.no_positions)
-    return {"score": undefined_as_nan(s.spec, s.targets, grad_norms(s, lambda s: [s.targets])[0])}
+    norms = grad_norms(s, lambda s: [s.targets])[0]  # first: its forward sets s.logits
+    return {"score": undefined_as_nan(s.spec, s.targets, norms)}
 
 
 @strategy("align", gradients=True)

@@ -276,7 +276,8 @@ def egl_sampled(s) -> dict:
     backward, with `egl_se`, the estimate's standard error (sample std / sqrt S). `pseudo`: the
     norm at the predicted labels."""
     if s.egl_samples == "pseudo":
-        return {"score": undefined_as_nan(s.spec, s.targets, grad_norms(s, lambda s: [s.targets])[0])}
+        norms = grad_norms(s, lambda s: [s.targets])[0]  # first: its forward sets s.logits
+        return {"score": undefined_as_nan(s.spec, s.targets, norms)}
     norms = grad_norms(s, lambda s: sampled(s.spec, s.logits, s.valid, s.ids,
                                             s.egl_samples, s.seed))  # [S, B]
     cols = {"score": norms.mean(0)}
