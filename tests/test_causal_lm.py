@@ -170,6 +170,36 @@ def test_every_layer_has_its_rule_and_auto_is_ghost(ws):
     assert "generic" not in rules.values()
 
 
+@pytest.mark.parametrize("name", ["gpt2-right", "llama-left"])
+@pytest.mark.parametrize("method", ["auto", "ghost"])
+def test_a_float64_model_is_exact_under_the_batched_methods(ws, name, method):
+    """A float64 model's norms through the engine with lm_loss (rows padded together on the
+    right) against the float64 loop (each row alone) to 1e-12: lm_cotangent's 1/n in float32
+    was off by up to 6e-8 (issue 53)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from alcli.gradnorm import grad_norms_per_target
+    from alcli.tasks.causal_lm import lm_loss
+    tok = AutoTokenizer.from_pretrained(ws / name)
+    _, rows = answered(ws, name)
+    model = AutoModelForCausalLM.from_pretrained(ws / name).double().eval()
+    encoded = [answer_tokens(tok, r) for r in rows]
+    width = max(len(enc["input_ids"]) for enc, _ in encoded)
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    targets = torch.full((len(rows), width), -100)
+    for i, (enc, scored) in enumerate(encoded):
+        n = len(enc["input_ids"])
+        ids[i, :n], mask[i, :n] = torch.tensor(enc["input_ids"]), 1
+        for t in scored:  # position t - 1 predicts token t
+            targets[i, t - 1] = enc["input_ids"][t]
+    norms, _ = grad_norms_per_target(model, {"input_ids": ids, "attention_mask": mask}, [targets],
+                                     method=method, loss_fn=lm_loss)
+    assert norms.dtype == torch.float64
+    _, want = oracle(model, tok, rows)
+    for row, got, w in zip(rows, norms[0].tolist(), want):
+        assert abs(got - w) <= 1e-12 * abs(w), (row["id"], got, w)
+
+
 ADAPTED = {"llama-left": ["q_proj", "v_proj"], "gpt2-left": ["c_attn", "c_fc"],
            "qwen2-right": ["k_proj", "down_proj"]}  # GPT-2's targets are Conv1D (fan_in_fan_out)
 

@@ -41,10 +41,11 @@ def lm_cotangent(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     0 elsewhere: [B, T, V], built in place in one [B, T, V] tensor (torch.func.grad of the loss
     would hold several)."""
     valid = targets != IGNORE                                                  # [B, T]
-    scale = valid / valid.sum(1, keepdim=True).clamp_min(1)                    # [B, T]: 1/n_i or 0
     out = logits.softmax(-1)
+    # 1/n_i or 0, divided in the logits' own dtype (a float64 model's is exact, not fl32(1/n))
+    scale = valid.to(out.dtype) / valid.sum(1, keepdim=True).clamp_min(1).to(out.dtype)  # [B, T]
     out.scatter_add_(-1, targets.clamp_min(0).unsqueeze(-1), -torch.ones_like(targets, dtype=out.dtype).unsqueeze(-1))
-    return out.mul_(scale.to(out.dtype).unsqueeze(-1))
+    return out.mul_(scale.unsqueeze(-1))
 
 
 lm_loss.cotangent = lm_cotangent  # the engine's closed form of lm_loss's gradient
