@@ -1,8 +1,9 @@
 """--task causal-lm end to end: `alcli score POOL.jsonl -m DIR` on tiny GPT-2, Llama (RMSNorm,
 rotary, grouped-query attention, SwiGLU, tied embeddings), Qwen2 and Mistral models and a LoRA
 adapter, against a float64 loop in which every row is tokenized alone (no padding) and its loss
-is the mean next-token cross-entropy over its response's tokens (those beginning at or after the
-prompt's last character)."""
+is the mean next-token cross-entropy over its response's tokens (those ending after the
+prompt's end: beginning there or later, or straddling it, as GPT-2's " word" after a prompt's
+trailing space; docs/tasks.md)."""
 from __future__ import annotations
 
 import json
@@ -89,12 +90,13 @@ def sequence(row: dict) -> tuple[str, str | None]:
 
 
 def answer_tokens(tok, row: dict) -> tuple[dict, list[int]]:
-    """The row's encoding alone, and its answer's tokens: those that begin at or after its
-    prompt's last character, special tokens and the first token left out."""
+    """The row's encoding alone, and its answer's tokens: those that end after its prompt's end
+    (begin at or after it, or straddle it: the answer's characters are in them; docs/tasks.md),
+    special tokens and the first token left out."""
     text, prompt = sequence(row)
     enc = tok(text, return_offsets_mapping=True, return_special_tokens_mask=True)
-    return enc, [t for t, ((start, _), special) in enumerate(zip(enc["offset_mapping"], enc["special_tokens_mask"]))
-                 if prompt is not None and t > 0 and start >= len(prompt) and not special]
+    return enc, [t for t, ((start, end), special) in enumerate(zip(enc["offset_mapping"], enc["special_tokens_mask"]))
+                 if prompt is not None and t > 0 and (start >= len(prompt) or end > len(prompt)) and not special]
 
 
 def answered(ws, name: str) -> tuple[str, list[dict]]:
@@ -110,8 +112,8 @@ def answered(ws, name: str) -> tuple[str, list[dict]]:
 
 
 def oracle(model, tok, rows, only=None) -> tuple[list[float], list[float]]:
-    """(loss, gradient norm) per row in float64, each row alone: the loss over the tokens that
-    begin at or after its prompt's last character (special tokens left out); norm over `only`
+    """(loss, gradient norm) per row in float64, each row alone: the loss over its answer's
+    tokens (`answer_tokens`, special tokens left out); norm over `only`
     (a name filter) or every parameter that requires grad."""
     m = model.double().eval()
     params = [p.requires_grad_() for n, p in m.named_parameters() if (only(n) if only else p.requires_grad)]
@@ -525,3 +527,84 @@ def test_align_is_the_cosine_with_the_targets_mean_gradient(ws, name):
     want = (g @ gbar / (g.norm(dim=1) * gbar.norm())).tolist()
     for row, w in zip(pool_rows, want):
         assert abs(float(rows[row["id"]]["score"]) - w) <= 1e-5, (row["id"], w)
+
+
+def bpe_tokenizer(style: str):
+    """A GPT-2-style byte-level BPE ("Ġthe": " the" begins at its space; no special token added)
+    or a Llama-style metaspace one ("▁the", <s> first), trained here on VOCAB's words."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+    text = [" ".join(hf_models.WORDS * 2)] * 3 + hf_models.WORDS
+    if style == "gpt2":
+        core = Tokenizer(models.BPE())
+        core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        core.decoder = decoders.ByteLevel()
+        core.post_processor = processors.ByteLevel(trim_offsets=False)  # GPT-2's own: offsets keep the space
+        core.train_from_iterator(text, trainers.BpeTrainer(
+            vocab_size=400, special_tokens=["<|endoftext|>"], show_progress=False,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+        return PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
+                                       model_max_length=64, model_input_names=["input_ids", "attention_mask"])
+    core = Tokenizer(models.BPE(unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+    core.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="first")
+    core.train_from_iterator(text, trainers.BpeTrainer(vocab_size=400, special_tokens=["<unk>", "<s>", "</s>"],
+                                                       show_progress=False))
+    core.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", core.token_to_id("<s>"))])
+    return PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+                                   pad_token="<unk>", model_max_length=64,
+                                   model_input_names=["input_ids", "attention_mask"])
+
+
+class WithoutOffsets:
+    """A tokenizer as a slow one answers: no character offsets."""
+    is_fast = False
+
+    def __init__(self, tok):
+        self.tok = tok
+
+    def __call__(self, *args, **kwargs):
+        return self.tok(*args, **{**kwargs, "return_offsets_mapping": False})
+
+
+BOUNDARY = [("the cat sat on ", "the mat"), ("the cat sat on", " the mat")]  # a trailing space, or none
+
+
+@pytest.mark.parametrize("offsets", [True, False])
+@pytest.mark.parametrize("style", ["gpt2", "llama"])
+def test_a_token_straddling_the_prompts_end_is_the_answers(style, offsets):
+    """" the" of " the mat" begins at a prompt's trailing space: it is the answer's first word,
+    counted with or without that space, by offsets or (no offsets) by the prompt's own tokens."""
+    from types import SimpleNamespace
+    from alcli.tasks.causal_lm import token_marks
+    tok = bpe_tokenizer(style)
+    texts, starts = [p + r for p, r in BOUNDARY], [len(p) for p, _ in BOUNDARY]
+    tokenize = SimpleNamespace(tokenizer=tok if offsets else WithoutOffsets(tok), max_length=None)
+    scored, _ = token_marks(texts, starts, tokenize)
+    ids = tok(texts, padding="longest")["input_ids"]
+    space = "Ġ" if style == "gpt2" else "▁"
+    for row, text in enumerate(texts):
+        got = [tok.convert_ids_to_tokens(ids[row][t]) for t in range(len(ids[row])) if scored[row, t]]
+        assert got == [space + "the", space + "mat"], (text, got)
+        assert [tok.convert_ids_to_tokens(tok(text)["input_ids"][t])
+                for t in answer_tokens(tok, {"prompt": text[:starts[row]], "response": text[starts[row]:]})[1]] == got
+
+
+@pytest.mark.parametrize("style", ["gpt2", "llama"])
+def test_a_prompt_ending_in_a_space_keeps_its_answers_first_word(tmp_path, style):
+    """End to end: loss and gradnorm over prompts with and without a trailing space, against the
+    float64 loop over the answer's tokens, the straddling one counted."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    tok = bpe_tokenizer(style)
+    torch.manual_seed(0)
+    lm(style, len(tok)).save_pretrained(tmp_path / "m")
+    tok.save_pretrained(tmp_path / "m")
+    rows = [{"id": f"r{i}", "prompt": p, "response": r} for i, (p, r) in enumerate(
+        BOUNDARY + [("big red bird ", "flew away and then stopped"), ("small", " bird")])]
+    (tmp_path / "pool.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tok = AutoTokenizer.from_pretrained(tmp_path / "m")
+    assert [len(answer_tokens(tok, r)[1]) for r in rows] == [2, 2, 5, 1]
+    losses, norms = oracle(AutoModelForCausalLM.from_pretrained(tmp_path / "m"), tok, rows)
+    for strategy, want in [("loss", losses), ("gradnorm", norms)]:
+        got = by_id(score_in(tmp_path, "pool.jsonl", "-m", "m", "-s", strategy, "-b", "4", "--no-embeddings").stdout)
+        assert_close(got, want, "score", rows=rows)

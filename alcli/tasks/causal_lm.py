@@ -70,24 +70,36 @@ def scored_tokens(batch, pool, inputs) -> tuple[torch.Tensor, list[int]] | None:
 
 
 def token_marks(texts: list[str], starts: list[int | None], tokenize) -> tuple[np.ndarray, np.ndarray]:
-    """(scored, real), each [B, T'] bool: the tokens at or after each text's `start` character
-    (None: none), special tokens left out; and the real tokens. Tokenized as the pool's Tokenize
-    does (a fast tokenizer's character offsets; else the prompt's own token count marks the
-    boundary)."""
+    """(scored, real), each [B, T'] bool: the tokens that end after each text's `start` character
+    (None: none): those that begin at or after it, and one that straddles it (GPT-2's " word"
+    begins at a prompt's trailing space, and carries the answer's characters), special tokens
+    left out; and the real tokens. Tokenized as the pool's Tokenize does (a fast tokenizer's
+    character offsets; else the answer begins at the first token where the whole text's tokens
+    and the prompt's own part ways)."""
     tok = tokenize.tokenizer
     cut = {"truncation": tokenize.max_length is not None, "max_length": tokenize.max_length}
     enc = tok(texts, padding="longest", return_special_tokens_mask=True,
               return_offsets_mapping=bool(getattr(tok, "is_fast", False)), return_tensors="np", **cut)
     real = (enc["attention_mask"] == 1) & (enc["special_tokens_mask"] == 0)     # [B, T']
     if "offset_mapping" in enc:
-        begins = enc["offset_mapping"][..., 0]                                  # [B, T'] characters
-        after = np.stack([b >= (s if s is not None else np.inf) for b, s in zip(begins, starts)])
-    else:  # the prompt's own tokens come first; the rest of the real tokens are the response's
-        prompts = [len(tok(t[:s], **cut)["input_ids"]) if s is not None else None
+        begins, ends = enc["offset_mapping"][..., 0], enc["offset_mapping"][..., 1]  # [B, T'] characters
+        after = np.stack([(b >= (s if s is not None else np.inf)) | (e > (s if s is not None else np.inf))
+                          for b, e, s in zip(begins, ends, starts)])
+    else:  # the tokens the whole text shares with its prompt alone are the prompt's; the rest, the response's
+        prompts = [_shared(tok(t, **cut)["input_ids"], tok(t[:s], **cut)["input_ids"]) if s is not None else None
                    for t, s in zip(texts, starts)]
         index = np.cumsum(enc["attention_mask"], 1) - 1                         # position among real tokens
         after = np.stack([index[i] >= (p if p is not None else np.inf) for i, p in enumerate(prompts)])
     return real & after, enc["attention_mask"] == 1
+
+
+def _shared(whole: list[int], prompt: list[int]) -> int:
+    """How many tokens `whole` begins with that `prompt` has too: a prompt's trailing space,
+    which the whole text's first answer token holds, or its end-of-text token, ends the run."""
+    n = 0
+    while n < min(len(whole), len(prompt)) and whole[n] == prompt[n]:
+        n += 1
+    return n
 
 
 def unanswered(pool, strategy: str) -> str | None:
