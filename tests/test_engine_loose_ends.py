@@ -46,3 +46,23 @@ def test_every_strategy_with_embeddings_on_and_off(tiny_pool, name):
     assert len(off) == 7 and on.keys() == off.keys()
     for i in on:
         assert off[i] == pytest.approx(on[i], rel=1e-12, abs=1e-15), (name, i)
+
+
+
+def test_multilabel_egl_pseudo_with_embeddings_on_and_off(tiny_pool):
+    """egl --egl-samples pseudo (the norm at the predicted labels) read its targets before the
+    engine's forward too."""
+    torch.save({"x": torch.load(tiny_pool / "pool.pt")["x"]}, tiny_pool / "unlabeled.pt")
+    got = {}
+    for embeddings in (True, False):
+        out = f"ml-{embeddings}.csv"
+        result = invoke_in(tiny_pool, "score", "unlabeled.pt", "-m", "lin.pt", "--arch", "torch.nn:Linear",
+                           "--arch-kwargs", '{"in_features": 4, "out_features": 3}', "--task", "multilabel",
+                           "-s", "egl", "--egl-samples", "pseudo", "-b", "3", "-q", "-o", out,
+                           "--embeddings" if embeddings else "--no-embeddings")
+        assert result.exit_code == 0, result.output
+        with open(tiny_pool / out, newline="") as f:
+            got[embeddings] = {r["id"]: float(r["score"]) for r in csv.DictReader(f)}
+    assert len(got[False]) == 7 and got[True].keys() == got[False].keys()
+    for i in got[True]:
+        assert got[False][i] == pytest.approx(got[True][i], rel=1e-12, abs=1e-15), i
