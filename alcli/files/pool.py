@@ -554,7 +554,11 @@ def from_manifest(spec, opts: PoolOptions) -> Pool:
                      -1 if raw is not None else _label(_named_label(row.get("label"), where, opts), where)))
         if raw is not None:
             task_labels[rows[-1][0]] = (where, raw)
-    return _with_task_labels(_image_pool(str(path), rows, opts), task_labels)
+    pool = _with_task_labels(_image_pool(str(path), rows, opts), task_labels)
+    # the label columns a detector would take as given boxes (detection.given_boxes refuses them)
+    pool.given_columns = (str(path), [c for c in ("boxes", "label")
+                                      if any(row.get(c) not in (None, "", []) for _, row in records)])
+    return pool
 
 
 def _text_of(path):

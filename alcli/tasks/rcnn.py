@@ -184,8 +184,13 @@ def _choices(model: nn.Module, image: torch.Tensor, target: dict, seed: int, anc
         deltas = model.rpn.box_coder.encode(matched, [anchors])[0]
         (pos,), (neg,) = model.rpn.fg_bg_sampler(labels)
         chosen, gt, classes, box_targets = model.roi_heads.select_training_samples([proposals.clone()], [resized])
+    # an image without instances: torchvision matches every anchor and proposal to a zero box, whose
+    # delta targets are -inf; only positives' count (torchvision indexes them), so 0 elsewhere, or
+    # inf * 0 would make the batched loss NaN
+    deltas = torch.where(pos.bool()[:, None], deltas, torch.zeros_like(deltas))
+    box_targets = torch.where((classes[0] > 0)[:, None], box_targets[0], torch.zeros_like(box_targets[0]))
     rpn = torch.cat([(pos | neg)[:, None], labels[0][:, None], deltas, pos[:, None]], 1).to(dtype)
-    rows = torch.cat([torch.ones_like(classes[0])[:, None], classes[0][:, None], box_targets[0],
+    rows = torch.cat([torch.ones_like(classes[0])[:, None], classes[0][:, None], box_targets,
                       (classes[0] > 0)[:, None]], 1).to(dtype)
     pool, _, _, per_pooled, keypoints = _second(model.roi_heads)
     if pool is None:
