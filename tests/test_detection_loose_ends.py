@@ -70,5 +70,7 @@ def test_a_manifest_with_given_boxes_is_refused_for_gradnorm_and_loss(tmp_path):
     (tmp_path / "labeled.csv").write_text("path,label\nimgs/a.png,1\nimgs/b.png,\n")
     refused = invoke_in(tmp_path, "score", "labeled.csv", *common, "--task", "detection", "-s", "gradnorm", "-o", "s.csv")
     assert "manifest labeled.csv has a 'label' column" in " ".join(refused.output.split()), refused.output
+    untold = invoke_in(tmp_path, "score", "given.csv", *common, "-s", "gradnorm", "-o", "s.csv")  # --task auto
+    assert untold.exit_code == 1 and "has a 'boxes' column" in " ".join(untold.output.split()), untold.output
     done = invoke_in(tmp_path, "score", "plain.csv", *common, "-s", "gradnorm", "-o", "s.csv")
     assert done.exit_code == 0, done.output
