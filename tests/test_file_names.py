@@ -211,7 +211,15 @@ def yolo(ids: list[str], root: Path) -> None:
         try:
             check_refusal(err, ids, label_file)
         except AssertionError:  # or two ids whose images' links clash in images/ ('a' and 'a/b')
-            check_refusal(err, ids, image_link)
+            try:
+                check_refusal(err, ids, image_link)
+            except AssertionError:  # or one id's label file is another's image link
+                def trainers_label(i):  # Ultralytics' rule on images/ID: the last /images/ -> /labels/
+                    head, _, tail = ("/" + posixpath.splitext(image_link(i))[0] + ".txt").rpartition("/images/")
+                    return (head + "/labels/" + tail)[1:]
+                clash = [(i, j) for i in ids for j in ids if i != j and image_link(i) and image_link(j)
+                         and folded(trainers_label(i)) == folded(image_link(j))]
+                assert any(named(str(err), i) and named(str(err), j) for i, j in clash), (ids, str(err))
         event("refused")
         assert os.listdir(root) == []
         return
@@ -273,6 +281,7 @@ WRITERS = {"score-masks": score_masks, "pull-masks": pull_masks, "yolo": yolo, "
 @example(ids=["ß.png", "SS.png"])                     # case-folding that changes length
 @example(ids=["\u212a.png", "k.png"])                 # the Kelvin sign folds to k
 @example(ids=["a.txt", "a.txt/b.png"])                # a file and a folder of one name
+@example(ids=["sub/images/x.png", "sub/labels/x.txt"])  # a label file where an image is linked
 @example(ids=["a.png", "a/b.png", "sub\\c.png", "日本.jpg", "e\u0301.png", "é.png"])  # all fine
 @example(ids=["x\ny.png"])                            # R3-15
 @example(ids=["../x.png", "sub/../../y.png", "/abs.png", "", "."])

@@ -65,24 +65,29 @@ def id_file(row_id, suffix: str) -> str:
 def file_names(ids: Iterable, name: Callable[[object], str]) -> dict[str, str]:
     """{id: name(id)} for a batch's distinct ids. FileNameError names both ids when two share a name
     (case-folded), or when one's file is a folder of another's."""
-    names: dict[str, str] = {}
+    names = {row_id: name(row_id) for row_id in dict.fromkeys(str(i) for i in ids)}
+    apart(names)
+    return names
+
+
+def apart(*maps: dict[str, str]) -> None:
+    """FileNameError unless the files that the maps ({id: name}, written into one folder) name are
+    all different (case-folded) and none is a folder another needs, naming both ids."""
     owner: dict[str, str] = {}  # case-folded name -> its id
-    for row_id in dict.fromkeys(str(i) for i in ids):
-        given = name(row_id)
-        key = _folded(given)
-        if key in owner:
-            raise FileNameError(f"the ids '{owner[key]}' and '{row_id}' would both be written to the "
-                             f"file {given}; rename one of them")
-        owner[key] = row_id
-        names[row_id] = given
+    for names in maps:
+        for row_id, given in names.items():
+            key = _folded(given)
+            if key in owner:
+                raise FileNameError(f"the ids '{owner[key]}' and '{row_id}' would both be written to "
+                                    f"the file {given}; rename one of them")
+            owner[key] = row_id
     for key, row_id in owner.items():  # a file where another id needs a folder
         parts = key.split("/")
         for k in range(1, len(parts)):
             folder = "/".join(parts[:k])
             if folder in owner:
                 raise FileNameError(f"the id '{owner[folder]}' would be written to the file {folder}, "
-                                 f"which the id '{row_id}' needs as a folder; rename one of them")
-    return names
+                                    f"which the id '{row_id}' needs as a folder; rename one of them")
 
 
 def _folded(name: str) -> str:

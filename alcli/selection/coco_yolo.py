@@ -25,7 +25,7 @@ import uuid
 from typing import Mapping, Sequence
 
 from ..files.atomic import atomic_open
-from ..files.names import file_names, id_path, stem_file
+from ..files.names import apart, file_names, id_path, stem_file
 from ..tasks import TASKS
 from ..tasks.labelstudio import _size, offered
 
@@ -95,6 +95,7 @@ def to_yolo(rows: Sequence[Mapping], names: Sequence[str] | None, task: str) -> 
     label_file = file_names((row["id"] for row in rows),
                             lambda i: label_path(IMAGES + stem_file(i, ".txt")))
     image = image_names(rows)
+    apart(label_file, image)  # the label files and the images' links share the folder
     for n, row, w, h, found in _instances(rows, task):
         listed.append("./" + image[str(row["id"])])
         lines = []
