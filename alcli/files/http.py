@@ -67,20 +67,22 @@ _OPENER = urllib.request.build_opener(_SameOrigin)
 
 
 def request(method: str, url: str, headers: dict[str, str], body: bytes | None = None,
-            limit: int | None = None) -> Answer:
-    """One call through the door; HttpError for anything but a 2xx answer read whole in time."""
+            limit: int | None = None, deadline: float | None = None) -> Answer:
+    """One call through the door; HttpError for anything but a 2xx answer read whole within
+    `deadline` seconds (DEADLINE_S) and `limit` bytes (MAX_ANSWER_BYTES)."""
     limit = MAX_ANSWER_BYTES if limit is None else limit
-    started = time.monotonic()
+    deadline = DEADLINE_S if deadline is None else deadline
+    ends = time.monotonic() + deadline
     req = urllib.request.Request(url, data=body, method=method, headers=headers)
     try:
-        with _OPENER.open(req, timeout=READ_TIMEOUT_S) as answer:
-            return Answer(answer.status, _read(answer, started, limit))
+        with _OPENER.open(req, timeout=min(READ_TIMEOUT_S, deadline)) as answer:
+            return Answer(answer.status, _read(answer, ends, deadline, limit))
     except HttpError:
         raise
     except urllib.error.HTTPError as err:
         with err:
             try:
-                said = _read(err, started, 1 << 16) if err.fp is not None else b""
+                said = _read(err, ends, deadline, 1 << 16) if err.fp is not None else b""
             except HttpError:
                 said = b""
         if 300 <= err.code < 400:
@@ -105,21 +107,22 @@ def http_client_errors():
     return http.client.HTTPException
 
 
-def _read(answer, started: float, limit: int) -> bytes:
-    """The answer's body, read a chunk at a time within the call's deadline and `limit` bytes."""
+def _read(answer, ends: float, deadline: float, limit: int) -> bytes:
+    """The answer's body, read a chunk at a time until `ends` (the call's `deadline` seconds after
+    it began) and within `limit` bytes."""
     sock = _socket_of(answer)
     chunks, size = [], 0
     while True:
-        left = DEADLINE_S - (time.monotonic() - started)
+        left = ends - time.monotonic()
         if left <= 0:
-            raise HttpError("deadline", f"took more than {DEADLINE_S:.0f} s to answer")
+            raise HttpError("deadline", f"took more than {deadline:.0f} s to answer")
         if sock is not None:
             sock.settimeout(min(READ_TIMEOUT_S, left))
         try:
             chunk = answer.read1(CHUNK) if hasattr(answer, "read1") else answer.read(CHUNK)
         except (socket.timeout, TimeoutError):
-            if DEADLINE_S - (time.monotonic() - started) <= 0:
-                raise HttpError("deadline", f"took more than {DEADLINE_S:.0f} s to answer") from None
+            if ends - time.monotonic() <= 0:
+                raise HttpError("deadline", f"took more than {deadline:.0f} s to answer") from None
             raise HttpError("unreachable", "timed out") from None
         if not chunk:
             return b"".join(chunks)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import threading
 import urllib.parse
 from dataclasses import dataclass
 from typing import Iterator
@@ -214,22 +213,17 @@ class Server:
         headers = {"Accept": "*/*"}
         if http.origin(url) == http.origin(self.url):
             headers["Authorization"] = self.auth or self._authorization()
-        said: list = []
-
-        def fetch():
-            try:
-                http.request("GET", url, headers, limit=IMAGE_PEEK)
-                said.append(None)
-            except http.HttpError as err:
-                said.append(None if err.kind == "too-large" else  # it answered 2xx: enough
-                            f"{err.why}" if err.kind != "status" else f"it answered {err.why}")
-            except Exception as err:  # noqa: BLE001 - a check, never the push's failure
-                said.append(type(err).__name__)
-
-        worker = threading.Thread(target=fetch, daemon=True)
-        worker.start()
-        worker.join(wait_s)
-        return said[0] if said else f"no answer within {wait_s:.0f} s"
+        try:
+            http.request("GET", url, headers, limit=IMAGE_PEEK, deadline=wait_s)
+            return None
+        except http.HttpError as err:
+            if err.kind == "too-large":  # it answered 2xx: enough
+                return None
+            if err.kind == "deadline" or err.why == "timed out":
+                return f"no answer within {wait_s:.0f} s"
+            return f"it answered {err.why}" if err.kind == "status" else err.why
+        except Exception as err:  # noqa: BLE001 - a check, never the push's failure
+            return type(err).__name__
 
     def _answer(self, method: str, path: str, body=None) -> tuple[int, object]:
         """A JSON request whose refusal (4xx) is an answer too: (status, the decoded body)."""
