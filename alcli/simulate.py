@@ -35,7 +35,7 @@ from .errors import AlcliError, ConfigError, PoolError, RunError, first_line
 from .files.atomic import atomic_open, make_folder
 from .files.classnames import class_name, read_class_names
 from .files.config import DIVERSE_MODES, STRATEGY_NAMES, Settings
-from .files.outputs import check_not_input, inputs_of
+from .files.outputs import check_not_input, inputs_of, is_under
 from .files.remote import is_url
 from .files.sources import open_pool
 from .files.pool import PoolOptions
@@ -191,19 +191,13 @@ def check_outputs(settings: Settings, plan: Plan, report: str | None, plot_file:
         if not isinstance(path, (str, os.PathLike)) or str(path) == "-" or is_url(str(path)):
             continue
         if what in ("the pool", "the eval pool") and os.path.isdir(path) and \
-                _under(plan.workdir, path):
+                is_under(plan.workdir, path):
             raise ConfigError(f"{workdir_option} {workdir} is inside {what} {path}, a folder read "
                               f"again every round (its files would join it); give a --workdir "
                               f"outside it")
-        if any(_under(path, run) for run in runs):
+        if any(is_under(path, run) for run in runs):
             raise ConfigError(f"{workdir_option} {workdir} would write {path}, which is {what}; "
                               f"give another --workdir")
-
-
-def _under(path, folder) -> bool:
-    """Is `path` the folder `folder` or under it (links resolved; neither need exist)?"""
-    path, folder = os.path.realpath(path), os.path.realpath(folder)
-    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
 
 
 def plot_format(dest: str) -> str:

@@ -82,8 +82,13 @@ def _inside_folder(output, folder) -> bool:
     """Is `output` under `folder`, a WholeFolder (each of whose files may be read)?"""
     if not isinstance(folder, WholeFolder) or is_url(folder) or not os.path.isdir(folder):
         return False
-    inside = os.path.realpath(os.path.dirname(os.path.abspath(output)))
-    return os.path.commonpath([inside, os.path.realpath(folder)]) == os.path.realpath(folder)
+    return is_under(os.path.dirname(os.path.abspath(output)), folder)
+
+
+def is_under(path, folder) -> bool:
+    """Is `path` the folder `folder` or under it (links resolved; neither need exist)?"""
+    path, folder = os.path.realpath(path), os.path.realpath(folder)
+    return os.path.commonpath([path, folder]) == folder
 
 
 def _same(a, b) -> bool:
@@ -110,5 +115,4 @@ def _holds(folder, path) -> bool:
     """Is `path` (an existing file) under the existing folder `folder`?"""
     if not isinstance(path, (str, os.PathLike)) or is_url(path) or not os.path.isdir(folder):
         return False
-    where = os.path.realpath(path)
-    return os.path.commonpath([where, os.path.realpath(folder)]) == os.path.realpath(folder)
+    return is_under(path, folder)
