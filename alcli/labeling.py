@@ -442,8 +442,7 @@ def _save_mask(mask: np.ndarray, staged: Path, folder: Path, id_: str, base: Pat
     have under `folder`, relative to the labels file's folder."""
     name = id_file(id_, ".png")
     staged.mkdir(exist_ok=True)
-    with atomic_open(staged / name, "wb") as fh:
-        Image.fromarray(mask).save(fh, format="PNG")
+    Image.fromarray(mask).save(staged / name, format="PNG")  # the staging folder is the atomicity
     return os.path.relpath(folder / name, base)
 
 
