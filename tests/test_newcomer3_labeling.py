@@ -243,14 +243,21 @@ def test_an_empty_annotation_is_skipped_but_an_empty_box_list_is_no_objects(tmp_
 
 # --- item 3: pushed images open, or one warning says what to configure ---------------------------
 
-def test_a_push_whose_image_does_not_open_says_what_to_configure(tmp_path, monkeypatch):
+def push_local_files(tmp_path, monkeypatch, fake, times: int = 1):
+    """`push --setup` of two digits to `fake` with an image root under its local files, `times`
+    times -> (the server's address, each push's result)."""
     (tmp_path / "digits.txt").write_text("0\n1\n2\n")
     (tmp_path / "s.csv").write_text("id,score,pred\n2/a.png,0.9,2\n1/b.png,0.8,1\n")
-    fake = Fake(serving=False)
     with serve(fake) as url:
         root = url + "/data/local-files/?d=pool"
-        result = run(tmp_path, monkeypatch, "push", "s.csv", "-p", "digits", "--setup",
-                     "--class-names", "digits.txt", "--url", url, "--image-root", root)
+        return url, [run(tmp_path, monkeypatch, "push", "s.csv", "-p", "digits", "--setup",
+                         "--class-names", "digits.txt", "--url", url, "--image-root", root)
+                     for _ in range(times)]
+
+
+def test_a_push_whose_image_does_not_open_says_what_to_configure(tmp_path, monkeypatch):
+    fake = Fake(serving=False)
+    url, (result,) = push_local_files(tmp_path, monkeypatch, fake)
     warning = [line for line in result.stderr.splitlines() if "does not open" in line]
     assert len(warning) == 1, result.stderr
     assert f"({url}/data/local-files/ for the file pool/2/a.png) does not open (it answered 404" \
@@ -263,15 +270,8 @@ def test_a_push_whose_image_does_not_open_says_what_to_configure(tmp_path, monke
 
 
 def test_setup_makes_the_local_files_storage_and_the_images_open(tmp_path, monkeypatch):
-    (tmp_path / "digits.txt").write_text("0\n1\n2\n")
-    (tmp_path / "s.csv").write_text("id,score,pred\n2/a.png,0.9,2\n1/b.png,0.8,1\n")
     fake = Fake(serving=True)
-    with serve(fake) as url:
-        root = url + "/data/local-files/?d=pool"
-        result = run(tmp_path, monkeypatch, "push", "s.csv", "-p", "digits", "--setup",
-                     "--class-names", "digits.txt", "--url", url, "--image-root", root)
-        again = run(tmp_path, monkeypatch, "push", "s.csv", "-p", "digits", "--setup",
-                    "--class-names", "digits.txt", "--url", url, "--image-root", root)
+    url, (result, again) = push_local_files(tmp_path, monkeypatch, fake, times=2)
     assert [(s["path"], s["use_blob_urls"]) for s in fake.storages] == [(ROOT + "/pool", True)]
     assert "does not open" not in result.stderr + again.stderr
 
