@@ -211,7 +211,7 @@ def run_select(settings: Settings, *, scores=None, model: nn.Module | None = Non
     if scores is None:
         scored = run_score(settings, model=model, pool=pool, stdin=stdin, on_start=on_start,
                            on_batch=on_batch, embeddings=settings.typical or (
-                               False if settings.diverse is False
+                               False if settings.diverse is False and not settings.dedup
                                else settings.diverse or settings.embeddings))
         plan.meta = {"task": scored.stats.task, "class_names": scored.pool.classes, **plan.meta}
         return pick(settings, scored.rows, plan, embeddings=scored.embeddings, pool=scored.pool)

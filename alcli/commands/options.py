@@ -216,6 +216,14 @@ SamplingBeta = Annotated[Optional[float], typer.Option(
 PerClass = Annotated[Optional[str], typer.Option(
     "--per-class", metavar="MODE", help="proportional or equal: spread the budget over the "
     "predicted classes in proportion to their counts, or equally.", rich_help_panel=SELECTION)]
+Dedup = Annotated[Optional[bool], typer.Option(
+    "--dedup/--no-dedup", show_default=False,
+    help="Pass over near-duplicates: no two in one batch, none of a labeled or --exclude'd "
+         "example (cosine of the embeddings >= --dedup-threshold, or the same text). [default: "
+         "on, when the table's embeddings are at hand]", rich_help_panel=SELECTION)]
+DedupThreshold = Annotated[Optional[float], typer.Option(
+    "--dedup-threshold", metavar="T", help="Cosine of two rows' embeddings at or above which they "
+    "are near-duplicates. [default: 0.95]", rich_help_panel=SELECTION)]
 Exclude = Annotated[Optional[List[str]], typer.Option(
     "--exclude", metavar="FILE", help="Never select the ids in FILE (.csv id column, .jsonl/"
                                       ".json ids, Label Studio's JSON, JSON-MIN, CSV and TSV "

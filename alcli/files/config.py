@@ -121,6 +121,9 @@ class Settings:
                                           # (default: the budget)
     per_class: str | None = None          # `select`: proportional | equal quotas per predicted class
     sampling: str = "top"                 # `select`: top | power | softmax (alcli.selection.sampling)
+    dedup: bool = True                    # `select`: pass over near-duplicates (selection/duplicates.py)
+    dedup_threshold: float = 0.95         # ... the cosine at or above which rows are (measured:
+                                          # benchmarks/duplicates.py)
     typical: bool = False                 # `select`: TypiClust cold start (alcli.selection.typical)
     sampling_beta: float = 1.0            # `select`: β of power / softmax sampling
     exclude: list[str] | None = None      # `select`: files of ids never to select
@@ -475,7 +478,8 @@ CHECKS: dict[str, Callable[[Any], Any]] = {
     "embeddings": _opt(_bool), "embeddings_file": _opt_str, "diverse": _opt(_bool), "diverse_candidates": _candidates,
     "diverse_mode": _choice(DIVERSE_MODES), "diverse_clusters": _opt(_int(1)),
     "per_class": _opt(_choice(PER_CLASS_MODES)), "sampling": _choice(SAMPLINGS),
-    "typical": _bool, "pairwise": _bool,    "sampling_beta": _positive, "exclude": _files, "image_root": _opt_str,
+    "typical": _bool, "pairwise": _bool, "dedup": _bool,
+    "dedup_threshold": _number_in(0, 1, low_allowed=False, what="above 0, at most 1"),    "sampling_beta": _positive, "exclude": _files, "image_root": _opt_str,
     "image_dir": _opt_str, "contact_sheet": _opt_str,
     "checkpoint_every": _checkpoint, "resume": _bool, "restart": _bool, "strict": _bool,
     "shard": _shard, "verbose": _bool, "progress_every": _seconds, "log_format": _choice(LOG_FORMATS),

@@ -34,6 +34,7 @@ from ..files.table import (LINE_FORMATS, MORE, SIDECARS, read_meta, remove_sidec
                            write_table)
 from ..tasks import TASKS, from_rows
 from .choose import choose
+from .duplicates import dedup, dedup_file, passed_note
 from .coco_yolo import image_links, to_coco, to_yolo, write_yolo
 from .exclusions import Exclusions, ExclusionsError, excluded_ids, read_exclusion_files
 from .export import (IMAGE_ROOT_HINT, ImageRootError, contact_sheet, labeling_config,
@@ -59,6 +60,8 @@ class SelectPlan:
     diverse: bool = False  # --diverse asked for, or by default with the embeddings at hand
     look_up: str | None = None  # the embeddings file the table lacks, looked up by its rows
     notes: list[str] = field(default_factory=list)  # warnings for people
+    dedup_file: str | None = None  # the embeddings the near-duplicate check reads (duplicates.py)
+    dedup_missing: str | None = None  # why there are none
     folder: str | None = None  # the folder of a table read from a file: its pred_mask paths' base
 
 
@@ -105,6 +108,8 @@ def prepare(settings: Settings, source: str | None, score_first: bool,
     plan.diverse = settings.diverse is not False and settings.sampling == "top" and \
         not settings.typical
     asked = _embeddings_flag(settings)  # the flag that needs the embeddings, if one does
+    if not ((plan.diverse or settings.typical) and not score_first):  # else the file is looked for here
+        plan.dedup_file, plan.dedup_missing = dedup_file(settings, source, plan.meta.get("run_id"))
     if (plan.diverse or settings.typical) and not score_first:
         path = settings.embeddings_file or (embeddings_path(str(source))
                                             if source not in (None, "-") else None)
@@ -232,12 +237,15 @@ def pick(settings: Settings, rows: list[dict], plan: SelectPlan, *, embeddings=N
                           f"rows; nothing is left to select")
     if plan.look_up:
         _look_up(settings, plan, ranked, notes)
-    if settings.typical:
+    if settings.typical:  # (one row per cluster: no near-duplicate pass)
         chosen, available = _typical(settings, plan, ranked, kept, embeddings), len(kept)
     else:
+        kept, *passed, more = dedup(settings, plan, ranked, kept, embeddings)
+        notes.extend(more)
         chosen, available = _chosen(settings, plan, kept, notes, embeddings)
         if plan.exclusions and not settings.quiet:  # advice, not a problem: -q drops it
             notes.extend(_cold_start_note(settings, ranked, len(excluded)))
+        notes.extend(filter(None, [passed_note(*passed, chosen, settings.dedup_threshold)]))
     chosen = table_paths(chosen, plan.folder)
     picked = Picked(chosen, available, notes, plan.meta)
     picked.task = export_task(settings, plan.meta, chosen)
