@@ -20,14 +20,16 @@ from torch import nn
 
 from .errors import ConfigError
 from .files.config import Settings, load_settings
-from .files.embeddings import save_embeddings
+from .files.embeddings import embeddings_path, save_embeddings
 from .files.pool import Pool
-from .files.table import read_table
+from .files.outputs import check_outputs, inputs_of
+from .files.table import read_table, write_rows
 from .inspection import Inspection, inspect_model  # noqa: F401 - the CLI's `inspect`
 from .longrun.job import JobResult, score
 from .longrun.merge import MergeResult, merge_tables
 from .score.embeddings import EmbeddingRecorder, Embeddings
 from .score.runner import RunStats
+from .selection.duplicates import GROUP_COLUMNS, duplicate_groups
 from .selection.pick import Picked, check_rows, pick, prepare
 from .selection.pick import write_batch  # noqa: F401 - the CLI's `select`
 
@@ -89,6 +91,23 @@ def score_to_table(settings: Settings, dest: str, *, model: nn.Module | None = N
 def merge(parts: list[str], dest: str, fmt: str = "csv", null: bool = False) -> MergeResult:
     """`alcli merge`: shard tables -> one ranked table at `dest` (see alcli.longrun.merge)."""
     return merge_tables(parts, dest, fmt, null)
+
+
+@dataclass
+class DuplicateGroups:
+    rows: list[dict]  # group, id, similarity, kind (alcli.selection.duplicates.duplicate_groups)
+    groups: int       # how many groups
+
+
+def duplicates(settings: Settings, scores: str) -> DuplicateGroups:
+    """`alcli duplicates`: the groups of near-duplicates of the table `scores`, written to
+    settings.output (stdout when None or '-') as CSV."""
+    check_outputs({settings.where("output"): settings.output},
+                  [("the table read", scores), ("its embeddings file", embeddings_path(scores)),
+                   *inputs_of(settings)])
+    rows, count = duplicate_groups(settings, scores)
+    write_rows(rows, GROUP_COLUMNS, settings.output or "-")
+    return DuplicateGroups(rows, count)
 
 
 def score_pool(pool=None, model=None, *, config=None, **options) -> Rows:

@@ -180,8 +180,8 @@ WriteEmbeddings = Annotated[Optional[bool], typer.Option(
          "the table, as OUTPUT.emb.npz, for select's diverse batches. [default: when the whole "
          "pool goes to a file]", rich_help_panel=OUTPUT)]
 ReadEmbeddings = Annotated[Optional[str], typer.Option(
-    "--embeddings", metavar="FILE", help="The embeddings --diverse reads. [default: "
-    "SCORES.emb.npz]", rich_help_panel=SELECTION)]
+    "--embeddings", metavar="FILE", help="The embeddings --diverse and the near-duplicate "
+    "check read. [default: SCORES.emb.npz]", rich_help_panel=SELECTION)]
 Diverse = Annotated[Optional[bool], typer.Option(
     "--diverse/--no-diverse", show_default=False,
     help="BADGE: k-means++ on gradient embeddings among the best scores, so the batch holds no "
@@ -223,7 +223,7 @@ Dedup = Annotated[Optional[bool], typer.Option(
          "on, when the table's embeddings are at hand]", rich_help_panel=SELECTION)]
 DedupThreshold = Annotated[Optional[float], typer.Option(
     "--dedup-threshold", metavar="T", help="Cosine of two rows' embeddings at or above which they "
-    "are near-duplicates. [default: 0.95]", rich_help_panel=SELECTION)]
+    "are near-duplicates. [default: 0.998]", rich_help_panel=SELECTION)]
 Exclude = Annotated[Optional[List[str]], typer.Option(
     "--exclude", metavar="FILE", help="Never select the ids in FILE (.csv id column, .jsonl/"
                                       ".json ids, Label Studio's JSON, JSON-MIN, CSV and TSV "

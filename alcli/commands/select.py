@@ -11,7 +11,7 @@ from ..files.config import flag
 from . import shared
 from .options import (
     LABELING, SELECTION, Aggregate, Arch, ArchKwargs, BatchSize, BoxThreshold, MaxNewTokens, Temperature, CenterCrop,
-    ClassNames, Compile, Config, ContactSheet, Decode, Device, Diverse, DiverseCandidates,
+    ClassNames, Compile, Config, ContactSheet, Decode, Dedup, DedupThreshold, Device, Diverse, DiverseCandidates,
     DiverseClusters, DiverseMode, EglSamples, Ema, Exclude, FromName, Grayscale, IdColumn,
     ImageColumn, ImageDir, ImageRoot, LabelColumn, LabelsFromFolders, LabelStudioConfig, Layers,
     LogFormat, MaxLength, Method, Model, Normalize, Null, Pairwise, PerClass, Precision, ProgressEvery,
@@ -56,6 +56,7 @@ def select(
     diverse_mode: DiverseMode = None, diverse_candidates: DiverseCandidates = None,
     diverse_clusters: DiverseClusters = None, embeddings_file: ReadEmbeddings = None,
     sampling: Sampling = None, sampling_beta: SamplingBeta = None, typical: Typical = False,
+    dedup: Dedup = None, dedup_threshold: DedupThreshold = None,
     seed: under(SELECTION, Seed) = None, null: under(SELECTION, Null) = False,
     config: under(SELECTION, Config) = None,
     class_names: under(LABELING, ClassNames) = None, image_root: ImageRoot = None,

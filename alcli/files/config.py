@@ -122,7 +122,7 @@ class Settings:
     per_class: str | None = None          # `select`: proportional | equal quotas per predicted class
     sampling: str = "top"                 # `select`: top | power | softmax (alcli.selection.sampling)
     dedup: bool = True                    # `select`: pass over near-duplicates (selection/duplicates.py)
-    dedup_threshold: float = 0.95         # ... the cosine at or above which rows are (measured:
+    dedup_threshold: float = 0.998        # ... the cosine at or above which rows are (measured:
                                           # benchmarks/duplicates.py)
     typical: bool = False                 # `select`: TypiClust cold start (alcli.selection.typical)
     sampling_beta: float = 1.0            # `select`: β of power / softmax sampling

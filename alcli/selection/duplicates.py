@@ -30,7 +30,9 @@ import torch
 from ..errors import ConfigError
 from ..files.config import Settings
 from ..files.embeddings import EmbeddingsError, embeddings_path, embeddings_run_id, open_features
-from ..files.table import MORE
+from ..files.table import MORE, read_meta, read_table, sidecar
+from .exclusions import ExclusionsError, excluded_ids, read_exclusion_files
+from .rank import rank
 
 THRESHOLD = Settings.dedup_threshold  # the cosine of near-duplicates (benchmarks/duplicates.py)
 EXACT_LIMIT = 20_000  # rows (pool + labeled) up to which the search is exact (benchmarks/duplicates.py)
@@ -135,11 +137,21 @@ def pairs_faiss(x, threshold: float, ref=None, block: int = BLOCK, nprobe: int =
     """pairs_exact's pairs from faiss's inverted-file index (cosines are inner products of unit
     rows): candidates at or above threshold - 0.01, each cosine then recomputed exactly, so none is
     invented; a pair whose rows fall in lists none of the NPROBE visited is missed."""
-    import faiss  # the `dedup` extra
+    index = ivf_index(x if ref is None else ref, block)
+    return search(index, x, threshold, ref, block, nprobe)
+
+
+def ivf_index(base, block: int = BLOCK):
+    """faiss's inverted-file index of base's unit rows [M, D] (the `dedup` extra)."""
+    import faiss
 
     faiss.omp_set_num_threads(torch.get_num_threads())
+    return _ivf_index(base, faiss, block)
+
+
+def search(index, x, threshold: float, ref=None, block: int = BLOCK, nprobe: int = NPROBE):
+    """pairs_faiss's pairs of x against the rows `index` holds (ref's, else x's own)."""
     base = x if ref is None else ref
-    index = _ivf_index(base, faiss, block)
     index.nprobe = nprobe
     out_i, out_j, out_s = [], [], []
     for s in range(0, len(x), block):
@@ -227,7 +239,8 @@ def groups(x, threshold: float = THRESHOLD, *, keys=None, ref=None, ref_keys=Non
             seen.setdefault(key, row)
     _similarities(x, ref, first, similarity)
     all_keys = list(keys) + list(ref_keys)
-    exact = np.array([keys[r] is not None and keys[r] == all_keys[first[r]] for r in range(n)])
+    exact = np.array([first[r] != r and keys[r] is not None and keys[r] == all_keys[first[r]]
+                      for r in range(n)], dtype=bool)
     return Groups(first, similarity, exact)
 
 
@@ -268,25 +281,21 @@ def row_keys(rows: list[dict], x) -> list[str]:
             else k for r, k in zip(rows, keys)]
 
 
-def pass_over(kept: list[dict], labeled: list[dict], features, threshold: float,
-              extra_labeled=()) -> tuple[list[dict], list[dict], list[dict]]:
-    """(the rows no duplicate of a better-ranked row or a labeled one, those of a better-ranked
-    row, those of a labeled one). kept: the candidate rows in rank order; labeled: the table's
-    excluded rows; features(ids) -> the Rows of those ids (a KeyError names an id without);
-    extra_labeled: more labeled features (arrays [M, D], e.g. a labeled table's)."""
+def grouped(kept: list[dict], labeled: list[dict], features: Features, threshold: float,
+            extra_labeled=()) -> tuple[Groups, list[str]]:
+    """(the groups of `kept`, the candidate rows in rank order; the ids of the labeled rows that
+    Groups.first's N + r index). labeled: the table's excluded rows (those with features count);
+    features(ids) -> their Rows (a KeyError names an id without); extra_labeled: more labeled
+    examples as (ids, features [M, D]), e.g. a labeled table's."""
     x = features([str(r["id"]) for r in kept])
     known = [r for r in labeled if features.has(str(r["id"]))]
     parts = [features([str(r["id"]) for r in known])[:]] if known else []
-    parts += [np.asarray(e, dtype=np.float32) for e in extra_labeled if len(e)]
+    parts += [np.asarray(e, dtype=np.float32) for _, e in extra_labeled if len(e)]
     ref = np.concatenate(parts) if parts else None
+    ref_ids = [str(r["id"]) for r in known] + [str(i) for ids, _ in extra_labeled for i in ids]
     ref_keys = (row_keys(known, parts[0]) if known else []) + \
-        [None] * sum(len(e) for e in extra_labeled)
-    found = groups(x, threshold, keys=row_keys(kept, x), ref=ref, ref_keys=ref_keys or None)
-    first = found.first
-    mine = [r for r, f, n in zip(kept, first, range(len(kept))) if f == n]
-    of_pool = [r for r, f, n in zip(kept, first, range(len(kept))) if n != f < len(kept)]
-    of_labeled = [r for r, f in zip(kept, first) if f >= len(kept)]
-    return mine, of_pool, of_labeled
+        [None] * (len(ref_ids) - len(known))
+    return groups(x, threshold, keys=row_keys(kept, x), ref=ref, ref_keys=ref_keys), ref_ids
 
 
 def passed_note(of_pool: list[dict], of_labeled: list[dict], chosen: list[dict],
@@ -323,20 +332,25 @@ def dedup(settings, plan, ranked: list[dict], kept: list[dict], embeddings
             # (a diverse batch without its embeddings says so itself: once is enough)
             said = plan.dedup_missing and not plan.diverse
             return kept, [], [], [plan.dedup_missing] if said else []
-        extra = [open_features(f)[1] for f in labeled_tables(settings.exclude or [])]
+        extra = [(f, open_features(f)) for f in labeled_tables(settings.exclude or [])]
     except EmbeddingsError as err:
         raise ConfigError(f"near-duplicates: {str(err).rstrip('.')}; pass --no-dedup to select "
                           f"without the check") from None
+    _same_width(extra, features.x.shape[1], f"those of the table's rows ({path or 'scored here'})")
+    extra = [e for _, e in extra]
     kept_ids = {str(r["id"]) for r in kept}
     labeled = [r for r in ranked if str(r["id"]) not in kept_ids]
     try:
-        mine, of_pool, of_labeled = pass_over(kept, labeled, features, settings.dedup_threshold,
-                                              extra)
+        found, _ = grouped(kept, labeled, features, settings.dedup_threshold, extra)
     except KeyError as err:
         raise ConfigError(f"the row '{err.args[0]}' has no embedding in "
                           f"{path or 'those recorded when the rows were scored'}, so its "
                           f"near-duplicates cannot be found; score the table again, or pass "
                           f"--no-dedup") from None
+    n, first = len(kept), found.first
+    mine = [r for k, r in enumerate(kept) if first[k] == k]
+    of_pool = [r for k, r in enumerate(kept) if k != first[k] < n]
+    of_labeled = [r for k, r in enumerate(kept) if first[k] >= n]
     return mine, of_pool, of_labeled, []
 
 
@@ -347,6 +361,23 @@ NO_FEATURES = ("no near-duplicate check: the rows have no embeddings (score writ
 def labeled_tables(files: list[str]) -> list[str]:
     """The embeddings files beside the --exclude files that have one (a labeled alcli table)."""
     return [embeddings_path(f) for f in files if f != "-" and Path(embeddings_path(f)).is_file()]
+
+
+def mark_labeled_tables(settings, sources: list) -> None:
+    """The --exclude files with an embeddings file beside them are labeled tables, compared with
+    the rows by content: with the near-duplicate check on, they may name none of the rows."""
+    with_features = set(labeled_tables(settings.exclude or [])) if settings.dedup else set()
+    for path, source in zip(settings.exclude or [], sources):
+        source.by_content = path != "-" and embeddings_path(path) in with_features
+
+
+def _same_width(extra: list, width: int, where: str) -> None:
+    """Labeled tables' features must be as wide as the table's (the same model's)."""
+    for path, (_, x) in extra:
+        if x.shape[1] != width:
+            raise ConfigError(f"the embeddings file {path} holds {x.shape[1]} features a row, and "
+                              f"{where} {width}: were they written by another model? Score the "
+                              f"labeled examples with the same model, or pass --no-dedup")
 
 
 def dedup_file(settings, source: str | None, table_run: str | None) -> tuple[str | None, str | None]:
@@ -378,3 +409,67 @@ def dedup_file(settings, source: str | None, table_run: str | None) -> tuple[str
                               f"again to write its own embeddings")
         return None, f"no near-duplicate check: {problem}; score again to write matching ones"
     return path, None
+
+
+# --- `alcli duplicates`: the groups, for a person to look at --------------------------------------
+
+GROUP_COLUMNS = ["group", "id", "similarity", "kind"]
+
+
+def duplicate_groups(settings, source: str) -> tuple[list[dict], int]:
+    """(the rows of the groups table, the number of groups): each group of two or more, its first
+    member first (kind `first`, or `labeled` for an --exclude'd or labeled example), then the
+    rows passed over for it (kind `exact`: the same content key; `near`: a cosine at or above
+    the threshold), with their cosine to the first member. Groups in the order of their first
+    rows' ranks (labeled first members: the best-ranked row that duplicates them)."""
+    rows = rank(read_table(source))
+    if not rows:
+        raise ConfigError(f"the table {source} has no rows")
+    try:
+        sources = read_exclusion_files(settings.exclude or [])
+        mark_labeled_tables(settings, sources)
+        excluded, _ = excluded_ids(sources, rows)
+    except ExclusionsError as err:
+        raise ConfigError(f"{settings.where('exclude')}: {str(err).rstrip('.')}") from None
+    path = settings.embeddings_file or embeddings_path(source)
+    if not Path(path).is_file():
+        raise ConfigError(f"the table {source} has no embeddings file {path}; score it with "
+                          f"--embeddings (a model with an nn.Linear head), or pass "
+                          f"{settings.option('embeddings_file', 'FILE')}")
+    meta = read_meta(sidecar(source, "meta.json")) or {}
+    try:
+        run = embeddings_run_id(path)
+        if run and meta.get("run_id") and run != meta["run_id"]:
+            raise EmbeddingsError(f"the embeddings file {path} was written by another run than "
+                                  f"the table {source}; score the table again to write its own")
+        features = Features(*open_features(path))
+        extra = [(f, open_features(f)) for f in labeled_tables(settings.exclude or [])]
+    except EmbeddingsError as err:
+        raise ConfigError(str(err).rstrip(".")) from None
+    _same_width(extra, features.x.shape[1], f"{path}")
+    extra = [e for _, e in extra]
+    kept = [r for r in rows if str(r["id"]) not in excluded]
+    labeled = [r for r in rows if str(r["id"]) in excluded]
+    try:
+        found, ref_ids = grouped(kept, labeled, features, settings.dedup_threshold, extra)
+    except KeyError as err:
+        raise ConfigError(f"the row '{err.args[0]}' of {source} has no embedding in {path}; "
+                          f"score the table again to write its own") from None
+    n = len(kept)
+    members: dict[int, list[int]] = {}
+    for k in range(n):
+        members.setdefault(int(found.first[k]), []).append(k)
+    out, group = [], 0
+    for first, rows_of in members.items():  # dicts keep the order first met: the rank order
+        passed = [k for k in rows_of if k != first]
+        if not passed:
+            continue
+        group += 1
+        head = ({"group": group, "id": ref_ids[first - n], "similarity": 1.0, "kind": "labeled"}
+                if first >= n else
+                {"group": group, "id": str(kept[first]["id"]), "similarity": 1.0, "kind": "first"})
+        out.append(head)
+        out.extend({"group": group, "id": str(kept[k]["id"]),
+                    "similarity": round(float(found.similarity[k]), 6),
+                    "kind": "exact" if found.exact[k] else "near"} for k in passed)
+    return out, group

@@ -34,7 +34,7 @@ from ..files.table import (LINE_FORMATS, MORE, SIDECARS, read_meta, remove_sidec
                            write_table)
 from ..tasks import TASKS, from_rows
 from .choose import choose
-from .duplicates import dedup, dedup_file, passed_note
+from .duplicates import dedup, dedup_file, mark_labeled_tables, passed_note
 from .coco_yolo import image_links, to_coco, to_yolo, write_yolo
 from .exclusions import Exclusions, ExclusionsError, excluded_ids, read_exclusion_files
 from .export import (IMAGE_ROOT_HINT, ImageRootError, contact_sheet, labeling_config,
@@ -91,6 +91,7 @@ def prepare(settings: Settings, source: str | None, score_first: bool,
     if settings.exclude:
         try:
             plan.exclusions = read_exclusion_files(settings.exclude)
+            mark_labeled_tables(settings, plan.exclusions)
         except ExclusionsError as err:
             raise ConfigError(f"{settings.where('exclude')}: {_sentence(err)}") from None
     if exclude_ids is not None:
