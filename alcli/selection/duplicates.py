@@ -115,20 +115,23 @@ def _unit(x) -> torch.Tensor:
 
 def pairs_exact(x, threshold: float, ref=None, block: int = BLOCK):
     """(i, j, cosine) of every pair at or above `threshold`: within x [N, D] with i < j, or, with
-    `ref` [M, D], between row i of x and row j of ref. One [block, block] cosine block at a time."""
+    `ref` [M, D], between row i of x and row j of ref. One [block, block] cosine block at a time,
+    always into the same buffer (fresh blocks fragmented the heap: +0.8 GB at 50,000 rows)."""
     out_i, out_j, out_s = [], [], []
     other = x if ref is None else ref
+    buffer = np.empty((block, block), np.float32)
     for s in range(0, len(x), block):
-        a = _unit(x[s:s + block])
+        a = _unit(x[s:s + block]).numpy()
         for t in range(s if ref is None else 0, len(other), block):
-            b = a if (ref is None and t == s) else _unit(other[t:t + block])
-            sim = a @ b.T                                           # [block, block]
+            b = a if (ref is None and t == s) else _unit(other[t:t + block]).numpy()
+            sim = buffer[:len(a), :len(b)]
+            np.matmul(a, b.T, out=sim)                               # [block, block]
+            i, j = np.nonzero(sim >= threshold)
             if ref is None and t == s:
-                sim = sim.triu(1)  # each pair once, no row with itself (0 < any threshold > 0)
-            i, j = (sim >= threshold).nonzero(as_tuple=True)
-            out_i.append(i.numpy() + s)
-            out_j.append(j.numpy() + t)
-            out_s.append(sim[i, j].numpy())
+                i, j = i[i < j], j[i < j]  # each pair once, no row with itself
+            out_i.append(i + s)
+            out_j.append(j + t)
+            out_s.append(sim[i, j])
     return _cat(out_i, np.int64), _cat(out_j, np.int64), _cat(out_s, np.float32)
 
 
