@@ -278,7 +278,9 @@ def test_bad_input_is_one_sentence(tmp_path):
     # a row the file lacks
     save_embeddings(str(emb), ids[:-1], np.zeros((N - 1, 2)), x[:-1])
     assert_one_error(runner.invoke(app, ["duplicates", t]), "'r39'", "a row without")
-    assert_one_error(select(tmp_path, "-n", 3, "--no-diverse"), "'r39'", "a row without")
+    assert_one_error(select(tmp_path, "-n", 3, "--no-diverse", "--dedup"), "'r39'", "a row without")
+    warned = select(tmp_path, "-n", 3, "--no-diverse")  # not asked for: said, and the top rows
+    assert batch_ids(warned) == ids[:3] and "'r39' has no embedding" in warned.stderr
     # not an embeddings file; none at all
     emb.write_bytes(b"PK\x03\x04 not a zip")
     assert_one_error(runner.invoke(app, ["duplicates", t]), str(emb), "garbage")

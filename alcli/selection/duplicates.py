@@ -345,11 +345,14 @@ def dedup(settings, plan, ranked: list[dict], kept: list[dict], embeddings
     labeled = [r for r in ranked if str(r["id"]) not in kept_ids]
     try:
         found, _ = grouped(kept, labeled, features, settings.dedup_threshold, extra)
-    except KeyError as err:
-        raise ConfigError(f"the row '{err.args[0]}' has no embedding in "
-                          f"{path or 'those recorded when the rows were scored'}, so its "
-                          f"near-duplicates cannot be found; score the table again, or pass "
-                          f"--no-dedup") from None
+    except KeyError as err:  # an error when asked for, else a warning (as for --diverse)
+        problem = (f"the row '{err.args[0]}' has no embedding in "
+                   f"{path or 'those recorded when the rows were scored'}")
+        if "dedup" in settings.sources:
+            raise ConfigError(f"{settings.where('dedup')}: {problem}, so its near-duplicates "
+                              f"cannot be found; score the table again, or pass --no-dedup") from None
+        return kept, [], [], [f"no near-duplicate check: {problem}; score the table again to "
+                              f"write its own embeddings"]
     n, first = len(kept), found.first
     mine = [r for k, r in enumerate(kept) if first[k] == k]
     of_pool = [r for k, r in enumerate(kept) if k != first[k] < n]
