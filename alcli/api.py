@@ -139,7 +139,8 @@ def select(scores=None, budget: int | None = None, *, pool=None, model=None, con
     embeddings=True) carry their embeddings; a table reads TABLE.emb.npz, or embeddings_file=FILE),
     diverse_candidates=M or "all", diverse_mode="cluster-margin" (Cluster-Margin instead of
     BADGE, into diverse_clusters=M clusters), per_class="proportional"|"equal", typical=True
-    (TypiClust cold start; the excluded ids are the labeled examples), contact_sheet="sheet.png"
+    (TypiClust cold start; the excluded ids are the labeled examples), dedup=False (no pass over
+    near-duplicates; dedup_threshold=T their cosine), contact_sheet="sheet.png"
     (written), seed, exclude= ids never to select (any iterable: a set, list, tuple, generator),
     and exclude_files= exclusion files (a path or a list of them, as `select --exclude` reads)."""
     _refuse_file_options(options, "select", "`alcli select -o FILE -f FORMAT` or alcli.api.write_batch")
