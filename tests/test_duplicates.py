@@ -169,6 +169,8 @@ def test_a_top_batch_passes_over_the_copies_and_says_how_many(tmp_path):
     last = ids.index(got[-1])
     assert passed_over(result) == sum(first[n] != n for n in range(last)) == 4
     assert "--no-dedup keeps them" in result.stderr
+    quiet = select(tmp_path, "-n", 8, "--no-diverse", "-q")  # a summary line: -q drops it
+    assert batch_ids(quiet) == walk and quiet.stderr == ""
 
 
 @pytest.mark.parametrize("how", [[], ["--per-class", "equal"], ["--diverse-mode", "cluster-margin"],

@@ -246,7 +246,8 @@ def pick(settings: Settings, rows: list[dict], plan: SelectPlan, *, embeddings=N
         chosen, available = _chosen(settings, plan, kept, notes, embeddings)
         if plan.exclusions and not settings.quiet:  # advice, not a problem: -q drops it
             notes.extend(_cold_start_note(settings, ranked, len(excluded)))
-        notes.extend(filter(None, [passed_note(*passed, chosen, settings.dedup_threshold)]))
+        if not settings.quiet:  # a summary, not a problem: -q drops it
+            notes.extend(filter(None, [passed_note(*passed, chosen, settings.dedup_threshold)]))
     chosen = table_paths(chosen, plan.folder)
     picked = Picked(chosen, available, notes, plan.meta)
     picked.task = export_task(settings, plan.meta, chosen)
