@@ -21,6 +21,8 @@ exactly). The features are read a block at a time from whatever holds them (a me
 from __future__ import annotations
 
 import hashlib
+import importlib.util
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -201,6 +203,10 @@ def _cat(parts, dtype) -> np.ndarray:
 def find_pairs(x, threshold: float, ref=None, method: str = "auto"):
     """pairs_exact or pairs_faiss: `auto` is exact up to EXACT_LIMIT rows in all."""
     total = len(x) + (0 if ref is None else len(ref))
+    if method == "auto" and total > EXACT_LIMIT and importlib.util.find_spec("faiss") is None:
+        warnings.warn(f"the near-duplicate search over {total:,} rows is exact, which takes N^2 "
+                      f"time: pip install 'alcli[dedup]' (faiss-cpu) for its index", stacklevel=2)
+        method = "exact"
     if method == "faiss" or (method == "auto" and total > EXACT_LIMIT):
         return pairs_faiss(x, threshold, ref)
     return pairs_exact(x, threshold, ref)
