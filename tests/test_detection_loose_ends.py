@@ -29,13 +29,11 @@ def test_keypoint_rcnn_batched_loss_of_an_image_without_instances_is_torchvision
     batched, loop = (keypoints.rows(doubtful, imgs, ids, Settings("gradnorm", box_threshold=0.6, method=m), None)
                      for m in ("ghost", "loop"))
     assert all(math.isfinite(r["loss"]) for r in batched), [r["loss"] for r in batched]
-    # the loss column's float64 exactness is its own item of issue 53 (batched R-CNN losses are good
-    # to about 1e-8 relative, the scores to 1e-9): here, defined and equal to the loop's
-    assert [r["loss"] for r in batched] == pytest.approx([r["loss"] for r in loop], rel=1e-7)
+    assert [r["loss"] for r in batched] == pytest.approx([r["loss"] for r in loop], rel=1e-12)
     assert [r["score"] for r in batched] == pytest.approx([r["score"] for r in loop], rel=1e-9)
     # the image without instances against torchvision's own training loss
     norm, loss = oracle(doubtful, imgs[1], [], [], [], detection.image_seed(0, ids[1]))
-    assert batched[1]["loss"] == pytest.approx(loss, rel=1e-7)
+    assert batched[1]["loss"] == pytest.approx(loss, rel=1e-12)
     assert batched[1]["score"] == pytest.approx(norm, rel=1e-9)
 
 

@@ -173,10 +173,27 @@ def loss_mode(model: nn.Module):
     for module in model.modules():
         if isinstance(module, (nn.modules.batchnorm._BatchNorm, nn.Dropout)):
             module.eval()
+    rpn = getattr(model, "rpn", None)
+    assign = getattr(rpn, "assign_targets_to_anchors", None)
+    if assign is not None:
+        rpn.assign_targets_to_anchors = _labels_as_logits(assign, rpn)
     try:
         yield
     finally:
         model.eval()
+        if assign is not None:
+            del rpn.assign_targets_to_anchors
+
+
+def _labels_as_logits(assign, rpn):
+    """torchvision's RPN hands its objectness labels over as float32, and the BCE of float64
+    logits at float32 labels is float32: the labels in the head's dtype keep a float64 model's
+    loss float64 (the same labels, 0, 1 or -1, exactly)."""
+    def assign_in_dtype(anchors, targets):
+        labels, matched = assign(anchors, targets)
+        dtype = next(rpn.head.parameters()).dtype
+        return [l.to(dtype) for l in labels], matched
+    return assign_in_dtype
 
 
 def image_seed(seed: int, id_) -> int:
