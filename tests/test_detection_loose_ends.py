@@ -72,3 +72,26 @@ def test_a_manifest_with_given_boxes_is_refused_for_gradnorm_and_loss(tmp_path):
     assert untold.exit_code == 1 and "has a 'boxes' column" in " ".join(untold.output.split()), untold.output
     done = invoke_in(tmp_path, "score", "plain.csv", *common, "-s", "gradnorm", "-o", "s.csv")
     assert done.exit_code == 0, done.output
+
+
+@pytest.mark.parametrize("task", ["detection", "instance-segmentation", "keypoints"])
+def test_every_detector_task_refuses_a_manifests_given_boxes(tmp_path, task):
+    """Mask and Keypoint R-CNN score at their predicted instances as detection does: a manifest's
+    `boxes` column is refused in one sentence naming the task, not silently ignored."""
+    import json
+
+    import numpy as np
+    from PIL import Image
+
+    from alcli import tasks
+    from alcli.files.pool import PoolOptions
+    from alcli.files.sources import open_pool
+
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(tmp_path / "a.png")
+    boxes = json.dumps([[1, 2, 5, 6, 1]]).replace('"', '""')
+    (tmp_path / "given.csv").write_text(f'path,boxes\na.png,"{boxes}"\n')
+    (tmp_path / "plain.csv").write_text("path\na.png\n")
+    refuse = tasks.TASKS[task].unanswered
+    said = refuse(open_pool(str(tmp_path / "given.csv"), PoolOptions()), "gradnorm")
+    assert said is not None and f"has a 'boxes' column, but {task} does not read given boxes" in said
+    assert refuse(open_pool(str(tmp_path / "plain.csv"), PoolOptions()), "gradnorm") is None

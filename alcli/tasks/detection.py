@@ -503,15 +503,18 @@ def _unnamed(row, names) -> bool:
     return any(_named(v, names) is None for v in found)
 
 
-def given_boxes(pool, strategy: str) -> str | None:
-    """The sentence refusing a manifest's given boxes (a `boxes` or `label` column) for gradnorm
-    and loss, which score each image at its predicted boxes: given boxes are not read (yet)."""
-    path, columns = getattr(getattr(pool, "base", pool), "given_columns", (None, []))
-    if not columns:
-        return None
-    return (f"manifest {path} has a '{columns[0]}' column, but detection does not read given boxes "
-            f"({strategy} would score each image at its predicted boxes): drop the column to score "
-            f"at the predictions")
+def refuses_given_boxes(task: str):
+    """Task.unanswered for a detector task: the sentence refusing a manifest's given boxes (a
+    `boxes` or `label` column) for gradnorm and loss, which score each image at its predicted
+    boxes: given boxes are not read (yet)."""
+    def given_boxes(pool, strategy: str) -> str | None:
+        path, columns = getattr(getattr(pool, "base", pool), "given_columns", (None, []))
+        if not columns:
+            return None
+        return (f"manifest {path} has a '{columns[0]}' column, but {task} does not read given boxes "
+                f"({strategy} would score each image at its predicted boxes): drop the column to score "
+                f"at the predictions")
+    return given_boxes
 
 
 TASK = Task(
@@ -524,5 +527,5 @@ TASK = Task(
     instances=instances,
     sized_images=True, model_kind="an object detector", needs_model=not_a_detector,
     normalised_outside=is_hf, model_classes=classes, predict=predict, rows=rows, method=method,
-    gradient_utilities=GRADIENT_UTILITIES, unanswered=given_boxes,
+    gradient_utilities=GRADIENT_UTILITIES, unanswered=refuses_given_boxes("detection"),
 )
