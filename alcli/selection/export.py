@@ -19,7 +19,7 @@ from PIL import Image, ImageDraw, ImageFont, ImageOps
 
 from ..files.atomic import atomic_open
 from ..files.redact import redacted
-from ..files.sources import open_source
+from ..pools import open_source
 from ..tasks import TASKS
 from ..tasks.labelstudio import Tag, _plain, entities  # noqa: F401 - entities: the token pre-labels' spans
 

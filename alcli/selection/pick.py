@@ -28,8 +28,8 @@ from ..files.config import Settings
 from ..files.embeddings import (STREAM_KEEP, EmbeddingsError, embeddings_path, embeddings_run_id,
                                 find_for_rows, load_embeddings)
 from ..files.outputs import check_not_input, inputs_of
-from ..files.pool import PoolOptions, open_pool
-from ..files.sources import source_exists
+from ..pools import holds_tensors, id_files, local_file, open_pool, reads_stdin, source_exists
+from ..pools.common import PoolOptions
 from ..files.table import (LINE_FORMATS, MORE, SIDECARS, read_meta, remove_sidecars, sidecar,
                            write_table)
 from ..tasks import TASKS, from_rows
@@ -123,7 +123,7 @@ def prepare(settings: Settings, source: str | None, score_first: bool,
             plan.embeddings_file = path
             _check_same_run(settings, plan, source)
     if settings.null and settings.format not in LINE_FORMATS and \
-            not (score_first and settings.pool == "-"):
+            not (score_first and reads_stdin(settings.pool)):
         raise ConfigError(f"{settings.where('null')} ends -f paths and -f ids records with NUL; "
                           f"-f {settings.format} has no such records")
     if settings.pairwise and settings.format != "labelstudio" and not settings.labelstudio_config:
@@ -143,8 +143,7 @@ def prepare(settings: Settings, source: str | None, score_first: bool,
     check_not_input(settings.labelstudio_config, settings.where("labelstudio_config"),
                     [*inputs, ("the batch written", settings.output),
                      ("the contact sheet", settings.contact_sheet)])
-    if settings.contact_sheet and score_first and isinstance(settings.pool, str) and \
-            Path(settings.pool).suffix.lower() in (".pt", ".pth", ".npy", ".npz"):
+    if settings.contact_sheet and score_first and holds_tensors(settings.pool):
         raise ConfigError(f"{settings.where('contact_sheet')} draws images, but the pool "
                           f"{settings.pool} holds tensors")
     return plan
@@ -595,7 +594,7 @@ def image_files(rows: list[dict], settings: Settings, pool=None, meta: dict | No
                               f"{pool.name} holds tensors")
         by_id = dict(zip(pool.ids, (str(p) for p in pool.paths)))
         return [by_id.get(i, i) for i in ids]
-    mapped = _pool_files((meta or {}).get("pool_path") or settings.pool)
+    mapped = id_files((meta or {}).get("pool_path") or settings.pool)
     out = []
     for i in ids:
         guess = mapped(i)
@@ -606,20 +605,6 @@ def image_files(rows: list[dict], settings: Settings, pool=None, meta: dict | No
         else:
             out.append(i)
     return out
-
-
-def _pool_files(spec):
-    """id -> file under the pool `spec` (None when it says nothing about that id)."""
-    if not isinstance(spec, str) or spec == "-":  # a list of image files: ids are their paths
-        return lambda i: None
-    path = Path(spec)
-    if path.is_dir():
-        return lambda i: str(path / i)
-    if path.suffix.lower() in (".csv", ".jsonl") and path.is_file():
-        pool = open_pool(spec, PoolOptions())
-        by_id = dict(zip(pool.ids, (str(p) for p in pool.paths)))
-        return by_id.get
-    return lambda i: None
 
 
 def draw_sheet(rows: list[dict], paths: list[str], settings: Settings) -> list[str]:
@@ -710,7 +695,7 @@ def whole_texts(rows: list[dict], settings: Settings, pool, meta: dict) -> tuple
         by_id = dict(zip(pool.ids, getattr(pool, "texts", [])))
     else:
         spec = meta.get("pool_path") or settings.pool
-        if isinstance(spec, str) and spec != "-" and Path(spec).is_file():
+        if local_file(spec):
             opts = PoolOptions(text_column=meta.get("text_column") or settings.text_column,
                                tokenizer=NO_TOKENIZER, class_names=meta.get("class_names"))
             try:
