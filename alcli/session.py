@@ -190,6 +190,7 @@ def hf_options(opts: PoolOptions, settings: Settings, model: nn.Module) -> None:
     opts.text_column = settings.text_column
     opts.image_column, opts.id_column = settings.image_column, settings.id_column
     opts.label_column, opts.split = settings.label_column, settings.split
+    opts.fps, opts.every = settings.fps, settings.every
     directory = hf.model_dir(model, settings.model)
     if directory is None:
         return

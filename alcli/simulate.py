@@ -238,7 +238,7 @@ def pool_labels(settings: Settings, spec: str, what: str) -> tuple[list[str], li
                        text_column=settings.text_column, tokenizer=lambda: None,
                        class_names=names, image_column=settings.image_column,
                        id_column=settings.id_column, label_column=settings.label_column,
-                       split=settings.split)
+                       split=settings.split, fps=settings.fps, every=settings.every)
     pool = open_pool(spec, opts)
     if not pool.has_labels:
         folders = " (pass --labels-from-folders for class subfolders)" \

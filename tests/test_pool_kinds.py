@@ -9,14 +9,14 @@ import re
 from pathlib import Path
 
 import alcli
-from alcli.pools import KINDS, common, tables
+from alcli.pools import KINDS, common, tables, video
 
 ROOT = Path(alcli.__file__).parent
 POOL_NAME = re.compile(r"(^|_)(pool|spec)($|_)")  # pool, spec, settings.pool, pool_path, ...
 SUFFIXES = {*common.IMAGE_EXTS, *common.TENSOR_EXTS, *common.MANIFEST_EXTS, *common.TEXT_EXTS,
-            *tables.TABLE_EXTS, ".tar", ".arrow"}
+            *tables.TABLE_EXTS, *video.VIDEO_EXTS, ".tar", ".arrow"}
 PREDICATES = {"is_shard_spec", "is_hf_dataset", "is_parquet_folder", "is_text_manifest",
-              "expand_braces"}
+              "is_video", "expand_braces"}
 
 
 def _names_pool(node: ast.AST) -> bool:
@@ -75,7 +75,7 @@ def outside_pool_code() -> list[str]:
 
 
 def test_no_pool_kind_is_decided_outside_the_pool_modules():
-    assert len(KINDS) >= 10  # the registry the walk's suffixes come from
+    assert len(KINDS) >= 10 and video.KIND in KINDS  # the registry the walk's suffixes come from
     found = outside_pool_code()
     assert not found, "ask alcli.pools instead:\n" + "\n".join(found)
 
@@ -101,4 +101,4 @@ def test_each_kind_is_defined_in_its_own_module():
         assert kind.recognises.__module__ == kind.opens.__module__, kind.name
     modules = {kind.opens.__module__.rpartition(".")[2] for kind in KINDS}
     assert modules == {"pools", "filelist", "stores", "prompts", "webdataset", "hf_dataset",
-                       "parquet", "folder", "text", "manifest", "tensors"}
+                       "parquet", "video", "folder", "text", "manifest", "tensors"}

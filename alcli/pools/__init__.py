@@ -11,7 +11,7 @@ from pathlib import Path
 from ..errors import ConfigError, PoolError, first_line
 from ..files.regular import check_regular
 from . import (filelist, folder, hf_dataset, manifest, parquet, prompts, stores, tensors, text,
-               webdataset)
+               video, webdataset)
 from .common import IMAGE_EXTS, MANIFEST_EXTS, TENSOR_EXTS, Pool, PoolKind, PoolOptions
 
 
@@ -46,6 +46,7 @@ KINDS: list[PoolKind] = [
     parquet.KIND,          # .parquet files and folders of them
     filelist.FILE_LIST,    # several image files
     CHECKS,                # (not a kind: a missing or unreadable local path)
+    video.KIND,            # .mp4/.mkv/.webm, or a folder of them
     folder.KIND,           # a folder of images
     text.KIND,             # .txt, or .csv/.jsonl with the text column
     manifest.KIND,         # .csv/.jsonl of image paths
@@ -64,7 +65,8 @@ def open_pool(spec: str | list[str], opts: PoolOptions, stdin=None) -> Pool:
                 return pool
     raise PoolError(f"pool {spec} is not a folder, an image ({', '.join(IMAGE_EXTS)}), a manifest "
                     f"({', '.join(MANIFEST_EXTS)}), a text file (.txt), a tensor file "
-                    f"({', '.join(TENSOR_EXTS)}), a Parquet table (.parquet) or tar shards (.tar)")
+                    f"({', '.join(TENSOR_EXTS)}), a video ({', '.join(video.VIDEO_EXTS)}), a Parquet table "
+                    f"(.parquet) or tar shards (.tar)")
 
 
 # --- a row's source, read back -----------------------------------------------------------------

@@ -52,6 +52,8 @@ class PoolOptions:
     label_column: str | None = None  # table pools: the label column (None: 'label' if there)
     prompts: bool = False            # rows of text, prompt + response, or messages (pools/prompts.py)
     split: str | None = None         # Hugging Face DatasetDict pools: the split scored
+    fps: float | None = None         # video pools: frames sampled per second (None: --every)
+    every: int | None = None         # video pools: every N-th frame (None and no fps: every one)
 
 
 @dataclass(frozen=True)
