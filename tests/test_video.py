@@ -3,6 +3,7 @@ independently (PyAV, every frame, in order) and scored by a float64 per-example 
 sampling (--every, --fps), a kill -9 and --resume, shards merged, the contact sheet and -f paths."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +13,7 @@ from PIL import Image
 from typer.testing import CliRunner
 
 from alcli.cli import app
+from alcli.files.names import id_file
 from alcli.pools import open_pool, open_source
 from alcli.pools.common import PoolOptions
 from conftest import MEAN, STD, oracle_grad_norm, parse_csv
@@ -157,6 +159,29 @@ def test_select_names_frames_and_draws_them(in_ws, clips, tmp_path):
             assert np.array_equal(np.asarray(im.convert("RGB")), frames[i])
     with Image.open(tmp_path / "sheet.png") as sheet:
         assert sheet.size[0] > 3 * 8 and len(set(sheet.convert("L").getdata())) > 20  # drawn tiles
+
+
+def test_label_studio_tasks_carry_each_frame_extracted_beside_the_batch(in_ws, clips, tmp_path):
+    table, batch = tmp_path / "t.csv", tmp_path / "batch.json"
+    score(in_ws, clips, "--every", "3", "-o", table)
+    root = "http://ls:8080/data/local-files/?d=work/"
+    result = runner.invoke(app, ["select", str(table), "--budget", "4", "-f", "labelstudio",
+                                 "-o", str(batch), "--image-root", root])
+    assert result.exit_code == 0, result.stderr
+    frames = {f"{name}#t={t:.3f}": rgb for name in ("a.mp4", "more/b.mkv")
+              for t, rgb in decoded(clips / name)}
+    tasks = json.loads(batch.read_text())
+    assert len(tasks) == 4 and len(list((tmp_path / "batch.json.frames").iterdir())) == 4
+    for task in tasks:
+        frame_id = task["data"]["alcli_id"]
+        name = id_file(frame_id, ".png")
+        assert task["data"]["image"] == root + "batch.json.frames/" + name
+        with Image.open(tmp_path / "batch.json.frames" / name) as im:
+            assert np.array_equal(np.asarray(im.convert("RGB")), frames[frame_id])
+    to_stdout = runner.invoke(app, ["select", str(table), "--budget", "2", "-f", "labelstudio",
+                                    "-o", "-"])
+    assert to_stdout.exit_code == 1 and "name it with --output FILE" in to_stdout.stderr
+    assert "Traceback" not in to_stdout.stderr
 
 
 def test_bad_videos_and_options_are_one_sentence(in_ws, clips, tmp_path):

@@ -71,11 +71,11 @@ def open_pool(spec: str | list[str], opts: PoolOptions, stdin=None) -> Pool:
 
 # --- a row's source, read back -----------------------------------------------------------------
 
-def _part_reader(base: str):
+def _part_kind(base: str) -> PoolKind | None:
     """The kind whose files have parts (a shard's members, a table's cells) that `base` is one of."""
     for kind in KINDS:
         if kind.read_part is not None and base.lower().endswith(kind.parts):
-            return kind.read_part
+            return kind
     return None
 
 
@@ -86,7 +86,7 @@ def split_source(path: str) -> tuple[str, str | None]:
         return path, None
     for at in (i for i, c in enumerate(path) if c == "#"):
         base = path[:at]
-        if _part_reader(base) is not None and os.path.isfile(base):
+        if _part_kind(base) is not None and os.path.isfile(base):
             return base, path[at + 1:]
     return path, None
 
@@ -102,7 +102,14 @@ def open_source(path: str) -> io.BytesIO:
     check_regular(base)  # a FIFO would block
     if part is None:
         return io.BytesIO(Path(base).read_bytes())
-    return io.BytesIO(_part_reader(base)(base, part))
+    return io.BytesIO(_part_kind(base).read_part(base, part))
+
+
+def extracted(path: str) -> bool:
+    """Does a hand-off get the part of a file that `path` names as an image file of its own (a
+    video's frame, for Label Studio)?"""
+    base, part = split_source(path)
+    return part is not None and _part_kind(base).extracted
 
 
 # --- what commands ask of a pool's spec before or without opening it ----------------------------

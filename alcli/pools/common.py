@@ -68,6 +68,8 @@ class PoolKind:
     parts: tuple[str, ...] = ()    # suffixes of the files whose parts FILE#PART names
     read_part: Callable | None = None  # (file, part) -> the bytes of an image file; ValueError
     files_of: Callable | None = None   # spec -> (id -> the file the id names, or None): -f paths
+    extracted: bool = False  # Label Studio gets its parts as image files extracted beside the
+                             # batch (it cannot show a video's frame in place)
 
 
 class Item(NamedTuple):

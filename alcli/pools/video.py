@@ -217,4 +217,4 @@ def _frames_under(spec: str):
 
 KIND = PoolKind("video", lambda spec, opts: is_video(spec),
                 lambda spec, opts, stdin: from_videos(spec, opts), options=("fps", "every"),
-                parts=VIDEO_EXTS, read_part=read_frame, files_of=_frames_under)
+                parts=VIDEO_EXTS, read_part=read_frame, files_of=_frames_under, extracted=True)
