@@ -21,7 +21,7 @@ from torch import nn
 from .errors import ConfigError
 from .files.config import Settings, load_settings
 from .files.embeddings import save_embeddings
-from .files.pool import Pool
+from .pools.common import Pool
 from .files.table import read_table
 from .inspection import Inspection, inspect_model  # noqa: F401 - the CLI's `inspect`
 from .longrun.job import JobResult, score

@@ -9,7 +9,10 @@ import math
 import os
 import posixpath
 import re
+import shutil
 import sys
+import tempfile
+from pathlib import Path
 from typing import Mapping, Sequence
 from urllib.parse import quote
 from xml.sax.saxutils import quoteattr
@@ -19,7 +22,7 @@ from PIL import Image, ImageDraw, ImageFont, ImageOps
 
 from ..files.atomic import atomic_open
 from ..files.redact import redacted
-from ..files.sources import open_source
+from ..pools import open_source
 from ..tasks import TASKS
 from ..tasks.labelstudio import Tag, _plain, entities  # noqa: F401 - entities: the token pre-labels' spans
 
@@ -222,6 +225,22 @@ def write_json(obj, path: str) -> None:
     """Write one JSON document (e.g. Label Studio tasks) atomically; `-` = stdout. NaN is an error."""
     _atomic_write_text(path, json.dumps(obj, indent=2, ensure_ascii=False, allow_nan=False,
                                         default=_plain) + "\n")
+
+
+def write_folder(files: dict[str, bytes], folder: Path) -> None:
+    """A folder of `files` ({name: bytes}) written whole: into a temporary folder beside it, which
+    then replaces it (an older one's files go with it)."""
+    temp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    try:
+        for name, data in files.items():
+            (temp / name).write_bytes(data)
+        old = folder.with_name(f".{folder.name}.{os.getpid()}.old")
+        if folder.exists():
+            os.replace(folder, old)
+        os.replace(temp, folder)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 # --- contact sheet --------------------------------------------------------------------------------

@@ -139,7 +139,7 @@ class Task:
     gradient_utilities: tuple = ()    # its strategies that take gradients (`method` says how)
     # --- outputs with positions (pixels, tokens): a loss over none is undefined (NaN, ranked last)
     loss_over_positions: bool = False
-    # --- its pool's rows are text, prompt + response, or chat messages (files/prompts.py)
+    # --- its pool's rows are text, prompt + response, or chat messages (pools/prompts.py)
     reads_prompts: bool = False
     no_position: Callable = _none     # logits -> a sentence when the output has no position to score
 
