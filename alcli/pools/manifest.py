@@ -62,7 +62,7 @@ def from_manifest(spec, opts: PoolOptions) -> Pool:
         if raw is not None:
             task_labels[rows[-1][0]] = (where, raw)
     pool = with_task_labels(image_pool(str(path), rows, opts), task_labels)
-    # the label columns a detector would take as given boxes (detection.given_boxes refuses them)
+    # the label columns a detector would take as given boxes (detection.refuses_given_boxes refuses them)
     pool.given_columns = (str(path), [c for c in ("boxes", "label")
                                       if any(row.get(c) not in (None, "", []) for _, row in records)])
     return pool
