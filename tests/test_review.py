@@ -1,0 +1,234 @@
+"""`alcli review` (alcli/review.py): each task's review table against an independent float64
+computation (the probabilities' formulas; a per-example loop for the gradient norm at the given
+label), confident learning's flags on a case small enough to compute by hand, the Label Studio
+hand-off of a review table, and bad input in one sentence."""
+from __future__ import annotations
+
+import csv
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torch import nn
+from typer.testing import CliRunner
+
+from alcli import api
+from alcli.cli import app
+from alcli.review import suggestion, thresholds
+from cli_errors import assert_one_error
+
+LINEAR = ["--arch", "torch.nn:Linear", "--arch-kwargs", '{"in_features": 4, "out_features": 3}']
+
+
+def run(cwd, *args):
+    old = os.getcwd()
+    os.chdir(cwd)
+    try:
+        return CliRunner().invoke(app, [str(a) for a in args])
+    finally:
+        os.chdir(old)
+
+
+def read(path) -> dict:
+    with open(path, newline="") as f:
+        return {r["id"]: r for r in csv.DictReader(f)}
+
+
+@pytest.fixture(scope="module")
+def ws(tmp_path_factory):
+    """A 30-row tensor pool of 3 classes, a third of them labeled with the wrong class (+1 mod 3),
+    and a Linear model over it."""
+    root = tmp_path_factory.mktemp("review")
+    g = torch.Generator().manual_seed(0)
+    true = torch.arange(30) % 3
+    x = torch.randn(30, 4, generator=g) + 2.0 * torch.eye(4)[true]
+    given = torch.where(torch.arange(30) % 3 == 0, (true + 1) % 3, true)
+    ids = [f"r{i:02d}" for i in range(30)]
+    torch.save({"x": x, "y": given, "ids": ids}, root / "pool.pt")
+    torch.save({"x": x, "ids": ids}, root / "unlabeled.pt")
+    torch.save({"x": x, "y": given + 1, "ids": ids}, root / "beyond.pt")
+    with torch.random.fork_rng():
+        torch.manual_seed(1)
+        lin = nn.Linear(4, 3)
+        with torch.no_grad():  # a model that mostly knows the true classes
+            lin.weight.copy_(1.5 * torch.eye(3, 4) + 0.1 * torch.randn(3, 4))
+        torch.save(lin.state_dict(), root / "lin.pt")
+    (root / "names.txt").write_text("ant\nbee\ncow\n")
+    return root, x.double(), given, ids, lin
+
+
+def classification_oracle(x, y, lin):
+    """float64: probs, and per example the gradient norm of CE at its label (one at a time)."""
+    w, b = lin.weight.detach().double(), lin.bias.detach().double()
+    p = torch.softmax(x @ w.T + b, 1)
+    norms = []
+    for i in range(len(x)):
+        wi, bi = w.clone().requires_grad_(), b.clone().requires_grad_()
+        loss = torch.nn.functional.cross_entropy((x[i] @ wi.T + bi)[None], y[i:i + 1])
+        gw, gb = torch.autograd.grad(loss, (wi, bi))
+        norms.append(float(torch.sqrt((gw ** 2).sum() + (gb ** 2).sum())))
+    return p, norms
+
+
+def cl_flags(p, y):
+    """Confident learning, written out: t_k = mean p_k of the rows labeled k; a row's classes at
+    or above their threshold; flagged when the most probable of them is not its label."""
+    t = {k: float(p[y == k, k].mean()) for k in range(p.shape[1]) if (y == k).any()}
+    flags, suggested = [], []
+    for i in range(len(y)):
+        above = [k for k in t if p[i, k] >= t[k]]
+        best = max(above, key=lambda k: float(p[i, k])) if above else int(p[i].argmax())
+        flags.append(bool(above) and best != int(y[i]))
+        suggested.append(best)
+    return flags, suggested
+
+
+@pytest.mark.parametrize("ranking", ["margin", "gradnorm"])
+def test_classification_table_against_float64(ws, ranking):
+    root, x, y, ids, lin = ws
+    res = run(root, "review", "pool.pt", "-m", "lin.pt", *LINEAR, "--class-names", "names.txt",
+              "--rank", ranking, "-q", "-o", "r.csv")
+    assert res.exit_code == 0, res.stderr
+    table = read(root / "r.csv")
+    p, norms = classification_oracle(x, y, lin)
+    flags, suggested = cl_flags(p, y)
+    names = ["ant", "bee", "cow"]
+    assert len(table) == 30 and sum(flags) > 0
+    for i, id_ in enumerate(ids):
+        row, yi = table[id_], int(y[i])
+        other = max(float(p[i, k]) for k in range(3) if k != yi)
+        want = {"self_confidence": float(p[i, yi]), "margin": (float(p[i, yi]) - other + 1) / 2,
+                "loss": -float(torch.log(p[i, yi])), "gradnorm": norms[i],
+                "confidence": float(p[i, suggested[i]])}
+        for key, value in want.items():
+            assert float(row[key]) == pytest.approx(value, rel=1e-4, abs=1e-6), (id_, key)
+        assert row["label"] == names[yi] and row["pred"] == names[suggested[i]], id_
+        assert (row["flagged"] == "True") == flags[i], id_
+        badness = 1 - want["margin"] if ranking == "margin" else norms[i]
+        assert float(row["score"]) == pytest.approx(badness, rel=1e-4, abs=1e-6)
+    order = sorted(table.values(), key=lambda r: int(r["rank"]))
+    assert [float(r["score"]) for r in order] == sorted((float(r["score"]) for r in order),
+                                                         reverse=True)
+    meta = json.loads((root / "r.csv.meta.json").read_text())
+    assert meta["task"] == "classification" and meta["class_names"] == names
+    assert meta["flagged"] == sum(flags)
+
+
+def test_confident_learning_by_hand():
+    """Two classes. Rows labeled 0: p = [0.9, 0.1], [0.6, 0.4], so t_0 = 0.75; labeled 1:
+    [0.2, 0.8], [0.7, 0.3], so t_1 = 0.55. Row [0.7, 0.3] labeled 1 has no class at or above
+    its threshold (0.7 < 0.75, 0.3 < 0.55): not flagged, however low p_1 is."""
+    units = [(0, 0, [0.9, 0.1]), (0, 0, [0.6, 0.4]), (0, 1, [0.2, 0.8]), (0, 1, [0.7, 0.3])]
+    t = thresholds(units)
+    assert t == pytest.approx({(0, 0): 0.75, (0, 1): 0.55})
+    assert [suggestion(*u, t) for u in units] == [(0, False), (0, False), (1, False), (0, False)]
+    # a row labeled 1 with p = [0.76, 0.24] joins: t_1 = (0.8 + 0.3 + 0.24) / 3 = 0.4467; its
+    # p_0 = 0.76 >= t_0 = 0.75 and p_1 < t_1: flagged, suggested 0. Row [0.7, 0.3] stays below.
+    units.append((0, 1, [0.76, 0.24]))
+    t = thresholds(units)
+    assert t[(0, 1)] == pytest.approx((0.8 + 0.3 + 0.24) / 3)
+    assert suggestion(*units[-1], t) == (0, True)
+    assert suggestion(*units[3], t) == (0, False)
+    # both classes above their thresholds: the more probable one counts, here the given one
+    assert suggestion(0, 0, [0.76, 0.24], {(0, 0): 0.5, (0, 1): 0.2}) == (0, False)
+    assert suggestion(0, 1, [0.76, 0.24], {(0, 0): 0.5, (0, 1): 0.2}) == (0, True)
+    # a group is its own problem (multilabel: one per label)
+    assert thresholds([(0, 1, [0.2, 0.8]), (1, 1, [0.6, 0.4])]) == {(0, 1): 0.8, (1, 1): 0.4}
+
+
+def binary_pick(given, p, t, j):
+    """(suggested value, flagged) of label j: the likelier of the values at or above t, flagged
+    when not the given one; else the likelier value."""
+    above = [k for k in (0, 1) if p[k] >= t[(j, k)]]
+    if not above:
+        return int(p[1] > p[0]), False
+    best = max(above, key=lambda k: (p[k], k == given))
+    return best, best != given
+
+
+def test_multilabel_table_per_label(tmp_path):
+    """Per label j a binary decision: self-confidence p(given y_j), flagged per label; a row's
+    columns are its worst label's; gradnorm of the BCE summed over labels, float64 per example."""
+    rng = np.random.default_rng(0)
+    imgs = rng.integers(0, 256, (12, 3, 3), dtype=np.uint8)
+    labels = [sorted({i % 3, (i // 3) % 3}) for i in range(12)]
+    with open(tmp_path / "m.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["id", "path", "label"])
+        for i in range(12):
+            Image.fromarray(imgs[i], "L").save(tmp_path / f"{i}.png")
+            w.writerow([f"e{i}", f"{i}.png", "|".join(map(str, labels[i]))])
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(9, 3)).eval()
+    settings = api.settings_for(pool=str(tmp_path / "m.csv"), task="multilabel",
+                                transform={"grayscale": True},
+                                batch_size=5)
+    reviewed, run_ = api.review_to_table(settings, str(tmp_path / "r.csv"), "self-confidence",
+                                         model=model)
+    table = read(tmp_path / "r.csv")
+    x = torch.tensor(imgs, dtype=torch.float64).reshape(12, 9) / 255.0
+    w, b = model[1].weight.detach().double(), model[1].bias.detach().double()
+    p = torch.sigmoid(x @ w.T + b)                                              # [N, C]
+    y = torch.tensor([[float(c in labels[i]) for c in range(3)] for i in range(12)], dtype=torch.float64)
+    q = torch.where(y == 1, p, 1 - p)                                           # p(given) per label
+    t = {(j, v): float(torch.where(y[:, j] == 1, p[:, j], 1 - p[:, j])[y[:, j] == v].mean())
+         for j in range(3) for v in (0, 1)}
+    for i in range(12):
+        wi, bi = w.clone().requires_grad_(), b.clone().requires_grad_()
+        bce = torch.nn.functional.binary_cross_entropy_with_logits(x[i] @ wi.T + bi, y[i],
+                                                                   reduction="sum")
+        gw, gb = torch.autograd.grad(bce, (wi, bi))
+        row = table[f"e{i}"]
+        assert float(row["gradnorm"]) == pytest.approx(
+            float(torch.sqrt((gw ** 2).sum() + (gb ** 2).sum())), rel=1e-4)
+        assert float(row["self_confidence"]) == pytest.approx(float(q[i].min()), rel=1e-5)
+        assert float(row["margin"]) == pytest.approx(float(q[i].min()), rel=1e-5)  # binary: the same
+        assert float(row["score"]) == pytest.approx(1 - float(q[i].min()), rel=1e-5)
+        assert float(row["loss"]) == pytest.approx(-float(torch.log(q[i]).sum()), rel=1e-5)
+        picks = [binary_pick(int(y[i, j]), [1 - float(p[i, j]), float(p[i, j])], t, j)
+                 for j in range(3)]
+        assert (row["flagged"] == "True") == any(f for _, f in picks), i
+        assert row["pred"] == ("|".join(str(j) for j, (k, _) in enumerate(picks) if k == 1)
+                               or "[]"), i
+        assert row["label"] == "|".join(map(str, labels[i]))
+    assert reviewed.flagged == sum(r["flagged"] == "True" for r in table.values()) > 0
+
+
+def test_review_table_goes_to_label_studio_with_the_given_label_to_verify(ws):
+    root, x, y, ids, lin = ws
+    assert run(root, "review", "pool.pt", "-m", "lin.pt", *LINEAR, "--class-names", "names.txt",
+               "-q", "-o", "h.csv").exit_code == 0
+    top = min(read(root / "h.csv").values(), key=lambda r: int(r["rank"]))
+    res = run(root, "select", "h.csv", "-n", "2", "-f", "labelstudio", "-q", "-o", "t.json")
+    assert res.exit_code == 0, res.stderr
+    tasks = json.loads((root / "t.json").read_text())
+    assert len(tasks) == 2 and tasks[0]["data"]["alcli_id"] == top["id"]
+    choice = lambda regions: [r["value"]["choices"] for r in regions]
+    assert choice(tasks[0]["annotations"][0]["result"]) == [[top["label"]]]
+    assert choice(tasks[0]["predictions"][0]["result"]) == [[top["pred"]]]
+    assert top["label"] != top["pred"]  # the most likely wrong label: the model suggests another
+    # a score table of the same labeled pool stays a plain batch: no annotations
+    assert run(root, "score", "pool.pt", "-m", "lin.pt", *LINEAR, "--class-names", "names.txt",
+               "-s", "loss", "-q", "-o", "s.csv").exit_code == 0
+    run(root, "select", "s.csv", "-n", "2", "-f", "labelstudio", "-q", "-o", "u.json")
+    assert all("annotations" not in t for t in json.loads((root / "u.json").read_text()))
+
+
+def test_bad_input_is_one_sentence(ws, tmp_path):
+    root = ws[0]
+    res = run(root, "review", "unlabeled.pt", "-m", "lin.pt", *LINEAR, "-q", "-o", "x.csv")
+    assert_one_error(res, "has no labels", "unlabeled pool")
+    res = run(root, "review", "beyond.pt", "-m", "lin.pt", *LINEAR, "-q", "-o", "x.csv")
+    assert_one_error(res, "but the model has 3 classes", "a label the model does not have")
+    (tmp_path / "m.csv").write_text("id,path,label\na,a.png,ant\nb,b.png,wolf\n")
+    for name in ("a", "b"):
+        Image.fromarray(np.zeros((2, 2), np.uint8), "L").save(tmp_path / f"{name}.png")
+    res = run(tmp_path, "review", "m.csv", "-m", root / "lin.pt", *LINEAR, "--grayscale",
+              "--class-names", root / "names.txt", "-q", "-o", "x.csv")
+    assert_one_error(res, "label 'wolf' is not one of the 3 class names", "a label name")
+    res = run(root, "review", "pool.pt", "-m", "lin.pt", *LINEAR, "--rank", "entropy", "-q")
+    assert_one_error(res, "--rank entropy", "a ranking")
+    assert not (root / "x.csv").exists()
