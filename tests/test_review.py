@@ -191,10 +191,20 @@ def test_multilabel_table_per_label(tmp_path):
         picks = [binary_pick(int(y[i, j]), [1 - float(p[i, j]), float(p[i, j])], t, j)
                  for j in range(3)]
         assert (row["flagged"] == "True") == any(f for _, f in picks), i
-        assert row["pred"] == ("|".join(str(j) for j, (k, _) in enumerate(picks) if k == 1)
-                               or "[]"), i
+        assert row["pred"] == "|".join(str(j) for j, (k, _) in enumerate(picks) if k == 1), i
         assert row["label"] == "|".join(map(str, labels[i]))
     assert reviewed.flagged == sum(r["flagged"] == "True" for r in table.values()) > 0
+    # the hand-off: the given set to verify, the suggested set as the prediction
+    (tmp_path / "names.txt").write_text("ant\nbee\ncow\n")
+    res = run(tmp_path, "select", "r.csv", "-n", "12", "-f", "labelstudio", "--class-names",
+              "names.txt", "-q", "-o", "t.json")
+    assert res.exit_code == 0, res.stderr
+    named = lambda cell: sorted("ant bee cow".split()[int(j)] for j in cell.split("|") if j not in ("[]", ""))
+    for task in json.loads((tmp_path / "t.json").read_text()):
+        row = table[task["data"]["alcli_id"]]
+        chosen = lambda regions: sorted(c for r in regions for c in r["value"]["choices"])
+        assert chosen(task["annotations"][0]["result"]) == named(row["label"])
+        assert chosen(task["predictions"][0]["result"]) == named(row["pred"])
 
 
 def test_review_table_goes_to_label_studio_with_the_given_label_to_verify(ws):
@@ -215,6 +225,13 @@ def test_review_table_goes_to_label_studio_with_the_given_label_to_verify(ws):
                "-s", "loss", "-q", "-o", "s.csv").exit_code == 0
     run(root, "select", "s.csv", "-n", "2", "-f", "labelstudio", "-q", "-o", "u.json")
     assert all("annotations" not in t for t in json.loads((root / "u.json").read_text()))
+
+
+def test_the_command_offers_the_rankings_review_has():
+    from alcli import review
+    from alcli.commands import review as command
+    assert command.RANKINGS[0] == review.DEFAULT_RANKING  # the command's default
+    assert set(command.RANKINGS) == set(review.RANKINGS)
 
 
 def test_bad_input_is_one_sentence(ws, tmp_path):

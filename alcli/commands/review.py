@@ -14,7 +14,7 @@ from .options import (
     MaxLength, Method, Model, Normalize, Output, Precision, ProgressEvery, Quiet, Resize, Seed,
     Split, Task, TextColumnOpt, TextWidth, Trust, TrustRemoteCode, Verbose, Workers)
 
-RANKINGS = ("margin", "self-confidence", "loss", "gradnorm")  # alcli.review.RANKINGS (torch-free here)
+RANKINGS = ("self-confidence", "margin", "loss", "gradnorm")  # alcli.review.RANKINGS (torch-free here)
 
 EPILOG = """Examples:
 
@@ -39,9 +39,9 @@ def review(
     model: Model = None, arch: Arch = None, arch_kwargs: ArchKwargs = None, ema: Ema = False,
     trust_checkpoint: Trust = False, trust_remote_code: TrustRemoteCode = False, task: Task = None,
     rank: Annotated[Optional[str], typer.Option(
-        "--rank", metavar="NAME", help="What orders the table, most likely wrong first: margin "
-        "(cleanlab's normalized margin), self-confidence (p of the given label), loss or gradnorm "
-        "(at the given label). [default: margin]", rich_help_panel=STRATEGY)] = None,
+        "--rank", metavar="NAME", help="What orders the table, most likely wrong first: "
+        "self-confidence (p of the given label), margin (cleanlab's normalized margin), loss or "
+        "gradnorm (at the given label). [default: self-confidence]", rich_help_panel=STRATEGY)] = None,
     layers: Layers = None, seed: Seed = None,
     resize: Resize = None, center_crop: CenterCrop = None, grayscale: Grayscale = None,
     normalize: Normalize = None,
@@ -66,7 +66,7 @@ def review(
     (the given label as the annotation to verify, the suggestion as the prediction).
     """
     flags = dict(locals())
-    ranking = flags.pop("rank") or "margin"
+    ranking = flags.pop("rank") or RANKINGS[0]
     if ranking not in RANKINGS:
         raise ConfigError(f"--rank {ranking} is not one of {', '.join(RANKINGS)}")
     if flags["format"] not in (None, "csv", "jsonl"):

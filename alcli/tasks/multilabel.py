@@ -69,8 +69,8 @@ def review_units(s) -> list[str]:
 
 
 def review_pred(suggested, names) -> str:
-    """The labels suggested present, by name, joined by | (`[]`: none)."""
-    return "|".join(str(class_name(j, names)) for j, k in suggested if k == 1) or "[]"
+    """The labels suggested present, by name, joined by | (empty: none, as score's pred)."""
+    return "|".join(str(class_name(j, names)) for j, k in suggested if k == 1)
 
 
 def prelabels(row, n, tag, names, ref) -> list[dict]:
