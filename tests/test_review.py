@@ -227,6 +227,19 @@ def test_review_table_goes_to_label_studio_with_the_given_label_to_verify(ws):
     assert all("annotations" not in t for t in json.loads((root / "u.json").read_text()))
 
 
+def test_rows_without_a_label_are_left_out_and_counted(ws):
+    root, x, y, ids, lin = ws
+    part = y.clone()
+    part[[3, 7]] = -1  # unknown
+    torch.save({"x": x.float(), "y": part, "ids": ids}, root / "part.pt")
+    res = run(root, "review", "part.pt", "-m", "lin.pt", *LINEAR, "-o", "p.csv")
+    assert res.exit_code == 0, res.stderr
+    table = read(root / "p.csv")
+    assert len(table) == 28 and "r03" not in table and "r07" not in table
+    assert "left out 2 examples without a label" in res.stderr
+    assert json.loads((root / "p.csv.meta.json").read_text())["unlabeled"] == 2
+
+
 def test_the_command_offers_the_rankings_review_has():
     from alcli import review
     from alcli.commands import review as command
