@@ -3,7 +3,8 @@
 The run is `score --strategy review` (gradnorm at the given label, alcli.score.strategies): each
 row brings its loss and gradient norm at the given label, and its `units`, the labeled decisions
 the task makes of it (`Task.review_units`: classification one, the row's class; multilabel one per
-label, present or absent), each (group, given class, p [K]). Here, for every unit:
+label, present or absent; token classification one per labeled word), each (group, given class,
+p [K], where). Here, for every unit:
 
     self-confidence  p_given
     margin           (p_given - max_{k != given} p_k + 1) / 2      cleanlab's normalized margin
@@ -61,7 +62,7 @@ def review_rows(scored: list[dict], task: str, names: list[str] | None, ranking:
 def thresholds(units) -> dict[tuple[int, int], float]:
     """t_{g,k}: the mean p_k over the units of group g whose given class is k."""
     sums: dict[tuple[int, int], list[float]] = {}
-    for group, given, p in units:
+    for group, given, p, *_ in units:
         total = sums.setdefault((group, given), [0.0, 0])
         total[0] += p[given]
         total[1] += 1
@@ -85,13 +86,12 @@ def margin(given: int, p: list[float]) -> float:
 
 
 def _review_row(row: dict, units: list, t: dict, review_pred, names, ranking: str) -> dict:
-    picks = [suggestion(g, y, p, t) for g, y, p in units]
+    picks = [suggestion(u[0], u[1], u[2], t) for u in units]
     worst = min(range(len(units)), key=lambda i: units[i][2][units[i][1]])
-    g, y, p = units[worst]
     out = {"id": row["id"], "score": 0.0, "flagged": any(f for _, f in picks),
            "label": row.get("label"),
-           "pred": review_pred([(u[0], k) for u, (k, _) in zip(units, picks)], names),
-           "confidence": p[picks[worst][0]],
+           **review_pred(units, [k for k, _ in picks], names),
+           "confidence": units[worst][2][picks[worst][0]],
            "self_confidence": min(u[2][u[1]] for u in units),
            "margin": min(margin(u[1], u[2]) for u in units),
            "loss": row.get("loss"), "gradnorm": row["score"]}

@@ -262,3 +262,89 @@ def test_bad_input_is_one_sentence(ws, tmp_path):
     res = run(root, "review", "pool.pt", "-m", "lin.pt", *LINEAR, "--rank", "entropy", "-q")
     assert_one_error(res, "--rank entropy", "a ranking")
     assert not (root / "x.csv").exists()
+
+
+def test_token_classification_per_labeled_word(tmp_path):
+    """Per labeled word a decision at its first token (here its only one: [CLS] w0 w1 ... [SEP]):
+    the probabilities from a float64 copy of the model; the row's gradnorm and loss (mean CE over
+    the labeled words) by a float64 loop; pred_words / label_words, and the hand-off's spans."""
+    pytest.importorskip("transformers")
+    import hf_models
+    import task_models as tm
+    from transformers import AutoModelForTokenClassification
+    model = tm.bert_tokens()
+    model.resize_token_embeddings(len(hf_models.VOCAB))
+    model.save_pretrained(tmp_path / "ner")
+    hf_models.tokenizer(tmp_path / "ner").save_pretrained(tmp_path / "ner")
+    words = hf_models.WORDS
+    texts = [" ".join(words[(i * 7 + k * 3) % len(words)] for k in range(2 + i % 4)) for i in range(8)]
+    label_of = lambda i, n: [(i + k) % tm.CLASSES for k in range(n)] if i != 5 else None
+    with open(tmp_path / "ner.jsonl", "w") as f:
+        for i, text in enumerate(texts):
+            label = label_of(i, len(text.split()))
+            f.write(json.dumps({"id": f"t{i}", "text": text,
+                                **({"label": label} if label else {})}) + "\n")
+    (tmp_path / "tags.txt").write_text("O\nPER\nLOC\n")
+    res = run(tmp_path, "review", "ner.jsonl", "--model", "ner", "--class-names", "tags.txt",
+              "-b", "3", "-o", "r.csv")
+    assert res.exit_code == 0, res.stderr
+    assert "left out 1 example without a label" in res.stderr
+    table = read(tmp_path / "r.csv")
+    enc = hf_models.tokenizer(tmp_path / "tok")(texts, padding="longest", return_tensors="pt")
+    x = {k: enc[k] for k in ("input_ids", "token_type_ids", "attention_mask")}
+    m = AutoModelForTokenClassification.from_pretrained(tmp_path / "ner").eval()
+    with torch.no_grad():
+        z = m.double()(**x).logits                                       # [N, T, C] float64
+    labeled = [i for i in range(8) if i != 5]
+    units = [(i, k, y) for i in labeled for k, y in enumerate(label_of(i, len(texts[i].split())))]
+    p = {(i, k): torch.softmax(z[i, k + 1], -1) for i, k, _ in units}    # word k: token k + 1
+    t = {c: float(np.mean([float(p[(i, k)][c]) for i, k, y in units if y == c]))
+         for c in range(tm.CLASSES)}
+    targets = torch.full(x["input_ids"].shape, tm.IGNORE)
+    for i, k, y in units:
+        targets[i, k + 1] = y
+    model = AutoModelForTokenClassification.from_pretrained(tmp_path / "ner").eval()
+    norms = tm.loop_norms(model, {k: v[labeled] for k, v in x.items()}, "token-classification",
+                          targets[labeled])
+    names = ["O", "PER", "LOC"]
+    for n, i in enumerate(labeled):
+        row, given = table[f"t{i}"], label_of(i, len(texts[i].split()))
+        q = [p[(i, k)] for k in range(len(given))]
+        conf = [float(q[k][y]) for k, y in enumerate(given)]
+        picks = []
+        for k, y in enumerate(given):
+            above = [c for c in range(tm.CLASSES) if float(q[k][c]) >= t[c]]
+            best = max(above, key=lambda c: (float(q[k][c]), c == y)) if above else int(q[k].argmax())
+            picks.append((best, bool(above) and best != y))
+        assert float(row["self_confidence"]) == pytest.approx(min(conf), rel=1e-5), i
+        assert float(row["score"]) == pytest.approx(1 - min(conf), rel=1e-5), i
+        loss = -float(np.mean([np.log(c) for c in conf]))
+        assert float(row["loss"]) == pytest.approx(loss, rel=1e-5), i
+        assert float(row["gradnorm"]) == pytest.approx(float(norms[n]), rel=2e-5), i
+        assert (row["flagged"] == "True") == any(f for _, f in picks), i
+        assert json.loads(row["pred_words"]) == [names[c] for c, _ in picks], i
+        assert json.loads(row["label_words"]) == [names[y] for y in given], i
+    assert "t5" not in table and any(r["flagged"] == "True" for r in table.values())
+    # the hand-off: spans of the given words to verify, of the suggested ones as the prediction
+    res = run(tmp_path, "select", "r.csv", "-n", "3", "-f", "labelstudio", "--class-names",
+              "tags.txt", "-q", "-o", "t.json")
+    assert res.exit_code == 0, res.stderr
+    for task in json.loads((tmp_path / "t.json").read_text()):
+        row = table[task["data"]["alcli_id"]]
+        spans = lambda regions: [(r["value"]["text"], r["value"]["labels"]) for r in regions]
+        assert task["data"]["text"] == row["text"]
+        assert spans(task["annotations"][0]["result"]) == spans_of(row["text"], json.loads(row["label_words"]))
+        assert spans(task["predictions"][0]["result"]) == spans_of(row["text"], json.loads(row["pred_words"]))
+
+
+def spans_of(text: str, tags: list) -> list:
+    """Consecutive words of one tag (other than O) as one span: (its text, [tag])."""
+    words, out, k = text.split(), [], 0
+    while k < len(words):
+        j = k
+        while j + 1 < len(words) and tags[j + 1] == tags[k]:
+            j += 1
+        if tags[k] != "O":
+            out.append((" ".join(words[k:j + 1]), [tags[k]]))
+        k = j + 1
+    return out

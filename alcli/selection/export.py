@@ -111,7 +111,9 @@ def to_labelstudio(rows: Sequence[Mapping], image_root: str | None, model_versio
                                                 "score": score, "result": result}]}
         if _reviewed(row):  # alcli review's table: the given label is the annotation to verify
             given = {k: v for k, v in row.items() if k != "pred_index"}
-            verify = regions({**given, "pred": row["label"]}, n, tag, class_names, ref)
+            verify = regions({**given, "pred": row["label"],
+                              **({"pred_words": row["label_words"]} if "label_words" in row else {})},
+                             n, tag, class_names, ref)
             if verify:  # (a label no class name is known for: none)
                 task_["annotations"] = [{"result": verify}]
         tasks.append(task_)

@@ -85,9 +85,9 @@ def columns(s, score: torch.Tensor):
 
 
 def review_units(s) -> list[str]:
-    """Each labeled example, one unit: [[0, its label, p [C]]] (JSON); an unlabeled one, []."""
+    """Each labeled example, one unit: [[0, its label, p [C], 0]] (JSON); an unlabeled one, []."""
     probs, labels = s.probs.tolist(), s.labels.tolist()
-    return [json.dumps([[0, y, p]] if y >= 0 else []) for y, p in zip(labels, probs)]
+    return [json.dumps([[0, y, p, 0]] if y >= 0 else []) for y, p in zip(labels, probs)]
 
 
 def pred_values(preds: list[float], extras, names) -> list[int]:
@@ -146,7 +146,7 @@ TASK = Task(
     valid=all_positions(lambda z: 1), classes=lambda z: z.shape[1],
     targets=targets, egl=egl, uncertainty=uncertainty, table_loss=table_loss,
     columns=columns, pred_values=pred_values, class_pred=True, review_units=review_units,
-    review_pred=lambda suggested, names: class_name(suggested[0][1], names),
+    review_pred=lambda units, suggested, names: {"pred": class_name(suggested[0], names)},
     given_labels=False, check_labels=check_labels,
     check_head_input=check_head_input, badge=badge,
     probe=lambda z, inputs: (TASK.loss, predicted(TASK, z, TASK.valid(z, inputs))),

@@ -61,16 +61,16 @@ def badge(logits: torch.Tensor, h: torch.Tensor, valid) -> tuple[torch.Tensor, t
 
 
 def review_units(s) -> list[str]:
-    """Each label of a labeled example, one unit: [[j, y_j, [1 - p_j, p_j]] for j < C] (JSON)."""
+    """Each label of a labeled example, one unit: [[j, y_j, [1 - p_j, p_j], j] for j < C] (JSON)."""
     targets, known = s.given_targets()
     p = torch.sigmoid(s.logits.to(exact_dtype(s.logits))).tolist()  # [B, C]
-    return [json.dumps([[j, int(y), [1.0 - pj, pj]] for j, (y, pj) in enumerate(zip(ys, ps))]
+    return [json.dumps([[j, int(y), [1.0 - pj, pj], j] for j, (y, pj) in enumerate(zip(ys, ps))]
                        if k else []) for ys, ps, k in zip(targets.tolist(), p, known.tolist())]
 
 
-def review_pred(suggested, names) -> str:
+def review_pred(units, suggested, names) -> dict:
     """The labels suggested present, by name, joined by | (empty: none, as score's pred)."""
-    return "|".join(str(class_name(j, names)) for j, k in suggested if k == 1)
+    return {"pred": "|".join(str(class_name(u[0], names)) for u, k in zip(units, suggested) if k == 1)}
 
 
 def prelabels(row, n, tag, names, ref) -> list[dict]:
