@@ -9,8 +9,8 @@ import typer
 from ..errors import ConfigError
 from . import shared
 from .options import (
-    STRATEGY, Arch, ArchKwargs, BatchSize, CenterCrop, ClassNames, Compile, Config, Decode, Device,
-    Ema, Grayscale, IdColumn, ImageColumn, LabelColumn, LabelsFromFolders, Layers, LogFormat,
+    OUTPUT, STRATEGY, Arch, ArchKwargs, BatchSize, CenterCrop, ClassNames, Compile, Config, Decode,
+    Device, Ema, Grayscale, IdColumn, ImageColumn, LabelColumn, LabelsFromFolders, Layers, LogFormat,
     MaxLength, Method, Model, Normalize, Output, Precision, ProgressEvery, Quiet, Resize, Seed,
     Split, Task, TextColumnOpt, TextWidth, Trust, TrustRemoteCode, Verbose, Workers)
 
@@ -48,7 +48,7 @@ def review(
     output: Output = None,
     format: Annotated[Optional[str], typer.Option(
         "--format", "-f", metavar="FORMAT", help="csv (the default) or jsonl.",
-        rich_help_panel="Output")] = None,
+        rich_help_panel=OUTPUT)] = None,
     text_width: TextWidth = None,
     batch_size: BatchSize = None, device: Device = None, workers: Workers = None,
     precision: Precision = None, decode: Decode = None, method: Method = None,

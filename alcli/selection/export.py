@@ -107,16 +107,16 @@ def to_labelstudio(rows: Sequence[Mapping], image_root: str | None, model_versio
         if row.get("pred") is not None:
             data["alcli_pred"] = _plain(row["pred"])
         result = regions(row, n, tag, class_names, ref)
-        task_ = {"data": data, "predictions": [{"model_version": str(model_version),
-                                                "score": score, "result": result}]}
+        ls_task = {"data": data, "predictions": [{"model_version": str(model_version),
+                                                  "score": score, "result": result}]}
         if _reviewed(row):  # alcli review's table: the given label is the annotation to verify
             given = {k: v for k, v in row.items() if k != "pred_index"}
             verify = regions({**given, "pred": row["label"],
                               **({"pred_words": row["label_words"]} if "label_words" in row else {})},
                              n, tag, class_names, ref)
             if verify:  # (a label no class name is known for: none)
-                task_["annotations"] = [{"result": verify}]
-        tasks.append(task_)
+                ls_task["annotations"] = [{"result": verify}]
+        tasks.append(ls_task)
     return tasks
 
 
