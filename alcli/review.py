@@ -14,7 +14,8 @@ p [K], where). Here, for every unit:
                      its given class, and that class is its suggestion (else its argmax)
 
 and for a row: its worst unit's self-confidence and margin, flagged when any unit is, its
-suggestion (`Task.review_pred`) and the suggestion's probability (its worst unit's). The score
+suggestion (`Task.review_pred`) and the suggestion's probability (its worst unit's). A task
+without classes (regression) computes these columns itself (`Task.review_own`). The score
 ranks the rows by one of RANKINGS, most likely wrong first. Rows without a label are left out.
 """
 from __future__ import annotations
@@ -53,9 +54,14 @@ def review_rows(scored: list[dict], task: str, names: list[str] | None, ranking:
     if not labeled:
         raise PoolError(f"{pool_name} has no labels: alcli review checks given labels (a label "
                         f"column, class folders with --labels-from-folders, pull's labels.csv)")
-    t = thresholds(u for row in labeled for u in units[row["id"]])
-    out = [_review_row(row, units[row["id"]], t, TASKS[task].review_pred, names, ranking)
-           for row in labeled]
+    spec = TASKS[task]
+    if spec.review_own is not None:  # a task without classes (regression) reviews its own units
+        t = {}
+        columns = spec.review_own([units[row["id"]] for row in labeled], names)
+    else:
+        t = thresholds(u for row in labeled for u in units[row["id"]])
+        columns = [_class_columns(units[row["id"]], t, spec.review_pred, names) for row in labeled]
+    out = [_review_row(row, cols, ranking) for row, cols in zip(labeled, columns)]
     return Reviewed(rank(out), len(scored) - len(labeled), sum(r["flagged"] for r in out), t)
 
 
@@ -85,16 +91,20 @@ def margin(given: int, p: list[float]) -> float:
     return (p[given] - other + 1.0) / 2.0
 
 
-def _review_row(row: dict, units: list, t: dict, review_pred, names, ranking: str) -> dict:
+def _class_columns(units: list, t: dict, review_pred, names) -> dict:
+    """A row's columns from its units' probabilities (see the module's doc)."""
     picks = [suggestion(u[0], u[1], u[2], t) for u in units]
     worst = min(range(len(units)), key=lambda i: units[i][2][units[i][1]])
-    out = {"id": row["id"], "score": 0.0, "flagged": any(f for _, f in picks),
-           "label": row.get("label"),
-           **review_pred(units, [k for k, _ in picks], names),
-           "confidence": units[worst][2][picks[worst][0]],
-           "self_confidence": min(u[2][u[1]] for u in units),
-           "margin": min(margin(u[1], u[2]) for u in units),
-           "loss": row.get("loss"), "gradnorm": row["score"]}
+    return {"flagged": any(f for _, f in picks),
+            **review_pred(units, [k for k, _ in picks], names),
+            "confidence": units[worst][2][picks[worst][0]],
+            "self_confidence": min(u[2][u[1]] for u in units),
+            "margin": min(margin(u[1], u[2]) for u in units)}
+
+
+def _review_row(row: dict, columns: dict, ranking: str) -> dict:
+    out = {"id": row["id"], "score": 0.0, "flagged": columns.pop("flagged"),
+           "label": row.get("label"), **columns, "loss": row.get("loss"), "gradnorm": row["score"]}
     score = RANKINGS[ranking](out)
     out["score"] = score if score is not None and math.isfinite(score) else math.nan
     for key in ("path", "text"):

@@ -348,3 +348,53 @@ def spans_of(text: str, tags: list) -> list:
             out.append((" ".join(words[k:j + 1]), [tags[k]]))
         k = j + 1
     return out
+
+
+def test_regression_residuals_scaled_by_the_models_spread(tmp_path):
+    """Regression: r = target - output, s = 1.4826 median |r| over the pool, z = |r| / s;
+    self-confidence the normal tail erfc(z / sqrt 2), flagged beyond 3 spreads; gradnorm of the
+    squared error by a float64 loop; the hand-off's numbers."""
+    import math
+    rng = np.random.default_rng(1)
+    imgs = rng.integers(0, 256, (16, 2, 2), dtype=np.uint8)
+    x = torch.tensor(imgs, dtype=torch.float64).reshape(16, 4) / 255.0
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(4, 1)).eval()
+    w, b = model[1].weight.detach().double(), model[1].bias.detach().double()
+    y = (x @ w.T + b)[:, 0] + torch.tensor(rng.normal(0, 0.1, 16))
+    y[[2, 9]] += torch.tensor([2.0, -3.0])  # two wrong targets
+    with open(tmp_path / "m.csv", "w", newline="") as f:
+        out = csv.writer(f)
+        out.writerow(["id", "path", "label"])
+        for i in range(16):
+            Image.fromarray(imgs[i], "L").save(tmp_path / f"{i}.png")
+            out.writerow([f"e{i}", f"{i}.png", repr(float(y[i]))])
+    settings = api.settings_for(pool=str(tmp_path / "m.csv"), task="regression",
+                                transform={"grayscale": True}, batch_size=6)
+    api.review_to_table(settings, str(tmp_path / "r.csv"), "self-confidence", model=model)
+    table = read(tmp_path / "r.csv")
+    f = (x @ w.T + b)[:, 0]
+    r = (y - f).numpy()
+    z = np.abs(r) / (1.4826 * np.median(np.abs(r)))
+    for i in range(16):
+        row = table[f"e{i}"]
+        tail = math.erfc(z[i] / math.sqrt(2))
+        assert float(row["residual_z"]) == pytest.approx(z[i], rel=1e-5), i
+        assert float(row["self_confidence"]) == pytest.approx(tail, rel=1e-4, abs=1e-12), i
+        assert (row["flagged"] == "True") == (z[i] > 3), i
+        assert float(row["pred"]) == pytest.approx(float(f[i]), rel=1e-5, abs=1e-7)
+        assert float(row["loss"]) == pytest.approx(r[i] ** 2, rel=1e-5)
+        wi, bi = w.clone().requires_grad_(), b.clone().requires_grad_()
+        gw, gb = torch.autograd.grad(((x[i] @ wi.T + bi)[0] - y[i]) ** 2, (wi, bi))
+        norm = float(torch.sqrt((gw ** 2).sum() + (gb ** 2).sum()))
+        assert float(row["gradnorm"]) == pytest.approx(norm, rel=1e-4), i
+    order = sorted(table.values(), key=lambda row: int(row["rank"]))
+    assert {order[0]["id"], order[1]["id"]} == {"e2", "e9"}
+    assert order[0]["flagged"] == order[1]["flagged"] == "True"
+    res = run(tmp_path, "select", "r.csv", "-n", "2", "-f", "labelstudio", "-q", "-o", "t.json")
+    assert res.exit_code == 0, res.stderr
+    for task in json.loads((tmp_path / "t.json").read_text()):
+        row = table[task["data"]["alcli_id"]]
+        number = lambda regions: [reg["value"]["number"] for reg in regions]
+        assert number(task["annotations"][0]["result"]) == pytest.approx([float(row["label"])])
+        assert number(task["predictions"][0]["result"]) == pytest.approx([float(row["pred"])])

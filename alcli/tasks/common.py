@@ -93,6 +93,8 @@ class Task:
     # K = 2; token classification: each labeled word, `where` its index)
     review_units: Callable | None = None
     review_pred: Callable | None = None   # (units, suggested classes, class names) -> {column: cell}
+    review_own: Callable | None = None    # a task without classes (regression): [each labeled
+                                          # row's units] -> its columns, instead of the thresholds
     # --- what its rows show
     columns: Callable | None = None   # (s, score) -> (pred [B], confidence [B], loss [B] | None, [extras])
     pred_values: Callable | None = None   # (preds, extras, class names) -> the pred column
