@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 
 from alcli import api
 from alcli.cli import app
+from alcli.errors import AlcliError
 from alcli.review import suggestion, thresholds
 from cli_errors import assert_one_error
 
@@ -398,3 +399,16 @@ def test_regression_residuals_scaled_by_the_models_spread(tmp_path):
         number = lambda regions: [reg["value"]["number"] for reg in regions]
         assert number(task["annotations"][0]["result"]) == pytest.approx([float(row["label"])])
         assert number(task["predictions"][0]["result"]) == pytest.approx([float(row["pred"])])
+
+
+def test_a_task_not_reviewed_is_one_sentence(tmp_path):
+    for i in range(2):
+        Image.fromarray(np.zeros((2, 2), np.uint8), "L").save(tmp_path / f"{i}.png")
+    torch.manual_seed(0)
+    settings = api.settings_for(pool=str(tmp_path), task="segmentation", transform={"grayscale": True})
+    with pytest.raises(AlcliError, match=r"^alcli review reviews the labels of classification, "
+                       r"multilabel, token-classification, regression models, and this is a "
+                       r"segmentation model$"):
+        api.review_to_table(settings, str(tmp_path / "r.csv"), "self-confidence",
+                            model=nn.Conv2d(1, 3, 1).eval())
+    assert not (tmp_path / "r.csv").exists()
