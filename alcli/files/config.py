@@ -36,7 +36,7 @@ SAMPLINGS = ("top", "power", "softmax")  # alcli.selection.sampling.SAMPLINGS; a
 # the names the strategy registry (alcli.score.strategies) and the engine (alcli.gradnorm.METHODS)
 # define, listed here so that reading a config does not import torch; a test keeps them equal
 STRATEGY_NAMES = ("egl", "gradnorm", "align", "loss", "entropy", "margin", "least-confidence",
-                  "random", "uncertain-boxes")
+                  "random", "uncertain-boxes", "review")
 METHOD_NAMES = ("auto", "ghost", "replicate", "vmap", "loop")
 PRECISIONS = ("fp32", "bf16", "fp16")
 # the labeling tasks (alcli.tasks.TASKS, plus auto: read from the model); config is read before
