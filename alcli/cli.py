@@ -19,7 +19,7 @@ import typer
 from typer import Abort
 from typer.core import TyperCommand, TyperGroup
 
-from .commands import duplicates, inspect, merge, pull, push, score, select, simulate
+from .commands import duplicates, inspect, merge, pull, push, review, score, select, simulate
 from .commands.shared import rank0
 from .errors import AlcliError, torchvision_mismatch
 from .version import __version__
@@ -196,6 +196,7 @@ app.command(cls=_Command, epilog=select.EPILOG)(select.select)
 app.command(cls=_Command, epilog=duplicates.EPILOG)(duplicates.duplicates)
 app.command(cls=_Command, epilog=push.EPILOG)(push.push)
 app.command(cls=_Command, epilog=pull.EPILOG)(pull.pull)
+app.command(cls=_Command, epilog=review.EPILOG)(review.review)
 app.command(cls=_Command, epilog=simulate.EPILOG)(simulate.simulate)
 app.command(cls=_Command, epilog=inspect.EPILOG)(inspect.inspect)
 

@@ -78,13 +78,14 @@ BASE = {
                   "--train", "cp lin.pt {model}", "--rounds", "1", "--seeds", "1",
                   "--init", "10", "-n", "5", "--strategies", "margin", "-q"], "pool.pt"),
     "inspect": (["inspect", "-m", "lin.pt", *LINEAR], "lin.pt"),
+    "review": (["review", "pool.pt", "-m", "lin.pt", *LINEAR, "-q", "-o", "-"], "lin.pt"),
     "duplicates": (["duplicates", "part0.csv", "-q"], "part0.csv"),
 }
 
 # the (command, option) pairs that write the path they are given
 OUTPUTS = {("score", "--output"), ("merge", "--output"), ("select", "--output"),
            ("select", "--contact-sheet"), ("duplicates", "--output"), ("select", "--labelstudio-config"),
-           ("pull", "--output"), ("pull", "--skipped"), ("simulate", "--output"),
+           ("pull", "--output"), ("pull", "--skipped"), ("review", "--output"), ("simulate", "--output"),
            ("simulate", "--plot"), ("simulate", "--report"), ("simulate", "--workdir")}
 
 
