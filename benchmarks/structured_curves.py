@@ -72,7 +72,7 @@ TASK_METHODS = {"regression": ("random", "mc-var", "egl", "egl+div"),
 # data set -> (task, test size, start labels, batch, max labels, epochs)
 PROTOCOLS = {"diabetes": ("regression", 142, 10, 10, 80, 100),
              "cars": ("regression", 112, 10, 10, 80, 100),
-             "mosaics": ("segmentation", 200, 10, 10, 60, 40)}
+             "mosaics": ("segmentation", 100, 10, 10, 50, 30)}
 QUICK = {"seeds": 2, "max_labels": 20, "pool": 60, "epochs": 5, "test": 40,
          "methods": "random,mc-var,egl+div,entropy-max,egl,gradnorm+div"}
 MC_PASSES = 20
@@ -159,9 +159,9 @@ def make_model(data: Data) -> nn.Module:
         return nn.Sequential(nn.Linear(d, 64), nn.ReLU(), nn.Dropout(0.1), nn.Linear(64, 64),
                              nn.ReLU(), nn.Dropout(0.1), nn.Linear(64, 1))
     # [B, 1, H, W] -> [B, classes, H, W]; receptive field 13 px
-    return nn.Sequential(nn.Conv2d(1, 16, 5, padding=2), nn.ReLU(),
-                         nn.Conv2d(16, 16, 5, padding=4, dilation=2), nn.ReLU(),
-                         nn.Conv2d(16, data.classes, 1))
+    return nn.Sequential(nn.Conv2d(1, 8, 5, padding=2), nn.ReLU(),
+                         nn.Conv2d(8, 8, 5, padding=4, dilation=2), nn.ReLU(),
+                         nn.Conv2d(8, data.classes, 1))
 
 
 def train(data: Data, labeled: np.ndarray, seed: int, epochs: int) -> nn.Module:
@@ -350,6 +350,8 @@ def parse_args(argv=None):
                     help="comma list of " + ",".join(PROTOCOLS))
     ap.add_argument("--methods", help="comma list (default: each task's, see TASK_METHODS)")
     ap.add_argument("--seeds", type=int, default=10)
+    ap.add_argument("--first-seed", type=int, default=0, help="seeds FIRST.. (to split a run over "
+                    "processes; --report-only merges their --json files)")
     ap.add_argument("--max-labels", type=int)
     ap.add_argument("--epochs", type=int)
     ap.add_argument("--pool-size", type=int)
@@ -388,7 +390,7 @@ def run_all(args) -> dict:
         data = load_data(name, args.pool_size, args.test_size)
         methods = [m for m in TASK_METHODS[data.task] if not args.methods or m in args.methods]
         per_method = results["curves"].setdefault(name, {})
-        for seed in range(args.seeds):
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
             for m in methods:
                 per_method.setdefault(m, []).append(run_curve(data, m, seed, args))
             print(f"[{time.perf_counter() - t_begin:7.0f}s] {name} seed {seed} done",
@@ -412,8 +414,11 @@ def merge_json(paths: list[str]) -> dict:
             results = json.load(f)
         if not merged:
             merged = results
-        else:
-            merged["curves"].update(results["curves"])
+        else:  # another data set, or more seeds of one: the curves side by side
+            for name, per_method in results["curves"].items():
+                mine = merged["curves"].setdefault(name, {})
+                for m, cs in per_method.items():
+                    mine.setdefault(m, []).extend(cs)
             merged["meta"]["seconds"] = merged["meta"].get("seconds", 0) + \
                 results["meta"].get("seconds", 0)
     return merged
