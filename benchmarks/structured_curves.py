@@ -5,10 +5,10 @@ Data that ships inside packages (no download):
 - regression: scikit-learn's diabetes (442 rows, 10 features, disease progression) and
   vega_datasets' local cars (392 complete rows, 6 features, miles per gallon); an MLP with
   dropout (10% after each hidden layer), targets standardised; score: test R².
-- segmentation: texture mosaics, 32x32 grey images cut from four scikit-image textures (brick,
-  grass, gravel, coffee-bean-free `moon`): a random centre splits each image into four quadrants,
-  each filled with a crop of a random texture; the label of a pixel is its quadrant's texture.
-  A tiny FCN (two 5x5 convs, the second dilated, a 1x1 head); score: test mean IoU (points).
+- segmentation: texture mosaics, 24x24 grey images cut from four scikit-image images (brick,
+  grass, gravel, moon): a random centre splits each image into four quadrants, each filled with
+  a crop of a random texture; the label of a pixel is its quadrant's texture. A tiny FCN (two
+  5x5 convs of 8 channels, the second dilated, a 1x1 head); score: test mean IoU (points).
 
 A fixed test split (seed 0); the rest is the pool, its labels hidden from alcli. Per seed, INIT
 random pool examples start labeled; each round a model is trained from scratch on the labeled set
@@ -72,7 +72,7 @@ TASK_METHODS = {"regression": ("random", "mc-var", "egl", "egl+div"),
 # data set -> (task, test size, start labels, batch, max labels, epochs)
 PROTOCOLS = {"diabetes": ("regression", 142, 10, 10, 80, 100),
              "cars": ("regression", 112, 10, 10, 80, 100),
-             "mosaics": ("segmentation", 100, 10, 10, 50, 30)}
+             "mosaics": ("segmentation", 80, 10, 10, 40, 20)}
 QUICK = {"seeds": 2, "max_labels": 20, "pool": 60, "epochs": 5, "test": 40,
          "methods": "random,mc-var,egl+div,entropy-max,egl,gradnorm+div"}
 MC_PASSES = 20
@@ -111,7 +111,7 @@ def _cars():
     return df[cols].to_numpy(dtype=float), df["Miles_per_Gallon"].to_numpy(dtype=float)
 
 
-def _mosaics(n: int = 700, side: int = 32, seed: int = 0):
+def _mosaics(n: int = 700, side: int = 24, seed: int = 0):
     """n images [n, 1, side, side] and pixel labels [n, side, side]: quadrants around a random
     centre, each a random crop of a random texture (rescaled to 128 px on its short side)."""
     import skimage.data
@@ -124,7 +124,7 @@ def _mosaics(n: int = 700, side: int = 32, seed: int = 0):
     xs = np.zeros((n, 1, side, side), np.float32)
     ys = np.zeros((n, side, side), np.int64)
     for i in range(n):
-        cy, cx = rng.integers(8, side - 8, 2)
+        cy, cx = rng.integers(6, side - 6, 2)
         for rows in (slice(0, cy), slice(cy, side)):
             for cols in (slice(0, cx), slice(cx, side)):
                 k = int(rng.integers(len(tex)))
