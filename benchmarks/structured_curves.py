@@ -9,6 +9,8 @@ Data that ships inside packages (no download):
   grass, gravel, moon): a random centre splits each image into four quadrants, each filled with
   a crop of a random texture; the label of a pixel is its quadrant's texture. A tiny FCN (two
   5x5 convs of 8 channels, the second dilated, a 1x1 head); score: test mean IoU (points).
+  And digit composites: two of scikit-learn's digits 0-3 pasted on a dim crop of grass, each
+  pixel labeled background or its digit (5 classes); the same FCN.
 
 A fixed test split (seed 0); the rest is the pool, its labels hidden from alcli. Per seed, INIT
 random pool examples start labeled; each round a model is trained from scratch on the labeled set
@@ -72,11 +74,13 @@ TASK_METHODS = {"regression": ("random", "mc-var", "egl", "egl+div"),
 # data set -> (task, test size, start labels, batch, max labels, epochs)
 PROTOCOLS = {"diabetes": ("regression", 142, 10, 10, 80, 100),
              "cars": ("regression", 112, 10, 10, 80, 100),
-             "mosaics": ("segmentation", 80, 10, 10, 40, 20)}
+             "mosaics": ("segmentation", 80, 10, 10, 40, 20),
+             "digit_composites": ("segmentation", 80, 10, 10, 40, 20)}
 QUICK = {"seeds": 2, "max_labels": 20, "pool": 60, "epochs": 5, "test": 40,
          "methods": "random,mc-var,egl+div,entropy-max,egl,gradnorm+div"}
 MC_PASSES = 20
 TEXTURES = ("brick", "grass", "gravel", "moon")
+DIGIT_CLASSES = 4  # digit_composites: digits 0-3 (+ background: 5 pixel classes)
 DEFAULT_OUT = os.path.join(ROOT, "benchmarks", "results", "structured-curves-cpu-2core")
 DEFAULT_RULE = ("Among alcli's strategies (random and benchmark-side peers excluded), a task's "
                 "default is egl (the exact gradient, the incumbent) unless another strategy, in "
@@ -135,11 +139,40 @@ def _mosaics(n: int = 700, side: int = 24, seed: int = 0):
     return (xs - xs.mean()) / xs.std(), ys
 
 
+def _digit_composites(n: int = 700, side: int = 24, seed: int = 0):
+    """n images [n, 1, side, side] and pixel labels [n, side, side]: two of scikit-learn's 8x8
+    digits 0-3, scaled 2x, pasted at random places (the later on top) over a dim crop of
+    scikit-image's grass; a pixel is its digit's class + 1 where the digit's ink > 0.25, else
+    0 (background)."""
+    import skimage.data
+    from sklearn.datasets import load_digits
+    from skimage.util import img_as_float
+    raw = load_digits()
+    keep = raw.target < DIGIT_CLASSES
+    digits, labels = raw.images[keep] / 16.0, raw.target[keep]
+    grass = img_as_float(skimage.data.grass())
+    rng = np.random.default_rng(seed)
+    xs = np.zeros((n, 1, side, side), np.float32)
+    ys = np.zeros((n, side, side), np.int64)
+    for i in range(n):
+        top, left = rng.integers(0, grass.shape[0] - side, 2)
+        xs[i, 0] = 0.4 * grass[top:top + side, left:left + side]
+        for _ in range(2):
+            k = int(rng.integers(len(digits)))
+            ink = np.kron(digits[k], np.ones((2, 2)))                  # [16, 16]
+            r, c = rng.integers(0, side - 16, 2)
+            mask = ink > 0.25
+            xs[i, 0, r:r + 16, c:c + 16][mask] = ink[mask]
+            ys[i, r:r + 16, c:c + 16][mask] = labels[k] + 1
+    return (xs - xs.mean()) / xs.std(), ys
+
+
 def load_data(name: str, pool_size: int | None = None, test_size: int | None = None) -> Data:
     """The data set, its fixed test split (seed 0; `test_size`: its first rows only) and pool
     (`pool_size`: a fixed random subset, seed 1)."""
     task, n_test = PROTOCOLS[name][:2]
-    x, y = {"diabetes": _diabetes, "cars": _cars, "mosaics": _mosaics}[name]()
+    x, y = {"diabetes": _diabetes, "cars": _cars, "mosaics": _mosaics,
+            "digit_composites": _digit_composites}[name]()
     order = np.random.default_rng(0).permutation(len(x))
     test, pool = np.sort(order[:n_test][:test_size]), np.sort(order[n_test:])
     if pool_size is not None:
@@ -149,7 +182,7 @@ def load_data(name: str, pool_size: int | None = None, test_size: int | None = N
         y = (y - y[pool].mean()) / y[pool].std()
         return Data(name, task, torch.tensor(x, dtype=torch.float32),
                     torch.tensor(y, dtype=torch.float32), test, pool, 0)
-    return Data(name, task, torch.tensor(x), torch.tensor(y), test, pool, len(TEXTURES))
+    return Data(name, task, torch.tensor(x), torch.tensor(y), test, pool, int(y.max()) + 1)
 
 
 # ---------------------------------------------------------------------------------------- models
