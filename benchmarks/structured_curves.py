@@ -331,15 +331,24 @@ def pick_default(per_data: dict, alpha: float = 0.05) -> str:
     return min(qualified, key=cost.get)
 
 
-def data_table(name: str, per_method: dict) -> list[str]:
+def sizes(name: str, meta: dict) -> str:
+    """'pool N, test M' of the run that made the data set's curves."""
+    a = meta.get("data_args", {}).get(name, meta["args"])
+    data = load_data(name, a.get("pool_size"), a.get("test_size"))
+    return f"pool {len(data.pool)}, test {len(data.test)}"
+
+
+def data_table(name: str, per_method: dict, meta: dict) -> list[str]:
     aulc = {m: np.array([np.mean(c["score"]) for c in cs]) for m, cs in per_method.items()}
     final = {m: np.array([c["score"][-1] for c in cs]) for m, cs in per_method.items()}
     cheap = [m for m in aulc if strategy_of(m) not in GRADIENT + ("random",)]
     best_cheap = max(cheap, key=lambda m: aulc[m].mean()) if cheap else None
     cs0 = next(iter(per_method.values()))
     metric = "R² (points)" if PROTOCOLS[name][0] == "regression" else "mean IoU (points)"
-    lines = [f"### {name} ({PROTOCOLS[name][0]}; {len(cs0)} seeds, {cs0[0]['labels'][0]}.."
-             f"{cs0[0]['labels'][-1]} labels; test {metric}; best cheap utility: {best_cheap})", "",
+    lines = [f"### {name} ({PROTOCOLS[name][0]}; {sizes(name, meta)}; {len(cs0)} seeds, "
+             f"{cs0[0]['labels'][0]}..{cs0[0]['labels'][-1]} labels, batch "
+             f"{cs0[0]['labels'][1] - cs0[0]['labels'][0]}, {PROTOCOLS[name][5]} epochs; test "
+             f"{metric}; best cheap utility: {best_cheap})", "",
              "| method | AULC mean ± sd | final mean ± sd | vs random: Δ, p, W/L | "
              f"vs {best_cheap}: Δ, p, W/L | select s/round |", "|---|---|---|---|---|---|"]
 
@@ -362,12 +371,12 @@ def report(results: dict) -> str:
     meta = results["meta"]
     lines = ["# Learning curves for structured tasks (benchmarks/structured_curves.py)", "",
              f"torch {meta['torch']}, python {meta['python']}, {meta['machine']}, 1 thread, "
-             f"wall time {meta.get('seconds', 0) / 60:.1f} min; pool size "
-             f"{meta['args'].get('pool_size') or 'whole'}. AULC = mean test score over the "
+             f"wall time {meta.get('seconds', 0) / 60:.1f} min (summed over the runs merged). "
+             "AULC = mean test score over the "
              "evaluated label counts. p: paired two-sided t-test on per-seed AULC; W/L: seeds "
              "where the method's AULC is above/below the other's.", ""]
     for name, per_method in results["curves"].items():
-        lines += data_table(name, per_method) + [""]
+        lines += data_table(name, per_method, meta) + [""]
     lines += ["## Default per task", "", DEFAULT_RULE, ""]
     for task, per_data in rule_inputs(results).items():
         lines.append(f"- {task}: {pick_default(per_data)} (data sets: {', '.join(per_data)})")
@@ -445,9 +454,13 @@ def merge_json(paths: list[str]) -> dict:
     for path in paths:
         with open(path) as f:
             results = json.load(f)
+        for name in results["curves"]:  # each data set's run arguments (its pool and test sizes)
+            results["meta"].setdefault("data_args", {}).setdefault(name, results["meta"]["args"])
         if not merged:
             merged = results
         else:  # another data set, or more seeds of one: the curves side by side
+            for name, a in results["meta"]["data_args"].items():
+                merged["meta"]["data_args"].setdefault(name, a)
             for name, per_method in results["curves"].items():
                 mine = merged["curves"].setdefault(name, {})
                 for m, cs in per_method.items():
