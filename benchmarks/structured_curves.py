@@ -82,8 +82,10 @@ MC_PASSES = 20
 TEXTURES = ("brick", "grass", "gravel", "moon")
 DIGIT_CLASSES = 4  # digit_composites: digits 0-3 (+ background: 5 pixel classes)
 DEFAULT_OUT = os.path.join(ROOT, "benchmarks", "results", "structured-curves-cpu-2core")
-DEFAULT_RULE = ("Among alcli's strategies (random and benchmark-side peers excluded), a task's "
-                "default is egl (the exact gradient, the incumbent) unless another strategy, in "
+# classification's curves (issue 39: 5 data sets, 10 seeds), the rule's inputs for that task
+CLASSIFICATION_EVIDENCE = os.path.join(ROOT, "benchmarks", "results", "issue39", "tables.json")
+DEFAULT_RULE = ("Among alcli's strategies at their default options (random, benchmark-side "
+                "peers and the max aggregate excluded), a task's default is egl (the exact gradient, the incumbent) unless another strategy, in "
                 "its better of plain and +div, is significantly better (paired t on per-seed AULC, "
                 "p < 0.05) than egl's better variant on at least one of the task's data sets and "
                 "significantly worse on none; then the cheapest (scoring seconds per round) such "
@@ -300,18 +302,34 @@ def rule_inputs(results: dict) -> dict:
     return out
 
 
-def strategy_of(method: str) -> str:
-    return METHODS[method][0]
+def candidate(method: str) -> str | None:
+    """The alcli strategy a method runs at the defaults a task default would run it with (plain or
+    +div, aggregate mean), else None: random, benchmark-side peers (mc-var; classification's
+    bait, badge-gn, typical), other aggregates (entropy-max) and other selections (+power)."""
+    from alcli.score.strategies import STRATEGIES
+    if method in METHODS:
+        strategy, _, aggregate = METHODS[method]
+        return strategy if strategy in STRATEGIES and strategy != "random" \
+            and aggregate == "mean" else None
+    base, _, suffix = method.partition("+")
+    return base if base in STRATEGIES and base != "random" and suffix in ("", "div") else None
+
+
+def best_variant(data: dict, strategy: str) -> str:
+    """The strategy's method (plain or +div) with the highest mean AULC on one data set."""
+    own = [m for m in data if candidate(m) == strategy]
+    return max(own, key=lambda m: np.mean(data[m]["aulc"]))
+
+
+def cost(per_data: dict, strategy: str) -> float:
+    """Mean select seconds per round of the strategy's methods over the task's data sets."""
+    return float(np.mean([d[m]["seconds"] for d in per_data.values() for m in d
+                          if candidate(m) == strategy]))
 
 
 def pick_default(per_data: dict, alpha: float = 0.05) -> str:
     """DEFAULT_RULE on one task's rule inputs (data set -> method -> {aulc, seconds})."""
-    def best_variant(data: dict, strategy: str) -> str:
-        own = [m for m in data if strategy_of(m) == strategy]
-        return max(own, key=lambda m: np.mean(data[m]["aulc"]))
-
-    strategies = sorted({strategy_of(m) for d in per_data.values() for m in d}
-                        - {"random", "mc-var"})
+    strategies = sorted({candidate(m) for d in per_data.values() for m in d} - {None})
     qualified = []
     for s in strategies:
         if s == "egl":
@@ -324,11 +342,42 @@ def pick_default(per_data: dict, alpha: float = 0.05) -> str:
             worse += p < alpha and diff < 0
         if better and not worse:
             qualified.append(s)
-    if not qualified:
-        return "egl"
-    cost = {s: np.mean([d[m]["seconds"] for d in per_data.values() for m in d
-                        if strategy_of(m) == s]) for s in qualified}
-    return min(qualified, key=cost.get)
+    return min(qualified, key=lambda s: cost(per_data, s)) if qualified else "egl"
+
+
+def pick_cheapest_tied(per_data: dict, alpha: float = 0.05) -> str:
+    """The alternative rule, reported beside DEFAULT_RULE, not applied: the cheapest strategy
+    whose better variant is not significantly worse than the best candidate on any data set."""
+    strategies = sorted({candidate(m) for d in per_data.values() for m in d} - {None})
+    tied = []
+    for s in strategies:
+        ok = True
+        for data in per_data.values():
+            best = max((m for m in data if candidate(m)), key=lambda m: np.mean(data[m]["aulc"]))
+            diff, p = paired_t(data[best_variant(data, s)]["aulc"], data[best]["aulc"])
+            ok &= not (p < alpha and diff < 0)
+        if ok:
+            tied.append(s)
+    return min(tied, key=lambda s: cost(per_data, s)) if tied else "egl"
+
+
+def all_inputs(results: dict) -> dict:
+    """rule_inputs, plus classification's from CLASSIFICATION_EVIDENCE when it is there."""
+    inputs = rule_inputs(results)
+    if os.path.exists(CLASSIFICATION_EVIDENCE):
+        inputs["classification"] = classification_inputs(CLASSIFICATION_EVIDENCE)
+    return inputs
+
+
+def classification_inputs(path: str) -> dict:
+    """DEFAULT_RULE's inputs from benchmarks/learning_curves.py's saved curves (--json): data set
+    setting -> method -> {aulc: per seed mean accuracy in points, seconds: select per round}."""
+    with open(path) as f:
+        curves = json.load(f)["curves"]
+    return {setting: {m: {"aulc": [100 * float(np.mean(c["acc"])) for c in cs],
+                          "seconds": float(np.mean([t for c in cs for t in c["t_score"]]))}
+                      for m, cs in per_method.items()}
+            for setting, per_method in curves.items()}
 
 
 def sizes(name: str, meta: dict) -> str:
@@ -341,7 +390,7 @@ def sizes(name: str, meta: dict) -> str:
 def data_table(name: str, per_method: dict, meta: dict) -> list[str]:
     aulc = {m: np.array([np.mean(c["score"]) for c in cs]) for m, cs in per_method.items()}
     final = {m: np.array([c["score"][-1] for c in cs]) for m, cs in per_method.items()}
-    cheap = [m for m in aulc if strategy_of(m) not in GRADIENT + ("random",)]
+    cheap = [m for m in aulc if METHODS[m][0] not in GRADIENT + ("random",)]
     best_cheap = max(cheap, key=lambda m: aulc[m].mean()) if cheap else None
     cs0 = next(iter(per_method.values()))
     metric = "R² (points)" if PROTOCOLS[name][0] == "regression" else "mean IoU (points)"
@@ -378,8 +427,10 @@ def report(results: dict) -> str:
     for name, per_method in results["curves"].items():
         lines += data_table(name, per_method, meta) + [""]
     lines += ["## Default per task", "", DEFAULT_RULE, ""]
-    for task, per_data in rule_inputs(results).items():
-        lines.append(f"- {task}: {pick_default(per_data)} (data sets: {', '.join(per_data)})")
+    for task, per_data in all_inputs(results).items():
+        lines.append(f"- {task}: {pick_default(per_data)} (data sets: {', '.join(per_data)}; "
+                     f"the alternative rule, the cheapest strategy not significantly worse than "
+                     f"the best anywhere, would pick {pick_cheapest_tied(per_data)})")
     return "\n".join(lines)
 
 
@@ -485,7 +536,7 @@ def main(argv=None) -> int:
     with open(args.out + ".txt", "w") as f:
         f.write(text + "\n")
     if args.rule_json:
-        inputs = rule_inputs(results)
+        inputs = all_inputs(results)
         with open(args.rule_json, "w") as f:
             json.dump({"rule": DEFAULT_RULE,
                        "defaults": {t: pick_default(d) for t, d in inputs.items()},

@@ -241,7 +241,7 @@ def test_structured_curves_quick(tmp_path):
         rows = {line.split("|")[1].strip() for line in table.splitlines()[2:]}
         assert {"random", "egl", *methods} <= rows, rows
     recorded = json.loads(rule.read_text())
-    assert set(recorded["inputs"]) == {"regression", "segmentation"}
+    assert set(recorded["inputs"]) == {"regression", "segmentation", "classification"}
     seeds = recorded["inputs"]["segmentation"]["mosaics"]["egl"]["aulc"]
     assert len(seeds) == 2 and all(0 <= s <= 100 for s in seeds)  # mean IoU in points
     assert set(recorded["defaults"].values()) <= {"egl", "entropy", "margin", "least-confidence",

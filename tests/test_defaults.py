@@ -69,6 +69,10 @@ def test_the_rule_switches_only_on_a_significant_win_and_no_loss():
     assert pick({"a": one, "b": loss}) == INCUMBENT        # better once, worse once: egl stays
     # random and the benchmark's own peers (mc-var) are never a default, however good
     assert pick({"a": _data({"egl": egl, "random": better, "mc-var": better}, {})}) == INCUMBENT
+    # the max aggregate is not a default's option: entropy-max's win does not count for entropy
+    assert pick({"a": _data({"egl": egl, "entropy": tied, "entropy-max": better}, {})}) == INCUMBENT
+    # classification's names (benchmarks/learning_curves.py): bait is the benchmark's, not alcli's
+    assert pick({"a": _data({"egl+div": egl, "bait": better, "margin+div": better}, {})}) == "margin"
     # a strategy counts by its better variant (plain or +div), against egl's better one
     div = _data({"egl": egl, "egl+div": tied, "gradnorm": worse, "gradnorm+div": better}, {})
     assert pick({"a": div}) == "gradnorm"
