@@ -36,8 +36,14 @@ and losses over seeds; alcli.select's seconds per round. Then DEFAULT_RULE per t
 test_defaults.py re-applies the rule to the committed file and checks each task module's
 `default_strategy`.
 
-    python benchmarks/structured_curves.py                      # the committed run (see --help)
     python benchmarks/structured_curves.py --quick              # smoke run, seconds
+    # the committed run, in 3 processes (seeds 0-4 and 5-9 of the segmentation sets apart):
+    python benchmarks/structured_curves.py --datasets diabetes,cars --json reg.json
+    python benchmarks/structured_curves.py --datasets mosaics --pool-size 150 --seeds 5 \
+        --first-seed 0 --json mos-a.json            # and --first-seed 5, digit_composites alike
+    python benchmarks/structured_curves.py --report-only --json reg.json,mos-a.json,... \
+        --out benchmarks/results/structured-curves-cpu-2core \
+        --rule-json benchmarks/results/structured-curves-defaults.json
 """
 from __future__ import annotations
 
@@ -85,9 +91,9 @@ DEFAULT_OUT = os.path.join(ROOT, "benchmarks", "results", "structured-curves-cpu
 # classification's curves (issue 39: 5 data sets, 10 seeds), the rule's inputs for that task
 CLASSIFICATION_EVIDENCE = os.path.join(ROOT, "benchmarks", "results", "issue39", "tables.json")
 DEFAULT_RULE = ("Among alcli's strategies at their default options (random, benchmark-side "
-                "peers and the max aggregate excluded), a task's default is egl (the exact gradient, the incumbent) unless another strategy, in "
-                "its better of plain and +div, is significantly better (paired t on per-seed AULC, "
-                "p < 0.05) than egl's better variant on at least one of the task's data sets and "
+                "peers and the max aggregate excluded), a task's default is egl (the exact "
+                "gradient, the incumbent) unless another strategy, in its better of plain and +div, "
+                "is significantly better (paired t on per-seed AULC, p < 0.05) than egl's better variant on at least one of the task's data sets and "
                 "significantly worse on none; then the cheapest (scoring seconds per round) such "
                 "strategy.")
 
