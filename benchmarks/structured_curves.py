@@ -93,9 +93,9 @@ CLASSIFICATION_EVIDENCE = os.path.join(ROOT, "benchmarks", "results", "issue39",
 DEFAULT_RULE = ("Among alcli's strategies at their default options (random, benchmark-side "
                 "peers and the max aggregate excluded), a task's default is egl (the exact "
                 "gradient, the incumbent) unless another strategy, in its better of plain and +div, "
-                "is significantly better (paired t on per-seed AULC, p < 0.05) than egl's better variant on at least one of the task's data sets and "
-                "significantly worse on none; then the cheapest (scoring seconds per round) such "
-                "strategy.")
+                "is significantly better (paired t on per-seed AULC, p < 0.05) than egl's better "
+                "variant on at least one of the task's data sets and significantly worse on none; "
+                "then the cheapest (scoring seconds per round) such strategy.")
 
 
 @dataclass
