@@ -231,7 +231,8 @@ def test_structured_curves_quick(tmp_path):
         pytest.importorskip(package)
     out, rule = tmp_path / "sc", tmp_path / "rule.json"
     proc = subprocess.run([sys.executable, str(BENCH / "structured_curves.py"), "--quick",
-                           "--epochs", "2", "--out", str(out), "--rule-json", str(rule)],
+                           "--epochs", "2", "--datasets", "diabetes,mosaics", "--out", str(out),
+                           "--rule-json", str(rule)],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     text = Path(f"{out}.txt").read_text()
