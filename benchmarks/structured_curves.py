@@ -10,7 +10,8 @@ Data that ships inside packages (no download):
   a crop of a random texture; the label of a pixel is its quadrant's texture. A tiny FCN (two
   5x5 convs of 8 channels, the second dilated, a 1x1 head); score: test mean IoU (points).
   And digit composites: two of scikit-learn's digits 0-3 pasted on a dim crop of grass, each
-  pixel labeled background or its digit (5 classes); the same FCN.
+  pixel labeled background or its digit (5 classes); the same FCN. And mosaics32: the mosaics
+  at 32x32, an FCN of 16 channels, 40 epochs, 10..50 labels (a stronger model, where it fits).
 
 A fixed test split (seed 0); the rest is the pool, its labels hidden from alcli. Per seed, INIT
 random pool examples start labeled; each round a model is trained from scratch on the labeled set
@@ -81,7 +82,9 @@ TASK_METHODS = {"regression": ("random", "mc-var", "egl", "egl+div"),
 PROTOCOLS = {"diabetes": ("regression", 142, 10, 10, 80, 100),
              "cars": ("regression", 112, 10, 10, 80, 100),
              "mosaics": ("segmentation", 80, 10, 10, 40, 20),
-             "digit_composites": ("segmentation", 80, 10, 10, 40, 20)}
+             "digit_composites": ("segmentation", 80, 10, 10, 40, 20),
+             "mosaics32": ("segmentation", 100, 10, 10, 50, 40)}
+FCN_WIDTH = {"mosaics32": 16}  # channels of the FCN's convs per data set (default 8)
 QUICK = {"seeds": 2, "max_labels": 20, "pool": 60, "epochs": 5, "test": 40,
          "methods": "random,mc-var,egl+div,entropy-max,egl,gradnorm+div"}
 MC_PASSES = 20
@@ -180,7 +183,8 @@ def load_data(name: str, pool_size: int | None = None, test_size: int | None = N
     (`pool_size`: a fixed random subset, seed 1)."""
     task, n_test = PROTOCOLS[name][:2]
     x, y = {"diabetes": _diabetes, "cars": _cars, "mosaics": _mosaics,
-            "digit_composites": _digit_composites}[name]()
+            "digit_composites": _digit_composites,
+            "mosaics32": lambda: _mosaics(side=32)}[name]()
     order = np.random.default_rng(0).permutation(len(x))
     test, pool = np.sort(order[:n_test][:test_size]), np.sort(order[n_test:])
     if pool_size is not None:
@@ -200,9 +204,10 @@ def make_model(data: Data) -> nn.Module:
         return nn.Sequential(nn.Linear(d, 64), nn.ReLU(), nn.Dropout(0.1), nn.Linear(64, 64),
                              nn.ReLU(), nn.Dropout(0.1), nn.Linear(64, 1))
     # [B, 1, H, W] -> [B, classes, H, W]; receptive field 13 px
-    return nn.Sequential(nn.Conv2d(1, 8, 5, padding=2), nn.ReLU(),
-                         nn.Conv2d(8, 8, 5, padding=4, dilation=2), nn.ReLU(),
-                         nn.Conv2d(8, data.classes, 1))
+    width = FCN_WIDTH.get(data.name, 8)
+    return nn.Sequential(nn.Conv2d(1, width, 5, padding=2), nn.ReLU(),
+                         nn.Conv2d(width, width, 5, padding=4, dilation=2), nn.ReLU(),
+                         nn.Conv2d(width, data.classes, 1))
 
 
 def train(data: Data, labeled: np.ndarray, seed: int, epochs: int) -> nn.Module:
