@@ -96,7 +96,8 @@ LabelsFromFolders = Annotated[bool, typer.Option(
 Strategy = Annotated[Optional[str], typer.Option(
     "--strategy", "-s", metavar="NAME", help="One of egl, gradnorm, align (with --target), "
     "loss, entropy, margin, least-confidence, random; uncertain-boxes (detection); review (gradnorm "
-    "with the probabilities alcli review reads). [default: egl]",
+    "with the probabilities alcli review reads). [default: the task's own, which alcli inspect shows: "
+    "egl but where docs/benchmarks.md's rule picked another]",
     rich_help_panel=STRATEGY)]
 Target = Annotated[Optional[str], typer.Option(
     metavar="POOL", help="align: a labeled pool (any kind POOL is) whose mean loss gradient each "

@@ -149,6 +149,9 @@ class Task:
     # --- its pool's rows are text, prompt + response, or chat messages (pools/prompts.py)
     reads_prompts: bool = False
     no_position: Callable = _none     # logits -> a sentence when the output has no position to score
+    # --- --strategy when none is given: the rule in docs/benchmarks.md ("A default strategy per
+    # task") over learning curves; tests/test_defaults.py re-applies it to the recorded evidence
+    default_strategy: str = "egl"
 
 
 def all_positions(count: Callable[[torch.Tensor], int]) -> Callable:
