@@ -78,6 +78,7 @@ BASE = {
                   "--train", "cp lin.pt {model}", "--rounds", "1", "--seeds", "1",
                   "--init", "10", "-n", "5", "--strategies", "margin", "-q"], "pool.pt"),
     "inspect": (["inspect", "-m", "lin.pt", *LINEAR], "lin.pt"),
+    "stop": (["stop", "t.csv", "t.csv", "--window", "1"], "t.csv"),  # exit 0: the rule says stop
 }
 
 # the (command, option) pairs that write the path they are given

@@ -312,3 +312,12 @@ SCORING = (LabelsFromFolders, ClassNames, TextColumnOpt, ImageColumn, IdColumn, 
            MaxLength, Arch, ArchKwargs, Ema, Trust, TrustRemoteCode, Task, TopClasses, EglSamples,
            Aggregate, Temperature, MaxNewTokens, BoxThreshold, Layers, Resize, CenterCrop, Grayscale, Normalize, BatchSize,
            Device, Workers, Precision, Decode, Method, Compile)
+
+# alcli stop and alcli report: the stabilizing-predictions rule (alcli/selection/stopping.py)
+STOPPING = "When to stop"
+StopKappa = Annotated[Optional[float], typer.Option(
+    "--kappa", metavar="K", help="Stop once the mean Cohen's kappa of consecutive rounds' "
+    "predictions reaches K (0 < K <= 1). [default: 0.99]", rich_help_panel=STOPPING)]
+StopWindow = Annotated[Optional[int], typer.Option(
+    "--window", metavar="N", help="Average the last N kappas. [default: 3]",
+    rich_help_panel=STOPPING)]
