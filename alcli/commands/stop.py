@@ -73,13 +73,5 @@ def text(result: dict, tables: list[str]) -> str:
         lines.append("\t".join([str(record["round"]), cell("common"), cell("changed"),
                                 cell("kappa"), cell("mean_kappa"),
                                 "yes" if record["stop"] else "no", table]))
-    lines.append(verdict(result))
+    lines.append(stopping.verdict(result))
     return "\n".join(lines) + "\n"
-
-
-def verdict(result: dict) -> str:
-    """The rule's answer in one sentence."""
-    rule = f"the mean kappa of the last {result['window']} rounds reaches {result['threshold']}"
-    if result["stop"]:
-        return f"stop: {rule} (first at round {result['stop_round']})"
-    return f"go on: not yet {rule}"

@@ -74,3 +74,11 @@ def rounds(preds: Sequence[Mapping[str, str]], threshold: float = THRESHOLD,
     first = next((p["round"] for p in per if p["stop"]), None)
     return {"threshold": threshold, "window": window, "rounds": per, "stop_round": first,
             "stop": bool(per[-1]["stop"])}
+
+
+def verdict(result: dict) -> str:
+    """The rule's answer (`rounds`' result) in one sentence."""
+    rule = f"the mean kappa of the last {result['window']} rounds reaches {result['threshold']}"
+    if result["stop"]:
+        return f"stop: {rule} (first at round {result['stop_round']})"
+    return f"go on: not yet {rule}"
