@@ -12,6 +12,7 @@ import html
 import io
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -99,6 +100,7 @@ def svg(fig) -> str:
     fig.savefig(buf, format="svg", bbox_inches="tight")
     plt.close(fig)
     text = buf.getvalue()
+    text = re.sub(r"<metadata>.*?</metadata>", "", text, flags=re.S)  # the date, a dc: namespace
     return text[text.index("<svg"):]
 
 
@@ -329,8 +331,11 @@ def page(rnd: Round, image_dir: str | None, threshold: float = stopping.THRESHOL
     emb, emb_note = embedding_map(rnd)
     what = (f"{len(rnd.batch)} selected of {len(rnd.rows)}" if rnd.batch is not None
             else f"the best {min(len(rnd.rows), GALLERY_WITHOUT_BATCH)} of {len(rnd.rows)}")
-    meta = " &middot; ".join(f"{esc(k)} {esc(rnd.meta[k])}" for k in ("task", "strategy", "model")
-                             if isinstance(rnd.meta.get(k), (str, int, float)))
+    run = rnd.meta.get("run") if isinstance(rnd.meta.get("run"), dict) else {}
+    said = {"task": rnd.meta.get("task"), "strategy": run.get("strategy"),
+            "model": rnd.meta.get("model_file"), "pool": rnd.meta.get("pool")}
+    meta = " &middot; ".join(f"{k} {esc(v)}" for k, v in said.items()
+                             if isinstance(v, (str, int, float)))
     parts = [f"<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>alcli round: "
              f"{esc(Path(rnd.scores).name)}</title><style>{STYLE}</style></head><body>",
              f"<h1>Round: {esc(rnd.scores)}</h1><p>{meta}</p>",

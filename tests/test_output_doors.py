@@ -79,13 +79,15 @@ BASE = {
                   "--init", "10", "-n", "5", "--strategies", "margin", "-q"], "pool.pt"),
     "inspect": (["inspect", "-m", "lin.pt", *LINEAR], "lin.pt"),
     "stop": (["stop", "t.csv", "t.csv", "--window", "1"], "t.csv"),  # exit 0: the rule says stop
+    "report": (["report", "t.csv", "-q"], "t.csv"),
 }
 
 # the (command, option) pairs that write the path they are given
 OUTPUTS = {("score", "--output"), ("merge", "--output"), ("select", "--output"),
            ("select", "--contact-sheet"), ("select", "--labelstudio-config"),
            ("pull", "--output"), ("pull", "--skipped"), ("simulate", "--output"),
-           ("simulate", "--plot"), ("simulate", "--report"), ("simulate", "--workdir")}
+           ("simulate", "--plot"), ("simulate", "--report"), ("simulate", "--workdir"),
+           ("report", "--output")}
 
 
 def commands() -> dict:
@@ -280,6 +282,8 @@ DERIVED = {
                                 "names.txt"),
     "merge OUTPUT.errors.csv": (["merge", "part0.csv", "out.csv.errors.csv", "-o", "out.csv",
                                  "-q"], "out.csv.errors.csv", "part1.csv"),
+    "report default output": (["report", "t.csv", "--batch", "t.html", "-q"], "t.html",
+                              "t.csv"),
     "simulate default workdir": ([*SIMULATE, "--eval", "c.csv.runs/margin/test.pt", "-o",
                                   "c.csv"], "c.csv.runs/margin/test.pt", "test.pt"),
 }
