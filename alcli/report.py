@@ -331,6 +331,9 @@ def page(rnd: Round, image_dir: str | None, threshold: float = stopping.THRESHOL
     emb, emb_note = embedding_map(rnd)
     what = (f"{len(rnd.batch)} selected of {len(rnd.rows)}" if rnd.batch is not None
             else f"the best {min(len(rnd.rows), GALLERY_WITHOUT_BATCH)} of {len(rnd.rows)}")
+    costs = [r.get("cost") for r in rnd.batch or ()]
+    if costs and all(isinstance(c, (int, float)) for c in costs):  # select --cost
+        what += f", costing {sum(costs):g} in all"
     run = rnd.meta.get("run") if isinstance(rnd.meta.get("run"), dict) else {}
     said = {"task": rnd.meta.get("task"), "strategy": run.get("strategy"),
             "model": rnd.meta.get("model_file"), "pool": rnd.meta.get("pool")}

@@ -321,3 +321,12 @@ StopKappa = Annotated[Optional[float], typer.Option(
 StopWindow = Annotated[Optional[int], typer.Option(
     "--window", metavar="N", help="Average the last N kappas. [default: 3]",
     rich_help_panel=STOPPING)]
+
+# select: batches priced in labeling cost (alcli/selection/cost.py)
+Cost = Annotated[Optional[str], typer.Option(
+    "--cost", metavar="NAME", help="Each row's labeling cost: a table column of numbers, or "
+    "boxes (a detector's predicted boxes) or words (token classification's words); the batch is "
+    "chosen by score per cost.", rich_help_panel=SELECTION)]
+BudgetCost = Annotated[Optional[float], typer.Option(
+    "--budget-cost", metavar="TOTAL", help="The batch's total --cost at most (with -n: both "
+    "limits).", rich_help_panel=SELECTION)]
