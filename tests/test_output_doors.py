@@ -52,7 +52,8 @@ PATH_METAVARS = {"FILE", "DIR", "PNG", "XML", "POOL", "SCORES", "PART"}
 NOT_PATHS = {None, "N", "NAME", "URL", "TOKEN", "TITLE|ID", "SPEC", "JSON", "TASK", "FORMAT",
              "COMMAND", "LIST", "SEEDS", "MODE", "M", "B", "K", "P", "T", "PATTERN", "DEVICE",
              "SECONDS", "S|pseudo", "mean|max|top:Q", "N|HxW", "MEAN/STD", "fp32|bf16|fp16",
-             "cpu|gpu", "N|TIME", "K/N", "text|json", "badge|cluster-margin", "top|power|softmax"}
+             "cpu|gpu", "N|TIME", "K/N", "text|json", "badge|cluster-margin", "top|power|softmax",
+             "TOTAL"}
 
 SUFFIXED = {"PNG": ".png", "XML": ".xml"}  # options that want a name of their own kind
 DOOR = r"(choose|give) another"  # the refusal's request, in every door's sentence
