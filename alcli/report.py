@@ -54,7 +54,7 @@ def esc(value) -> str:
 def read_round(scores: str, batch: str | None, previous: Sequence[str],
                labels: str | None) -> Round:
     rows = read_table(scores)
-    meta = read_meta(sidecar(scores, "meta.json")) or {}
+    meta = (read_meta(sidecar(scores, "meta.json")) or {}) if scores != "-" else {}
     return Round(scores, rows, meta, read_table(batch) if batch else None,
                  [(p, read_table(p)) for p in previous], read_labels(labels) if labels else None)
 
@@ -178,6 +178,8 @@ def pca_2d(features: np.ndarray) -> np.ndarray:
 def embedding_map(rnd: Round) -> tuple[str | None, str]:
     """The PCA map of the table's embeddings file (the features b of each row), batch and
     labeled marked; None and why when there is no such file."""
+    if rnd.scores == "-":
+        return None, "no embeddings file for a table read from stdin"
     path = embeddings_path(rnd.scores)
     if not os.path.isfile(path):
         return None, f"no embeddings file {path} beside the table (alcli score --embeddings)"

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Annotated, List, Optional
 
 import typer
@@ -32,7 +33,7 @@ def report(
              "beside it where it has them).", show_default=False, metavar="SCORES")],
     output: Annotated[Optional[str], typer.Option(
         "--output", "-o", metavar="FILE", help="The HTML page to write. [default: SCORES with "
-        ".html for its suffix]", rich_help_panel=PAGE)] = None,
+        ".html for its suffix; round.html for stdin]", rich_help_panel=PAGE)] = None,
     batch: Annotated[Optional[str], typer.Option(
         "--batch", metavar="FILE", help="The batch 'alcli select' wrote (CSV or JSONL): the "
         "gallery, its cut-off and class mix. [default: the table's best rows]",
@@ -59,7 +60,7 @@ def report(
                                            "model": "(report reads no config)"})
     r = shared.reporter(settings)
     threshold, window = check_rule(kappa, window)
-    dest = output or f"{scores.rsplit('.', 1)[0] if '.' in scores.rsplit('/', 1)[-1] else scores}.html"
+    dest = output or ("round.html" if scores == "-" else str(Path(scores).with_suffix(".html")))
     if dest == "-":
         raise ConfigError("-o -: alcli report writes a file; give it a name (round.html)")
     inputs = [("SCORES", scores), ("its metadata", str(sidecar(scores, "meta.json"))),
