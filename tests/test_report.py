@@ -199,6 +199,19 @@ def test_a_text_round_shows_its_texts_escaped(rounds):
     assert page.count("&lt;b&gt;not bold&lt;/b&gt; &amp; more") == 5
 
 
+def test_a_table_from_stdin_makes_round_html(rounds):
+    root, _ = rounds
+    old = os.getcwd()
+    os.chdir(root)
+    try:
+        result = CliRunner().invoke(app, ["report", "-", "-q"],
+                                    input=(root / "text.csv").read_text())
+    finally:
+        os.chdir(old)
+    assert result.exit_code == 0, result.stderr
+    assert "text number 3" in (root / "round.html").read_text()
+
+
 @pytest.mark.parametrize("args, needle", [
     (["r2.csv", "-o", "r2.csv"], "choose another"),
     (["r2.csv", "--batch", "batch.csv", "-o", "batch.csv"], "choose another"),
