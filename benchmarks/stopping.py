@@ -87,8 +87,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default="benchmarks/results/stopping.md")
+    ap.add_argument("--curves", metavar="CSV", help="summarize this simulate curves file (a "
+                    "run stopped part way) instead of running")
     args = ap.parse_args()
     seeds, rounds, strategies = ("1", 4, "margin") if args.quick else ("3", 25, "margin,random")
+    if args.curves:
+        with open(args.curves) as f:
+            curves = list(csv.DictReader(f))
+        write(curves, rounds, None, args.out)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         write_data(folder)
@@ -105,21 +112,30 @@ def main() -> None:
         took = time.perf_counter() - began
         with open(folder / "curves.csv") as f:
             curves = list(csv.DictReader(f))
-    rows = summary(curves)
+    write(curves, rounds, took, None if args.quick else args.out)
+
+
+def write(curves: list[dict], rounds: int, took: float | None, out: str | None) -> None:
+    """The summary table and each curve's kappas, printed and written to `out`; only the curves
+    that reached their last round."""
+    rows = [r for r in summary(curves)
+            if int(max(int(c["round"]) for c in curves
+                       if (c["strategy"], c["seed"]) == (r["strategy"], r["seed"]))) == rounds]
     cols = list(rows[0])
     lines = [f"digits (1397 pool, 400 eval), MLP 64-64-10, init 20, 20 a round, {rounds} rounds; "
-             f"rule: kappa >= 0.99 averaged over the last 3 rounds; {took:.0f} s", "",
+             f"rule: kappa >= 0.99 averaged over the last 3 rounds"
+             + (f"; {took:.0f} s" if took else "; finished curves only"), "",
              "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in rows]
     lines += ["", "per-round kappa (strategy, seed: kappa of rounds 1..):"]
-    for key in dict.fromkeys((r["strategy"], r["seed"]) for r in curves):
+    for key in dict.fromkeys((r["strategy"], r["seed"]) for r in rows):
         ks = [r["kappa"][:6] for r in curves if (r["strategy"], r["seed"]) == key][1:]
         lines.append(f"- {key[0]}, seed {key[1]}: {' '.join(ks)}")
     text = "\n".join(lines) + "\n"
     print(text)
-    if not args.quick:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text)
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(text)
 
 
 if __name__ == "__main__":
