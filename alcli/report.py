@@ -10,6 +10,7 @@ import base64
 import csv
 import html
 import io
+import json
 import math
 import os
 import re
@@ -227,15 +228,22 @@ def across_rounds(rnd: Round, threshold: float, window: int) -> dict:
 COLOURS = ["#e6194b", "#3cb44b", "#4363d8", "#f58231", "#911eb4", "#42d4f4", "#f032e6", "#9a6324"]
 
 
-def thumbnail(row: Mapping, n: int, path: str, instances) -> tuple[str | None, int]:
-    """The row's picture as a JPEG data URI, its predicted boxes and keypoints drawn (the task's
-    `instances`, in the image's pixels: scaled by the thumbnail's width over the row's `width`);
-    None when it cannot be read. Also how many instances were drawn."""
+def thumbnail(row: Mapping, n: int, path: str, instances,
+              folder: str = ".") -> tuple[str | None, int]:
+    """The row's picture as a JPEG data URI, its predicted masks painted (`masks_of`) and its
+    boxes and keypoints drawn (the task's `instances`, in the image's pixels: scaled by the
+    thumbnail's width over the row's `width`); None when it cannot be read. Also how many
+    instances were drawn."""
     from PIL import Image, ImageDraw
     try:
         pic = _load_picture(path, THUMB)
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError):
         return None, 0
+    try:
+        pic = overlay(pic, masks_of(row, folder))
+    except (OSError, ValueError, TypeError, KeyError, IndexError, SyntaxError,
+            Image.DecompressionBombError):
+        pass  # a mask that cannot be read is not drawn; the picture still is
     drawn = 0
     if instances is not None:
         try:
@@ -256,6 +264,53 @@ def thumbnail(row: Mapping, n: int, path: str, instances) -> tuple[str | None, i
     return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode(), drawn
 
 
+MAX_MASK_PIXELS = 64 << 20  # a mask larger than this is not drawn (a hostile size)
+
+
+def rle_mask(code) -> np.ndarray:
+    """COCO's uncompressed run-length code {size: [h, w], counts} (instance segmentation's
+    `masks` column) -> a boolean [h, w]; ValueError when it does not describe h x w pixels."""
+    h, w = (int(v) for v in code["size"])
+    counts = np.asarray(code["counts"], dtype=np.int64)
+    if not 0 < h * w <= MAX_MASK_PIXELS or (counts < 0).any() or counts.sum() != h * w:
+        raise ValueError("a mask's runs do not cover its size")
+    values = np.arange(len(counts)) % 2 == 1  # runs of 0s and 1s, the first of 0s
+    return np.repeat(values, counts).reshape(w, h).T  # column-major
+
+
+def masks_of(row: Mapping, folder: str) -> list[tuple[int, np.ndarray]]:
+    """(class, boolean mask at the image's size) for each mask the row predicts: its `masks`
+    column's codes (their box's class), or its `pred_mask` PNG of class indices (as given, else
+    under the table's folder; background 0 and the ignore value 255 left out)."""
+    from PIL import Image
+    if row.get("masks") not in (None, ""):
+        codes = json.loads(row["masks"])
+        classes = [int(b[4]) for b in json.loads(row.get("boxes") or "[]")]
+        return [(c, rle_mask(code)) for c, code in zip(classes + [0] * len(codes), codes)]
+    if row.get("pred_mask") not in (None, ""):
+        path = str(row["pred_mask"])  # as select's batch names it, else under the table's folder
+        path = path if os.path.isfile(path) else os.path.join(folder, path)
+        check_regular(path)
+        with Image.open(path) as img:
+            m = np.array(img)
+        if m.ndim != 2 or m.size > MAX_MASK_PIXELS:
+            raise ValueError("not a single-channel mask")
+        return [(int(c), m == c) for c in np.unique(m).tolist() if c not in (0, 255)]
+    return []
+
+
+def overlay(pic, masks: list[tuple[int, np.ndarray]]):
+    """The masks painted over the thumbnail, each in its class's colour at 45 % opacity."""
+    from PIL import Image, ImageColor
+    out = np.asarray(pic, dtype=np.float32).copy()
+    for cls, mask in masks:
+        small = np.asarray(Image.fromarray(mask.astype(np.uint8) * 255).resize(
+            pic.size, Image.Resampling.NEAREST)) > 0
+        colour = np.array(ImageColor.getrgb(COLOURS[cls % len(COLOURS)]), dtype=np.float32)
+        out[small] = 0.55 * out[small] + 0.45 * colour
+    return Image.fromarray(out.astype(np.uint8))
+
+
 def why(row: Mapping, k: int, top: int) -> str:
     """Why a batch row was picked: among the table's `top` best by score, or past them (a
     diverse batch's cluster, or a class quota, reached down the ranking)."""
@@ -270,6 +325,7 @@ def gallery(rnd: Round, image_dir: str | None) -> tuple[str, list[str]]:
     drawn, or the row's text; rank, id, score, prediction, confidence, why. Also the ids whose
     picture could not be read."""
     rows = rnd.batch if rnd.batch is not None else rnd.rows[:GALLERY_WITHOUT_BATCH]
+    table_folder = os.path.dirname(rnd.scores) or "."  # a segmentation row's pred_mask is under it
     instances = TASKS[from_rows(rows)].instances if rows else None
     cards, unreadable = [], []
     for k, row in enumerate(rows):
@@ -286,7 +342,7 @@ def gallery(rnd: Round, image_dir: str | None) -> tuple[str, list[str]]:
             body = f'<p class="text">{esc(row["text"])}</p>'
         else:
             path = picture_path(row, image_dir)
-            uri, _ = thumbnail(row, k + 1, path, instances)
+            uri, _ = thumbnail(row, k + 1, path, instances, table_folder)
             if uri is None:
                 unreadable.append(rid)
                 body = '<div class="missing">unreadable</div>'

@@ -18,7 +18,7 @@ import sys
 
 import numpy as np
 import pytest
-from PIL import Image
+from PIL import Image, ImageFilter
 from sklearn.decomposition import PCA
 from sklearn.metrics import cohen_kappa_score
 from typer.testing import CliRunner
@@ -95,6 +95,26 @@ def detection_round(root):
                      "confidence": 0.9, "boxes": json.dumps([box]), "width": 40, "height": 30})
     write_csv(root / "det.csv", rows, list(rows[0]))
     return rows
+
+
+def masks_round(root):
+    """Two 20x10 white images: one with an instance mask (COCO run-length code, column-major,
+    the left half set), one with a segmentation pred_mask PNG (class 2 on the top half)."""
+    for k in range(2):
+        Image.new("RGB", (20, 10), (255, 255, 255)).save(root / f"m{k}.png")
+    left = np.zeros((10, 20), bool)
+    left[:, :10] = True
+    counts = [0, 100, 100]  # column-major: the first 10 columns (100 pixels) set, then 100 unset
+    top = np.zeros((10, 20), np.uint8)
+    top[:5] = 2
+    Image.fromarray(top).save(root / "m1_pred.png")
+    rows = [{"rank": 1, "id": "m0.png", "score": 0.9, "pred": "cat",
+             "boxes": json.dumps([[0, 0, 10, 10, 1, 0.9]]), "width": 20, "height": 10,
+             "masks": json.dumps([{"size": [10, 20], "counts": counts}])},
+            {"rank": 2, "id": "m1.png", "score": 0.5, "pred": "dog", "pred_mask": "m1_pred.png"}]
+    write_csv(root / "masks.csv", rows, ["rank", "id", "score", "pred", "boxes", "width",
+                                         "height", "masks", "pred_mask"])
+    return left, top == 2
 
 
 def text_round(root):
@@ -189,6 +209,25 @@ def test_a_detection_rows_box_is_drawn_where_the_box_is(rounds):
         left_edge = grey[int(y0 + 5):int(y1 - 5), int(round(x0))]
         inside = grey[int(y0 + 5):int(y1 - 5), int((x0 + x1) / 2)]
         assert left_edge.mean() > 100 and inside.mean() < 15  # coloured edge, untouched inside
+
+
+def test_masks_are_painted_where_they_are(tmp_path):
+    left, top = masks_round(tmp_path)
+    assert (round_page.rle_mask({"size": [10, 20], "counts": [0, 100, 100]}) == left).all()
+    write_report(tmp_path, "masks.csv", "--batch", "masks.csv", "-o", "m.html")
+    page = (tmp_path / "m.html").read_text()
+    uris = re.findall(r'<img src="data:image/jpeg;base64,([^"]+)"', page)
+    assert len(uris) == 2
+    for uri, mask in zip(uris, (left, top)):
+        pic = np.asarray(Image.open(io.BytesIO(base64.b64decode(uri))).convert("RGB"), float)
+        big = np.asarray(Image.fromarray(mask.astype(np.uint8) * 255).resize(
+            pic.shape[1::-1], Image.Resampling.NEAREST)) > 0
+        inner = np.asarray(Image.fromarray(big.astype(np.uint8)).filter(
+            ImageFilter.MinFilter(9))) > 0  # away from the edge
+        outer = ~(np.asarray(Image.fromarray(big.astype(np.uint8)).filter(
+            ImageFilter.MaxFilter(9))) > 0)
+        whiteness = pic.min(2)
+        assert whiteness[inner].mean() < 200 and whiteness[outer].mean() > 240
 
 
 def test_a_text_round_shows_its_texts_escaped(rounds):
