@@ -106,10 +106,12 @@ def svg(fig) -> str:
 
 
 def figure(width: float = 5.2, height: float = 3.0):
-    plt = pyplot()
-    plt.rcParams["text.parse_math"] = False  # a class name holding $...$ is text, not math
-    plt.rcParams["svg.fonttype"] = "none"  # text as <text> elements (escaped), not glyph paths
-    return plt.subplots(figsize=(width, height))
+    return pyplot().subplots(figsize=(width, height))
+
+
+# while the page's plots are drawn: a class name holding $...$ is text, not math; SVG text as
+# <text> elements (escaped by matplotlib's writer), not glyph paths
+RC = {"text.parse_math": False, "svg.fonttype": "none"}
 
 
 def finite_scores(rows: Sequence[Mapping]) -> np.ndarray:
@@ -385,8 +387,9 @@ def page(rnd: Round, image_dir: str | None, threshold: float = stopping.THRESHOL
     """The HTML page and the ids whose pictures could not be read."""
     rounds = across_rounds(rnd, threshold, window)
     cards, unreadable = gallery(rnd, image_dir)
-    mix = class_mix_plot(rnd)
-    emb, emb_note = embedding_map(rnd)
+    with pyplot().rc_context(RC):
+        scores_svg, mix = score_plot(rnd.rows, rnd.batch), class_mix_plot(rnd)
+        emb, emb_note = embedding_map(rnd)
     what = (f"{len(rnd.batch)} selected of {len(rnd.rows)}" if rnd.batch is not None
             else f"the best {min(len(rnd.rows), GALLERY_WITHOUT_BATCH)} of {len(rnd.rows)}")
     costs = [r.get("cost") for r in rnd.batch or ()]
@@ -406,7 +409,7 @@ def page(rnd: Round, image_dir: str | None, threshold: float = stopping.THRESHOL
         parts.append(f"<p>{len(unreadable)} pictures could not be read (ids relative to "
                      f"{esc(image_dir or 'the working folder')}).</p>")
     parts.append('<h2>Scores and classes</h2><div class="plots">'
-                 + score_plot(rnd.rows, rnd.batch) + (mix or "") + "</div>")
+                 + scores_svg + (mix or "") + "</div>")
     parts.append("<h2>The pool's embeddings</h2>"
                  + (f'<div class="plots">{emb}</div><p>{esc(emb_note)}</p>' if emb
                     else f"<p>{esc(emb_note)}</p>"))

@@ -29,7 +29,7 @@ from alcli.files.embeddings import save_embeddings
 
 EVIL_ID = "<script>alert(1)</script>.png"
 EVIL_CLASS = '<img src=x onerror="alert(2)">'
-CLASSES = ["cat", "dog", EVIL_CLASS]
+CLASSES = ["cat", "dog $\\frac{$", EVIL_CLASS]  # "$...$" would be math to matplotlib
 
 
 def run(cwd, *args):
