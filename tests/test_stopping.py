@@ -5,13 +5,31 @@ tests/test_simulate.py, against its checkpoints' float64 predictions.)"""
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
 from sklearn.metrics import cohen_kappa_score
 
 from alcli.selection import stopping
-from test_simulate import alcli
+from typer.testing import CliRunner
+
+from alcli.cli import app
+
+
+class Ran:
+    def __init__(self, result):
+        self.returncode, self.stdout, self.stderr = result.exit_code, result.stdout, result.stderr
+
+
+def alcli(*args, cwd):
+    """`alcli ARGS` in this process, in `cwd`."""
+    old = os.getcwd()
+    os.chdir(cwd)
+    try:
+        return Ran(CliRunner().invoke(app, [str(a) for a in args]))
+    finally:
+        os.chdir(old)
 
 CLASSES = ["cat", "dog", "bird", "fish"]
 
