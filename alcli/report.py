@@ -23,10 +23,11 @@ import numpy as np
 from .errors import AlcliError, TableError
 from .files.embeddings import embeddings_path, load_embeddings
 from .files.regular import check_regular
-from .files.table import read_meta, read_table, sidecar
+from .files.table import MORE, read_meta, read_table, sidecar
 from .selection import stopping
 from .selection.export import _load_picture
 from .tasks import TASKS, from_rows
+from .tasks.labelstudio import entities
 
 THUMB = 128  # a thumbnail's longer side, pixels
 JPEG_QUALITY = 70
@@ -313,6 +314,30 @@ def overlay(pic, masks: list[tuple[int, np.ndarray]]):
     return Image.fromarray(out.astype(np.uint8))
 
 
+def highlighted(row: Mapping, names: Sequence[str] | None) -> str:
+    """The row's text, escaped, its predicted entities (`pred_words`, one tag per word, read as
+    Label Studio's spans are: BIO or plain labels, `O` outside) as <mark title=LABEL> spans;
+    the text alone where the row has no word predictions that fit it."""
+    text = str(row["text"])
+    try:
+        tags = json.loads(row["pred_words"]) if isinstance(row.get("pred_words"), str) else None
+    except ValueError:
+        tags = None
+    words = [m.span() for m in re.finditer(r"\S+", text)]
+    if text.endswith(MORE) and words:  # a text cut short: its last word is cut too
+        words.pop()
+    if not isinstance(tags, list) or len(tags) < len(words):
+        return esc(text)
+    named = [None if t is None else str(names[t]) if isinstance(t, int) and names
+             and 0 <= t < len(names) else str(t) for t in tags[:len(words)]]
+    out, at = [], 0
+    for label, first, last in entities(named):
+        start, end = words[first][0], words[last][1]
+        out += [esc(text[at:start]), f'<mark title="{esc(label)}">{esc(text[start:end])}</mark>']
+        at = end
+    return "".join(out) + esc(text[at:])
+
+
 def why(row: Mapping, k: int, top: int) -> str:
     """Why a batch row was picked: among the table's `top` best by score, or past them (a
     diverse batch's cluster, or a class quota, reached down the ranking)."""
@@ -328,6 +353,7 @@ def gallery(rnd: Round, image_dir: str | None) -> tuple[str, list[str]]:
     picture could not be read."""
     rows = rnd.batch if rnd.batch is not None else rnd.rows[:GALLERY_WITHOUT_BATCH]
     table_folder = os.path.dirname(rnd.scores) or "."  # a segmentation row's pred_mask is under it
+    names = rnd.meta.get("class_names") if isinstance(rnd.meta.get("class_names"), list) else None
     instances = TASKS[from_rows(rows)].instances if rows else None
     cards, unreadable = [], []
     for k, row in enumerate(rows):
@@ -341,7 +367,7 @@ def gallery(rnd: Round, image_dir: str | None) -> tuple[str, list[str]]:
         if rnd.batch is not None:
             cells.append(f'<div class="why">{esc(why(row, k, len(rows)))}</div>')
         if row.get("text") not in (None, ""):
-            body = f'<p class="text">{esc(row["text"])}</p>'
+            body = f'<p class="text">{highlighted(row, names)}</p>'
         else:
             path = picture_path(row, image_dir)
             uri, _ = thumbnail(row, k + 1, path, instances, table_folder)
@@ -379,7 +405,7 @@ padding:4px;background:#fafafa;font-size:12px;overflow-wrap:anywhere}figure img{
 margin:auto;max-width:100%}.text{max-height:9em;overflow:auto;margin:0 0 4px}.id{font-weight:600}
 .why{color:#666}.missing{height:128px;background:#eee;color:#a00;text-align:center;line-height:128px}
 .plots{display:flex;flex-wrap:wrap;gap:16px}.plots svg{max-width:100%;height:auto}
-.verdict{font-size:1.1em;font-weight:600}"""
+.verdict{font-size:1.1em;font-weight:600}mark{background:#ffe08a}"""
 
 
 def page(rnd: Round, image_dir: str | None, threshold: float = stopping.THRESHOLD,

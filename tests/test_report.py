@@ -230,6 +230,19 @@ def test_masks_are_painted_where_they_are(tmp_path):
         assert whiteness[inner].mean() < 200 and whiteness[outer].mean() > 240
 
 
+def test_predicted_spans_are_highlighted(tmp_path):
+    rows = [{"id": "s1", "score": 1.0, "pred": "LOC", "text": "Ann lives in New York now",
+             "pred_words": json.dumps(["B-PER", "O", "O", "B-LOC", "I-LOC", "O"])},
+            {"id": "s2", "score": 0.5, "pred": "x", "text": "a <b> c",
+             "pred_words": json.dumps(["O", "<script>", "O"])}]
+    write_csv(tmp_path / "tok.csv", rows, ["id", "score", "pred", "text", "pred_words"])
+    write_report(tmp_path, "tok.csv", "-o", "tok.html")
+    page = (tmp_path / "tok.html").read_text()
+    assert ('<p class="text"><mark title="PER">Ann</mark> lives in '
+            '<mark title="LOC">New York</mark> now</p>') in page
+    assert '<p class="text">a <mark title="&lt;script&gt;">&lt;b&gt;</mark> c</p>' in page
+
+
 def test_a_text_round_shows_its_texts_escaped(rounds):
     root, _ = rounds
     write_report(root, "text.csv", "-o", "text.html")
