@@ -76,6 +76,6 @@ def select(scores=None, budget=None, *, pool=None, model=None, config=None, dive
 
 def tensor_pool(x, y=None, ids=None):
     """A pool from tensors or arrays: x [N, ...], optional labels y [N] (-1 = unknown) and ids of
-    any type, which scored rows carry as given (alcli.files.pool.tensor_pool)."""
-    from .files.pool import tensor_pool as _tensor_pool  # torch loads on first use
+    any type, which scored rows carry as given (alcli.pools.tensors.tensor_pool)."""
+    from .pools.tensors import tensor_pool as _tensor_pool  # torch loads on first use
     return _tensor_pool(x, y, ids)

@@ -13,7 +13,7 @@ table (docs/architecture.md follows one batch through it).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterable
 
 from torch import nn
@@ -21,7 +21,7 @@ from torch import nn
 from .errors import ConfigError
 from .files.config import Settings, load_settings
 from .files.embeddings import save_embeddings
-from .files.pool import Pool
+from .pools.common import Pool
 from .files.table import read_table
 from .inspection import Inspection, inspect_model  # noqa: F401 - the CLI's `inspect`
 from .longrun.job import JobResult, score
@@ -217,3 +217,37 @@ def run_select(settings: Settings, *, scores=None, model: nn.Module | None = Non
         return pick(settings, scored.rows, plan, embeddings=scored.embeddings, pool=scored.pool)
     rows = scores if isinstance(scores, list) else read_table(source)
     return pick(settings, rows, plan)
+
+
+def review_to_table(settings: Settings, dest: str, ranking: str, *, model: nn.Module | None = None,
+                    pool=None, on_start: Callable[[int], None] | None = None,
+                    on_batch: Callable[[int], None] | None = None):
+    """`alcli review`: score the labeled pool once (`--strategy review`: loss and gradnorm at the
+    given label, each labeled decision's probabilities), then rank its labels most likely wrong
+    first (alcli.review) into the table `dest` ('-': stdout) and DEST.meta.json. Returns
+    (alcli.review.Reviewed, the ScoreRun)."""
+    from .files.outputs import check_not_input, inputs_of, refuse_remote
+    from .files.table import SIDECARS, sidecar, write_meta, write_table
+    from .files.atomic import check_writable, make_folder, writes_stream
+    from .review import review_rows
+    refuse_remote(dest, settings.where("output"))
+    if not writes_stream(dest):  # checked before the scoring, not after it
+        make_folder(os.path.dirname(os.path.abspath(dest)), f"output {dest}")
+        if os.path.isdir(dest):
+            raise ConfigError(f"output {dest} is a directory")
+        check_writable(os.path.dirname(os.path.abspath(dest)), f"output {dest}")
+        check_not_input(dest, settings.where("output"), inputs_of(settings, unread=("scores",)),
+                        beside=SIDECARS)
+    settings = replace(settings, strategy="review")
+    run = run_score(settings, model=model, pool=pool, on_start=on_start, on_batch=on_batch,
+                    embeddings=False)
+    names = run.pool.classes
+    reviewed = review_rows(run.rows, run.stats.task, names, ranking, run.pool.name)
+    write_table(reviewed.rows, dest, settings.format)
+    if not writes_stream(dest):
+        write_meta(sidecar(dest, "meta.json"), {
+            "table": os.path.basename(dest), "rows": len(reviewed.rows), "task": run.stats.task,
+            "class_names": list(names) if names else None, "review": ranking,
+            "flagged": reviewed.flagged, "unlabeled": reviewed.unlabeled,
+            "pool_path": str(settings.pool) if isinstance(settings.pool, str) else None})
+    return reviewed, run

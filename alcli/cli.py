@@ -19,7 +19,7 @@ import typer
 from typer import Abort
 from typer.core import TyperCommand, TyperGroup
 
-from .commands import inspect, merge, pull, push, report, score, select, simulate, stop
+from .commands import inspect, merge, pull, push, report, review, score, select, simulate, stop
 from .commands.shared import rank0
 from .errors import AlcliError, torchvision_mismatch
 from .version import __version__
@@ -195,6 +195,7 @@ app.command(cls=_Command, epilog=merge.EPILOG)(merge.merge)
 app.command(cls=_Command, epilog=select.EPILOG)(select.select)
 app.command(cls=_Command, epilog=push.EPILOG)(push.push)
 app.command(cls=_Command, epilog=pull.EPILOG)(pull.pull)
+app.command(cls=_Command, epilog=review.EPILOG)(review.review)
 app.command(cls=_Command, epilog=simulate.EPILOG)(simulate.simulate)
 app.command(cls=_Command, epilog=inspect.EPILOG)(inspect.inspect)
 app.command(cls=_Command, epilog=stop.EPILOG)(stop.stop)

@@ -9,7 +9,7 @@ from torch import nn
 
 from .errors import PoolError, RunError
 from .files.config import Settings
-from .files.pool import Batch, collate, decoded
+from .pools.common import Batch, collate, decoded
 from .files.remote import shown
 from .gradnorm import (EngineFallback, UnsupportedModel, auto_choice, grad_norms_per_target,
                        rule_names, select_params)

@@ -16,9 +16,10 @@ from .files import hf, remote
 from .files.checkpoint import load_model
 from .files.classnames import id2label_names, read_class_names
 from .files.config import Settings, Transform
-from .files.pool import Pool, PoolOptions, names_source, tensor_pool
-from .files.sources import open_pool
-from .files.webdataset import is_shard_spec
+from . import pools
+from .pools import open_pool
+from .pools.common import Pool, PoolOptions, names_source
+from .pools.tensors import tensor_pool
 from .gradnorm import select_params
 from . import tasks
 from .score import preflight
@@ -118,8 +119,7 @@ def pool_for(settings: Settings, model: nn.Module, pool=None, stdin=None) -> Poo
 def check_pool_exists(settings: Settings) -> None:
     """PoolError when the pool is a local path that does not exist (shards and URLs: each named in
     its own error)."""
-    if isinstance(settings.pool, str) and settings.pool != "-" and not Path(settings.pool).exists() \
-            and not is_shard_spec(settings.pool) and not remote.is_url(settings.pool):
+    if pools.missing(settings.pool):
         raise PoolError(f"pool {settings.pool}{from_config(settings, 'pool')} does not exist")
 
 
@@ -190,6 +190,7 @@ def hf_options(opts: PoolOptions, settings: Settings, model: nn.Module) -> None:
     opts.text_column = settings.text_column
     opts.image_column, opts.id_column = settings.image_column, settings.id_column
     opts.label_column, opts.split = settings.label_column, settings.split
+    opts.fps, opts.every = settings.fps, settings.every
     directory = hf.model_dir(model, settings.model)
     if directory is None:
         return

@@ -37,9 +37,9 @@ from .files.classnames import class_name, read_class_names
 from .files.config import DIVERSE_MODES, STRATEGY_NAMES, Settings
 from .files.outputs import check_not_input, inputs_of, is_under
 from .files.remote import is_url
-from .files.sources import open_pool
+from .pools import is_folder, open_pool
+from .pools.common import PoolOptions
 from .selection import stopping
-from .files.pool import PoolOptions
 
 PLACEHOLDERS = ("labeled", "model", "pool", "round", "seed", "strategy", "workdir")
 COLUMNS = ("strategy", "seed", "round", "labels", "accuracy", "kappa", "stop")
@@ -242,11 +242,11 @@ def pool_labels(settings: Settings, spec: str, what: str) -> tuple[list[str], li
                        text_column=settings.text_column, tokenizer=lambda: None,
                        class_names=names, image_column=settings.image_column,
                        id_column=settings.id_column, label_column=settings.label_column,
-                       split=settings.split)
+                       split=settings.split, fps=settings.fps, every=settings.every)
     pool = open_pool(spec, opts)
     if not pool.has_labels:
         folders = " (pass --labels-from-folders for class subfolders)" \
-            if Path(spec).is_dir() and not settings.labels_from_folders else ""
+            if is_folder(spec) and not settings.labels_from_folders else ""
         raise PoolError(f"{what} {spec} has no labels{folders}; simulate reveals the labels of "
                         f"the selected examples, so it needs a labeled pool")
     labels = getattr(pool, "labels", None)

@@ -90,7 +90,7 @@ def child_compute(args) -> dict:
     """The same batches, decoded first: score_batch and the engine alone on the tensors."""
     import torch
     from alcli import api, session
-    from alcli.files.pool import collate
+    from alcli.pools.common import collate
     from alcli.gradnorm import grad_norms_per_target
     from alcli.score.runner import forward, score_batch, to_model
     settings = api.settings_for(args.config, pool=args.pool, model=args.model,

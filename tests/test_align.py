@@ -16,7 +16,7 @@ import task_models as tm
 from alcli import tasks
 from alcli.files.config import Settings
 from alcli.gradnorm.model_io import forward_logits
-from alcli.files.pool import tensor_pool
+from alcli.pools.tensors import tensor_pool
 from alcli.gradnorm.params import selection_for
 from alcli.score.align import TargetGradient
 from alcli.score.strategies import STRATEGIES, StrategyInputs

@@ -23,7 +23,9 @@ from alcli.cli import app
 from alcli.errors import CheckpointError, ConfigError, PoolError
 from alcli.files import hf
 from alcli.files.config import MAX_SIDE, Transform, load_settings, usable_cpus
-from alcli.files.pool import PoolOptions, collate, from_text_file, open_pool
+from alcli.pools import open_pool
+from alcli.pools.common import PoolOptions, collate
+from alcli.pools.text import from_text_file
 from alcli.selection.export import contact_sheet
 from cli_errors import assert_one_error
 from conftest import parse_csv, score_in
@@ -323,7 +325,7 @@ def test_decode_gpu_lists_a_truncated_jpeg_as_an_error_row(in_ws, jpegs, tmp_pat
 
 
 def test_decoded_batch_of_only_bad_jpegs_is_all_errors(jpegs):
-    from alcli.files.pool import decoded
+    from alcli.pools.common import decoded
     pool = open_pool(str(jpegs), opts(decode="gpu"))
     batch = decoded(collate([pool[0]]), pool, torch.device("cpu"))
     assert batch.ids == [] and [e[0] for e in batch.errors] == ["a_cut.jpg"]

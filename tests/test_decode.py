@@ -8,7 +8,8 @@ from typer.testing import CliRunner
 
 from alcli.cli import app
 from alcli.files.config import Transform
-from alcli.files.pool import PoolOptions, collate, open_pool
+from alcli.pools import open_pool
+from alcli.pools.common import PoolOptions, collate
 from conftest import parse_csv
 
 runner = CliRunner()

@@ -58,6 +58,18 @@ class Settings:
 
 # --- the oracle: torchvision's own training loss, one image at a time, in float64 -------------------
 
+def rpn_labels_in_model_dtype(m):
+    """torchvision's RPN hands its objectness labels (0, 1, -1) over as float32, which makes the
+    BCE of float64 logits a float32 value: the oracle takes them in the model's dtype."""
+    assign = m.rpn.assign_targets_to_anchors
+
+    def assign_in_dtype(anchors, targets):
+        labels, matched = assign(anchors, targets)
+        return [lab.to(anchors[0].dtype) for lab in labels], matched
+    m.rpn.assign_targets_to_anchors = assign_in_dtype
+    return m
+
+
 def oracle_norm(model, image, boxes, labels, seed, dtype=torch.float64) -> float:
     """||∇θ ℓ(x, T)|| with the model in training mode but its BatchNorm in inference mode, the
     image alone, R-CNN's sampling seeded as alcli documents."""
@@ -65,6 +77,8 @@ def oracle_norm(model, image, boxes, labels, seed, dtype=torch.float64) -> float
     for module in m.modules():
         if isinstance(module, torch.nn.BatchNorm2d):
             module.eval()
+    if hasattr(m, "rpn"):
+        rpn_labels_in_model_dtype(m)
     torch.manual_seed(seed)
     target = {"boxes": torch.tensor(boxes, dtype=dtype).reshape(-1, 4),
               "labels": torch.tensor(labels, dtype=torch.int64)}

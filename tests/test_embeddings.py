@@ -6,7 +6,7 @@ from torch import nn
 from alcli.files.config import Settings
 from alcli.score.embeddings import EmbeddingRecorder, find_head, record
 from alcli.errors import RunError
-from alcli.files.pool import tensor_pool
+from alcli.pools.tensors import tensor_pool
 from alcli.score.runner import forward, run
 
 

@@ -79,3 +79,14 @@ def test_large_target_sets_go_through_in_chunks(case_id, per_backward, monkeypat
     assert len(backwards) == -(-len(sets) // per_backward)
     expected = oracle(case_id)
     torch.testing.assert_close(norms, expected, rtol=1e-6, atol=1e-9 * float(expected.abs().max()))
+
+
+def test_egl_dispatches_at_most_1_5x_gradnorm():
+    """Exact EGL over 10 classes launches at most 1.5x the kernels gradnorm does (issue 9's target,
+    issue 53's regression): aten ops per batch counted as a GPU would launch them, views free."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from gradnorm import ops_table
+    for row in ops_table():
+        assert row["egl_x_gradnorm"] <= 1.5, row

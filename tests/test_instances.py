@@ -20,6 +20,7 @@ torchvision = pytest.importorskip("torchvision")
 
 from alcli import tasks  # noqa: E402
 from alcli.tasks import instances  # noqa: E402
+from test_detection import rpn_labels_in_model_dtype  # noqa: E402
 
 SMALL = {"num_classes": 2, "min_size": 64, "max_size": 96, "rpn_pre_nms_top_n_train": 50,
          "rpn_post_nms_top_n_train": 50, "rpn_pre_nms_top_n_test": 50, "rpn_post_nms_top_n_test": 50,
@@ -63,6 +64,7 @@ def oracle(model, image, row, seed) -> tuple[float, float]:
     """(||∇θ ℓ(x, T)||, ℓ(x, T)) with T the row's boxes, classes and decoded masks: the model in
     training mode but its BatchNorm in inference mode, the image alone, its sampling seeded."""
     m = copy.deepcopy(model).double().train()
+    rpn_labels_in_model_dtype(m)
     for module in m.modules():
         if isinstance(module, torch.nn.BatchNorm2d):
             module.eval()
@@ -101,8 +103,7 @@ def test_gradnorm_and_loss_at_the_predicted_instances_with_masks_are_the_float64
         assert all(c["size"] == [img.shape[1], img.shape[2]] for c in codes)
         want_norm, want_loss = oracle(model, img, row, detection.image_seed(0, row["id"]))
         assert row["score"] == pytest.approx(want_norm, rel=1e-9)
-        # torchvision's RPN takes the objectness BCE at float32 labels: its value is float32's
-        assert row["loss"] == pytest.approx(want_loss, rel=1e-7)
+        assert row["loss"] == pytest.approx(want_loss, rel=1e-12)
     assert detection.method(model, "auto")[1].startswith("batched")
 
 

@@ -79,6 +79,7 @@ BASE = {
                   "--train", "cp lin.pt {model}", "--rounds", "1", "--seeds", "1",
                   "--init", "10", "-n", "5", "--strategies", "margin", "-q"], "pool.pt"),
     "inspect": (["inspect", "-m", "lin.pt", *LINEAR], "lin.pt"),
+    "review": (["review", "pool.pt", "-m", "lin.pt", *LINEAR, "-q", "-o", "-"], "lin.pt"),
     "stop": (["stop", "t.csv", "t.csv", "--window", "1"], "t.csv"),  # exit 0: the rule says stop
     "report": (["report", "t.csv", "-q"], "t.csv"),
 }
@@ -86,7 +87,7 @@ BASE = {
 # the (command, option) pairs that write the path they are given
 OUTPUTS = {("score", "--output"), ("merge", "--output"), ("select", "--output"),
            ("select", "--contact-sheet"), ("select", "--labelstudio-config"),
-           ("pull", "--output"), ("pull", "--skipped"), ("simulate", "--output"),
+           ("pull", "--output"), ("pull", "--skipped"), ("review", "--output"), ("simulate", "--output"),
            ("simulate", "--plot"), ("simulate", "--report"), ("simulate", "--workdir"),
            ("report", "--output")}
 

@@ -9,7 +9,9 @@ from PIL import Image
 
 from alcli.files.config import Transform
 from alcli.errors import ConfigError, PoolError
-from alcli.files.pool import PoolOptions, collate, image_transform, open_pool, tensor_pool
+from alcli.pools import open_pool
+from alcli.pools.common import PoolOptions, collate, image_transform
+from alcli.pools.tensors import tensor_pool
 
 NORM = Transform(normalize={"mean": [0.5, 0.5, 0.5], "std": [0.25, 0.25, 0.25]})
 

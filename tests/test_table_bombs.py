@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from alcli.files import tables
+from alcli.pools import tables
 from cli_errors import assert_one_error
 from conftest import parse_csv
 from test_sources import folder_rows, image_rows, rows, score

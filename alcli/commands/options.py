@@ -66,6 +66,13 @@ LabelColumn = Annotated[Optional[str], typer.Option(
 Split = Annotated[Optional[str], typer.Option(
     "--split", metavar="NAME", help="A Hugging Face DatasetDict pool: the split to score.",
     rich_help_panel=INPUT)]
+Fps = Annotated[Optional[float], typer.Option(
+    "--fps", metavar="N", help="Video pools (.mp4/.mkv/.webm): score N frames per second, N "
+    "may be a fraction (the first frame at or after each 1/N s). [default: every frame]",
+    rich_help_panel=INPUT)]
+Every = Annotated[Optional[int], typer.Option(
+    "--every", metavar="N", help="Video pools: score every N-th frame. [default: 1]",
+    rich_help_panel=INPUT)]
 MaxLength = Annotated[Optional[int], typer.Option(
     "--max-length", metavar="N", help="Text pools: truncate texts at N tokens. [default: the "
     "model's limit]", rich_help_panel=INPUT)]
@@ -88,7 +95,8 @@ LabelsFromFolders = Annotated[bool, typer.Option(
                                   "like torchvision's ImageFolder).", rich_help_panel=INPUT)]
 Strategy = Annotated[Optional[str], typer.Option(
     "--strategy", "-s", metavar="NAME", help="One of egl, gradnorm, align (with --target), "
-    "loss, entropy, margin, least-confidence, random; uncertain-boxes (detection). [default: egl]",
+    "loss, entropy, margin, least-confidence, random; uncertain-boxes (detection); review (gradnorm "
+    "with the probabilities alcli review reads). [default: egl]",
     rich_help_panel=STRATEGY)]
 Target = Annotated[Optional[str], typer.Option(
     metavar="POOL", help="align: a labeled pool (any kind POOL is) whose mean loss gradient each "
@@ -309,6 +317,7 @@ NullOutput = Annotated[bool, typer.Option(
 # strategy, the checkpoint, the seed and the pool themselves). tests/test_help.py checks that a
 # command taking one of score's scoring options takes them all, declared as here.
 SCORING = (LabelsFromFolders, ClassNames, TextColumnOpt, ImageColumn, IdColumn, LabelColumn, Split,
+           Fps, Every,
            MaxLength, Arch, ArchKwargs, Ema, Trust, TrustRemoteCode, Task, TopClasses, EglSamples,
            Aggregate, Temperature, MaxNewTokens, BoxThreshold, Layers, Resize, CenterCrop, Grayscale, Normalize, BatchSize,
            Device, Workers, Precision, Decode, Method, Compile)

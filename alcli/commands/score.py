@@ -13,7 +13,8 @@ from .options import (
     Compile, Config, Decode, Device, EglSamples, Ema, Grayscale, IdColumn, ImageColumn,
     LabelColumn, LabelsFromFolders, Layers, LogFormat, MaxLength, Method, Model, Normalize, Null,
     Output, Precision, ProgressEvery, Quiet, Resize, Restart, Resume, ScoreExclude, Seed, Shard,
-    Split, Strategy, Strict, Target, TableFormat, Task, TextColumnOpt, TextWidth, TopClasses, Trust,
+    Every, Fps, Split, Strategy, Strict, Target, TableFormat, Task, TextColumnOpt, TextWidth,
+    TopClasses, Trust,
     TrustRemoteCode, Verbose, Workers, WriteEmbeddings)
 
 # Examples: one command per line, each under 78 columns, so that no terminal wraps them; \b keeps
@@ -35,14 +36,16 @@ torchrun --nproc-per-node 8 -m alcli score imgs/ -c cfg.yaml -o s.csv
 def score(
     pool: Annotated[Optional[List[str]], typer.Argument(
         help="An image folder, image files, a .csv/.jsonl manifest (path, id, label), text (.txt, "
-             "or .csv/.jsonl with a text column), a .pt/.npy/.npz tensor file, or - for image "
-             "paths on stdin. [default: the config's pool]", show_default=False,
+             "or .csv/.jsonl with a text column), a .pt/.npy/.npz tensor file, a video "
+             "(.mp4/.mkv/.webm) or a folder of them, or - for image paths on stdin. [default: the "
+             "config's pool]", show_default=False,
         metavar="POOL")] = None,
     # the signature's order is --help's: Input, Model, Scoring, Image transforms, Output, ...
     config: Config = None, labels_from_folders: LabelsFromFolders = False,
     class_names: ClassNames = None, exclude: ScoreExclude = None, null: Null = False,
     text_column: TextColumnOpt = None, image_column: ImageColumn = None,
     id_column: IdColumn = None, label_column: LabelColumn = None, split: Split = None,
+    fps: Fps = None, every: Every = None,
     max_length: MaxLength = None,
     model: Model = None, arch: Arch = None, arch_kwargs: ArchKwargs = None, ema: Ema = False,
     trust_checkpoint: Trust = False, trust_remote_code: TrustRemoteCode = False,

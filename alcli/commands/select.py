@@ -16,7 +16,8 @@ from .options import (
     ImageColumn, ImageDir, Cost, BudgetCost, ImageRoot, LabelColumn, LabelsFromFolders, LabelStudioConfig, Layers,
     LogFormat, MaxLength, Method, Model, Normalize, Null, Pairwise, PerClass, Precision, ProgressEvery,
     Quiet, ReadEmbeddings, Resize, Sampling, SamplingBeta, Seed, Target, SelectFormat, SelectOutput,
-    Split, Strategy, Task, TextColumnOpt, TextWidth, ToName, TopClasses, Trust, TrustRemoteCode,
+    Every, Fps, Split, Strategy, Task, TextColumnOpt, TextWidth, ToName, TopClasses, Trust,
+    TrustRemoteCode,
     Typical, Verbose, Workers, under)
 
 # --help lists select's own options first, then these, which matter only when it scores first
@@ -80,6 +81,7 @@ def select(
     text_column: scoring(TextColumnOpt) = None, image_column: scoring(ImageColumn) = None,
     id_column: scoring(IdColumn) = None, label_column: scoring(LabelColumn) = None,
     split: scoring(Split) = None, max_length: scoring(MaxLength) = None,
+    fps: scoring(Fps) = None, every: scoring(Every) = None,
     text_width: scoring(TextWidth) = None, resize: scoring(Resize) = None,
     center_crop: scoring(CenterCrop) = None, grayscale: scoring(Grayscale) = None,
     normalize: scoring(Normalize) = None, batch_size: scoring(BatchSize) = None,
@@ -153,7 +155,7 @@ def select(
 
 # `select` options that only matter when it scores the pool itself
 SCORING_FLAGS = ("arch", "arch_kwargs", "trust_checkpoint", "trust_remote_code", "ema",
-                 "text_column", "image_column", "id_column", "label_column", "split",
+                 "text_column", "image_column", "id_column", "label_column", "split", "fps", "every",
                  "max_length", "text_width", "labels_from_folders", "strategy", "target", "task",
                  "egl_samples", "aggregate", "temperature", "max_new_tokens", "box_threshold", "top_classes", "layers", "method",
                  "compile", "precision", "decode", "batch_size", "device", "workers", "resize",

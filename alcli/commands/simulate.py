@@ -13,7 +13,7 @@ from . import shared
 from .options import (
     Aggregate, Arch, ArchKwargs, BatchSize, BoxThreshold, MaxNewTokens, Temperature, CenterCrop, ClassNames, Compile, Config,
     Decode, Device, EglSamples, Ema, Grayscale, IdColumn, ImageColumn, LabelColumn,
-    LabelsFromFolders, Layers, MaxLength, Method, Normalize, Precision, Quiet, Resize, Split, Task,
+    LabelsFromFolders, Layers, MaxLength, Method, Normalize, Precision, Quiet, Resize, Split, Task, Every, Fps,
     TextColumnOpt, TopClasses, Trust, TrustRemoteCode, Workers)
 
 EPILOG = """The training command's contract:
@@ -97,7 +97,7 @@ def simulate(
     config: Config = None, labels_from_folders: LabelsFromFolders = False,
     class_names: ClassNames = None, text_column: TextColumnOpt = None,
     image_column: ImageColumn = None, id_column: IdColumn = None, label_column: LabelColumn = None,
-    split: Split = None, max_length: MaxLength = None,
+    split: Split = None, max_length: MaxLength = None, fps: Fps = None, every: Every = None,
     arch: Arch = None, arch_kwargs: ArchKwargs = None, ema: Ema = False,
     trust_checkpoint: Trust = False, trust_remote_code: TrustRemoteCode = False, task: Task = None,
     top_classes: TopClasses = None, egl_samples: EglSamples = None, aggregate: Aggregate = None,

@@ -1,7 +1,7 @@
 """Class names: index i of the model's output is names[i].
 
 They come from a --class-names file, from a Hugging Face model's `id2label` (unless it is the
-default LABEL_0, LABEL_1, ...), or from class folders (pool.py). Tables show them in `pred` (and
+default LABEL_0, LABEL_1, ...), or from class folders (alcli/pools/folder.py). Tables show them in `pred` (and
 `label`), and string labels in manifests are mapped to indices through them.
 """
 from __future__ import annotations

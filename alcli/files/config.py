@@ -36,7 +36,7 @@ SAMPLINGS = ("top", "power", "softmax")  # alcli.selection.sampling.SAMPLINGS; a
 # the names the strategy registry (alcli.score.strategies) and the engine (alcli.gradnorm.METHODS)
 # define, listed here so that reading a config does not import torch; a test keeps them equal
 STRATEGY_NAMES = ("egl", "gradnorm", "align", "loss", "entropy", "margin", "least-confidence",
-                  "random", "uncertain-boxes")
+                  "random", "uncertain-boxes", "review")
 METHOD_NAMES = ("auto", "ghost", "replicate", "vmap", "loop")
 PRECISIONS = ("fp32", "bf16", "fp16")
 # the labeling tasks (alcli.tasks.TASKS, plus auto: read from the model); config is read before
@@ -79,6 +79,8 @@ class Settings:
     id_column: str | None = None          # table pools: the id column (default: the row number)
     label_column: str | None = None       # table pools: the label column (default: label, if there)
     split: str | None = None              # Hugging Face DatasetDict pools: the split to score
+    fps: float | None = None              # video pools: frames sampled per second
+    every: int | None = None              # video pools: every N-th frame (default: every frame)
     max_length: int | None = None         # text pools: tokens kept per text (default: the model's limit)
     labels_from_folders: bool = False
     class_names: str | None = None        # a file naming the classes (one a line, or a JSON list)
@@ -483,6 +485,7 @@ CHECKS: dict[str, Callable[[Any], Any]] = {
     "shard": _shard, "verbose": _bool, "progress_every": _seconds, "log_format": _choice(LOG_FORMATS),
     "ema": _bool, "text_column": _str, "max_length": _opt(_int(1)),
     "image_column": _opt_str, "id_column": _opt_str, "label_column": _opt_str, "split": _opt_str,
+    "fps": _opt(_positive), "every": _opt(_int(1)),
     "class_names": _opt_str, "text_width": _int(0), "from_name": _opt_str, "to_name": _opt_str,
     "labelstudio_config": _opt_str,
 }

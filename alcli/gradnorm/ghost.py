@@ -31,6 +31,7 @@ from .model_io import batch_size, forward_logits, tensors
 from .params import ParamSelection
 from .plan import HookPlan, covering_modules, ghost_plan_for
 from .rules import RuleCall
+from .rules.registry import target_vmap
 from .uses import UseWatch
 
 
@@ -179,8 +180,9 @@ def _backwards(model, plan, uses, calls, taps, logits, cotangents, batch) -> tor
         try:
             # the graph and the captured inputs are kept, for one backward per target set if a
             # backward op or rule cannot be vmapped (the generic rule's per-example pullback)
-            norms = torch.cat([vmap(lambda g: backward(g, last=False))(cotangents[i:i + chunk])
-                               for i in range(0, k, chunk)])
+            with target_vmap():
+                norms = torch.cat([vmap(lambda g: backward(g, last=False))(cotangents[i:i + chunk])
+                                   for i in range(0, k, chunk)])
             _k_mode[model] = "batched"
             return norms
         except torch.OutOfMemoryError:

@@ -12,7 +12,7 @@ import os
 
 from ..errors import ConfigError
 from ..files.config import Settings
-from ..files.pool import Pool, check_unique_ids
+from ..pools.common import Pool, check_unique_ids
 from ..selection.exclusions import ExclusionsError, excluded_ids, read_exclusion_files
 from .shard import SubPool, fingerprint
 

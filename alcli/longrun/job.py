@@ -31,7 +31,7 @@ from ..files.atomic import check_writable, make_folder, writes_stream
 from ..files.config import Settings
 from ..files import remote
 from ..files.outputs import check_not_input, inputs_of, refuse_remote
-from ..files.pool import Pool
+from ..pools.common import Pool
 from ..files.table import FORMATS as TABLE_FORMATS, SIDECARS, check_records, sidecar
 from ..files.embeddings import destination, encode_factors
 from ..score.embeddings import EmbeddingRecorder

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 
 from ..errors import ConfigError
-from ..files.pool import Pool
+from ..pools.common import Pool
 
 
 def id_hash(id_: str) -> int:

@@ -15,7 +15,7 @@ from torch import nn
 from ..files.classnames import check_names, multilabel_names
 from ..files.config import Settings
 from ..errors import ConfigError, PoolError, RunError, first_line
-from ..files.pool import Pool, check_unique_ids, collate, collate_sized, decoded
+from ..pools.common import Pool, check_unique_ids, collate, collate_sized, decoded
 from .. import tasks
 from .runner import forward, to_model
 from .strategies import STRATEGIES

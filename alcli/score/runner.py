@@ -22,7 +22,7 @@ from .embeddings import EmbeddingRecorder, record
 from ..errors import PoolError, RunError, first_line
 from ..gradnorm import UnsupportedModel, auto_choice, batch_slice, call_model, logits_of, map_batch, model_dtype
 from ..files.classnames import class_name
-from ..files.pool import Batch, Pool, collate, collate_sized, decoded
+from ..pools.common import Batch, Pool, collate, collate_sized, decoded
 from ..files.table import clip_text
 from .. import tasks
 from ..tasks import TASKS, labels as task_labels

@@ -9,7 +9,10 @@ import math
 import os
 import posixpath
 import re
+import shutil
 import sys
+import tempfile
+from pathlib import Path
 from typing import Mapping, Sequence
 from urllib.parse import quote
 from xml.sax.saxutils import quoteattr
@@ -19,7 +22,7 @@ from PIL import Image, ImageDraw, ImageFont, ImageOps
 
 from ..files.atomic import atomic_open
 from ..files.redact import redacted
-from ..files.sources import open_source
+from ..pools import open_source
 from ..tasks import TASKS
 from ..tasks.labelstudio import Tag, _plain, entities  # noqa: F401 - entities: the token pre-labels' spans
 
@@ -83,14 +86,17 @@ def to_labelstudio(rows: Sequence[Mapping], image_root: str | None, model_versio
     Shape (Label Studio's "basic JSON format" with pre-annotations, a JSON array of tasks):
       {"data": {"image": <url or path> | "text": <text>, "alcli_id", "alcli_rank", "alcli_score"
                 [, "alcli_pred"]},
-       "predictions": [{"model_version": <str>, "score": <float>, "result": [<region>, ...]}]}
+       "predictions": [{"model_version": <str>, "score": <float>, "result": [<region>, ...]}]
+       [, "annotations": [{"result": [<region>, ...]}]]}
     `data.image` feeds an `<Image name="image" value="$image"/>` tag (`data.text`, given `texts`
     one per row, a `<Text name="text" value="$text"/>` tag). The regions are the model's
     prediction in the control tag `from_name` of `task`'s labeling config (`labeling_config`),
     made by the task (`Task.prelabels`: `choices` for classification and multilabel, `labels`
     spans for token classification, `rectanglelabels` for detection, ...); classes by name (the row's own names,
     else `class_names[index]`); what has no name is left out. The prediction's score (alcli's)
-    lets the Data Manager sort by it. The top-level task `id` is reserved by Label Studio.
+    lets the Data Manager sort by it. The top-level task `id` is reserved by Label Studio. A row
+    of `alcli review`'s table also brings its given label as an annotation, for a person to verify
+    against the prediction (the model's suggestion).
     """
     field = "image" if texts is None else "text"
     regions = TASKS[task].prelabels if task in TASKS else _nothing
@@ -104,10 +110,22 @@ def to_labelstudio(rows: Sequence[Mapping], image_root: str | None, model_versio
         if row.get("pred") is not None:
             data["alcli_pred"] = _plain(row["pred"])
         result = regions(row, n, tag, class_names, ref)
-        tasks.append({"data": data,
-                      "predictions": [{"model_version": str(model_version), "score": score,
-                                       "result": result}]})
+        ls_task = {"data": data, "predictions": [{"model_version": str(model_version),
+                                                  "score": score, "result": result}]}
+        if _reviewed(row):  # alcli review's table: the given label is the annotation to verify
+            given = {k: v for k, v in row.items() if k != "pred_index"}
+            verify = regions({**given, "pred": row["label"],
+                              **({"pred_words": row["label_words"]} if "label_words" in row else {})},
+                             n, tag, class_names, ref)
+            if verify:  # (a label no class name is known for: none)
+                ls_task["annotations"] = [{"result": verify}]
+        tasks.append(ls_task)
     return tasks
+
+
+def _reviewed(row: Mapping) -> bool:
+    """A row of `alcli review`'s table (it has `flagged`) with a given label."""
+    return "flagged" in row and row.get("label") not in (None, "")
 
 
 def unreachable_image(tasks: Sequence[Mapping]) -> str | None:
@@ -222,6 +240,22 @@ def write_json(obj, path: str) -> None:
     """Write one JSON document (e.g. Label Studio tasks) atomically; `-` = stdout. NaN is an error."""
     _atomic_write_text(path, json.dumps(obj, indent=2, ensure_ascii=False, allow_nan=False,
                                         default=_plain) + "\n")
+
+
+def write_folder(files: dict[str, bytes], folder: Path) -> None:
+    """A folder of `files` ({name: bytes}) written whole: into a temporary folder beside it, which
+    then replaces it (an older one's files go with it)."""
+    temp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    try:
+        for name, data in files.items():
+            (temp / name).write_bytes(data)
+        old = folder.with_name(f".{folder.name}.{os.getpid()}.old")
+        if folder.exists():
+            os.replace(folder, old)
+        os.replace(temp, folder)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 # --- contact sheet --------------------------------------------------------------------------------

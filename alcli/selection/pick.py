@@ -27,9 +27,11 @@ from ..files.classnames import check_names, multilabel_names, read_class_names
 from ..files.config import Settings
 from ..files.embeddings import (STREAM_KEEP, EmbeddingsError, embeddings_path, embeddings_run_id,
                                 find_for_rows, load_embeddings)
-from ..files.outputs import check_not_input, inputs_of
-from ..files.pool import PoolOptions, open_pool
-from ..files.sources import source_exists
+from ..files.names import FileNameError, file_names, id_file
+from ..files.outputs import check_not_input, check_outputs, inputs_of
+from ..pools import (extracted, holds_tensors, id_files, local_file, open_pool, open_source,
+                     reads_stdin, source_exists)
+from ..pools.common import PoolOptions
 from ..files.table import (LINE_FORMATS, MORE, SIDECARS, read_meta, remove_sidecars, sidecar,
                            write_table)
 from ..tasks import TASKS, from_rows
@@ -37,9 +39,9 @@ from . import cost
 from .choose import choose
 from .coco_yolo import image_links, to_coco, to_yolo, write_yolo
 from .exclusions import Exclusions, ExclusionsError, excluded_ids, read_exclusion_files
-from .export import (IMAGE_ROOT_HINT, ImageRootError, contact_sheet, labeling_config,
-                     model_version_from, pairwise_config, pairwise_tasks, text_sheet,
-                     to_labelstudio, unnamed, unreachable_image,
+from .export import (IMAGE_ROOT_HINT, ImageRootError, contact_sheet, image_ref,
+                     labeling_config, model_version_from, pairwise_config, pairwise_tasks,
+                     text_sheet, to_labelstudio, unnamed, unreachable_image, write_folder,
                      write_json, write_text)
 from .rank import is_scored, order_key, rank
 from .typical import select_typical
@@ -124,7 +126,7 @@ def prepare(settings: Settings, source: str | None, score_first: bool,
             plan.embeddings_file = path
             _check_same_run(settings, plan, source)
     if settings.null and settings.format not in LINE_FORMATS and \
-            not (score_first and settings.pool == "-"):
+            not (score_first and reads_stdin(settings.pool)):
         raise ConfigError(f"{settings.where('null')} ends -f paths and -f ids records with NUL; "
                           f"-f {settings.format} has no such records")
     if settings.pairwise and settings.format != "labelstudio" and not settings.labelstudio_config:
@@ -139,13 +141,15 @@ def prepare(settings: Settings, source: str | None, score_first: bool,
             make_folder(Path(target).parent, f"{settings.where(key)} {target}")
     inputs = _inputs(settings, source, score_first)
     check_not_input(settings.output, settings.where("output"), inputs, beside=SIDECARS)
+    if settings.format == "labelstudio" and not writes_stream(settings.output or "-"):
+        frames = {f"{settings.where('output')}'s frames folder": frames_folder(settings.output)}
+        check_outputs(frames, [*inputs, ("the batch written", settings.output)])
     check_not_input(settings.contact_sheet, settings.where("contact_sheet"),
                     [*inputs, ("the batch written", settings.output)])
     check_not_input(settings.labelstudio_config, settings.where("labelstudio_config"),
                     [*inputs, ("the batch written", settings.output),
                      ("the contact sheet", settings.contact_sheet)])
-    if settings.contact_sheet and score_first and isinstance(settings.pool, str) and \
-            Path(settings.pool).suffix.lower() in (".pt", ".pth", ".npy", ".npz"):
+    if settings.contact_sheet and score_first and holds_tensors(settings.pool):
         raise ConfigError(f"{settings.where('contact_sheet')} draws images, but the pool "
                           f"{settings.pool} holds tensors")
     return plan
@@ -486,7 +490,45 @@ def write_batch(rows: list[dict], dest: str | None, settings: Settings,
 
 def _write_tasks(rows: list[dict], dest: str | None, settings: Settings, meta: dict | None,
                  texts: list[str] | None, class_names: list[str] | None, task: str) -> None:
-    _write_json(labelstudio_tasks(rows, settings, meta, texts, class_names, task), dest)
+    tasks = labelstudio_tasks(rows, settings, meta, texts, class_names, task)
+    if texts is None:
+        _extract_frames(rows, tasks, dest, settings, meta)
+    _write_json(tasks, dest)
+
+
+def frames_folder(dest: str) -> Path:
+    """BATCH.frames/, beside the batch: the images extracted for its tasks (a video's frames)."""
+    return Path(f"{dest}.frames")
+
+
+def _extract_frames(rows: list[dict], tasks: list[dict], dest: str | None, settings: Settings,
+                    meta: dict | None) -> None:
+    """Rows whose source Label Studio cannot show in place (a video's frame): each extracted as a
+    PNG into BATCH.frames/ (named by files.names.id_file), its task's data.image that file's path
+    relative to the batch's folder, under --image-root."""
+    sources = image_files(rows, settings, None, meta)
+    wanted = [n for n, source in enumerate(sources) if extracted(source)]
+    if not wanted:
+        return
+    if dest is None or writes_stream(dest):
+        raise ConfigError(f"{settings.where('format')} labelstudio: the batch's {len(wanted)} video "
+                          f"frames are extracted as images beside the batch; name it with "
+                          f"{settings.option('output', 'FILE')}")
+    folder = frames_folder(dest)
+    try:
+        names = file_names([rows[n]["id"] for n in wanted], lambda i: id_file(i, ".png"))
+        files = {names[rows[n]["id"]]: open_source(sources[n]).getvalue() for n in wanted}
+    except FileNameError as err:
+        raise TableError(f"cannot name the batch's frames: {_sentence(err)}") from None
+    except (OSError, ValueError) as err:
+        raise TableError(f"cannot extract a frame of the batch ({_sentence(err)})") from None
+    try:
+        write_folder(files, folder)
+    except OSError as err:
+        raise TableError(f"cannot write {folder} ({err.strerror or err})") from None
+    for n in wanted:
+        ref = image_ref(f"{folder.name}/{names[rows[n]['id']]}", settings.image_root)
+        tasks[n]["data"]["image"] = ref
 
 
 def _write_json(tasks: list[dict], dest: str | None) -> None:
@@ -605,7 +647,7 @@ def image_files(rows: list[dict], settings: Settings, pool=None, meta: dict | No
                               f"{pool.name} holds tensors")
         by_id = dict(zip(pool.ids, (str(p) for p in pool.paths)))
         return [by_id.get(i, i) for i in ids]
-    mapped = _pool_files((meta or {}).get("pool_path") or settings.pool)
+    mapped = id_files((meta or {}).get("pool_path") or settings.pool)
     out = []
     for i in ids:
         guess = mapped(i)
@@ -616,20 +658,6 @@ def image_files(rows: list[dict], settings: Settings, pool=None, meta: dict | No
         else:
             out.append(i)
     return out
-
-
-def _pool_files(spec):
-    """id -> file under the pool `spec` (None when it says nothing about that id)."""
-    if not isinstance(spec, str) or spec == "-":  # a list of image files: ids are their paths
-        return lambda i: None
-    path = Path(spec)
-    if path.is_dir():
-        return lambda i: str(path / i)
-    if path.suffix.lower() in (".csv", ".jsonl") and path.is_file():
-        pool = open_pool(spec, PoolOptions())
-        by_id = dict(zip(pool.ids, (str(p) for p in pool.paths)))
-        return by_id.get
-    return lambda i: None
 
 
 def draw_sheet(rows: list[dict], paths: list[str], settings: Settings) -> list[str]:
@@ -720,7 +748,7 @@ def whole_texts(rows: list[dict], settings: Settings, pool, meta: dict) -> tuple
         by_id = dict(zip(pool.ids, getattr(pool, "texts", [])))
     else:
         spec = meta.get("pool_path") or settings.pool
-        if isinstance(spec, str) and spec != "-" and Path(spec).is_file():
+        if local_file(spec):
             opts = PoolOptions(text_column=meta.get("text_column") or settings.text_column,
                                tokenizer=NO_TOKENIZER, class_names=meta.get("class_names"))
             try:

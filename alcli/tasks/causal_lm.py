@@ -3,7 +3,7 @@ at every position. logits [B, T, V]; position t predicts token t + 1, so the tar
 the input ids moved left by one, IGNORE where the next token is not scored (the prompt, padding,
 special tokens, the last position). The loss is the mean cross-entropy over an example's scored
 tokens: the response's (prompt + response, or chat messages ending with the assistant's), or
-every token of a `text` (files/prompts.py reads the pool; `scored_tokens` finds its tokens).
+every token of a `text` (pools/prompts.py reads the pool; `scored_tokens` finds its tokens).
 Its rows show the loss and the perplexity exp(loss).
 """
 from __future__ import annotations

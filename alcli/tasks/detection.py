@@ -173,10 +173,27 @@ def loss_mode(model: nn.Module):
     for module in model.modules():
         if isinstance(module, (nn.modules.batchnorm._BatchNorm, nn.Dropout)):
             module.eval()
+    rpn = getattr(model, "rpn", None)
+    assign = getattr(rpn, "assign_targets_to_anchors", None)
+    if assign is not None:
+        rpn.assign_targets_to_anchors = _labels_as_logits(assign, rpn)
     try:
         yield
     finally:
         model.eval()
+        if assign is not None:
+            del rpn.assign_targets_to_anchors
+
+
+def _labels_as_logits(assign, rpn):
+    """torchvision's RPN hands its objectness labels over as float32, and the BCE of float64
+    logits at float32 labels is float32: the labels in the head's dtype keep a float64 model's
+    loss float64 (the same labels, 0, 1 or -1, exactly)."""
+    def assign_in_dtype(anchors, targets):
+        labels, matched = assign(anchors, targets)
+        dtype = next(rpn.head.parameters()).dtype
+        return [l.to(dtype) for l in labels], matched
+    return assign_in_dtype
 
 
 def image_seed(seed: int, id_) -> int:
@@ -486,15 +503,18 @@ def _unnamed(row, names) -> bool:
     return any(_named(v, names) is None for v in found)
 
 
-def given_boxes(pool, strategy: str) -> str | None:
-    """The sentence refusing a manifest's given boxes (a `boxes` or `label` column) for gradnorm
-    and loss, which score each image at its predicted boxes: given boxes are not read (yet)."""
-    path, columns = getattr(getattr(pool, "base", pool), "given_columns", (None, []))
-    if not columns:
-        return None
-    return (f"manifest {path} has a '{columns[0]}' column, but detection does not read given boxes "
-            f"({strategy} would score each image at its predicted boxes): drop the column to score "
-            f"at the predictions")
+def refuses_given_boxes(task: str):
+    """Task.unanswered for a detector task: the sentence refusing a manifest's given boxes (a
+    `boxes` or `label` column) for gradnorm and loss, which score each image at its predicted
+    boxes: given boxes are not read (yet)."""
+    def given_boxes(pool, strategy: str) -> str | None:
+        path, columns = getattr(getattr(pool, "base", pool), "given_columns", (None, []))
+        if not columns:
+            return None
+        return (f"manifest {path} has a '{columns[0]}' column, but {task} does not read given boxes "
+                f"({strategy} would score each image at its predicted boxes): drop the column to score "
+                f"at the predictions")
+    return given_boxes
 
 
 TASK = Task(
@@ -507,5 +527,5 @@ TASK = Task(
     instances=instances,
     sized_images=True, model_kind="an object detector", needs_model=not_a_detector,
     normalised_outside=is_hf, model_classes=classes, predict=predict, rows=rows, method=method,
-    gradient_utilities=GRADIENT_UTILITIES, unanswered=given_boxes,
+    gradient_utilities=GRADIENT_UTILITIES, unanswered=refuses_given_boxes("detection"),
 )

@@ -1,5 +1,5 @@
 """Labels of the tasks other than classification, read from a pool's `task_labels` (each row's
-label as given, alcli.files.pool) once the task and the model's output are known, into targets in
+label as given, alcli.pools) once the task and the model's output are known, into targets in
 the task's loss layout; each task's module reads its own (`Task.read_labels`), with the helpers
 here:
 
@@ -21,7 +21,7 @@ from typing import Callable
 import torch
 
 from ..errors import PoolError
-from ..files.pool import Pool
+from ..pools.common import Pool
 
 
 def base(pool: Pool) -> Pool:

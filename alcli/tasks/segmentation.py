@@ -21,7 +21,7 @@ from torch import nn
 
 from ..errors import PoolError, RunError, first_line
 from ..files.names import id_file
-from ..files.pool import Pool, _crop_box, _resized
+from ..pools.common import Pool, crop_box, resized
 from .common import (IGNORE, Task, _categorical, _labels_to_dense, _mean_ce, all_positions,
                      egl_sampled, given_or_predicted, named_set, per_position, position_badge,
                      position_loss, predicted, refuse_single_labels, set_columns)

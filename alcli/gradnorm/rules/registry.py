@@ -1,6 +1,8 @@
 """The registry of layer rules (see `rules/__init__.py` for the contract) and the math they share."""
 from __future__ import annotations
 
+import contextlib
+import contextvars
 from typing import Any, Callable, NamedTuple
 
 import torch
@@ -38,6 +40,24 @@ class Entry(NamedTuple):
     def name(self) -> str:
         """The rule's file, as `alcli inspect` shows it."""
         return self.rule.__module__.rsplit(".", 1)[-1]
+
+
+# True while the rules run under vmap over EGL's K target sets (ghost._backwards): an op without a
+# batching rule is decomposed there into several per layer, so a rule may pick a form vmap batches
+_UNDER_TARGET_VMAP = contextvars.ContextVar("under_target_vmap", default=False)
+
+
+def under_target_vmap() -> bool:
+    return _UNDER_TARGET_VMAP.get()
+
+
+@contextlib.contextmanager
+def target_vmap():
+    token = _UNDER_TARGET_VMAP.set(True)
+    try:
+        yield
+    finally:
+        _UNDER_TARGET_VMAP.reset(token)
 
 
 RULES: dict = {}  # a module type, or "package.module.Class" for optional packages' types

@@ -14,11 +14,21 @@ import warnings
 from pathlib import Path
 
 from ..errors import PoolError, first_line
-from .jsonl import json_objects
-from .pool import Item, Pool, PoolOptions, Text, check_unique_ids
+from ..files.jsonl import json_objects
+from ..files import remote
+from .common import Item, Pool, PoolKind, PoolOptions, Text, check_unique_ids
 
 FIELDS = ("text", "prompt", "messages")
 SUFFIXES = (".jsonl", ".parquet")
+
+
+def _wants_prompts(spec, opts: PoolOptions) -> bool:
+    """A causal LM's pool (Task.reads_prompts), unless at a URL."""
+    return opts.prompts and isinstance(spec, str) and not remote.is_url(spec)
+
+
+KIND = PoolKind("prompts", _wants_prompts, lambda spec, opts, stdin: from_prompt_file(spec, opts),
+                options=("prompts", "tokenizer"))
 
 
 class PromptPool(Pool):

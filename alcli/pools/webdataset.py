@@ -3,7 +3,7 @@
 `.jpg`/`.png`/... an image, `.txt` a text, `.cls` an integer label; `.json` and other members are
 ignored. A sample's id is the name of the member its input is read from (`dir/name.jpg`), as a
 folder pool's id is the file's path under the folder, so the same images as files and as shards
-have the same ids; its row's `path` is SHARD#MEMBER (sources.open_source reads it). Opening reads the tar headers (and the small `.cls` members) of
+have the same ids; its row's `path` is SHARD#MEMBER (alcli.pools.open_source reads it). Opening reads the tar headers (and the small `.cls` members) of
 every shard into flat arrays (about 40 bytes a sample besides its id); an item is
 read by seeking to its member, so shards spread over DataLoader workers and --shard without
 reading one another. Shards are named one by one, or by a brace pattern: `pool-{000..009}.tar`,
@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 from ..errors import PoolError, first_line
-from . import remote
-from .pool import Item, Pool, PoolOptions, Text, _label
+from ..files import remote
+from .common import Item, Pool, PoolKind, PoolOptions, Text, label_index, no_folders
 from . import tables
 from .tables import image_item, oversized, set_decoding
 
@@ -32,6 +32,32 @@ BRACE = re.compile(r"\{([^{}]*)\}")
 
 def is_shard_spec(spec: str) -> bool:
     return spec.lower().endswith(".tar")
+
+
+def _are_shards(spec, opts: PoolOptions) -> bool:
+    """A .tar file or brace pattern of them, or a list of them (local; URLs: stores.py)."""
+    specs = spec if isinstance(spec, list) else [spec]
+    return bool(specs) and all(is_shard_spec(s) for s in specs)
+
+
+def read_member(shard: str, name: str) -> bytes:
+    """A shard's member, read back for a row's SHARD#MEMBER path."""
+    try:
+        with tarfile.open(shard, "r:") as tar:
+            info = tar.getmember(name)  # reads the headers up to it
+            if info.size > tables.MAX_CELL_BYTES:
+                raise ValueError(f"member {name} of {shard} is {info.size} bytes")
+            return tar.extractfile(info).read()
+    except KeyError:
+        raise ValueError(f"shard {shard} has no member {name}") from None
+    except tarfile.TarError as err:
+        raise ValueError(f"shard {shard} cannot be read ({err})") from None
+
+
+KIND = PoolKind("tar shards", _are_shards,
+                lambda spec, opts, stdin: no_folders(opts) or from_shards(
+                    spec if isinstance(spec, list) else [spec], opts),
+                options=("tokenizer", "class_names"), parts=(".tar",), read_part=read_member)
 
 
 def expand_braces(spec: str) -> list[str]:
@@ -183,7 +209,7 @@ def _scan(shard, index: int, samples: Samples) -> None:
                                         f"bytes, over alcli's limit of {MAX_LABEL_BYTES} for a "
                                         f"label")
                     text = tar.extractfile(info).read().decode("utf-8", "replace")
-                    samples.labels[-1] = _label(text.strip() or None, f"sample {key} of {shard}")
+                    samples.labels[-1] = label_index(text.strip() or None, f"sample {key} of {shard}")
                 else:
                     samples.add(ext, info)
             _check_end(shard, tar.fileobj, tar.offset, size)

@@ -9,7 +9,7 @@ cell over MAX_CELL_BYTES is an error row.
 Image cells are encoded bytes, a path (relative to the file holding the table), or a struct with
 `bytes` and `path` (how `datasets` stores an Image feature); they are decoded as image files are.
 A row's `path` is the image's file, or for bytes FILE#COLUMN[ROW] (the row of that file; read back
-by sources.open_source).
+by alcli.pools.open_source).
 """
 from __future__ import annotations
 
@@ -17,16 +17,17 @@ import bisect
 import io
 import json
 import os
+import re
 from pathlib import Path
 
 import torch
 from PIL import Image, UnidentifiedImageError
 
 from ..errors import ConfigError, PoolError, first_line
-from . import remote
-from .pool import (IMAGE_EXTS, Item, JpegBytes, Pool, PoolOptions, Text, _label, _named_label,
+from ..files import remote
+from .common import (IMAGE_EXTS, Item, JpegBytes, Pool, PoolOptions, Text, label_index, named_label,
                    check_unique_ids, image_transform)
-from .regular import check_regular
+from ..files.regular import check_regular
 
 TABLE_EXTS = (".parquet",)
 HF_CHUNK = 1024  # rows of a Hugging Face dataset's record batch turned into Python values at once
@@ -156,7 +157,7 @@ class ArrowChunks:
         if self._pid != os.getpid():
             self._reader, self._pid = None, os.getpid()
         if self._reader is None or self._reader[0] != (f, name) or self._reader[1] > b + 1:
-            self._reader = ((f, name), 0, _arrow_batches(self.files[f], [name]), None)
+            self._reader = ((f, name), 0, arrow_batches(self.files[f], [name]), None)
         key, at, batches, last = self._reader
         self._reader = None
         for _ in range(b + 1 - at):  # the batch itself may be read already (its next chunk)
@@ -175,7 +176,7 @@ def _arrow_schema(file: Path):
     return pa.ipc.open_stream(pa.memory_map(str(file))).schema
 
 
-def _arrow_batches(file: Path, columns: list[str]):
+def arrow_batches(file: Path, columns: list[str]):
     """The record batches of an Arrow stream file, only `columns` decoded, one at a time."""
     import pyarrow as pa
     schema = _arrow_schema(file)
@@ -225,7 +226,7 @@ class TablePool(Pool):
         """`source`: where the cell is, the row's path when the image is in it (bytes)."""
         where = f"row {i} of {self.name}"
         try:
-            data, path = _image_cell(cell, folder)
+            data, path = image_cell(cell, folder)
             if data is None:
                 if not isinstance(path, remote.Remote):
                     check_regular(path)
@@ -270,7 +271,7 @@ def image_item(id_: str, label: int, data: bytes, transform, decode: str, where:
     return Item(id_, x, label, None, path)
 
 
-def _image_cell(cell, folder) -> tuple[bytes | None, object]:
+def image_cell(cell, folder) -> tuple[bytes | None, object]:
     """(the encoded image, or None to read it from the path; the path (a Path, or a
     remote.Remote in a remote table's folder), or None)."""
     if isinstance(cell, dict):
@@ -375,7 +376,7 @@ def _ids_and_labels(name: str, batches, id_col: str | None, label_col: str | Non
             for r, v in enumerate(batch.column(label_col).to_pylist(), start):
                 where = f"row {r} of table {name}"
                 labels.append(-1 if v is None or v == -1 else
-                              _label(_named_label(v, where, opts), where))
+                              label_index(named_label(v, where, opts), where))
     if not ids:
         raise PoolError(f"table {name} holds no rows")
     check_unique_ids(name, ids)
@@ -483,7 +484,7 @@ def from_hf_dataset(spec: str, opts: PoolOptions) -> Pool:
                 if _arrow_schema(file).names != schema.names:
                     raise ValueError(f"{file} has other columns than {files[0]}")
                 in_file = 0
-                for b, batch in enumerate(_arrow_batches(file, _columns_read(id_col, label_col))):
+                for b, batch in enumerate(arrow_batches(file, _columns_read(id_col, label_col))):
                     for r in range(0, batch.num_rows, HF_CHUNK):
                         chunks.append((f, b, r))
                         first_rows.append(in_file + r)
@@ -546,3 +547,36 @@ def _arrow_files(folder: Path, name: str) -> list[Path]:
     if not entries:
         raise PoolError(f"dataset {name} holds no data files")
     return [folder / e["filename"] for e in entries]
+
+
+# --- a row's cell, read back ------------------------------------------------------------------------
+
+CELL = re.compile(r"(.+)\[(\d+)\]")  # COLUMN[ROW]
+
+
+def read_cell(file: str, part: str) -> bytes:
+    """The image a row's FILE#COLUMN[ROW] path names: the cell's bytes, or the file it names."""
+    m = CELL.fullmatch(part)
+    if m is None:
+        raise ValueError(f"{file}#{part}: after '#' a table's cell is COLUMN[ROW]")
+    data, path = image_cell(_cell(file, m.group(1), int(m.group(2))), Path(file).parent)
+    if data is None:
+        check_regular(path)
+        data = Path(path).read_bytes()
+    return data
+
+
+def _cell(file: str, column: str, row: int):
+    """Row `row` of `column` of a Parquet file or a dataset's Arrow stream file, as Python."""
+    if file.lower().endswith(".parquet"):
+        import pyarrow.parquet as pq
+        meta = pq.ParquetFile(file)
+        batches = (meta.read_row_group(g, columns=[column]) for g in range(meta.num_row_groups))
+    else:
+        batches = arrow_batches(Path(file), [column])
+    start = 0
+    for batch in batches:
+        if row < start + batch.num_rows:
+            return batch.column(0)[row - start].as_py()
+        start += batch.num_rows
+    raise ValueError(f"{file} has no row {row}")
