@@ -330,3 +330,21 @@ SCORING = (LabelsFromFolders, ClassNames, TextColumnOpt, ImageColumn, IdColumn, 
            MaxLength, Arch, ArchKwargs, Ema, Trust, TrustRemoteCode, Task, TopClasses, EglSamples,
            Aggregate, Temperature, MaxNewTokens, BoxThreshold, Layers, Resize, CenterCrop, Grayscale, Normalize, BatchSize,
            Device, Workers, Precision, Decode, Method, Compile)
+
+# alcli stop and alcli report: the stabilizing-predictions rule (alcli/selection/stopping.py)
+STOPPING = "When to stop"
+StopKappa = Annotated[Optional[float], typer.Option(
+    "--kappa", metavar="K", help="Stop once the mean Cohen's kappa of consecutive rounds' "
+    "predictions reaches K (0 < K <= 1). [default: 0.99]", rich_help_panel=STOPPING)]
+StopWindow = Annotated[Optional[int], typer.Option(
+    "--window", metavar="N", help="Average the last N kappas. [default: 3]",
+    rich_help_panel=STOPPING)]
+
+# select: batches priced in labeling cost (alcli/selection/cost.py)
+Cost = Annotated[Optional[str], typer.Option(
+    "--cost", metavar="NAME", help="Each row's labeling cost: a table column of numbers, or "
+    "boxes (a detector's predicted boxes) or words (token classification's words); the batch is "
+    "chosen by score per cost.", rich_help_panel=SELECTION)]
+BudgetCost = Annotated[Optional[float], typer.Option(
+    "--budget-cost", metavar="TOTAL", help="The batch's total --cost at most (with -n: both "
+    "limits).", rich_help_panel=SELECTION)]

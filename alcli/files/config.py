@@ -110,6 +110,8 @@ class Settings:
     format: str = "csv"
     scores: str | None = None   # `select`: the ranked table to read
     budget: int | None = None   # `select`: how many to pick
+    cost: str | None = None     # `select`: each row's labeling cost, a column or a measure (selection/cost.py)
+    budget_cost: float | None = None  # `select`: the batch's total cost at most
     embeddings: bool | None = None        # `score`: also record each example's BADGE factors
                                           # (None: when the table goes to a file, in one process)
     embeddings_file: str | None = None    # where score writes them / select reads them
@@ -476,7 +478,7 @@ CHECKS: dict[str, Callable[[Any], Any]] = {
     "method": _choice(METHOD_NAMES), "compile": _bool, "precision": _choice(PRECISIONS), "decode": _choice(DECODERS), "batch_size": _int(1),
     "device": _device, "workers": _opt(_workers),
     "seed": _int(0), "output": _opt_str, "format": _choice(FORMATS), "scores": _opt_str,
-    "budget": _opt(_int(1)), "quiet": _bool,
+    "budget": _opt(_int(1)), "quiet": _bool, "cost": _opt_str, "budget_cost": _opt(_positive),
     "embeddings": _opt(_bool), "embeddings_file": _opt_str, "diverse": _opt(_bool), "diverse_candidates": _candidates,
     "diverse_mode": _choice(DIVERSE_MODES), "diverse_clusters": _opt(_int(1)),
     "per_class": _opt(_choice(PER_CLASS_MODES)), "sampling": _choice(SAMPLINGS),

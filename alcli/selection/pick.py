@@ -35,6 +35,7 @@ from ..pools.common import PoolOptions
 from ..files.table import (LINE_FORMATS, MORE, SIDECARS, read_meta, remove_sidecars, sidecar,
                            write_table)
 from ..tasks import TASKS, from_rows
+from . import cost
 from .choose import choose
 from .duplicates import dedup, dedup_file, mark_labeled_tables, passed_note
 from .coco_yolo import image_links, to_coco, to_yolo, write_yolo
@@ -325,14 +326,23 @@ def _chosen(settings: Settings, plan: SelectPlan, kept: list[dict], notes: list[
             raise ConfigError("no row has a finite score; nothing to select")
     else:
         eligible = kept
+    try:  # --cost: chosen by score per cost, then cut to --budget-cost (selection/cost.py)
+        eligible = cost.per_cost(eligible, settings.cost) if settings.cost else eligible
+        budget = min(settings.budget or len(eligible), cost.fits(eligible, settings.budget_cost)
+                     if settings.budget_cost is not None else len(eligible))
+    except ValueError as err:
+        raise ConfigError(_sentence(err)) from None
     factors = _factors(settings, eligible, plan, embeddings) if diverse else None
     try:
-        chosen = choose(eligible, settings.budget, per_class=settings.per_class, factors=factors,
+        chosen = choose(eligible, max(1, budget), per_class=settings.per_class, factors=factors,
                         seed=settings.seed, candidates=settings.diverse_candidates,
                         sampling=settings.sampling, beta=settings.sampling_beta,
                         diverse_mode=settings.diverse_mode, clusters=settings.diverse_clusters)
     except ValueError as err:
         raise ConfigError(_sentence(err)) from None
+    if settings.cost:
+        chosen = cost.restored(cost.within(chosen, settings.budget_cost, eligible,
+                                           settings.budget))
     return chosen, len(eligible)
 
 
