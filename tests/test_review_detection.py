@@ -205,3 +205,6 @@ def test_bad_input_is_one_sentence(dws, tmp_path):
     (tmp_path / "text.csv").write_text('id,path,boxes\na,a.png,cat\n')
     assert_one_error(run(tmp_path, "review", "text.csv", *args), "is not a JSON list", "not JSON")
     assert not (tmp_path / "x.csv").exists()
+    # score still refuses the given boxes (it scores at the predicted ones), and points to review
+    res = run(root, "score", "m.csv", "-m", "det.pt", *ARGS, "-s", "gradnorm", "-o", "s.csv")
+    assert_one_error(res, "or check the boxes with alcli review", "score given boxes")

@@ -517,7 +517,7 @@ def refuses_given_boxes(task: str, reviewed: bool = False):
             return None
         return (f"manifest {path} has a '{columns[0]}' column, but {task} does not read given boxes "
                 f"({strategy} would score each image at its predicted boxes): drop the column to score "
-                f"at the predictions")
+                f"at the predictions{', or check the boxes with alcli review' if reviewed else ''}")
     return given_boxes
 
 
