@@ -57,7 +57,8 @@ def review_rows(scored: list[dict], task: str, names: list[str] | None, ranking:
     labeled = [row for row in scored if units[row["id"]]]
     if not labeled:
         raise PoolError(f"{pool_name} has no labels: alcli review checks given labels (a label "
-                        f"column, class folders with --labels-from-folders, pull's labels.csv)")
+                        f"column, a detection manifest's boxes column, class folders with "
+                        f"--labels-from-folders, pull's labels.csv)")
     spec = TASKS[task]
     if spec.review_own is not None:  # a task without classes (regression) reviews its own units
         t = {}
