@@ -15,8 +15,10 @@ p [K], where). Here, for every unit:
 
 and for a row: its worst unit's self-confidence and margin, flagged when any unit is, its
 suggestion (`Task.review_pred`) and the suggestion's probability (its worst unit's). A task
-without classes (regression) computes these columns itself (`Task.review_own`). The score
-ranks the rows by one of RANKINGS, most likely wrong first. Rows without a label are left out.
+without classes (regression) computes these columns itself (`Task.review_own`), and may give a
+score of its own (detection, by image), which the rankings of class probabilities
+(OWN_SCORE_RANKINGS) rank by. The score ranks the rows by one of RANKINGS, most likely wrong
+first. Rows without a label are left out.
 """
 from __future__ import annotations
 
@@ -36,6 +38,8 @@ RANKINGS = {
     "gradnorm": lambda row: row["gradnorm"],
 }
 DEFAULT_RANKING = "self-confidence"  # benchmarks/label_review.py: the best AUROC of the four
+# the rankings a task with a score of its own (detection: by image, no class probabilities) ranks by it
+OWN_SCORE_RANKINGS = ("self-confidence", "margin")
 
 
 @dataclass
@@ -53,7 +57,8 @@ def review_rows(scored: list[dict], task: str, names: list[str] | None, ranking:
     labeled = [row for row in scored if units[row["id"]]]
     if not labeled:
         raise PoolError(f"{pool_name} has no labels: alcli review checks given labels (a label "
-                        f"column, class folders with --labels-from-folders, pull's labels.csv)")
+                        f"column, a detection manifest's boxes column, class folders with "
+                        f"--labels-from-folders, pull's labels.csv)")
     spec = TASKS[task]
     if spec.review_own is not None:  # a task without classes (regression) reviews its own units
         t = {}
@@ -103,9 +108,10 @@ def _class_columns(units: list, t: dict, review_pred, names) -> dict:
 
 
 def _review_row(row: dict, columns: dict, ranking: str) -> dict:
+    own = columns.pop("score", None)
     out = {"id": row["id"], "score": 0.0, "flagged": columns.pop("flagged"),
            "label": row.get("label"), **columns, "loss": row.get("loss"), "gradnorm": row["score"]}
-    score = RANKINGS[ranking](out)
+    score = own if own is not None and ranking in OWN_SCORE_RANKINGS else RANKINGS[ranking](out)
     out["score"] = score if score is not None and math.isfinite(score) else math.nan
     for key in ("path", "text"):
         if key in row:

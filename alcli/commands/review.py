@@ -9,7 +9,7 @@ import typer
 from ..errors import ConfigError
 from . import shared
 from .options import (
-    OUTPUT, STRATEGY, Arch, ArchKwargs, BatchSize, CenterCrop, ClassNames, Compile, Config, Decode,
+    OUTPUT, STRATEGY, Arch, ArchKwargs, BatchSize, BoxThreshold, CenterCrop, ClassNames, Compile, Config, Decode,
     Device, Ema, Grayscale, IdColumn, ImageColumn, LabelColumn, LabelsFromFolders, Layers, LogFormat,
     MaxLength, Method, Model, Normalize, Output, Precision, ProgressEvery, Quiet, Resize, Seed,
     Split, Task, TextColumnOpt, TextWidth, Trust, TrustRemoteCode, Verbose, Workers)
@@ -42,7 +42,7 @@ def review(
         "--rank", metavar="NAME", help="What orders the table, most likely wrong first: "
         "self-confidence (p of the given label), margin (cleanlab's normalized margin), loss or "
         "gradnorm (at the given label). [default: self-confidence]", rich_help_panel=STRATEGY)] = None,
-    layers: Layers = None, seed: Seed = None,
+    box_threshold: BoxThreshold = None, layers: Layers = None, seed: Seed = None,
     resize: Resize = None, center_crop: CenterCrop = None, grayscale: Grayscale = None,
     normalize: Normalize = None,
     output: Output = None,
@@ -61,7 +61,8 @@ def review(
 
     Each row: rank, id, score, flagged, label (as given), pred (the model's suggestion),
     confidence (its probability), self_confidence, margin, loss and gradnorm (at the given
-    label). The table goes to --output, or to stdout when that is not a terminal (else
+    label; detection, per image: the given boxes it would not draw, the objects it finds
+    unlabeled, the boxes whose class it disagrees with). The table goes to --output, or to stdout when that is not a terminal (else
     review.csv), with OUTPUT.meta.json; `alcli select OUTPUT -f labelstudio` makes review tasks
     (the given label as the annotation to verify, the suggestion as the prediction).
     """

@@ -65,6 +65,9 @@ def from_manifest(spec, opts: PoolOptions) -> Pool:
     # the label columns a detector would take as given boxes (detection.refuses_given_boxes refuses them)
     pool.given_columns = (str(path), [c for c in ("boxes", "label")
                                       if any(row.get(c) not in (None, "", []) for _, row in records)])
+    # each row's `boxes` cell as given, for alcli review of a detector (detection.given_boxes reads it)
+    pool.given_boxes = {id_: (f"manifest {path} line {n}", row["boxes"]) for (n, row), (id_, *_) in
+                        zip(records, rows) if row.get("boxes") not in (None, "")}
     return pool
 
 

@@ -200,8 +200,11 @@ def _own_rows(spec, model: nn.Module, batch: Batch, settings: Settings, device: 
               pool: Pool, images: list[torch.Tensor]) -> list[dict]:
     """The rows of a task scoring its own batches (a detector's: alcli.tasks.detection), with
     each image's path."""
+    given = {}  # alcli review's run: the given labels of a task that reads its own (detection)
+    if spec.review_given is not None and settings.strategy == "review":
+        given = {"given": spec.review_given(pool, batch.ids, pool.classes)}
     with autocast(settings.precision, device):
-        rows = spec.rows(model, images, batch.ids, settings, pool.classes)
+        rows = spec.rows(model, images, batch.ids, settings, pool.classes, **given)
     for row, path in zip(rows, batch.paths or []):
         row["path"] = path
     return rows

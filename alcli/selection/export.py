@@ -115,7 +115,8 @@ def to_labelstudio(rows: Sequence[Mapping], image_root: str | None, model_versio
         if _reviewed(row):  # alcli review's table: the given label is the annotation to verify
             given = {k: v for k, v in row.items() if k != "pred_index"}
             verify = regions({**given, "pred": row["label"],
-                              **({"pred_words": row["label_words"]} if "label_words" in row else {})},
+                              **({"pred_words": row["label_words"]} if "label_words" in row else {}),
+                              **({"boxes": row["label_boxes"]} if "label_boxes" in row else {})},
                              n, tag, class_names, ref)
             if verify:  # (a label no class name is known for: none)
                 ls_task["annotations"] = [{"result": verify}]

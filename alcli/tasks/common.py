@@ -95,6 +95,9 @@ class Task:
     review_pred: Callable | None = None   # (units, suggested classes, class names) -> {column: cell}
     review_own: Callable | None = None    # a task without classes (regression): [each labeled
                                           # row's units] -> its columns, instead of the thresholds
+                                          # (with a `score` of its own: detection's, by image)
+    review_given: Callable | None = None  # a task scoring its own batches (detection): (pool, ids,
+                                          # class names) -> each id's given labels, None unlabeled
     # --- what its rows show
     columns: Callable | None = None   # (s, score) -> (pred [B], confidence [B], loss [B] | None, [extras])
     pred_values: Callable | None = None   # (preds, extras, class names) -> the pred column

@@ -42,7 +42,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from ..errors import RunError
+from ..errors import PoolError, RunError
 from ..files.classnames import class_name
 from ..gradnorm import auto_choice
 from . import batched, rcnn, roi_align
@@ -413,11 +413,15 @@ def method(model: nn.Module, setting: str) -> tuple[str, str]:
     return "loop", METHOD_REASON
 
 
-def rows(model: nn.Module, images: list[torch.Tensor], ids: list, settings, names) -> list[dict]:
+def rows(model: nn.Module, images: list[torch.Tensor], ids: list, settings, names,
+         given: list | None = None) -> list[dict]:
     """One row per image: score, pred (the classes of its pseudo-labels, by name where named),
     confidence (their mean score), loss (gradient utilities at the pseudo-labels), uncertain (boxes
     below the threshold), and `boxes` ([x0, y0, x1, y1, class, score] per pseudo-label, JSON, in
-    the image's pixels) with its `width` and `height`."""
+    the image's pixels) with its `width` and `height`. alcli review's run (`given`: each image's
+    given boxes, Task.review_given) -> review_rows."""
+    if settings.strategy == REVIEW and given is not None:
+        return review_rows(model, images, ids, settings, given)
     if settings.strategy not in UTILITIES:
         raise RunError(f"--strategy {settings.strategy} is not defined for --task detection; "
                        f"use one of {', '.join(UTILITIES)}")
@@ -503,18 +507,153 @@ def _unnamed(row, names) -> bool:
     return any(_named(v, names) is None for v in found)
 
 
-def refuses_given_boxes(task: str):
+def refuses_given_boxes(task: str, reviewed: bool = False):
     """Task.unanswered for a detector task: the sentence refusing a manifest's given boxes (a
     `boxes` or `label` column) for gradnorm and loss, which score each image at its predicted
-    boxes: given boxes are not read (yet)."""
+    boxes: given boxes are read only by alcli review (`reviewed`: detection's)."""
     def given_boxes(pool, strategy: str) -> str | None:
         path, columns = getattr(getattr(pool, "base", pool), "given_columns", (None, []))
-        if not columns:
+        if not columns or (reviewed and strategy == REVIEW):
             return None
         return (f"manifest {path} has a '{columns[0]}' column, but {task} does not read given boxes "
                 f"({strategy} would score each image at its predicted boxes): drop the column to score "
-                f"at the predictions")
+                f"at the predictions{', or check the boxes with alcli review' if reviewed else ''}")
     return given_boxes
+
+
+# --- alcli review: the given boxes against the model's ------------------------------------------
+
+REVIEW = "review"     # the strategy of alcli review's run (alcli.score.strategies)
+MATCH_IOU = 0.5       # a prediction matches a given box at IoU >= 0.5 (COCO's AP50)
+
+
+def given_boxes(pool, ids: list, names) -> list[list | None]:
+    """Task.review_given: each image's given boxes, [[x0, y0, x1, y1, class index], ...] in its
+    pixels, from the manifest's `boxes` column (pull's labels.csv: a class by index among the
+    class names, or by name); None for an image without the cell (unlabeled)."""
+    cells = getattr(getattr(pool, "base", pool), "given_boxes", {})
+    return [_given_of(*cells[i], names) if i in cells else None for i in ids]
+
+
+def _given_of(where: str, cell, names) -> list[list]:
+    """One `boxes` cell -> its boxes; PoolError naming the manifest line for anything else."""
+    try:
+        boxes = json.loads(cell) if isinstance(cell, str) else cell
+    except ValueError:
+        boxes = None
+    if not isinstance(boxes, list):
+        raise PoolError(f"{where}: boxes {str(cell)[:80]!r} is not a JSON list of [x0, y0, x1, y1, class]")
+    out = []
+    for k, box in enumerate(boxes, 1):
+        ok = isinstance(box, list) and len(box) >= 5 and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in box[:4])
+        index = _class_of(box[4], names) if ok else None
+        if index is None or box[2] <= box[0] or box[3] <= box[1]:
+            raise PoolError(f"{where}: box {k} {json.dumps(box)[:80]} is not [x0, y0, x1, y1, class] "
+                            f"with x1 > x0, y1 > y0 and a class index or one of the class names")
+        out.append([*map(float, box[:4]), index])
+    return out
+
+
+def _class_of(value, names) -> int | None:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    if isinstance(value, str) and names and value in list(map(str, names)):
+        return list(map(str, names)).index(value)
+    return None
+
+
+def review_rows(model: nn.Module, images: list[torch.Tensor], ids: list, settings,
+                given: list[list | None]) -> list[dict]:
+    """alcli review's run: per image its loss and gradient norm at the given boxes (score, loss),
+    and `units`: [[given boxes, every prediction [x0, y0, x1, y1, class, score], --box-threshold,
+    width, height]] ([] without given boxes), which review_own matches."""
+    found = predict(model, images)
+    labeled = [i for i, g in enumerate(given) if g is not None]
+    norms, losses = [[math.nan]] * len(images), [[math.nan]] * len(images)
+    if labeled:
+        sets = [[_target(given[i], images[i])] for i in labeled]
+        got = gradient_norms(model, [images[i] for i in labeled], sets, [ids[i] for i in labeled], settings)
+        for i, n, v in zip(labeled, *got):
+            norms[i], losses[i] = n, v
+    out = []
+    for img, f, id_, g, n, v in zip(images, found, ids, given, norms, losses):
+        preds = [[*map(float, b), int(c), float(p)] for b, c, p in
+                 zip(f["boxes"].tolist(), f["labels"].tolist(), f["scores"].tolist())]
+        w, h = int(img.shape[-1]), int(img.shape[-2])
+        units = [] if g is None else [[g, preds, float(settings.box_threshold), w, h]]
+        out.append({"id": id_, "score": n[0], "loss": v[0], "units": json.dumps(units)})
+    return out
+
+
+def _target(boxes: list[list], image: torch.Tensor) -> dict:
+    """Given boxes -> a training target {boxes [N, 4] in the image's dtype, labels [N]}."""
+    t = torch.tensor([b[:4] for b in boxes], dtype=image.dtype, device=image.device).reshape(-1, 4)
+    return {"boxes": t, "labels": torch.tensor([b[4] for b in boxes], dtype=torch.int64, device=image.device)}
+
+
+def iou(a: list[float], b: list[float]) -> float:
+    """Intersection over union of two boxes [x0, y0, x1, y1]."""
+    w = min(a[2], b[2]) - max(a[0], b[0])
+    h = min(a[3], b[3]) - max(a[1], b[1])
+    inter = max(w, 0.0) * max(h, 0.0)
+    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter
+    return inter / union if union > 0 else 0.0
+
+
+def greedy(given: list, preds: list, same_class: bool) -> list[tuple[int, int]]:
+    """COCO's matching: the predictions by score, highest first, each taking the free given box
+    it overlaps most (IoU >= MATCH_IOU; of its class when `same_class`) -> (given, prediction)."""
+    free, pairs = set(range(len(given))), []
+    for j in sorted(range(len(preds)), key=lambda j: -preds[j][5]):
+        fits = [(iou(given[i], preds[j]), -i) for i in free
+                if (not same_class or given[i][4] == preds[j][4])]
+        best = max(fits, default=(0.0, 0))
+        if best[0] >= MATCH_IOU:
+            free.discard(-best[1])
+            pairs.append((-best[1], j))
+    return pairs
+
+
+def match(given: list, preds: list, threshold: float) -> dict:
+    """One image's given boxes against its predictions scoring >= threshold: matched by IoU and
+    class (greedy); of the rest, given and predicted boxes matched by IoU alone disagree on the
+    class; the given boxes left are `spurious` (the model would not draw them), the predictions
+    left `missed` (objects found unlabeled). The score: the missed predictions' and the
+    disagreeing predictions' confidences, plus each spurious box's 1 - p, p the highest score of
+    any prediction of its class at IoU >= MATCH_IOU with it (0 without one)."""
+    drawn = [p for p in preds if p[5] >= threshold]
+    pairs = greedy(given, drawn, True)
+    left_g = [i for i in range(len(given)) if i not in {i for i, _ in pairs}]
+    left_p = [j for j in range(len(drawn)) if j not in {j for _, j in pairs}]
+    cross = [(left_g[i], left_p[j]) for i, j in greedy([given[i] for i in left_g], [drawn[j] for j in left_p], False)]
+    spurious = [i for i in left_g if i not in {i for i, _ in cross}]
+    missed = [j for j in left_p if j not in {j for _, j in cross}]
+    seen = [max((p[5] for p in preds if p[4] == given[i][4] and iou(given[i], p) >= MATCH_IOU), default=0.0)
+            for i in spurious]
+    score = sum(drawn[j][5] for j in missed) + sum(drawn[j][5] for _, j in cross) + sum(1.0 - p for p in seen)
+    return {"spurious": [given[i] for i in spurious], "missed": [drawn[j] for j in missed],
+            "mismatched": [[given[i], drawn[j]] for i, j in cross], "drawn": drawn, "score": score}
+
+
+def review_own(units: list[list], names) -> list[dict]:
+    """Task.review_own: each labeled image's columns (docs/review.md#detection): its own `score`
+    (match's), the counts and JSON lists of the spurious, missed and mismatched boxes, `boxes`
+    (the predictions >= the threshold, the hand-off's prediction) and `label_boxes` (the given
+    boxes, its annotation to verify)."""
+    out = []
+    for [(given, preds, threshold, width, height)] in units:
+        m = match(given, preds, threshold)
+        named = lambda boxes: "|".join(str(class_name(c, names)) for c in sorted({b[4] for b in boxes})) or "[]"
+        out.append({"flagged": bool(m["spurious"] or m["missed"] or m["mismatched"]), "score": m["score"],
+                    "label": named(given), "pred": named(m["drawn"]),
+                    "spurious": len(m["spurious"]), "missed": len(m["missed"]),
+                    "mismatched": len(m["mismatched"]),
+                    "spurious_boxes": json.dumps(m["spurious"]), "missed_boxes": json.dumps(m["missed"]),
+                    "mismatched_boxes": json.dumps(m["mismatched"]),
+                    "boxes": json.dumps(m["drawn"]), "label_boxes": json.dumps([[*b, 1.0] for b in given]),
+                    "width": width, "height": height})
+    return out
 
 
 TASK = Task(
@@ -527,6 +666,7 @@ TASK = Task(
     instances=instances,
     sized_images=True, model_kind="an object detector", needs_model=not_a_detector,
     normalised_outside=is_hf, model_classes=classes, predict=predict, rows=rows, method=method,
-    gradient_utilities=GRADIENT_UTILITIES, unanswered=refuses_given_boxes("detection"),
+    gradient_utilities=GRADIENT_UTILITIES, unanswered=refuses_given_boxes("detection", reviewed=True),
+    review_given=given_boxes, review_own=review_own,
     default_strategy="egl",  # no learning curves yet: the incumbent (tests/test_defaults.py)
 )
