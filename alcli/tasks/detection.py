@@ -23,8 +23,8 @@ or resume. The utilities (`--strategy`):
   score below --box-threshold.
 
 RetinaNet's, FCOS's and SSD's losses split by image, so their images go through the engine in one
-batch per padded size (alcli.tasks.batched); Faster R-CNN's too once its random choices are drawn
-(alcli.tasks.rcnn), and Mask and Keypoint R-CNN's with their second head. DETR's gradient
+batch per padded size (detectors.batched); Faster R-CNN's too once its random choices are drawn
+(detectors.rcnn), and Mask and Keypoint R-CNN's with their second head. DETR's gradient
 utilities run one backward per image and label set (a loop). The
 predictions come from one no-grad forward per group of same-sized images, which a batch of one
 would give; for the batched gradient utilities, from a pass they run anyway (detection.scored:
@@ -45,9 +45,9 @@ from torch import nn
 from ..errors import RunError
 from ..files.classnames import class_name
 from ..gradnorm import auto_choice
-from . import batched, rcnn, roi_align
+from .detectors import batched, rcnn, roi_align
 from .common import Task, aggregate, exact_dtype, seeded_uniform, uniforms
-from .labelstudio import Tag, _json_list, _loose_list, _named, _size, class_index, names_control, offered
+from .shared.labelstudio import Tag, _json_list, _loose_list, _named, _size, class_index, names_control, offered
 
 DETECTOR_CLASSES = ("GeneralizedRCNN", "RetinaNet", "FCOS", "SSD")  # torchvision's, by class name
 UTILITIES = ("egl", "gradnorm", "loss", "entropy", "margin", "least-confidence", "uncertain-boxes",
@@ -336,8 +336,8 @@ def scored(strategy: str, model: nn.Module, images: list[torch.Tensor], ids: lis
            ) -> tuple[list[dict], list[float], list[float] | None]:
     """(predictions per image, score per image, loss per image or None) for `strategy`: the
     one-stage detectors' gradient utilities decode their predictions from the engine's own
-    forward (alcli.tasks.batched), the R-CNNs' batched ones take them from the backbone pass their
-    random choices are drawn from (alcli.tasks.rcnn), the rest from predict."""
+    forward (detectors.batched), the R-CNNs' batched ones take them from the backbone pass their
+    random choices are drawn from (detectors.rcnn), the rest from predict."""
     def sets_of(position: int, found: dict) -> list[dict]:
         return label_sets(strategy, found, ids[position], settings, extra, target)
 
@@ -363,8 +363,8 @@ def box_target(found: dict) -> dict:
 def gradient_norms(model: nn.Module, images: list[torch.Tensor], sets: list[list[dict]], ids: list,
                    settings) -> tuple[list[list[float]], list[list[float]]]:
     """Each image's K target sets -> its K gradient norms and losses: RetinaNet's, FCOS's and
-    SSD's images through the engine batched (alcli.tasks.batched), Faster, Mask and Keypoint
-    R-CNN's too once their random choices are drawn (alcli.tasks.rcnn), else one image at a time
+    SSD's images through the engine batched (detectors.batched), Faster, Mask and Keypoint
+    R-CNN's too once their random choices are drawn (detectors.rcnn), else one image at a time
     (an R-CNN's backbone once per image for all K sets)."""
     per_set = [[s[j] for s in sets] for j in range(len(sets[0]))]
     if settings.method != "loop" and batched.kind(model) is not None:

@@ -9,7 +9,7 @@ sampling seeded by (--seed, id)) at targets T that carry each instance's keypoin
 T̂ are the predicted instances scoring at least --box-threshold with their predicted keypoints (all
 visible); egl's label sets keep instance j with its keypoints with probability p_j. The cheap
 utilities are detection's, over the instances' box scores; the gradient ones go through the engine
-batched as Faster R-CNN's (alcli.tasks.rcnn: the keypoint head at each image's positive proposals,
+batched as Faster R-CNN's (detectors.rcnn: the keypoint head at each image's positive proposals,
 its term normalised over that image's valid keypoints).
 
 Rows are detection's (score, pred: the instances' classes, confidence, loss, uncertain, boxes,
@@ -31,7 +31,7 @@ from torch import nn
 from ..errors import ConfigError, RunError
 from . import detection
 from .common import Task
-from .labelstudio import _json_list, _loose_list, _named, _size, class_index, names_control
+from .shared.labelstudio import _json_list, _loose_list, _named, _size, class_index, names_control
 
 POINT_WIDTH = 0.5  # a keypoint's drawn size in Label Studio, percent of the image width
 
