@@ -3,6 +3,7 @@ registries they mirror."""
 from __future__ import annotations
 
 import ast
+import importlib
 from pathlib import Path
 
 import alcli
@@ -78,3 +79,36 @@ def test_config_names_mirror_the_registries():
     assert STRATEGY_NAMES == tuple(STRATEGIES)
     assert METHOD_NAMES == METHODS
     assert TASK_NAMES == ("auto", *TASKS)
+
+
+# what tasks/ may hold beside its task modules, and why: a newcomer opening it finds the tasks
+TASKS_NON_TASK_FILES = {
+    "__init__.py": "the registry (TASKS)",
+    "common.py": "the Task dataclass every task module fills, and the math tasks share",
+    "detectors": "the detectors' engine internals, which detection.py runs",
+    "shared": "the labels-as-given and Label Studio vocabulary the task modules describe themselves in",
+}
+
+
+def task_modules_defined(folder: Path) -> set[str]:
+    """The .py files directly in `folder` whose top level assigns TASK = Task(...)."""
+    found = set()
+    for path in folder.glob("*.py"):
+        for node in ast.parse(path.read_text()).body:
+            if (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "TASK"
+                                                     for t in node.targets)
+                    and isinstance(node.value, ast.Call) and getattr(node.value.func, "id", None) == "Task"):
+                found.add(path.name)
+    return found
+
+
+def test_tasks_top_level_holds_only_task_modules_and_the_listed_rest():
+    folder = ROOT / "tasks"
+    entries = {p.name for p in folder.iterdir() if p.name != "__pycache__"}
+    tasks = task_modules_defined(folder)
+    defined = {importlib.import_module(f"alcli.tasks.{name[:-3]}").TASK.name for name in tasks}
+    assert defined == set(TASKS) and len(tasks) == len(TASKS)  # one module per registered task
+    extra = entries - tasks - set(TASKS_NON_TASK_FILES)
+    assert not extra, (f"alcli/tasks/ holds {sorted(extra)}, which define no task: move them into "
+                       "a sub-package (detectors/, shared/) or list them here with a reason")
+    assert set(TASKS_NON_TASK_FILES) <= entries  # the list names nothing that is gone

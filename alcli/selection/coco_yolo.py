@@ -27,7 +27,7 @@ from typing import Mapping, Sequence
 from ..files.atomic import atomic_open
 from ..files.names import apart, file_names, id_path, stem_file
 from ..tasks import TASKS
-from ..tasks.labelstudio import _size, offered
+from ..tasks.shared.labelstudio import _size, offered
 
 VISIBLE = 2  # COCO's and YOLO's keypoint visibility flag: labeled and visible
 POINTS = "keypoints"  # COCO's field of an annotation's and a category's keypoints

@@ -24,7 +24,7 @@ from ..files.atomic import atomic_open
 from ..files.redact import redacted
 from ..pools import open_source
 from ..tasks import TASKS
-from ..tasks.labelstudio import Tag, _plain, entities  # noqa: F401 - entities: the token pre-labels' spans
+from ..tasks.shared.labelstudio import Tag, _plain, entities  # noqa: F401 - entities: the token pre-labels' spans
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 # what a labeling config's names may not hold: the characters XML 1.0 cannot hold, even as

@@ -14,9 +14,9 @@ import torch.nn.functional as F
 from ..errors import PoolError, RunError
 from ..gradnorm.loss import cross_entropy
 from ..selection.diverse import badge_factors
-from . import labels as given
+from .shared import labels as given
 from .common import Task, _categorical, all_positions, exact_dtype, grad_norms, predicted
-from .labelstudio import chosen, names_control, predicted_name
+from .shared.labelstudio import chosen, names_control, predicted_name
 
 DEFAULT_TOP_CLASSES = 10  # egl over more classes than this sums the 10 most probable by default
 

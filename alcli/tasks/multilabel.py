@@ -8,11 +8,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from . import labels as given
+from .shared import labels as given
 from ..files.classnames import class_name
 from .common import (Task, all_positions, egl_sampled, exact_dtype, given_or_predicted, hf_problem, named_set,
                      per_position, position_loss, predicted, refuse_single_labels, set_columns)
-from .labelstudio import _named, chosen, names_control, predicted_labels
+from .shared.labelstudio import _named, chosen, names_control, predicted_labels
 
 
 def multilabel_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

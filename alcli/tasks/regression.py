@@ -12,8 +12,8 @@ import torch
 
 from ..errors import PoolError, RunError
 from .common import Task, all_positions, grad_norms, hf_problem, position_loss, refuse_single_labels, utility
-from .labels import _items, _text, reader
-from .labelstudio import _plain
+from .shared.labels import _items, _text, reader
+from .shared.labelstudio import _plain
 
 
 def regression_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -25,8 +25,8 @@ from ..pools.common import Pool, crop_box, resized
 from .common import (IGNORE, Task, _categorical, _labels_to_dense, _mean_ce, all_positions,
                      egl_sampled, given_or_predicted, named_set, per_position, position_badge,
                      position_loss, predicted, refuse_single_labels, set_columns)
-from .labels import base, reader
-from .labelstudio import (_named, check_brush_size, mask_to_rle, names_control, offered,
+from .shared.labels import base, reader
+from .shared.labelstudio import (_named, check_brush_size, mask_to_rle, names_control, offered,
                           rle_to_mask)
 
 MASK_IGNORE = 255  # a mask pixel of this value counts in no loss (65535 past 255 classes)

@@ -20,8 +20,8 @@ from ..files.table import MORE
 from .common import (IGNORE, Task, _categorical, _labels_to_dense, _mean_ce, egl_sampled,
                      given_or_predicted, named_set, per_position, position_badge, position_loss,
                      predicted, refuse_single_labels, set_columns)
-from .labels import _class, _text, reader
-from .labelstudio import _json_list, _loose_list, _named, entities, entity_labels, names_control
+from .shared.labels import _class, _text, reader
+from .shared.labelstudio import _json_list, _loose_list, _named, entities, entity_labels, names_control
 
 
 def token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -20,8 +20,8 @@ from typing import Callable
 
 import torch
 
-from ..errors import PoolError
-from ..pools.common import Pool
+from ...errors import PoolError
+from ...pools.common import Pool
 
 
 def base(pool: Pool) -> Pool:
