@@ -112,3 +112,27 @@ def test_tasks_top_level_holds_only_task_modules_and_the_listed_rest():
     assert not extra, (f"alcli/tasks/ holds {sorted(extra)}, which define no task: move them into "
                        "a sub-package (detectors/, shared/) or list them here with a reason")
     assert set(TASKS_NON_TASK_FILES) <= entries  # the list names nothing that is gone
+
+
+def private_imports_of_tasks() -> list[str]:
+    """`from <a module of alcli.tasks> import _name` anywhere in alcli: a name shared across
+    modules is public (or lives in the one module that uses it)."""
+    found = []
+    for path in ROOT.rglob("*.py"):
+        name = _module_name(path)
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            base = package
+            for _ in range(max(node.level - 1, 0)):
+                base = base.rpartition(".")[0]
+            source = (f"{base}.{node.module}" if node.module else base) if node.level else node.module
+            if source.startswith("alcli.tasks"):
+                found += [f"{path.relative_to(ROOT)}:{node.lineno} {a.name} from {source}"
+                          for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+    return found
+
+
+def test_no_private_name_is_imported_from_the_tasks():
+    assert not private_imports_of_tasks(), "\n".join(private_imports_of_tasks())

@@ -45,9 +45,10 @@ from torch import nn
 from ..errors import RunError
 from ..files.classnames import class_name
 from ..gradnorm import auto_choice
-from .detectors import batched, rcnn, roi_align
 from .common import Task, aggregate, exact_dtype, seeded_uniform, uniforms
-from .shared.labelstudio import Tag, _json_list, _loose_list, _named, _size, class_index, names_control, offered
+from .detectors import batched, rcnn, roi_align
+from .shared.labelstudio import (Tag, class_index, json_list, loose_list, named_class,
+                                 names_control, offered, row_size)
 
 DETECTOR_CLASSES = ("GeneralizedRCNN", "RetinaNet", "FCOS", "SSD")  # torchvision's, by class name
 UTILITIES = ("egl", "gradnorm", "loss", "entropy", "margin", "least-confidence", "uncertain-boxes",
@@ -452,9 +453,9 @@ def rows_of(images: list[torch.Tensor], found: list[dict], ids: list, scores: li
 def _rectangles(row, n, tag, names, ref) -> list[dict]:
     """Each box as `rectanglelabels` in percent of the image (x, y its top-left corner),
     clipped to the image, with the image's size in pixels and the box's score."""
-    w, h = (_size(row, n, key) for key in ("width", "height"))
+    w, h = (row_size(row, n, key) for key in ("width", "height"))
     out = []
-    for k, box in enumerate(_json_list(row, n, "boxes")):
+    for k, box in enumerate(json_list(row, n, "boxes")):
         if not (isinstance(box, list) and len(box) == 6 and
                 all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
                     for v in box)):
@@ -464,7 +465,7 @@ def _rectangles(row, n, tag, names, ref) -> list[dict]:
         if x1 < x0 or y1 < y0:
             raise ValueError(f"row {n} (id '{row.get('id')}'): box {k + 1} ends before it starts "
                              f"(x1 < x0 or y1 < y0); boxes are [x0, y0, x1, y1, ...]")
-        name = _named(int(index), names) if float(index).is_integer() else None
+        name = named_class(int(index), names) if float(index).is_integer() else None
         if name is None:
             continue
         x0, x1 = (min(max(v, 0.0), w) for v in (x0, x1))
@@ -479,7 +480,7 @@ def _rectangles(row, n, tag, names, ref) -> list[dict]:
 def instances(row, n) -> list[tuple]:
     """A row's boxes as (box, class, score, None) (Task.instances), checked as its pre-labels are."""
     _rectangles(row, n, Tag("label", "image"), None, None)  # a ValueError for a bad row
-    return [(b[:4], int(b[4]), float(b[5]), None) for b in _json_list(row, n, "boxes")]
+    return [(b[:4], int(b[4]), float(b[5]), None) for b in json_list(row, n, "boxes")]
 
 
 def _boxes(regions, names) -> dict:
@@ -498,9 +499,9 @@ def _boxes(regions, names) -> dict:
 
 
 def _unnamed(row, names) -> bool:
-    found = [int(b[4]) for b in _loose_list(row.get("boxes"))
+    found = [int(b[4]) for b in loose_list(row.get("boxes"))
              if isinstance(b, list) and len(b) == 6 and isinstance(b[4], (int, float))]
-    return any(_named(v, names) is None for v in found)
+    return any(named_class(v, names) is None for v in found)
 
 
 def refuses_given_boxes(task: str):
