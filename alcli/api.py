@@ -13,21 +13,23 @@ table (docs/architecture.md follows one batch through it).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterable
 
 from torch import nn
 
 from .errors import ConfigError
 from .files.config import Settings, load_settings
-from .files.embeddings import save_embeddings
+from .files.embeddings import embeddings_path, save_embeddings
+from .files.outputs import check_outputs, inputs_of
+from .files.table import read_table, write_rows
 from .pools.common import Pool
-from .files.table import read_table
 from .inspection import Inspection, inspect_model  # noqa: F401 - the CLI's `inspect`
 from .longrun.job import JobResult, score
 from .longrun.merge import MergeResult, merge_tables
 from .score.embeddings import EmbeddingRecorder, Embeddings
 from .score.runner import RunStats
+from .selection.duplicates import GROUP_COLUMNS, duplicate_groups
 from .selection.pick import Picked, check_rows, pick, prepare
 from .selection.pick import write_batch  # noqa: F401 - the CLI's `select`
 
@@ -91,6 +93,23 @@ def merge(parts: list[str], dest: str, fmt: str = "csv", null: bool = False) -> 
     return merge_tables(parts, dest, fmt, null)
 
 
+@dataclass
+class DuplicateGroups:
+    rows: list[dict]  # group, id, similarity, kind (alcli.selection.duplicates.duplicate_groups)
+    groups: int       # how many groups
+
+
+def duplicates(settings: Settings, scores: str) -> DuplicateGroups:
+    """`alcli duplicates`: the groups of near-duplicates of the table `scores`, written to
+    settings.output (stdout when None or '-') as CSV."""
+    check_outputs({settings.where("output"): settings.output},
+                  [("the table read", scores), ("its embeddings file", embeddings_path(scores)),
+                   *inputs_of(settings)])
+    rows, count = duplicate_groups(settings, scores)
+    write_rows(rows, GROUP_COLUMNS, settings.output or "-")
+    return DuplicateGroups(rows, count)
+
+
 def score_pool(pool=None, model=None, *, config=None, **options) -> Rows:
     """Score every example of `pool` with `model`; the ranked rows (dicts, best first).
 
@@ -120,7 +139,8 @@ def select(scores=None, budget: int | None = None, *, pool=None, model=None, con
     embeddings=True) carry their embeddings; a table reads TABLE.emb.npz, or embeddings_file=FILE),
     diverse_candidates=M or "all", diverse_mode="cluster-margin" (Cluster-Margin instead of
     BADGE, into diverse_clusters=M clusters), per_class="proportional"|"equal", typical=True
-    (TypiClust cold start; the excluded ids are the labeled examples), contact_sheet="sheet.png"
+    (TypiClust cold start; the excluded ids are the labeled examples), dedup=False (no pass over
+    near-duplicates; dedup_threshold=T their cosine), contact_sheet="sheet.png"
     (written), seed, exclude= ids never to select (any iterable: a set, list, tuple, generator),
     and exclude_files= exclusion files (a path or a list of them, as `select --exclude` reads)."""
     _refuse_file_options(options, "select", "`alcli select -o FILE -f FORMAT` or alcli.api.write_batch")
@@ -211,9 +231,43 @@ def run_select(settings: Settings, *, scores=None, model: nn.Module | None = Non
     if scores is None:
         scored = run_score(settings, model=model, pool=pool, stdin=stdin, on_start=on_start,
                            on_batch=on_batch, embeddings=settings.typical or (
-                               False if settings.diverse is False
+                               False if settings.diverse is False and not settings.dedup
                                else settings.diverse or settings.embeddings))
         plan.meta = {"task": scored.stats.task, "class_names": scored.pool.classes, **plan.meta}
         return pick(settings, scored.rows, plan, embeddings=scored.embeddings, pool=scored.pool)
     rows = scores if isinstance(scores, list) else read_table(source)
     return pick(settings, rows, plan)
+
+
+def review_to_table(settings: Settings, dest: str, ranking: str, *, model: nn.Module | None = None,
+                    pool=None, on_start: Callable[[int], None] | None = None,
+                    on_batch: Callable[[int], None] | None = None):
+    """`alcli review`: score the labeled pool once (`--strategy review`: loss and gradnorm at the
+    given label, each labeled decision's probabilities), then rank its labels most likely wrong
+    first (alcli.review) into the table `dest` ('-': stdout) and DEST.meta.json. Returns
+    (alcli.review.Reviewed, the ScoreRun)."""
+    from .files.outputs import check_not_input, inputs_of, refuse_remote
+    from .files.table import SIDECARS, sidecar, write_meta, write_table
+    from .files.atomic import check_writable, make_folder, writes_stream
+    from .review import review_rows
+    refuse_remote(dest, settings.where("output"))
+    if not writes_stream(dest):  # checked before the scoring, not after it
+        make_folder(os.path.dirname(os.path.abspath(dest)), f"output {dest}")
+        if os.path.isdir(dest):
+            raise ConfigError(f"output {dest} is a directory")
+        check_writable(os.path.dirname(os.path.abspath(dest)), f"output {dest}")
+        check_not_input(dest, settings.where("output"), inputs_of(settings, unread=("scores",)),
+                        beside=SIDECARS)
+    settings = replace(settings, strategy="review")
+    run = run_score(settings, model=model, pool=pool, on_start=on_start, on_batch=on_batch,
+                    embeddings=False)
+    names = run.pool.classes
+    reviewed = review_rows(run.rows, run.stats.task, names, ranking, run.pool.name)
+    write_table(reviewed.rows, dest, settings.format)
+    if not writes_stream(dest):
+        write_meta(sidecar(dest, "meta.json"), {
+            "table": os.path.basename(dest), "rows": len(reviewed.rows), "task": run.stats.task,
+            "class_names": list(names) if names else None, "review": ranking,
+            "flagged": reviewed.flagged, "unlabeled": reviewed.unlabeled,
+            "pool_path": str(settings.pool) if isinstance(settings.pool, str) else None})
+    return reviewed, run

@@ -19,7 +19,8 @@ import typer
 from typer import Abort
 from typer.core import TyperCommand, TyperGroup
 
-from .commands import inspect, merge, pull, push, score, select, simulate
+from .commands import (duplicates, inspect, merge, pull, push, report, review, score, select,
+                       simulate, stop)
 from .commands.shared import rank0
 from .errors import AlcliError, torchvision_mismatch
 from .version import __version__
@@ -193,10 +194,14 @@ def _root(version: Annotated[bool, typer.Option(
 app.command(cls=_Command, epilog=score.EPILOG)(score.score)
 app.command(cls=_Command, epilog=merge.EPILOG)(merge.merge)
 app.command(cls=_Command, epilog=select.EPILOG)(select.select)
+app.command(cls=_Command, epilog=duplicates.EPILOG)(duplicates.duplicates)
 app.command(cls=_Command, epilog=push.EPILOG)(push.push)
 app.command(cls=_Command, epilog=pull.EPILOG)(pull.pull)
+app.command(cls=_Command, epilog=review.EPILOG)(review.review)
 app.command(cls=_Command, epilog=simulate.EPILOG)(simulate.simulate)
 app.command(cls=_Command, epilog=inspect.EPILOG)(inspect.inspect)
+app.command(cls=_Command, epilog=stop.EPILOG)(stop.stop)
+app.command(cls=_Command, epilog=report.EPILOG)(report.report)
 
 
 def main() -> None:

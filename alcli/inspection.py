@@ -39,6 +39,12 @@ class Inspection:
     reason: str = ""
     task: str = "auto"  # --task, or what auto reads from the model (and, given a pool, its output)
 
+    @property
+    def default_strategy(self) -> str | None:
+        """The task's --strategy when none is given (Task.default_strategy); None: task unknown."""
+        spec = tasks.TASKS.get(self.task)
+        return spec.default_strategy if spec is not None else None
+
 
 def inspect_model(settings: Settings, *, model: nn.Module | None = None, pool=None,
                   stdin=None) -> Inspection:

@@ -39,9 +39,13 @@ from .files.outputs import check_not_input, inputs_of, is_under
 from .files.remote import is_url
 from .pools import is_folder, open_pool
 from .pools.common import PoolOptions
+from .selection import stopping
 
 PLACEHOLDERS = ("labeled", "model", "pool", "round", "seed", "strategy", "workdir")
-COLUMNS = ("strategy", "seed", "round", "labels", "accuracy")
+COLUMNS = ("strategy", "seed", "round", "labels", "accuracy", "kappa", "stop")
+# kappa: Cohen's kappa of this round's and the previous round's predictions on the eval pool (its
+# labels unused: the stop set); stop: 1 where the stabilizing-predictions rule says stop
+# (alcli/selection/stopping.py, kappa >= 0.99 averaged over the last 3 rounds)
 
 
 @dataclass
@@ -281,13 +285,20 @@ def simulate(base: Settings, plan: Plan, say=lambda line: None, warn=None) -> li
             for seed in plan.seeds:
                 for strategy in plan.strategies:
                     labeled = first_labeled(plan, ids, seed)  # the same start for every strategy
+                    preds, kappas = None, []  # the previous round's predictions on the stop set
                     for r in range(plan.rounds + 1):
                         done = _round(base, plan, ids, labels, paths, strategy, seed, r, labeled,
                                       say, warn)
                         ran += done.pop("_ran")
+                        now = stop_set(plan, strategy, seed, r)
+                        kappa = stopping.agreement(preds, now)["kappa"] \
+                            if preds is not None and now is not None and r else None
+                        kappas.append(kappa)
+                        preds = now
                         rows.append({"strategy": strategy, "seed": seed, "round": r,
                                      "labels": done["labels"], "accuracy": done["accuracy"],
-                                     "score_s": done["score_s"]})
+                                     "score_s": done["score_s"], "kappa": kappa,
+                                     "stop": int(r > 0 and stopping.verdicts(kappas[1:])[-1])})
                         if plan.output:
                             write_curves(rows, plan.output)
                         labeled = labeled + done["picked"]
@@ -361,7 +372,10 @@ def _round(base: Settings, plan: Plan, ids, labels, paths, strategy: str, seed: 
     if done is not None:
         return {**done, "_ran": 0}
     model = train(plan, where, labeled, ids, labels, paths, strategy, seed, r)
-    acc = accuracy(base, plan.eval_pool, model)
+    acc, preds = accuracy(base, plan.eval_pool, model)
+    replaceable(where / STOP_SET)
+    with atomic_open(where / STOP_SET, "w") as f:
+        json.dump(preds, f)
     began = time.perf_counter()
     picked = choose(base, plan, model, strategy, seed, labeled) \
         if r < plan.rounds else []
@@ -544,12 +558,30 @@ def last_line(log: Path, cap: int = LOG_TAIL) -> str:
     return next((line.strip() for line in reversed(tail.splitlines()) if line.strip()), "")
 
 
-def accuracy(base: Settings, eval_pool: str, model: Path) -> float:
-    """The share of the eval pool the checkpoint predicts right (pred against label)."""
+def accuracy(base: Settings, eval_pool: str, model: Path) -> tuple[float, dict[str, str]]:
+    """The share of the eval pool the checkpoint predicts right (pred against label), and its
+    predictions (id -> pred): the stop set of the stopping rule."""
     settings = dataclasses.replace(base, pool=eval_pool, model=str(model), strategy="margin",
                                    sources=dict(base.sources))
-    rows = [r for r in run_score(settings, embeddings=False).rows if r.get("label") is not None]
-    return sum(str(r["pred"]) == str(r["label"]) for r in rows) / len(rows)
+    scored = run_score(settings, embeddings=False).rows
+    rows = [r for r in scored if r.get("label") is not None]
+    acc = sum(str(r["pred"]) == str(r["label"]) for r in rows) / len(rows)
+    return acc, stopping.predictions(scored)
+
+
+STOP_SET = "eval_preds.json"  # a round's predictions on the eval pool: {id: pred}
+
+
+def stop_set(plan: Plan, strategy: str, seed: int, r: int) -> dict[str, str] | None:
+    """The round's eval-pool predictions as its work folder keeps them; None where it holds none
+    (a round finished by an older alcli) or not a mapping of text to text."""
+    path = plan.workdir / strategy / f"seed{seed}" / f"round{r}" / STOP_SET
+    try:  # (a damaged folder may link in any file: a regular one, and not read whole)
+        preds = json.loads(read_capped(path, PLAN_CAP)) if path.is_file() else None
+    except (OSError, ValueError):
+        return None
+    ok = isinstance(preds, dict) and all(isinstance(v, str) for v in preds.values())
+    return preds if ok else None
 
 
 def choose(base: Settings, plan: Plan, model: Path, strategy: str, seed: int,
@@ -572,7 +604,8 @@ def write_curves(rows: list[dict], dest: str) -> None:
         w = csv.DictWriter(f, COLUMNS, extrasaction="ignore")
         w.writeheader()
         for r in rows:
-            w.writerow({**r, "accuracy": f"{r['accuracy']:.6f}"})
+            w.writerow({**r, "accuracy": f"{r['accuracy']:.6f}",
+                        "kappa": "" if r.get("kappa") is None else f"{r['kappa']:.6f}"})
 
 
 def aulc(rows: list[dict]) -> dict[str, dict[int, float]]:

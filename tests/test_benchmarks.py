@@ -1,4 +1,5 @@
 """The benchmark scripts run: their quick modes, on the CPU (timings are never asserted)."""
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -221,3 +222,28 @@ def test_roi_pool_quick():
     assert first.startswith("float64: largest difference")
     assert all(float(v.rstrip(",")) < 1e-10 for v in first.split()[-3::2]), first
     assert proc.stdout.count("| alcli |") == 2 and proc.stdout.count("| torchvision |") == 2
+
+
+def test_structured_curves_quick(tmp_path):
+    """benchmarks/structured_curves.py --quick: regression and segmentation curves, their tables
+    and the default rule's inputs, in seconds."""
+    for package in ("sklearn", "skimage", "vega_datasets", "scipy"):
+        pytest.importorskip(package)
+    out, rule = tmp_path / "sc", tmp_path / "rule.json"
+    proc = subprocess.run([sys.executable, str(BENCH / "structured_curves.py"), "--quick",
+                           "--epochs", "2", "--datasets", "diabetes,mosaics", "--out", str(out),
+                           "--rule-json", str(rule)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    text = Path(f"{out}.txt").read_text()
+    for name, methods in (("diabetes", ("mc-var", "egl+div")),
+                          ("mosaics", ("entropy-max", "gradnorm+div"))):
+        table = text.split(f"### {name} ", 1)[1].split("\n\n", 2)[1]
+        rows = {line.split("|")[1].strip() for line in table.splitlines()[2:]}
+        assert {"random", "egl", *methods} <= rows, rows
+    recorded = json.loads(rule.read_text())
+    assert set(recorded["inputs"]) == {"regression", "segmentation", "classification"}
+    seeds = recorded["inputs"]["segmentation"]["mosaics"]["egl"]["aulc"]
+    assert len(seeds) == 2 and all(0 <= s <= 100 for s in seeds)  # mean IoU in points
+    assert set(recorded["defaults"].values()) <= {"egl", "entropy", "margin", "least-confidence",
+                                                  "gradnorm"}

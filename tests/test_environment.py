@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
 EXTRAS = PROJECT["optional-dependencies"]
 # the extras whose code paths the tests run (gcs and azure have no local server to test against)
-EXERCISED_EXTRAS = ("hf", "vision", "tables", "datasets", "s3", "http")
+EXERCISED_EXTRAS = ("hf", "vision", "tables", "datasets", "s3", "http", "dedup", "report")
 # tests/data/labelstudio runs in Label Studio's own environment, not alcli's
 OTHER_ENVIRONMENTS = (REPO / "tests" / "data",)
 

@@ -74,7 +74,7 @@ PER_COMMAND = {"help", "output", "format", "null", "exclude", "budget", "pool"}
 
 def test_an_option_two_commands_take_is_the_same_option():
     """One declaration (alcli/commands/options.py): same flags and help in every command."""
-    commands = ("score", "select", "merge", "simulate", "inspect", "push", "pull")
+    commands = ("score", "select", "merge", "simulate", "inspect", "push", "pull", "duplicates")
     seen: dict[str, tuple] = {}
     for command in commands:
         for name, p in params(command).items():

@@ -52,7 +52,8 @@ PATH_METAVARS = {"FILE", "DIR", "PNG", "XML", "POOL", "SCORES", "PART"}
 NOT_PATHS = {None, "N", "NAME", "URL", "TOKEN", "TITLE|ID", "SPEC", "JSON", "TASK", "FORMAT",
              "COMMAND", "LIST", "SEEDS", "MODE", "M", "B", "K", "P", "T", "PATTERN", "DEVICE",
              "SECONDS", "S|pseudo", "mean|max|top:Q", "N|HxW", "MEAN/STD", "fp32|bf16|fp16",
-             "cpu|gpu", "N|TIME", "K/N", "text|json", "badge|cluster-margin", "top|power|softmax"}
+             "cpu|gpu", "N|TIME", "K/N", "text|json", "badge|cluster-margin", "top|power|softmax",
+             "TOTAL"}
 
 SUFFIXED = {"PNG": ".png", "XML": ".xml"}  # options that want a name of their own kind
 DOOR = r"(choose|give) another"  # the refusal's request, in every door's sentence
@@ -78,13 +79,18 @@ BASE = {
                   "--train", "cp lin.pt {model}", "--rounds", "1", "--seeds", "1",
                   "--init", "10", "-n", "5", "--strategies", "margin", "-q"], "pool.pt"),
     "inspect": (["inspect", "-m", "lin.pt", *LINEAR], "lin.pt"),
+    "review": (["review", "pool.pt", "-m", "lin.pt", *LINEAR, "-q", "-o", "-"], "lin.pt"),
+    "duplicates": (["duplicates", "part0.csv", "-q"], "part0.csv"),
+    "stop": (["stop", "t.csv", "t.csv", "--window", "1"], "t.csv"),  # exit 0: the rule says stop
+    "report": (["report", "t.csv", "-q"], "t.csv"),
 }
 
 # the (command, option) pairs that write the path they are given
 OUTPUTS = {("score", "--output"), ("merge", "--output"), ("select", "--output"),
-           ("select", "--contact-sheet"), ("select", "--labelstudio-config"),
-           ("pull", "--output"), ("pull", "--skipped"), ("simulate", "--output"),
-           ("simulate", "--plot"), ("simulate", "--report"), ("simulate", "--workdir")}
+           ("select", "--contact-sheet"), ("duplicates", "--output"), ("select", "--labelstudio-config"),
+           ("pull", "--output"), ("pull", "--skipped"), ("review", "--output"), ("simulate", "--output"),
+           ("simulate", "--plot"), ("simulate", "--report"), ("simulate", "--workdir"),
+           ("report", "--output")}
 
 
 def commands() -> dict:
@@ -279,6 +285,8 @@ DERIVED = {
                                 "names.txt"),
     "merge OUTPUT.errors.csv": (["merge", "part0.csv", "out.csv.errors.csv", "-o", "out.csv",
                                  "-q"], "out.csv.errors.csv", "part1.csv"),
+    "report default output": (["report", "t.csv", "--batch", "t.html", "-q"], "t.html",
+                              "t.csv"),
     "simulate default workdir": ([*SIMULATE, "--eval", "c.csv.runs/margin/test.pt", "-o",
                                   "c.csv"], "c.csv.runs/margin/test.pt", "test.pt"),
 }

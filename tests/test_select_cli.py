@@ -109,7 +109,7 @@ def test_score_embeddings_are_the_last_layer_factors(in_ws, planted, table):
 
 def test_diverse_takes_one_per_group_and_same_seed_same_batch(in_ws, planted, table):
     budget = 6
-    top = ids_of(select(table, "-n", budget, "--no-diverse"))
+    top = ids_of(select(table, "-n", budget, "--no-diverse", "--no-dedup"))
     groups = [planted.group[i] for i in top]
     assert max(groups.count(k) for k in set(groups) - {None}) >= 3  # plain top-N: copies
     ranked = [r["id"] for r in parse_csv(table.read_text())]
@@ -150,7 +150,8 @@ def test_diverse_per_class_and_candidates(in_ws, planted, table):
     assert len(picked) == len(set(picked))
     # --diverse-candidates M: every pick among the M best scores
     top8 = {r["id"] for r in rows[:8]}
-    assert set(ids_of(select(table, "-n", 4, "--diverse", "--diverse-candidates", 8))) <= top8
+    assert set(ids_of(select(table, "-n", 4, "--diverse", "--diverse-candidates", 8,
+                             "--no-dedup"))) <= top8
 
 
 # --- per-class and exclusions on a crafted table ---------------------------------------------------
@@ -178,9 +179,9 @@ def test_per_class_quotas_exactly(crafted):
 
 
 def test_scoring_options_given_with_a_table_are_named_as_having_no_effect(crafted):
-    plain = select(crafted, "-n", 2, "--no-diverse")
+    plain = select(crafted, "-n", 2, "--no-diverse", "--no-dedup")
     assert plain.stderr == ""
-    told = select(crafted, "-n", 2, "--no-diverse", "--strategy", "entropy", "-b", "8")
+    told = select(crafted, "-n", 2, "--no-diverse", "--no-dedup", "--strategy", "entropy", "-b", "8")
     assert ids_of(told) == ids_of(plain)
     assert told.stderr.strip() == (f"alcli: warning: --strategy (and 1 more scoring options) has no effect: "
                                    f"the scores are read from {crafted}; pass --pool POOL to score first")
@@ -209,7 +210,7 @@ def test_exclusions_from_csv_jsonl_and_lines(crafted, tmp_path):
 
 def test_labelstudio_tasks(in_ws, table, tmp_path):
     out = tmp_path / "tasks.json"
-    select(table, "-n", 4, "-m", "model.pt", "-f", "labelstudio", "--no-diverse", "--image-root",
+    select(table, "-n", 4, "-m", "model.pt", "-f", "labelstudio", "--no-diverse", "--no-dedup", "--image-root",
            "https://files.example.com/pool", "-o", out)
     tasks = json.loads(out.read_text())
     assert_labelstudio_import(tasks)
@@ -218,7 +219,8 @@ def test_labelstudio_tasks(in_ws, table, tmp_path):
         [f"https://files.example.com/pool/{r['id']}" for r in rows]
     assert [t["predictions"][0]["score"] for t in tasks] == [float(r["score"]) for r in rows]
     assert {t["predictions"][0]["model_version"] for t in tasks} == {"model.pt"}
-    stdout = select(table, "-n", 2, "-f", "labelstudio", "-c", "config.yaml", "--no-diverse")
+    stdout = select(table, "-n", 2, "-f", "labelstudio", "-c", "config.yaml", "--no-diverse",
+                    "--no-dedup")
     assert [t["data"]["image"] for t in json.loads(stdout.stdout)] == [r["id"] for r in rows[:2]]
     lines = select(table, "-n", 3, "--diverse", "-f", "jsonl").stdout.splitlines()
     objs = [json.loads(line) for line in lines]

@@ -12,6 +12,7 @@ import tracemalloc
 import numpy as np
 import pytest
 import torch
+from sklearn.metrics import cohen_kappa_score
 from shell import PYTHON
 
 TOY = """import torch.nn as nn
@@ -108,6 +109,14 @@ def test_simulate_curves_labels_and_picks(folder):
     want = sorted((i for i in pool["ids"] if i not in before), key=lambda i: gap[i])[:5]
     assert set(now[6:]) == set(want)
     assert "margin: AULC" in out.stderr
+    # the stopping rule's record: round 1's kappa = sklearn's over the two checkpoints' float64
+    # predictions on the eval pool (the stop set); one kappa is no mean of 3: no stop
+    test = torch.load(folder / "test.pt")
+    preds = [(test["x"].double() @ s["weight"].double().T + s["bias"].double()).argmax(1).tolist()
+             for s in (torch.load(folder / f"runs/keep-margin-0-{r}.pt") for r in range(2))]
+    assert curves[0]["kappa"] == "" and float(curves[1]["kappa"]) == pytest.approx(
+        cohen_kappa_score(*preds) if preds[0] != preds[1] else 1.0, abs=1e-6)
+    assert [r["stop"] for r in curves] == ["0", "0"]
 
 
 def test_simulate_bad_input_is_one_sentence(folder):

@@ -33,10 +33,10 @@ def loop_norm(model, x, target):
 
 def test_registry_is_uniform():
     assert set(STRATEGIES) == {"egl", "gradnorm", "align", "loss", "entropy", "margin",
-                               "least-confidence", "random", "uncertain-boxes"}
+                               "least-confidence", "random", "uncertain-boxes", "review"}
     for s in STRATEGIES.values():
         assert list(inspect.signature(s.fn).parameters) == ["s"] and s.help
-    assert {n for n, s in STRATEGIES.items() if s.gradients} == {"egl", "gradnorm", "align"}
+    assert {n for n, s in STRATEGIES.items() if s.gradients} == {"egl", "gradnorm", "align", "review"}
 
 
 def test_egl_exact_and_top_classes():

@@ -50,4 +50,7 @@ def inspect(
     if reason.startswith(f"{info.method}: "):
         reason = reason[len(info.method) + 2:]
     console.print(f"task: {info.task}", markup=False)
+    if info.default_strategy is not None:
+        console.print(f"default strategy: {info.default_strategy} (when --strategy is not given; "
+                      f"the rule in docs/benchmarks.md)", markup=False)
     console.print(f"method: {info.method}" + (f" ({reason})" if reason else ""), markup=False)

@@ -95,7 +95,9 @@ LabelsFromFolders = Annotated[bool, typer.Option(
                                   "like torchvision's ImageFolder).", rich_help_panel=INPUT)]
 Strategy = Annotated[Optional[str], typer.Option(
     "--strategy", "-s", metavar="NAME", help="One of egl, gradnorm, align (with --target), "
-    "loss, entropy, margin, least-confidence, random; uncertain-boxes (detection). [default: egl]",
+    "loss, entropy, margin, least-confidence, random; uncertain-boxes (detection); review (gradnorm "
+    "with the probabilities alcli review reads). [default: the task's own, which alcli inspect shows: "
+    "egl but where docs/benchmarks.md's rule picked another]",
     rich_help_panel=STRATEGY)]
 Target = Annotated[Optional[str], typer.Option(
     metavar="POOL", help="align: a labeled pool (any kind POOL is) whose mean loss gradient each "
@@ -187,8 +189,8 @@ WriteEmbeddings = Annotated[Optional[bool], typer.Option(
          "the table, as OUTPUT.emb.npz, for select's diverse batches. [default: when the whole "
          "pool goes to a file]", rich_help_panel=OUTPUT)]
 ReadEmbeddings = Annotated[Optional[str], typer.Option(
-    "--embeddings", metavar="FILE", help="The embeddings --diverse reads. [default: "
-    "SCORES.emb.npz]", rich_help_panel=SELECTION)]
+    "--embeddings", metavar="FILE", help="The embeddings --diverse and the near-duplicate "
+    "check read. [default: SCORES.emb.npz]", rich_help_panel=SELECTION)]
 Diverse = Annotated[Optional[bool], typer.Option(
     "--diverse/--no-diverse", show_default=False,
     help="BADGE: k-means++ on gradient embeddings among the best scores, so the batch holds no "
@@ -223,6 +225,14 @@ SamplingBeta = Annotated[Optional[float], typer.Option(
 PerClass = Annotated[Optional[str], typer.Option(
     "--per-class", metavar="MODE", help="proportional or equal: spread the budget over the "
     "predicted classes in proportion to their counts, or equally.", rich_help_panel=SELECTION)]
+Dedup = Annotated[Optional[bool], typer.Option(
+    "--dedup/--no-dedup", show_default=False,
+    help="Pass over near-duplicates: no two in one batch, none of a labeled or --exclude'd "
+         "example (cosine of the embeddings >= --dedup-threshold, or the same text). [default: "
+         "on, when the table's embeddings are at hand]", rich_help_panel=SELECTION)]
+DedupThreshold = Annotated[Optional[float], typer.Option(
+    "--dedup-threshold", metavar="T", help="Cosine of two rows' embeddings at or above which they "
+    "are near-duplicates. [default: 0.998]", rich_help_panel=SELECTION)]
 Exclude = Annotated[Optional[List[str]], typer.Option(
     "--exclude", metavar="FILE", help="Never select the ids in FILE (.csv id column, .jsonl/"
                                       ".json ids, Label Studio's JSON, JSON-MIN, CSV and TSV "
@@ -320,3 +330,21 @@ SCORING = (LabelsFromFolders, ClassNames, TextColumnOpt, ImageColumn, IdColumn, 
            MaxLength, Arch, ArchKwargs, Ema, Trust, TrustRemoteCode, Task, TopClasses, EglSamples,
            Aggregate, Temperature, MaxNewTokens, BoxThreshold, Layers, Resize, CenterCrop, Grayscale, Normalize, BatchSize,
            Device, Workers, Precision, Decode, Method, Compile)
+
+# alcli stop and alcli report: the stabilizing-predictions rule (alcli/selection/stopping.py)
+STOPPING = "When to stop"
+StopKappa = Annotated[Optional[float], typer.Option(
+    "--kappa", metavar="K", help="Stop once the mean Cohen's kappa of consecutive rounds' "
+    "predictions reaches K (0 < K <= 1). [default: 0.99]", rich_help_panel=STOPPING)]
+StopWindow = Annotated[Optional[int], typer.Option(
+    "--window", metavar="N", help="Average the last N kappas. [default: 3]",
+    rich_help_panel=STOPPING)]
+
+# select: batches priced in labeling cost (alcli/selection/cost.py)
+Cost = Annotated[Optional[str], typer.Option(
+    "--cost", metavar="NAME", help="Each row's labeling cost: a table column of numbers, or "
+    "boxes (a detector's predicted boxes) or words (token classification's words); the batch is "
+    "chosen by score per cost.", rich_help_panel=SELECTION)]
+BudgetCost = Annotated[Optional[float], typer.Option(
+    "--budget-cost", metavar="TOTAL", help="The batch's total --cost at most (with -n: both "
+    "limits).", rich_help_panel=SELECTION)]

@@ -11,9 +11,9 @@ from ..files.config import flag
 from . import shared
 from .options import (
     LABELING, SELECTION, Aggregate, Arch, ArchKwargs, BatchSize, BoxThreshold, MaxNewTokens, Temperature, CenterCrop,
-    ClassNames, Compile, Config, ContactSheet, Decode, Device, Diverse, DiverseCandidates,
+    ClassNames, Compile, Config, ContactSheet, Decode, Dedup, DedupThreshold, Device, Diverse, DiverseCandidates,
     DiverseClusters, DiverseMode, EglSamples, Ema, Exclude, FromName, Grayscale, IdColumn,
-    ImageColumn, ImageDir, ImageRoot, LabelColumn, LabelsFromFolders, LabelStudioConfig, Layers,
+    ImageColumn, ImageDir, Cost, BudgetCost, ImageRoot, LabelColumn, LabelsFromFolders, LabelStudioConfig, Layers,
     LogFormat, MaxLength, Method, Model, Normalize, Null, Pairwise, PerClass, Precision, ProgressEvery,
     Quiet, ReadEmbeddings, Resize, Sampling, SamplingBeta, Seed, Target, SelectFormat, SelectOutput,
     Every, Fps, Split, Strategy, Task, TextColumnOpt, TextWidth, ToName, TopClasses, Trust,
@@ -53,10 +53,12 @@ def select(
         "--budget", "-n", metavar="N", help="How many examples to select.",
         rich_help_panel=SELECTION)] = None,
     format: under(SELECTION, SelectFormat) = None, output: under(SELECTION, SelectOutput) = None,
+    cost: Cost = None, budget_cost: BudgetCost = None,
     per_class: PerClass = None, exclude: Exclude = None, diverse: Diverse = None,
     diverse_mode: DiverseMode = None, diverse_candidates: DiverseCandidates = None,
     diverse_clusters: DiverseClusters = None, embeddings_file: ReadEmbeddings = None,
     sampling: Sampling = None, sampling_beta: SamplingBeta = None, typical: Typical = False,
+    dedup: Dedup = None, dedup_threshold: DedupThreshold = None,
     seed: under(SELECTION, Seed) = None, null: under(SELECTION, Null) = False,
     config: under(SELECTION, Config) = None,
     class_names: under(LABELING, ClassNames) = None, image_root: ImageRoot = None,
@@ -98,8 +100,11 @@ def select(
     flags = dict(locals())
     settings = shared.settings_from(flags.pop("config"), flags)
     r = shared.reporter(settings)
-    if settings.budget is None:
+    if settings.budget is None and settings.budget_cost is None:
         raise AlcliError("no budget given; pass -n/--budget N (or set budget: in the config)")
+    if settings.budget_cost is not None and not settings.cost:
+        raise AlcliError(f"{flag('budget_cost')} {settings.budget_cost:g} needs --cost, the "
+                         f"column or measure each row's cost is read from")
     source = scores or settings.scores
     if scores and pool:
         raise AlcliError(f"give a table to select from (SCORES {scores}) or a pool to score first "
@@ -132,13 +137,16 @@ def select(
                                 on_start=on_start, on_batch=on_batch)
     api.write_batch(picked.rows, settings.output or "-", settings, picked.meta,
                     texts=picked.texts, class_names=picked.class_names, task=picked.task)
-    if len(picked.rows) < settings.budget:
+    if settings.budget is not None and len(picked.rows) < settings.budget:
         r.warn(f"the budget is {settings.budget} but only {picked.available} rows are left to "
                f"choose from; selected them all")
     for note in picked.notes:
         r.warn(note)
     if settings.output not in (None, "-"):
         r.info(f"wrote {len(picked.rows)} rows to {settings.output}")
+    if settings.cost:
+        r.info(f"the batch costs {sum(row['cost'] for row in picked.rows):g} ({settings.cost})"
+               + (f" of --budget-cost {settings.budget_cost:g}" if settings.budget_cost else ""))
     if settings.contact_sheet:
         what = "texts" if picked.texts is not None else "images"
         r.info(f"wrote a contact sheet of {len(picked.rows)} {what} to {settings.contact_sheet}")

@@ -13,7 +13,7 @@ from ..terminal import Reporter, warning_origin
 def given_flags(flags: dict) -> dict:
     """The flags given: a switch left off is "not given", except for those whose default is
     decided later."""
-    return {k: (None if (v is False and k not in ("diverse", "embeddings", "grayscale"))
+    return {k: (None if (v is False and k not in ("diverse", "embeddings", "grayscale", "dedup"))
                 or v == [] else v)
             for k, v in flags.items()}
 

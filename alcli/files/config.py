@@ -36,7 +36,7 @@ SAMPLINGS = ("top", "power", "softmax")  # alcli.selection.sampling.SAMPLINGS; a
 # the names the strategy registry (alcli.score.strategies) and the engine (alcli.gradnorm.METHODS)
 # define, listed here so that reading a config does not import torch; a test keeps them equal
 STRATEGY_NAMES = ("egl", "gradnorm", "align", "loss", "entropy", "margin", "least-confidence",
-                  "random", "uncertain-boxes")
+                  "random", "uncertain-boxes", "review")
 METHOD_NAMES = ("auto", "ghost", "replicate", "vmap", "loop")
 PRECISIONS = ("fp32", "bf16", "fp16")
 # the labeling tasks (alcli.tasks.TASKS, plus auto: read from the model); config is read before
@@ -110,6 +110,8 @@ class Settings:
     format: str = "csv"
     scores: str | None = None   # `select`: the ranked table to read
     budget: int | None = None   # `select`: how many to pick
+    cost: str | None = None     # `select`: each row's labeling cost, a column or a measure (selection/cost.py)
+    budget_cost: float | None = None  # `select`: the batch's total cost at most
     embeddings: bool | None = None        # `score`: also record each example's BADGE factors
                                           # (None: when the table goes to a file, in one process)
     embeddings_file: str | None = None    # where score writes them / select reads them
@@ -123,6 +125,9 @@ class Settings:
                                           # (default: the budget)
     per_class: str | None = None          # `select`: proportional | equal quotas per predicted class
     sampling: str = "top"                 # `select`: top | power | softmax (alcli.selection.sampling)
+    dedup: bool = True                    # `select`: pass over near-duplicates (selection/duplicates.py)
+    dedup_threshold: float = 0.998        # ... the cosine at or above which rows are (measured:
+                                          # benchmarks/duplicates.py)
     typical: bool = False                 # `select`: TypiClust cold start (alcli.selection.typical)
     sampling_beta: float = 1.0            # `select`: β of power / softmax sampling
     exclude: list[str] | None = None      # `select`: files of ids never to select
@@ -473,11 +478,12 @@ CHECKS: dict[str, Callable[[Any], Any]] = {
     "method": _choice(METHOD_NAMES), "compile": _bool, "precision": _choice(PRECISIONS), "decode": _choice(DECODERS), "batch_size": _int(1),
     "device": _device, "workers": _opt(_workers),
     "seed": _int(0), "output": _opt_str, "format": _choice(FORMATS), "scores": _opt_str,
-    "budget": _opt(_int(1)), "quiet": _bool,
+    "budget": _opt(_int(1)), "quiet": _bool, "cost": _opt_str, "budget_cost": _opt(_positive),
     "embeddings": _opt(_bool), "embeddings_file": _opt_str, "diverse": _opt(_bool), "diverse_candidates": _candidates,
     "diverse_mode": _choice(DIVERSE_MODES), "diverse_clusters": _opt(_int(1)),
     "per_class": _opt(_choice(PER_CLASS_MODES)), "sampling": _choice(SAMPLINGS),
-    "typical": _bool, "pairwise": _bool,    "sampling_beta": _positive, "exclude": _files, "image_root": _opt_str,
+    "typical": _bool, "pairwise": _bool, "dedup": _bool,
+    "dedup_threshold": _number_in(0, 1, low_allowed=False, what="above 0, at most 1"),    "sampling_beta": _positive, "exclude": _files, "image_root": _opt_str,
     "image_dir": _opt_str, "contact_sheet": _opt_str,
     "checkpoint_every": _checkpoint, "resume": _bool, "restart": _bool, "strict": _bool,
     "shard": _shard, "verbose": _bool, "progress_every": _seconds, "log_format": _choice(LOG_FORMATS),

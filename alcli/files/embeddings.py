@@ -193,3 +193,56 @@ def _mtime(path: Path) -> float:
         return path.stat().st_mtime
     except OSError:
         return 0.0
+
+
+# --- the features b, read from disk a block at a time ---------------------------------------------
+
+def open_features(path: str) -> tuple[list[str], np.ndarray]:
+    """(ids, b [N, D]) of an embeddings file, b a read-only memory map of the file (numpy's .npz
+    is an uncompressed zip: the array lies in it as plain bytes), so that near-duplicate search
+    reads it a block at a time; an array stored compressed is read whole."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            missing = [k for k in ("format", "ids", "b") if k not in z.files]
+            if missing:
+                raise EmbeddingsError(f"embeddings file {path} is not an alcli embeddings file "
+                                      f"(missing {', '.join(missing)}).")
+            if str(z["format"]) != _FORMAT:
+                raise EmbeddingsError(f"embeddings file {path} has format '{z['format']}', "
+                                      f"expected '{_FORMAT}'.")
+            ids = z["ids"]
+            b = _member_map(path)
+            b = z["b"] if b is None else b
+    except EmbeddingsError:
+        raise
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError, KeyError) as err:
+        raise EmbeddingsError(f"cannot read embeddings file {path}: {err}.") from err
+    if ids.ndim != 1 or b.ndim != 2 or len(ids) != len(b) or b.dtype.kind != "f":
+        raise EmbeddingsError(f"embeddings file {path} does not hold one row of features per id "
+                              f"(ids {ids.shape}, features {b.shape} {b.dtype}).")
+    ids = [str(i) for i in ids.tolist()]
+    if len(set(ids)) != len(ids):
+        raise EmbeddingsError(f"embeddings file {path} lists an id more than once.")
+    return ids, b
+
+
+def _member_map(path: str) -> np.ndarray | None:
+    """b.npy inside the .npz as a memory map, or None when it is stored compressed."""
+    with zipfile.ZipFile(path) as zf:
+        info = zf.getinfo("b.npy")
+    if info.compress_type != zipfile.ZIP_STORED:
+        return None
+    with open(path, "rb") as fh:
+        fh.seek(info.header_offset)
+        local = fh.read(30)  # the zip's local file header: name and extra field lengths at 26
+        name_len, extra_len = int.from_bytes(local[26:28], "little"), int.from_bytes(local[28:30], "little")
+        fh.seek(info.header_offset + 30 + name_len + extra_len)
+        version = np.lib.format.read_magic(fh)
+        read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                       else np.lib.format.read_array_header_2_0)
+        shape, fortran, dtype = read_header(fh)
+        offset = fh.tell()
+    if dtype.hasobject or len(shape) != 2 or 0 in shape:
+        return None
+    return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape,
+                     order="F" if fortran else "C")

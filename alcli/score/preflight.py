@@ -31,8 +31,17 @@ def check(model: nn.Module, pool: Pool, settings: Settings, device: torch.device
         check_classes(pool, settings, classes)
     check_class_names(pool, tasks.known(settings.task, model))
     named = tasks.named(settings.task, model)  # a detector's task is known by its class, untold
-    check_answers(pool, settings, tasks.known(settings.task, model) or (named.name if named else None))
+    task = tasks.known(settings.task, model) or (named.name if named else None)
+    use_task_default(settings, task)
+    check_answers(pool, settings, task)
     return classes
+
+
+def use_task_default(settings: Settings, task: str | None) -> None:
+    """No --strategy given (no option, config key or argument): the task's own default
+    (Task.default_strategy, chosen by the rule in docs/benchmarks.md)."""
+    if task is not None and "strategy" not in settings.sources:
+        settings.strategy = tasks.TASKS[task].default_strategy
 
 
 def check_answers(pool: Pool, settings: Settings, task: str | None) -> None:

@@ -197,3 +197,13 @@ def uncertain_boxes(s: StrategyInputs) -> Columns:
     """Detection: how many predicted boxes score below --box-threshold."""
     raise RunError(f"--strategy uncertain-boxes counts a detector's boxes, and this is a {s.task} "
                    f"model; use it with --task detection")
+
+
+@strategy("review", gradients=True, at_targets=True)
+def review(s: StrategyInputs) -> Columns:
+    """gradnorm, with the probabilities of each labeled decision (alcli review's run: a `units` column)."""
+    if s.spec.review_units is None:
+        reviewed = ", ".join(t.name for t in TASKS.values() if t.review_units is not None)
+        raise RunError(f"alcli review reviews the labels of {reviewed} models, and this is a "
+                       f"{s.task} model")
+    return {**gradnorm(s), "units": s.spec.review_units(s)}

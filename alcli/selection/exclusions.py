@@ -37,6 +37,7 @@ class Exclusions:
     """The entries of one source: a file, or ids given in memory (`name` says which)."""
     name: str
     entries: list[str]
+    by_content: bool = False  # a labeled table whose embeddings find its duplicates: may match no row
 
 
 def read_exclusion_files(paths: Iterable[str]) -> list[Exclusions]:
@@ -83,7 +84,7 @@ def excluded_ids(sources: list[Exclusions], rows: list[dict], image_root: str | 
                 excluded.add(hit)
         if both:
             notes.append(_both_note(source.name, both))
-        if not source.entries or not unmatched:
+        if not source.entries or not unmatched or source.by_content:
             continue
         if len(unmatched) == len(source.entries):
             raise ExclusionsError(f"none of the {len(unmatched)} entries of {source.name} names a "

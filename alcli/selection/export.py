@@ -86,14 +86,17 @@ def to_labelstudio(rows: Sequence[Mapping], image_root: str | None, model_versio
     Shape (Label Studio's "basic JSON format" with pre-annotations, a JSON array of tasks):
       {"data": {"image": <url or path> | "text": <text>, "alcli_id", "alcli_rank", "alcli_score"
                 [, "alcli_pred"]},
-       "predictions": [{"model_version": <str>, "score": <float>, "result": [<region>, ...]}]}
+       "predictions": [{"model_version": <str>, "score": <float>, "result": [<region>, ...]}]
+       [, "annotations": [{"result": [<region>, ...]}]]}
     `data.image` feeds an `<Image name="image" value="$image"/>` tag (`data.text`, given `texts`
     one per row, a `<Text name="text" value="$text"/>` tag). The regions are the model's
     prediction in the control tag `from_name` of `task`'s labeling config (`labeling_config`),
     made by the task (`Task.prelabels`: `choices` for classification and multilabel, `labels`
     spans for token classification, `rectanglelabels` for detection, ...); classes by name (the row's own names,
     else `class_names[index]`); what has no name is left out. The prediction's score (alcli's)
-    lets the Data Manager sort by it. The top-level task `id` is reserved by Label Studio.
+    lets the Data Manager sort by it. The top-level task `id` is reserved by Label Studio. A row
+    of `alcli review`'s table also brings its given label as an annotation, for a person to verify
+    against the prediction (the model's suggestion).
     """
     field = "image" if texts is None else "text"
     regions = TASKS[task].prelabels if task in TASKS else _nothing
@@ -107,10 +110,22 @@ def to_labelstudio(rows: Sequence[Mapping], image_root: str | None, model_versio
         if row.get("pred") is not None:
             data["alcli_pred"] = plain_value(row["pred"])
         result = regions(row, n, tag, class_names, ref)
-        tasks.append({"data": data,
-                      "predictions": [{"model_version": str(model_version), "score": score,
-                                       "result": result}]})
+        ls_task = {"data": data, "predictions": [{"model_version": str(model_version),
+                                                  "score": score, "result": result}]}
+        if _reviewed(row):  # alcli review's table: the given label is the annotation to verify
+            given = {k: v for k, v in row.items() if k != "pred_index"}
+            verify = regions({**given, "pred": row["label"],
+                              **({"pred_words": row["label_words"]} if "label_words" in row else {})},
+                             n, tag, class_names, ref)
+            if verify:  # (a label no class name is known for: none)
+                ls_task["annotations"] = [{"result": verify}]
+        tasks.append(ls_task)
     return tasks
+
+
+def _reviewed(row: Mapping) -> bool:
+    """A row of `alcli review`'s table (it has `flagged`) with a given label."""
+    return "flagged" in row and row.get("label") not in (None, "")
 
 
 def unreachable_image(tasks: Sequence[Mapping]) -> str | None:

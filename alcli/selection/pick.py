@@ -35,7 +35,9 @@ from ..pools.common import PoolOptions
 from ..files.table import (LINE_FORMATS, MORE, SIDECARS, read_meta, remove_sidecars, sidecar,
                            write_table)
 from ..tasks import TASKS, from_rows
+from . import cost
 from .choose import choose
+from .duplicates import dedup, dedup_file, mark_labeled_tables, passed_note
 from .coco_yolo import image_links, to_coco, to_yolo, write_yolo
 from .exclusions import Exclusions, ExclusionsError, excluded_ids, read_exclusion_files
 from .export import (IMAGE_ROOT_HINT, ImageRootError, contact_sheet, image_ref,
@@ -61,6 +63,8 @@ class SelectPlan:
     diverse: bool = False  # --diverse asked for, or by default with the embeddings at hand
     look_up: str | None = None  # the embeddings file the table lacks, looked up by its rows
     notes: list[str] = field(default_factory=list)  # warnings for people
+    dedup_file: str | None = None  # the embeddings the near-duplicate check reads (duplicates.py)
+    dedup_missing: str | None = None  # why there are none
     folder: str | None = None  # the folder of a table read from a file: its pred_mask paths' base
 
 
@@ -90,6 +94,7 @@ def prepare(settings: Settings, source: str | None, score_first: bool,
     if settings.exclude:
         try:
             plan.exclusions = read_exclusion_files(settings.exclude)
+            mark_labeled_tables(settings, plan.exclusions)
         except ExclusionsError as err:
             raise ConfigError(f"{settings.where('exclude')}: {_sentence(err)}") from None
     if exclude_ids is not None:
@@ -107,6 +112,8 @@ def prepare(settings: Settings, source: str | None, score_first: bool,
     plan.diverse = settings.diverse is not False and settings.sampling == "top" and \
         not settings.typical
     asked = _embeddings_flag(settings)  # the flag that needs the embeddings, if one does
+    if not ((plan.diverse or settings.typical) and not score_first):  # else the file is looked for here
+        plan.dedup_file, plan.dedup_missing = dedup_file(settings, source, plan.meta.get("run_id"))
     if (plan.diverse or settings.typical) and not score_first:
         path = settings.embeddings_file or (embeddings_path(str(source))
                                             if source not in (None, "-") else None)
@@ -236,12 +243,16 @@ def pick(settings: Settings, rows: list[dict], plan: SelectPlan, *, embeddings=N
                           f"rows; nothing is left to select")
     if plan.look_up:
         _look_up(settings, plan, ranked, notes)
-    if settings.typical:
+    if settings.typical:  # (one row per cluster: no near-duplicate pass)
         chosen, available = _typical(settings, plan, ranked, kept, embeddings), len(kept)
     else:
+        kept, *passed, more = dedup(settings, plan, ranked, kept, embeddings)
+        notes.extend(more)
         chosen, available = _chosen(settings, plan, kept, notes, embeddings)
         if plan.exclusions and not settings.quiet:  # advice, not a problem: -q drops it
             notes.extend(_cold_start_note(settings, ranked, len(excluded)))
+        if not settings.quiet:  # a summary, not a problem: -q drops it
+            notes.extend(filter(None, [passed_note(*passed, chosen, settings.dedup_threshold)]))
     chosen = table_paths(chosen, plan.folder)
     picked = Picked(chosen, available, notes, plan.meta)
     picked.task = export_task(settings, plan.meta, chosen)
@@ -315,14 +326,23 @@ def _chosen(settings: Settings, plan: SelectPlan, kept: list[dict], notes: list[
             raise ConfigError("no row has a finite score; nothing to select")
     else:
         eligible = kept
+    try:  # --cost: chosen by score per cost, then cut to --budget-cost (selection/cost.py)
+        eligible = cost.per_cost(eligible, settings.cost) if settings.cost else eligible
+        budget = min(settings.budget or len(eligible), cost.fits(eligible, settings.budget_cost)
+                     if settings.budget_cost is not None else len(eligible))
+    except ValueError as err:
+        raise ConfigError(_sentence(err)) from None
     factors = _factors(settings, eligible, plan, embeddings) if diverse else None
     try:
-        chosen = choose(eligible, settings.budget, per_class=settings.per_class, factors=factors,
+        chosen = choose(eligible, max(1, budget), per_class=settings.per_class, factors=factors,
                         seed=settings.seed, candidates=settings.diverse_candidates,
                         sampling=settings.sampling, beta=settings.sampling_beta,
                         diverse_mode=settings.diverse_mode, clusters=settings.diverse_clusters)
     except ValueError as err:
         raise ConfigError(_sentence(err)) from None
+    if settings.cost:
+        chosen = cost.restored(cost.within(chosen, settings.budget_cost, eligible,
+                                           settings.budget))
     return chosen, len(eligible)
 
 

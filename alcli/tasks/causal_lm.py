@@ -365,4 +365,5 @@ TASK = Task(
     probe=lambda z, inputs: (lm_loss, next_tokens(inputs, next_scored(z, inputs))),
     loss_over_positions=True, model_kind="a causal language model", needs_model=not_a_causal_lm,
     reads_prompts=True, control=text_area, pairs=pair, names_classes=False,
+    default_strategy="egl",  # no learning curves yet: the incumbent (tests/test_defaults.py)
 )

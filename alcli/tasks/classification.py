@@ -8,10 +8,13 @@ the 10 most probable beyond, `--top-classes`; `mass_left` says what that leaves 
 """
 from __future__ import annotations
 
+import json
+
 import torch
 import torch.nn.functional as F
 
 from ..errors import PoolError, RunError
+from ..files.classnames import class_name
 from ..gradnorm.loss import cross_entropy
 from ..selection.diverse import badge_factors
 from .shared import labels as given
@@ -81,6 +84,12 @@ def columns(s, score: torch.Tensor):
     return pred, conf, table_loss(s), []
 
 
+def review_units(s) -> list[str]:
+    """Each labeled example, one unit: [[0, its label, p [C], 0]] (JSON); an unlabeled one, []."""
+    probs, labels = s.probs.tolist(), s.labels.tolist()
+    return [json.dumps([[0, y, p, 0]] if y >= 0 else []) for y, p in zip(labels, probs)]
+
+
 def pred_values(preds: list[float], extras, names) -> list[int]:
     return [int(p) for p in preds]
 
@@ -136,7 +145,8 @@ TASK = Task(
     loss=cross_entropy, dists=_dists, label_targets=lambda labels, valid, z: labels[..., 0],
     valid=all_positions(lambda z: 1), classes=lambda z: z.shape[1],
     targets=targets, egl=egl, uncertainty=uncertainty, table_loss=table_loss,
-    columns=columns, pred_values=pred_values, class_pred=True,
+    columns=columns, pred_values=pred_values, class_pred=True, review_units=review_units,
+    review_pred=lambda units, suggested, names: {"pred": class_name(suggested[0], names)},
     given_labels=False, check_labels=check_labels,
     check_head_input=check_head_input, badge=badge,
     probe=lambda z, inputs: (TASK.loss, predicted(TASK, z, TASK.valid(z, inputs))),
@@ -145,4 +155,5 @@ TASK = Task(
     unnamed_note="no predicted class",
     control=names_control("classification", "Choices", "Choice", ' choice="single"'),
     from_annotation=lambda regions, names: {"label": (chosen(regions, "choices") or [None])[0]},
+    default_strategy="egl",  # issue 39's rule: benchmarks/results/learning-curves-issue39-cpu-2core.md
 )

@@ -88,6 +88,13 @@ class Task:
     egl: Callable | None = None
     uncertainty: Callable | None = None   # (s, "entropy" | "margin" | "least-confidence") -> Columns
     table_loss: Callable | None = None    # s -> the loss column [B], at `targets`
+    # alcli review: s -> per example its reviewed units as JSON, [[group, given, [p_0..p_K-1],
+    # where], ...] (a unit: one labeled decision; classification: the row; multilabel: each label,
+    # K = 2; token classification: each labeled word, `where` its index)
+    review_units: Callable | None = None
+    review_pred: Callable | None = None   # (units, suggested classes, class names) -> {column: cell}
+    review_own: Callable | None = None    # a task without classes (regression): [each labeled
+                                          # row's units] -> its columns, instead of the thresholds
     # --- what its rows show
     columns: Callable | None = None   # (s, score) -> (pred [B], confidence [B], loss [B] | None, [extras])
     pred_values: Callable | None = None   # (preds, extras, class names) -> the pred column
@@ -142,6 +149,9 @@ class Task:
     # --- its pool's rows are text, prompt + response, or chat messages (pools/prompts.py)
     reads_prompts: bool = False
     no_position: Callable = _none     # logits -> a sentence when the output has no position to score
+    # --- --strategy when none is given: the rule in docs/benchmarks.md ("A default strategy per
+    # task") over learning curves; tests/test_defaults.py re-applies it to the recorded evidence
+    default_strategy: str = "egl"
 
 
 def all_positions(count: Callable[[torch.Tensor], int]) -> Callable:

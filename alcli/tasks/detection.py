@@ -529,4 +529,5 @@ TASK = Task(
     sized_images=True, model_kind="an object detector", needs_model=not_a_detector,
     normalised_outside=is_hf, model_classes=classes, predict=predict, rows=rows, method=method,
     gradient_utilities=GRADIENT_UTILITIES, unanswered=refuses_given_boxes("detection"),
+    default_strategy="egl",  # no learning curves yet: the incumbent (tests/test_defaults.py)
 )

@@ -97,4 +97,5 @@ TASK = Task(
     sized_images=True, model_kind="an instance segmenter", needs_model=not_a_mask_detector,
     model_classes=detection.classes, predict=detection.predict, rows=rows, method=detection.method,
     gradient_utilities=detection.GRADIENT_UTILITIES, unanswered=detection.refuses_given_boxes("instance-segmentation"),
+    default_strategy="egl",  # no learning curves yet: the incumbent (tests/test_defaults.py)
 )

@@ -5,6 +5,8 @@ labels predicted (p > 1/2) joined by |.
 """
 from __future__ import annotations
 
+import json
+
 import torch
 import torch.nn.functional as F
 
@@ -58,6 +60,19 @@ def badge(logits: torch.Tensor, h: torch.Tensor, valid) -> tuple[torch.Tensor, t
     return (probs - onehot)[..., 1], h.detach()                    # σ(z) - ŷ per label, [B, C]
 
 
+def review_units(s) -> list[str]:
+    """Each label of a labeled example, one unit: [[j, y_j, [1 - p_j, p_j], j] for j < C] (JSON)."""
+    targets, known = s.given_targets()
+    p = torch.sigmoid(s.logits.to(exact_dtype(s.logits))).tolist()  # [B, C]
+    return [json.dumps([[j, int(y), [1.0 - pj, pj], j] for j, (y, pj) in enumerate(zip(ys, ps))]
+                       if k else []) for ys, ps, k in zip(targets.tolist(), p, known.tolist())]
+
+
+def review_pred(units, suggested, names) -> dict:
+    """The labels suggested present, by name, joined by | (empty: none, as score's pred)."""
+    return {"pred": "|".join(str(class_name(u[0], names)) for u, k in zip(units, suggested) if k == 1)}
+
+
 def prelabels(row, n, tag, names, ref) -> list[dict]:
     """Every label the model predicts (p > 1/2; the row's pred, joined by |)."""
     chosen = [name for name in (named_class(p, names) for p in predicted_labels(row, names))
@@ -73,7 +88,7 @@ TASK = Task(
     valid=all_positions(lambda z: z.shape[-1] if z.dim() > 1 else 1), classes=lambda z: z.shape[1],
     targets=given_or_predicted, egl=egl_sampled, uncertainty=per_position, table_loss=position_loss,
     columns=set_columns(_predicted_set), pred_values=named_set,
-    label_shown=label_shown,
+    label_shown=label_shown, review_units=review_units, review_pred=review_pred,
     read_labels=given.reader(lambda z: torch.zeros(z.shape[0], z.shape[1], dtype=torch.float64), _read),
     check_labels=refuse_single_labels("multilabel"),
     badge=badge, probe=lambda z, inputs: (TASK.loss, predicted(TASK, z, TASK.valid(z, inputs))),
@@ -82,4 +97,5 @@ TASK = Task(
     control=names_control("multilabel", "Choices", "Choice", ' choice="multiple"'),
     from_annotation=lambda regions, names: {"label": "|".join(chosen(regions, "choices"))},
     joins_labels=True,  # its labels are written and read as a|b|c
+    default_strategy="egl",  # no learning curves yet: the incumbent (tests/test_defaults.py)
 )

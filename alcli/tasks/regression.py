@@ -5,13 +5,15 @@ example. Its rows show the outputs (joined by |) and no confidence.
 """
 from __future__ import annotations
 
+import json
 import math
 from xml.sax.saxutils import quoteattr
 
 import torch
 
 from ..errors import PoolError, RunError
-from .common import Task, all_positions, grad_norms, hf_problem, position_loss, refuse_single_labels, utility
+from .common import (Task, all_positions, exact_dtype, grad_norms, hf_problem, position_loss,
+                     refuse_single_labels, utility)
 from .shared.labels import label_items, label_text, reader
 from .shared.labelstudio import plain_value
 
@@ -69,6 +71,36 @@ def pred_values(preds, extras, names) -> list:
     """The output, or the outputs joined by |."""
     rows = extras[0].tolist()
     return [r[0] if len(r) == 1 else "|".join(f"{v:.6g}" for v in r) for r in rows]
+
+
+def review_units(s) -> list[str]:
+    """Each output d of an example with targets, one unit: [d, its target, [its output], d] (JSON)."""
+    given, known = s.given_targets()
+    outputs = s.logits.reshape(s.logits.shape[0], -1).to(exact_dtype(s.logits)).tolist()
+    return [json.dumps([[d, y, [f], d] for d, (y, f) in enumerate(zip(ys, fs))] if k else [])
+            for ys, fs, k in zip(given.tolist(), outputs, known.tolist())]
+
+
+FLAG_TAIL = math.erfc(3 / math.sqrt(2))  # 0.0027: a residual beyond 3 spreads
+
+
+def review_own(rows: list[list], names) -> list[dict]:
+    """Residuals r = target - output, per output d scaled by the model's own spread on the pool,
+    the robust s_d = 1.4826 median_i |r_id| (the standard deviation for normal residuals about 0):
+    z = max_d |r_d| / s_d per row. self_confidence (and margin) = the normal two-sided tail
+    erfc(z / sqrt 2), 1 at z = 0; flagged beyond 3 spreads (tail < 0.0027); pred the output."""
+    r = torch.tensor([[u[1] - u[2][0] for u in units] for units in rows], dtype=torch.float64)
+    spread = 1.4826 * torch.quantile(r.abs(), 0.5, dim=0)           # [D]
+    spread = torch.where(spread > 0, spread, r.abs().mean(0)).clamp_min(1e-300)
+    z = (r.abs() / spread).max(1).values.tolist()                   # [N]
+    out = []
+    for units, zi in zip(rows, z):
+        tail = math.erfc(zi / math.sqrt(2))
+        outputs = [u[2][0] for u in units]
+        out.append({"flagged": tail < FLAG_TAIL,
+                    "pred": outputs[0] if len(outputs) == 1 else "|".join(f"{v:.6g}" for v in outputs),
+                    "confidence": None, "self_confidence": tail, "margin": tail, "residual_z": zi})
+    return out
 
 
 def _values(value, where: str, outputs: int) -> torch.Tensor:
@@ -131,7 +163,8 @@ TASK = Task(
     check_labels=refuse_single_labels("regression"),
     badge=badge,
     probe=lambda z, inputs: (output_component, torch.zeros(z.shape[0], dtype=torch.long)),  # the loss egl differentiates: each output itself
-    prelabels=prelabels, control=control,
+    prelabels=prelabels, control=control, review_units=review_units, review_own=review_own,
     from_annotation=lambda regions, names: {"label": next(
         (r["value"]["number"] for r in regions if "number" in r.get("value", {})), None)},
+    default_strategy="egl",  # benchmarks/results/structured-curves-defaults.json (docs/benchmarks.md)
 )

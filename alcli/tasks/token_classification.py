@@ -17,9 +17,10 @@ import torch.nn.functional as F
 
 from ..errors import PoolError, RunError
 from ..files.table import MORE
-from .common import (IGNORE, Task, categorical, egl_sampled, given_or_predicted, labels_to_dense,
-                     mean_ce, named_set, per_position, position_badge, position_loss, predicted,
-                     refuse_single_labels, set_columns)
+from ..files.classnames import class_name
+from .common import (IGNORE, Task, categorical, egl_sampled, exact_dtype, given_or_predicted,
+                     labels_to_dense, mean_ce, named_set, per_position, position_badge, position_loss,
+                     predicted, refuse_single_labels, set_columns)
 from .shared.labels import label_class, label_text, reader
 from .shared.labelstudio import (entities, entity_labels, json_list, loose_list, named_class,
                                  names_control)
@@ -127,6 +128,29 @@ def _spans(row, n, tag, names, text) -> list[dict]:
     return out
 
 
+def review_units(s) -> list[str]:
+    """Each labeled word of a labeled text, one unit: [0, its label, p [C] at its first token, the
+    word's index] (JSON; tensor pools: the token's index); an unlabeled text, []."""
+    targets, known = s.given_targets()                                   # [B, T], IGNORE elsewhere
+    p = torch.softmax(s.logits.to(exact_dtype(s.logits)), -1).tolist()  # [B, T, C]
+    where = s.words.tolist() if s.words is not None else [list(range(len(r))) for r in targets.tolist()]
+    return [json.dumps([[0, y, p[i][t], where[i][t]] for t, y in enumerate(row) if y != IGNORE]
+                       if known[i] else []) for i, row in enumerate(targets.tolist())]
+
+
+def review_pred(units, suggested, names) -> dict:
+    """pred: the classes suggested at any labeled word (as score's pred); pred_words and
+    label_words: each word's suggested and given label (null: not labeled), JSON lists that
+    Label Studio's spans are made of."""
+    count = max(u[3] for u in units) + 1
+    words, given = [None] * count, [None] * count
+    for u, k in zip(units, suggested):
+        words[u[3]], given[u[3]] = class_name(k, names), class_name(u[1], names)
+    present = sorted(set(suggested))
+    return {"pred": "|".join(str(class_name(k, names)) for k in present),
+            "pred_words": json.dumps(words), "label_words": json.dumps(given)}
+
+
 def _dists(z: torch.Tensor) -> torch.Tensor:
     return categorical(z, -1)
 
@@ -140,6 +164,7 @@ TASK = Task(
     columns=set_columns(), pred_values=named_set,
     read_labels=reader(lambda z: torch.full(z.shape[:2], IGNORE, dtype=torch.long), _read),
     check_labels=refuse_single_labels("token-classification"), words=words, word_preds=True,
+    review_units=review_units, review_pred=review_pred,
     badge=position_badge(_dists, tokens=True),
     probe=lambda z, inputs: (TASK.loss, predicted(TASK, z, TASK.valid(z, inputs))),
     prelabels=_spans,
@@ -154,4 +179,5 @@ TASK = Task(
     no_position=lambda z: None if z.shape[1] else (
         f"the model returns token-classification outputs of shape {list(z.shape)}, with no token "
         f"to score"),
+    default_strategy="egl",  # no learning curves yet: the incumbent (tests/test_defaults.py)
 )

@@ -1,0 +1,142 @@
+"""When to stop, measured: `alcli simulate` on scikit-learn's 8x8 digits (1797 images, 10
+classes; shipped inside scikit-learn, no download) with a small MLP trained from scratch each
+round, and the stabilizing-predictions rule (alcli/selection/stopping.py: Cohen's kappa of
+consecutive rounds' predictions on the eval pool, its labels unused, mean of the last 3 >= 0.99)
+read from simulate's `stop` column. Per strategy and seed: the round where the rule first says
+stop, the labels there, the accuracy there and at the end of the curve, and the labels saved.
+
+    python benchmarks/stopping.py            # 3 seeds, margin and random, 25 rounds of 20
+    python benchmarks/stopping.py --quick    # 1 seed, margin, 4 rounds: a smoke run
+
+The 400-image test split (seed 0) is the eval pool; the other 1397 are the pool.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from sklearn.datasets import load_digits
+
+NET = """import torch.nn as nn
+
+
+def Net():
+    return nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
+"""
+
+TRAIN = """import csv, sys
+import torch
+from net import Net
+
+torch.set_num_threads(1)
+labeled, out, seed = sys.argv[1], sys.argv[2], int(sys.argv[3])
+pool = torch.load("pool.pt")
+index = {i: n for n, i in enumerate(pool["ids"])}
+rows = list(csv.DictReader(open(labeled)))
+x = pool["x"][[index[r["id"]] for r in rows]]
+y = torch.tensor([int(r["label"]) for r in rows])
+torch.manual_seed(seed)
+net = Net()
+opt = torch.optim.Adam(net.parameters(), lr=1e-2)
+for _ in range(200):  # full batch: the labeled sets here are at most a few hundred
+    opt.zero_grad()
+    torch.nn.functional.cross_entropy(net(x), y).backward()
+    opt.step()
+torch.save(net.state_dict(), out)
+"""
+
+
+def write_data(folder: Path) -> None:
+    digits = load_digits()
+    x = torch.tensor(digits.data / 16.0, dtype=torch.float32)
+    y = torch.tensor(digits.target)
+    order = np.random.default_rng(0).permutation(len(y))
+    test, pool = order[:400], order[400:]
+    for name, part in (("pool.pt", pool), ("test.pt", test)):
+        torch.save({"x": x[part], "y": y[part], "ids": [f"d{i}" for i in part]}, folder / name)
+    (folder / "net.py").write_text(NET)
+    (folder / "train.py").write_text(TRAIN)
+
+
+def summary(curves: list[dict]) -> list[dict]:
+    out = []
+    for key in dict.fromkeys((r["strategy"], r["seed"]) for r in curves):
+        mine = [r for r in curves if (r["strategy"], r["seed"]) == key]
+        stop = next((r for r in mine if r["stop"] == "1"), None)
+        end = mine[-1]
+        out.append({"strategy": key[0], "seed": key[1],
+                    "stop_round": stop["round"] if stop else "none",
+                    "labels_at_stop": stop["labels"] if stop else "",
+                    "acc_at_stop": f"{100 * float(stop['accuracy']):.1f}" if stop else "",
+                    "labels_at_end": end["labels"],
+                    "acc_at_end": f"{100 * float(end['accuracy']):.1f}",
+                    "best_acc": f"{100 * max(float(r['accuracy']) for r in mine):.1f}",
+                    "labels_saved": int(end["labels"]) - int(stop["labels"]) if stop else 0})
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--out", default="benchmarks/results/stopping.md")
+    ap.add_argument("--curves", metavar="CSV", help="summarize this simulate curves file (a "
+                    "run stopped part way) instead of running")
+    args = ap.parse_args()
+    seeds, rounds, strategies = ("1", 4, "margin") if args.quick else ("3", 25, "margin,random")
+    if args.curves:
+        with open(args.curves) as f:
+            curves = list(csv.DictReader(f))
+        write(curves, rounds, None, args.out)
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        write_data(folder)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            [str(folder), str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")]),
+            "OMP_NUM_THREADS": "1"}
+        began = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "alcli", "simulate", "pool.pt", "--eval", "test.pt",
+                        "--arch", "net:Net", "--trust-checkpoint", "--train",
+                        f"{sys.executable} train.py {{labeled}} {{model}} {{seed}}",
+                        "--init", "20", "-n", "20", "--rounds", str(rounds), "--strategies",
+                        strategies, "--seeds", seeds, "-o", "curves.csv", "-q"],
+                       cwd=folder, env=env, check=True)
+        took = time.perf_counter() - began
+        with open(folder / "curves.csv") as f:
+            curves = list(csv.DictReader(f))
+    write(curves, rounds, took, None if args.quick else args.out)
+
+
+def write(curves: list[dict], rounds: int, took: float | None, out: str | None) -> None:
+    """The summary table and each curve's kappas, printed and written to `out`; only the curves
+    that reached their last round."""
+    rows = [r for r in summary(curves)
+            if int(max(int(c["round"]) for c in curves
+                       if (c["strategy"], c["seed"]) == (r["strategy"], r["seed"]))) == rounds]
+    cols = list(rows[0])
+    lines = [f"digits (1397 pool, 400 eval), MLP 64-64-10, init 20, 20 a round, {rounds} rounds; "
+             f"rule: kappa >= 0.99 averaged over the last 3 rounds"
+             + (f"; {took:.0f} s" if took else "; finished curves only"), "",
+             "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in rows]
+    lines += ["", "per-round kappa (strategy, seed: kappa of rounds 1..):"]
+    for key in dict.fromkeys((r["strategy"], r["seed"]) for r in rows):
+        ks = [r["kappa"][:6] for r in curves if (r["strategy"], r["seed"]) == key][1:]
+        lines.append(f"- {key[0]}, seed {key[1]}: {' '.join(ks)}")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,559 @@
+"""Learning curves for structured tasks (issue 51): regression and segmentation, every strategy
+alcli scores them with, and the per-task default strategy by one stated rule.
+
+Data that ships inside packages (no download):
+- regression: scikit-learn's diabetes (442 rows, 10 features, disease progression) and
+  vega_datasets' local cars (392 complete rows, 6 features, miles per gallon); an MLP with
+  dropout (10% after each hidden layer), targets standardised; score: test R².
+- segmentation: texture mosaics, 24x24 grey images cut from four scikit-image images (brick,
+  grass, gravel, moon): a random centre splits each image into four quadrants, each filled with
+  a crop of a random texture; the label of a pixel is its quadrant's texture. A tiny FCN (two
+  5x5 convs of 8 channels, the second dilated, a 1x1 head); score: test mean IoU (points).
+  And digit composites: two of scikit-learn's digits 0-3 pasted on a dim crop of grass, each
+  pixel labeled background or its digit (5 classes); the same FCN. And mosaics32: the mosaics
+  at 32x32, an FCN of 16 channels, 40 epochs, 10..50 labels (a stronger model, where it fits).
+
+A fixed test split (seed 0); the rest is the pool, its labels hidden from alcli. Per seed, INIT
+random pool examples start labeled; each round a model is trained from scratch on the labeled set
+(same torch seed for every method at a given label count, so comparisons are paired) and alcli
+picks the next batch:
+
+    rows = alcli.select(pool=x_unlabeled, model=net, budget=b, strategy=S, task=T,
+                        aggregate=A, diverse=D)
+
+Methods: random; the cheap utilities as alcli aggregates them over pixels (entropy with
+aggregate mean and max, margin and least-confidence with the mean); egl and gradnorm, top-N and
+`+div` (BADGE k-means++ among the 10 x budget best). gradnorm needs a target value on a
+regression task (the prediction as its own target has zero gradient), so regression has no
+gradnorm: its cheap peer is MC-dropout variance (`mc-var`: the variance of T = 20 forward passes
+with dropout on, what users would otherwise use; alcli has no such strategy, so the benchmark
+computes it and alcli.select ranks those rows).
+
+Reports per data set: AULC (the mean score over the evaluated label counts) and the final score,
+mean ± sd over seeds; paired two-sided t-tests of the AULC against random and against the best
+cheap utility (the non-gradient strategy with the highest mean AULC on that data set), with wins
+and losses over seeds; alcli.select's seconds per round. Then DEFAULT_RULE per task, whose inputs
+(per-seed AULC and seconds per round of each method) are written to --rule-json; tests/
+test_defaults.py re-applies the rule to the committed file and checks each task module's
+`default_strategy`.
+
+    python benchmarks/structured_curves.py --quick              # smoke run, seconds
+    # the committed run, in 3 processes (seeds 0-4 and 5-9 of the segmentation sets apart):
+    python benchmarks/structured_curves.py --datasets diabetes,cars --json reg.json
+    python benchmarks/structured_curves.py --datasets mosaics --pool-size 150 --seeds 5 \
+        --first-seed 0 --json mos-a.json            # and --first-seed 5, digit_composites alike
+    python benchmarks/structured_curves.py --report-only --json reg.json,mos-a.json,... \
+        --out benchmarks/results/structured-curves-cpu-2core \
+        --rule-json benchmarks/results/structured-curves-defaults.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # the checkout's alcli, not an installed one
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
+
+import alcli  # noqa: E402
+
+# method -> (alcli strategy, diverse, aggregate); mc-var is scored here, not by alcli
+METHODS = {"random": ("random", False, "mean"),
+           "mc-var": ("mc-var", False, "mean"),
+           "entropy": ("entropy", False, "mean"), "entropy-max": ("entropy", False, "max"),
+           "margin": ("margin", False, "mean"), "least-confidence": ("least-confidence", False, "mean"),
+           "egl": ("egl", False, "mean"), "egl+div": ("egl", True, "mean"),
+           "gradnorm": ("gradnorm", False, "mean"), "gradnorm+div": ("gradnorm", True, "mean")}
+GRADIENT = ("egl", "gradnorm")      # the strategies that call the gradient engine
+TASK_METHODS = {"regression": ("random", "mc-var", "egl", "egl+div"),
+                "segmentation": ("random", "entropy", "entropy-max", "margin", "least-confidence",
+                                 "egl", "egl+div", "gradnorm", "gradnorm+div")}
+# data set -> (task, test size, start labels, batch, max labels, epochs)
+PROTOCOLS = {"diabetes": ("regression", 142, 10, 10, 80, 100),
+             "cars": ("regression", 112, 10, 10, 80, 100),
+             "mosaics": ("segmentation", 80, 10, 10, 40, 20),
+             "digit_composites": ("segmentation", 80, 10, 10, 40, 20),
+             "mosaics32": ("segmentation", 100, 10, 10, 50, 40)}
+FCN_WIDTH = {"mosaics32": 16}  # channels of the FCN's convs per data set (default 8)
+QUICK = {"seeds": 2, "max_labels": 20, "pool": 60, "epochs": 5, "test": 40,
+         "methods": "random,mc-var,egl+div,entropy-max,egl,gradnorm+div"}
+MC_PASSES = 20
+TEXTURES = ("brick", "grass", "gravel", "moon")
+DIGIT_CLASSES = 4  # digit_composites: digits 0-3 (+ background: 5 pixel classes)
+DEFAULT_OUT = os.path.join(ROOT, "benchmarks", "results", "structured-curves-cpu-2core")
+# classification's curves (issue 39: 5 data sets, 10 seeds), the rule's inputs for that task
+CLASSIFICATION_EVIDENCE = os.path.join(ROOT, "benchmarks", "results", "issue39", "tables.json")
+DEFAULT_RULE = ("Among alcli's strategies at their default options (random, benchmark-side "
+                "peers and the max aggregate excluded), a task's default is egl (the exact "
+                "gradient, the incumbent) unless another strategy, in its better of plain and +div, "
+                "is significantly better (paired t on per-seed AULC, p < 0.05) than egl's better "
+                "variant on at least one of the task's data sets and significantly worse on none; "
+                "then the cheapest (scoring seconds per round) such strategy.")
+
+
+@dataclass
+class Data:
+    name: str
+    task: str
+    x: torch.Tensor       # [N, D] rows or [N, 1, H, W] images
+    y: torch.Tensor       # [N] float targets or [N, H, W] long pixel labels
+    test: np.ndarray
+    pool: np.ndarray
+    classes: int          # 0 for regression
+
+
+# ------------------------------------------------------------------------------------------ data
+def _diabetes():
+    from sklearn.datasets import load_diabetes
+    raw = load_diabetes()
+    return raw.data, raw.target
+
+
+def _cars():
+    from vega_datasets import local_data
+    df = local_data.cars().dropna()
+    cols = ["Cylinders", "Displacement", "Horsepower", "Weight_in_lbs", "Acceleration", "Year"]
+    return df[cols].to_numpy(dtype=float), df["Miles_per_Gallon"].to_numpy(dtype=float)
+
+
+def _mosaics(n: int = 700, side: int = 24, seed: int = 0):
+    """n images [n, 1, side, side] and pixel labels [n, side, side]: quadrants around a random
+    centre, each a random crop of a random texture (rescaled to 128 px on its short side)."""
+    import skimage.data
+    from skimage.transform import rescale
+    from skimage.util import img_as_float
+    rng = np.random.default_rng(seed)
+    tex = [rescale(img_as_float(getattr(skimage.data, t)()), 128 / min(getattr(skimage.data, t)()
+                                                                       .shape[:2]),
+                   anti_aliasing=True) for t in TEXTURES]
+    xs = np.zeros((n, 1, side, side), np.float32)
+    ys = np.zeros((n, side, side), np.int64)
+    for i in range(n):
+        cy, cx = rng.integers(6, side - 6, 2)
+        for rows in (slice(0, cy), slice(cy, side)):
+            for cols in (slice(0, cx), slice(cx, side)):
+                k = int(rng.integers(len(tex)))
+                im = tex[k]
+                top, left = rng.integers(0, im.shape[0] - side), rng.integers(0, im.shape[1] - side)
+                xs[i, 0, rows, cols] = im[top:top + side, left:left + side][rows, cols]
+                ys[i, rows, cols] = k
+    return (xs - xs.mean()) / xs.std(), ys
+
+
+def _digit_composites(n: int = 700, side: int = 24, seed: int = 0):
+    """n images [n, 1, side, side] and pixel labels [n, side, side]: two of scikit-learn's 8x8
+    digits 0-3, scaled 2x, pasted at random places (the later on top) over a dim crop of
+    scikit-image's grass; a pixel is its digit's class + 1 where the digit's ink > 0.25, else
+    0 (background)."""
+    import skimage.data
+    from sklearn.datasets import load_digits
+    from skimage.util import img_as_float
+    raw = load_digits()
+    keep = raw.target < DIGIT_CLASSES
+    digits, labels = raw.images[keep] / 16.0, raw.target[keep]
+    grass = img_as_float(skimage.data.grass())
+    rng = np.random.default_rng(seed)
+    xs = np.zeros((n, 1, side, side), np.float32)
+    ys = np.zeros((n, side, side), np.int64)
+    for i in range(n):
+        top, left = rng.integers(0, grass.shape[0] - side, 2)
+        xs[i, 0] = 0.4 * grass[top:top + side, left:left + side]
+        for _ in range(2):
+            k = int(rng.integers(len(digits)))
+            ink = np.kron(digits[k], np.ones((2, 2)))                  # [16, 16]
+            r, c = rng.integers(0, side - 16, 2)
+            mask = ink > 0.25
+            xs[i, 0, r:r + 16, c:c + 16][mask] = ink[mask]
+            ys[i, r:r + 16, c:c + 16][mask] = labels[k] + 1
+    return (xs - xs.mean()) / xs.std(), ys
+
+
+def load_data(name: str, pool_size: int | None = None, test_size: int | None = None) -> Data:
+    """The data set, its fixed test split (seed 0; `test_size`: its first rows only) and pool
+    (`pool_size`: a fixed random subset, seed 1)."""
+    task, n_test = PROTOCOLS[name][:2]
+    x, y = {"diabetes": _diabetes, "cars": _cars, "mosaics": _mosaics,
+            "digit_composites": _digit_composites,
+            "mosaics32": lambda: _mosaics(side=32)}[name]()
+    order = np.random.default_rng(0).permutation(len(x))
+    test, pool = np.sort(order[:n_test][:test_size]), np.sort(order[n_test:])
+    if pool_size is not None:
+        pool = np.sort(np.random.default_rng(1).choice(pool, pool_size, replace=False))
+    if task == "regression":  # standardise features and target with the pool's statistics
+        x = (x - x[pool].mean(0)) / x[pool].std(0)
+        y = (y - y[pool].mean()) / y[pool].std()
+        return Data(name, task, torch.tensor(x, dtype=torch.float32),
+                    torch.tensor(y, dtype=torch.float32), test, pool, 0)
+    return Data(name, task, torch.tensor(x), torch.tensor(y), test, pool, int(y.max()) + 1)
+
+
+# ---------------------------------------------------------------------------------------- models
+def make_model(data: Data) -> nn.Module:
+    if data.task == "regression":  # [B, D] -> [B, 1]
+        d = data.x.shape[1]
+        return nn.Sequential(nn.Linear(d, 64), nn.ReLU(), nn.Dropout(0.1), nn.Linear(64, 64),
+                             nn.ReLU(), nn.Dropout(0.1), nn.Linear(64, 1))
+    # [B, 1, H, W] -> [B, classes, H, W]; receptive field 13 px
+    width = FCN_WIDTH.get(data.name, 8)
+    return nn.Sequential(nn.Conv2d(1, width, 5, padding=2), nn.ReLU(),
+                         nn.Conv2d(width, width, 5, padding=4, dilation=2), nn.ReLU(),
+                         nn.Conv2d(width, data.classes, 1))
+
+
+def train(data: Data, labeled: np.ndarray, seed: int, epochs: int) -> nn.Module:
+    """A fresh model on `labeled`: Adam lr 3e-3, `epochs` passes of mini-batches of 32, seeded by
+    (seed, label count) so every method starts from the same weights."""
+    torch.manual_seed(seed * 100_003 + len(labeled))
+    net = make_model(data)
+    opt = torch.optim.Adam(net.parameters(), lr=3e-3)
+    x, y = data.x[labeled], data.y[labeled]
+    gen = torch.Generator().manual_seed(seed * 100_003 + len(labeled))
+    net.train()
+    for _ in range(epochs):
+        for idx in torch.randperm(len(x), generator=gen).split(32):
+            opt.zero_grad()
+            out = net(x[idx])
+            loss = (F.mse_loss(out.squeeze(1), y[idx]) if data.task == "regression"
+                    else F.cross_entropy(out, y[idx]))
+            loss.backward()
+            opt.step()
+    return net.eval()
+
+
+@torch.no_grad()
+def evaluate(net: nn.Module, data: Data) -> float:
+    """Regression: test R² (points, 100 = perfect); segmentation: mean IoU over the classes
+    present in the test split (points)."""
+    out, y = net(data.x[data.test]), data.y[data.test]
+    if data.task == "regression":
+        return float(100 * (1 - (out.squeeze(1) - y).square().sum() / (y - y.mean()).square().sum()))
+    pred = out.argmax(1)
+    ious = [((pred == c) & (y == c)).sum() / ((pred == c) | (y == c)).sum()
+            for c in range(data.classes) if (y == c).any()]
+    return float(100 * torch.stack(ious).mean())
+
+
+# ------------------------------------------------------------------------------------- selection
+def mc_variance(net: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """MC-dropout: the variance over MC_PASSES forwards with dropout on -> [N]."""
+    net.train()
+    with torch.no_grad():
+        outs = torch.stack([net(x).squeeze(1) for _ in range(MC_PASSES)])
+    net.eval()
+    return outs.var(0)
+
+
+def select_batch(method: str, net: nn.Module, data: Data, x_unlabeled: torch.Tensor, budget: int,
+                 seed: int) -> list[int]:
+    """Positions in x_unlabeled of the batch alcli picks (its ids are the positions)."""
+    strategy, diverse, aggregate = METHODS[method]
+    if strategy == "mc-var":
+        rows = [{"id": i, "score": float(v)} for i, v in enumerate(mc_variance(net, x_unlabeled))]
+        return [int(r["id"]) for r in alcli.select(rows, budget, diverse=False, quiet=True)]
+    rows = alcli.select(pool=x_unlabeled, model=net, budget=budget, strategy=strategy,
+                        diverse=diverse, aggregate=aggregate, task=data.task, batch_size=256,
+                        device="cpu", seed=seed, quiet=True)
+    return [int(r["id"]) for r in rows]
+
+
+def run_curve(data: Data, method: str, seed: int, args) -> dict:
+    _, _, init, batch, max_labels, epochs = protocol(data.name, args)
+    labeled = np.sort(np.random.default_rng(seed).choice(data.pool, init, replace=False))
+    net = train(data, labeled, seed, epochs)
+    curve = {"labels": [len(labeled)], "score": [evaluate(net, data)], "t_select": []}
+    while len(labeled) < max_labels:
+        k = min(batch, max_labels - len(labeled))
+        unlabeled = np.setdiff1d(data.pool, labeled)
+        t0 = time.perf_counter()
+        chosen = unlabeled[select_batch(method, net, data, data.x[unlabeled], k,
+                                        seed * 1000 + len(labeled))]
+        curve["t_select"].append(time.perf_counter() - t0)
+        assert len(set(chosen.tolist()) - set(labeled.tolist())) == k
+        labeled = np.sort(np.concatenate([labeled, chosen]))
+        net = train(data, labeled, seed, epochs)
+        curve["labels"].append(len(labeled))
+        curve["score"].append(evaluate(net, data))
+    return curve
+
+
+def protocol(name: str, args):
+    task, n_test, init, batch, max_labels, epochs = PROTOCOLS[name]
+    return (task, n_test, init, batch, args.max_labels or max_labels, args.epochs or epochs)
+
+
+# -------------------------------------------------------------------------------------- analysis
+def paired_t(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
+    """Two-sided paired t-test (seeds): (mean difference, p); p = 1 when undefined."""
+    from scipy import stats
+    d = np.asarray(a) - np.asarray(b)
+    if len(d) < 2 or np.allclose(d, d[0]):
+        return float(d.mean()), 1.0
+    return float(d.mean()), float(stats.ttest_rel(a, b).pvalue)
+
+
+def rule_inputs(results: dict) -> dict:
+    """What DEFAULT_RULE reads: task -> data set -> method -> {aulc: [per seed], seconds}."""
+    out: dict = {}
+    for name, per_method in results["curves"].items():
+        task = PROTOCOLS[name][0]
+        out.setdefault(task, {})[name] = {
+            m: {"aulc": [float(np.mean(c["score"])) for c in cs],
+                "seconds": float(np.mean([t for c in cs for t in c["t_select"]]))}
+            for m, cs in per_method.items()}
+    return out
+
+
+def candidate(method: str) -> str | None:
+    """The alcli strategy a method runs at the defaults a task default would run it with (plain or
+    +div, aggregate mean), else None: random, benchmark-side peers (mc-var; classification's
+    bait, badge-gn, typical), other aggregates (entropy-max) and other selections (+power)."""
+    from alcli.score.strategies import STRATEGIES
+    if method in METHODS:
+        strategy, _, aggregate = METHODS[method]
+        return strategy if strategy in STRATEGIES and strategy != "random" \
+            and aggregate == "mean" else None
+    base, _, suffix = method.partition("+")
+    return base if base in STRATEGIES and base != "random" and suffix in ("", "div") else None
+
+
+def best_variant(data: dict, strategy: str) -> str:
+    """The strategy's method (plain or +div) with the highest mean AULC on one data set."""
+    own = [m for m in data if candidate(m) == strategy]
+    return max(own, key=lambda m: np.mean(data[m]["aulc"]))
+
+
+def cost(per_data: dict, strategy: str) -> float:
+    """Mean select seconds per round of the strategy's methods over the task's data sets."""
+    return float(np.mean([d[m]["seconds"] for d in per_data.values() for m in d
+                          if candidate(m) == strategy]))
+
+
+def pick_default(per_data: dict, alpha: float = 0.05) -> str:
+    """DEFAULT_RULE on one task's rule inputs (data set -> method -> {aulc, seconds})."""
+    strategies = sorted({candidate(m) for d in per_data.values() for m in d} - {None})
+    qualified = []
+    for s in strategies:
+        if s == "egl":
+            continue
+        better = worse = 0
+        for data in per_data.values():
+            mine, egl = data[best_variant(data, s)], data[best_variant(data, "egl")]
+            diff, p = paired_t(mine["aulc"], egl["aulc"])
+            better += p < alpha and diff > 0
+            worse += p < alpha and diff < 0
+        if better and not worse:
+            qualified.append(s)
+    return min(qualified, key=lambda s: cost(per_data, s)) if qualified else "egl"
+
+
+def pick_cheapest_tied(per_data: dict, alpha: float = 0.05) -> str:
+    """The alternative rule, reported beside DEFAULT_RULE, not applied: the cheapest strategy
+    whose better variant is not significantly worse than the best candidate on any data set."""
+    strategies = sorted({candidate(m) for d in per_data.values() for m in d} - {None})
+    tied = []
+    for s in strategies:
+        ok = True
+        for data in per_data.values():
+            best = max((m for m in data if candidate(m)), key=lambda m: np.mean(data[m]["aulc"]))
+            diff, p = paired_t(data[best_variant(data, s)]["aulc"], data[best]["aulc"])
+            ok &= not (p < alpha and diff < 0)
+        if ok:
+            tied.append(s)
+    return min(tied, key=lambda s: cost(per_data, s)) if tied else "egl"
+
+
+def all_inputs(results: dict) -> dict:
+    """rule_inputs, plus classification's from CLASSIFICATION_EVIDENCE when it is there."""
+    inputs = rule_inputs(results)
+    if os.path.exists(CLASSIFICATION_EVIDENCE):
+        inputs["classification"] = classification_inputs(CLASSIFICATION_EVIDENCE)
+    return inputs
+
+
+def classification_inputs(path: str) -> dict:
+    """DEFAULT_RULE's inputs from benchmarks/learning_curves.py's saved curves (--json): data set
+    setting -> method -> {aulc: per seed mean accuracy in points, seconds: select per round}."""
+    with open(path) as f:
+        curves = json.load(f)["curves"]
+    return {setting: {m: {"aulc": [100 * float(np.mean(c["acc"])) for c in cs],
+                          "seconds": float(np.mean([t for c in cs for t in c["t_score"]]))}
+                      for m, cs in per_method.items()}
+            for setting, per_method in curves.items()}
+
+
+def sizes(name: str, meta: dict) -> str:
+    """'pool N, test M' of the run that made the data set's curves."""
+    a = meta.get("data_args", {}).get(name, meta["args"])
+    data = load_data(name, a.get("pool_size"), a.get("test_size"))
+    return f"pool {len(data.pool)}, test {len(data.test)}"
+
+
+def data_table(name: str, per_method: dict, meta: dict) -> list[str]:
+    aulc = {m: np.array([np.mean(c["score"]) for c in cs]) for m, cs in per_method.items()}
+    final = {m: np.array([c["score"][-1] for c in cs]) for m, cs in per_method.items()}
+    cheap = [m for m in aulc if METHODS[m][0] not in GRADIENT + ("random",)]
+    best_cheap = max(cheap, key=lambda m: aulc[m].mean()) if cheap else None
+    cs0 = next(iter(per_method.values()))
+    metric = "R² (points)" if PROTOCOLS[name][0] == "regression" else "mean IoU (points)"
+    lines = [f"### {name} ({PROTOCOLS[name][0]}; {sizes(name, meta)}; {len(cs0)} seeds, "
+             f"{cs0[0]['labels'][0]}..{cs0[0]['labels'][-1]} labels, batch "
+             f"{cs0[0]['labels'][1] - cs0[0]['labels'][0]}, {PROTOCOLS[name][5]} epochs; test "
+             f"{metric}; best cheap utility: {best_cheap})", "",
+             "| method | AULC mean ± sd | final mean ± sd | vs random: Δ, p, W/L | "
+             f"vs {best_cheap}: Δ, p, W/L | select s/round |", "|---|---|---|---|---|---|"]
+
+    def versus(m: str, other: str | None) -> str:
+        if other is None or other == m:
+            return "—"
+        d, p = paired_t(aulc[m], aulc[other])
+        return (f"{d:+.2f}, {p:.3f}, {int((aulc[m] > aulc[other]).sum())}/"
+                f"{int((aulc[m] < aulc[other]).sum())}")
+
+    for m in per_method:
+        secs = np.mean([t for c in per_method[m] for t in c["t_select"]])
+        lines.append(f"| {m} | {aulc[m].mean():.2f} ± {aulc[m].std(ddof=1) if len(aulc[m]) > 1 else 0:.2f} "
+                     f"| {final[m].mean():.2f} ± {final[m].std(ddof=1) if len(final[m]) > 1 else 0:.2f} "
+                     f"| {versus(m, 'random')} | {versus(m, best_cheap)} | {secs:.3f} |")
+    return lines
+
+
+def report(results: dict) -> str:
+    meta = results["meta"]
+    lines = ["# Learning curves for structured tasks (benchmarks/structured_curves.py)", "",
+             f"torch {meta['torch']}, python {meta['python']}, {meta['machine']}, 1 thread, "
+             f"wall time {meta.get('seconds', 0) / 60:.1f} min (summed over the runs merged). "
+             "AULC = mean test score over the "
+             "evaluated label counts. p: paired two-sided t-test on per-seed AULC; W/L: seeds "
+             "where the method's AULC is above/below the other's.", ""]
+    for name, per_method in results["curves"].items():
+        lines += data_table(name, per_method, meta) + [""]
+    lines += ["## Default per task", "", DEFAULT_RULE, ""]
+    for task, per_data in all_inputs(results).items():
+        lines.append(f"- {task}: {pick_default(per_data)} (data sets: {', '.join(per_data)}; "
+                     f"the alternative rule, the cheapest strategy not significantly worse than "
+                     f"the best anywhere, would pick {pick_cheapest_tied(per_data)})")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------- main
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="smoke run: 2 seeds, a 60-example pool, "
+                    "40 test examples, 20 labels, 5 epochs, the methods in QUICK")
+    ap.add_argument("--datasets", default="diabetes,cars,mosaics",
+                    help="comma list of " + ",".join(PROTOCOLS))
+    ap.add_argument("--methods", help="comma list (default: each task's, see TASK_METHODS)")
+    ap.add_argument("--seeds", type=int, default=10)
+    ap.add_argument("--first-seed", type=int, default=0, help="seeds FIRST.. (to split a run over "
+                    "processes; --report-only merges their --json files)")
+    ap.add_argument("--max-labels", type=int)
+    ap.add_argument("--epochs", type=int)
+    ap.add_argument("--pool-size", type=int)
+    ap.add_argument("--test-size", type=int, help="evaluate on the first N of the test split")
+    ap.add_argument("--out", help="output prefix (.txt); default benchmarks/results/"
+                    "structured-curves-cpu-2core, quick: a temp dir")
+    ap.add_argument("--json", help="save every curve here (as the run goes); with --report-only "
+                    "a comma list of such files, merged")
+    ap.add_argument("--rule-json", help="write the default rule's inputs and picks here")
+    ap.add_argument("--report-only", action="store_true")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.seeds = QUICK["seeds"]
+        args.max_labels = args.max_labels or QUICK["max_labels"]
+        args.pool_size = args.pool_size or QUICK["pool"]
+        args.epochs = args.epochs or QUICK["epochs"]
+        args.test_size = args.test_size or QUICK["test"]
+        args.methods = args.methods or QUICK["methods"]
+    args.datasets = args.datasets.split(",")
+    for name in args.datasets:
+        if name not in PROTOCOLS:
+            ap.error(f"unknown data set {name!r}; choose from {', '.join(PROTOCOLS)}")
+    args.methods = args.methods.split(",") if args.methods else None
+    if args.out is None:
+        args.out = (os.path.join(tempfile.gettempdir(), "structured-curves-quick") if args.quick
+                    else DEFAULT_OUT)
+    return args
+
+
+def run_all(args) -> dict:
+    results = {"meta": {"args": {k: v for k, v in vars(args).items()}, "torch": torch.__version__,
+                        "python": platform.python_version(), "machine": platform.machine()},
+               "curves": {}}
+    t_begin = time.perf_counter()
+    for name in args.datasets:
+        data = load_data(name, args.pool_size, args.test_size)
+        methods = [m for m in TASK_METHODS[data.task] if not args.methods or m in args.methods]
+        per_method = results["curves"].setdefault(name, {})
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
+            for m in methods:
+                per_method.setdefault(m, []).append(run_curve(data, m, seed, args))
+            print(f"[{time.perf_counter() - t_begin:7.0f}s] {name} seed {seed} done",
+                  file=sys.stderr, flush=True)
+            if args.json:
+                save_json(results, args.json)
+    results["meta"]["seconds"] = time.perf_counter() - t_begin
+    return results
+
+
+def save_json(results: dict, path: str) -> None:
+    with open(path + ".tmp", "w") as f:
+        json.dump(results, f)
+    os.replace(path + ".tmp", path)
+
+
+def merge_json(paths: list[str]) -> dict:
+    merged: dict = {}
+    for path in paths:
+        with open(path) as f:
+            results = json.load(f)
+        for name in results["curves"]:  # each data set's run arguments (its pool and test sizes)
+            results["meta"].setdefault("data_args", {}).setdefault(name, results["meta"]["args"])
+        if not merged:
+            merged = results
+        else:  # another data set, or more seeds of one: the curves side by side
+            for name, a in results["meta"]["data_args"].items():
+                merged["meta"]["data_args"].setdefault(name, a)
+            for name, per_method in results["curves"].items():
+                mine = merged["curves"].setdefault(name, {})
+                for m, cs in per_method.items():
+                    mine.setdefault(m, []).extend(cs)
+            merged["meta"]["seconds"] = merged["meta"].get("seconds", 0) + \
+                results["meta"].get("seconds", 0)
+    return merged
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(1)
+    if args.report_only:
+        results = merge_json(args.json.split(","))
+    else:
+        results = run_all(args)
+        if args.json:
+            save_json(results, args.json)
+    text = report(results)
+    print(text)
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out + ".txt", "w") as f:
+        f.write(text + "\n")
+    if args.rule_json:
+        inputs = all_inputs(results)
+        with open(args.rule_json, "w") as f:
+            json.dump({"rule": DEFAULT_RULE,
+                       "defaults": {t: pick_default(d) for t, d in inputs.items()},
+                       "inputs": inputs}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
