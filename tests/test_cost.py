@@ -5,23 +5,15 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
 
-from alcli.cli import app
 from alcli.files.embeddings import save_embeddings
+from shell import invoke_in  # noqa: E402
 
 
-def run(cwd, *args):
-    old = os.getcwd()
-    os.chdir(cwd)
-    try:
-        return CliRunner().invoke(app, [str(a) for a in args])
-    finally:
-        os.chdir(old)
+run = invoke_in  # alcli ARGS in this process, in cwd
 
 
 def table(root, n=40, seed=0):

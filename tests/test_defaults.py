@@ -132,3 +132,17 @@ def test_inspect_prints_the_tasks_default(in_ws):
         assert result.exit_code == 0, result.stderr
         assert f"default strategy: {TASKS[task].default_strategy} (when --strategy is not " \
                f"given" in result.stdout, result.stdout
+
+
+def test_a_strategy_a_command_sets_itself_is_kept():
+    """simulate and review run strategies of their own through settings copied with another
+    strategy (dataclasses.replace, no option naming it): the task's default must not replace it."""
+    from alcli.api import run_score, settings_for
+    torch.manual_seed(0)
+    x, net = torch.randn(12, 4), Regressor()
+    options = dict(task="regression", device="cpu", quiet=True)
+    base = settings_for(**options)
+    rows = run_score(dataclasses.replace(base, strategy="random", sources=dict(base.sources)),
+                     model=net, pool=(x,), embeddings=False).rows
+    random = _scores(alcli.score_pool((x,), net, strategy="random", **options))
+    assert _scores(rows) == random != _scores(alcli.score_pool((x,), net, **options))

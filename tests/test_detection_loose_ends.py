@@ -84,8 +84,8 @@ def test_every_detector_task_refuses_a_manifests_given_boxes(tmp_path, task):
     from PIL import Image
 
     from alcli import tasks
-    from alcli.files.pool import PoolOptions
-    from alcli.files.sources import open_pool
+    from alcli.pools import open_pool
+    from alcli.pools.common import PoolOptions
 
     Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(tmp_path / "a.png")
     boxes = json.dumps([[1, 2, 5, 6, 1]]).replace('"', '""')

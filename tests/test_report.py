@@ -26,19 +26,14 @@ from typer.testing import CliRunner
 from alcli import report as round_page
 from alcli.cli import app
 from alcli.files.embeddings import save_embeddings
+from shell import invoke_in  # noqa: E402
 
 EVIL_ID = "<script>alert(1)</script>.png"
 EVIL_CLASS = '<img src=x onerror="alert(2)">'
 CLASSES = ["cat", "dog $\\frac{$", EVIL_CLASS]  # "$...$" would be math to matplotlib
 
 
-def run(cwd, *args):
-    old = os.getcwd()
-    os.chdir(cwd)
-    try:
-        return CliRunner().invoke(app, [str(a) for a in args])
-    finally:
-        os.chdir(old)
+run = invoke_in  # alcli ARGS in this process, in cwd
 
 
 def write_csv(path, rows, columns):

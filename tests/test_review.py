@@ -6,31 +6,23 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 from torch import nn
-from typer.testing import CliRunner
 
 from alcli import api
-from alcli.cli import app
 from alcli.errors import AlcliError
 from alcli.review import suggestion, thresholds
 from cli_errors import assert_one_error
+from shell import invoke_in  # noqa: E402
 
 LINEAR = ["--arch", "torch.nn:Linear", "--arch-kwargs", '{"in_features": 4, "out_features": 3}']
 
 
-def run(cwd, *args):
-    old = os.getcwd()
-    os.chdir(cwd)
-    try:
-        return CliRunner().invoke(app, [str(a) for a in args])
-    finally:
-        os.chdir(old)
+run = invoke_in  # alcli ARGS in this process, in cwd
 
 
 def read(path) -> dict:

@@ -37,10 +37,15 @@ def check(model: nn.Module, pool: Pool, settings: Settings, device: torch.device
     return classes
 
 
+DEFAULT_STRATEGY = Settings().strategy
+
+
 def use_task_default(settings: Settings, task: str | None) -> None:
-    """No --strategy given (no option, config key or argument): the task's own default
-    (Task.default_strategy, chosen by the rule in docs/benchmarks.md)."""
-    if task is not None and "strategy" not in settings.sources:
+    """No --strategy given (no option, config key or argument, and still the settings' default:
+    a command that runs a strategy of its own, review's or simulate's, sets another): the task's
+    own default (Task.default_strategy, chosen by the rule in docs/benchmarks.md)."""
+    untold = "strategy" not in settings.sources and settings.strategy == DEFAULT_STRATEGY
+    if task is not None and untold:
         settings.strategy = tasks.TASKS[task].default_strategy
 
 
