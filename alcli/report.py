@@ -27,7 +27,7 @@ from .files.table import MORE, read_meta, read_table, sidecar
 from .selection import stopping
 from .selection.export import _load_picture
 from .tasks import TASKS, from_rows
-from .tasks.labelstudio import entities
+from .tasks.shared.labelstudio import entities
 
 THUMB = 128  # a thumbnail's longer side, pixels
 JPEG_QUALITY = 70

@@ -23,7 +23,8 @@ from types import SimpleNamespace
 import torch
 import torchvision
 
-from alcli.tasks import detection, instances, keypoints, rcnn
+from alcli.tasks import detection, instances, keypoints
+from alcli.tasks.detectors import rcnn
 
 DETECTORS = ("fasterrcnn_mobilenet_v3_large_320_fpn", "fasterrcnn_resnet50_fpn", "retinanet_resnet50_fpn",
              "fcos_resnet50_fpn", "ssdlite320_mobilenet_v3_large", "maskrcnn_resnet50_fpn",

@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
 
-from alcli.tasks.labelstudio import mask_to_rle
+from alcli.tasks.shared.labelstudio import mask_to_rle
 
 CHOICES = ('<View><Image name="image" value="$image"/><Choices name="label" toName="image">'
            '<Choice value="cat"/><Choice value="dog"/></Choices></View>')

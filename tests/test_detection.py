@@ -179,8 +179,8 @@ def test_float32_matches_float64_at_drawn_boxes(name):
 @pytest.mark.parametrize("name", ["ssdlite320_mobilenet_v3_large"])
 def test_one_stage_detectors_egl_goes_through_the_engine_batched_and_equals_the_loop(name):
     """Their losses split by image: images of one padded size share one batched forward and
-    backward (alcli.tasks.batched), all S label sets through it, and give the per-image loop's
-    numbers."""
+    backward (alcli.tasks.detectors.batched), all S label sets through it, and give the per-image
+    loop's numbers."""
     model = build(name)
     imgs = [images()[0], images()[0].flip(-1)]
     ids = ["wide", "mirrored"]
@@ -203,7 +203,7 @@ def test_a_batch_of_other_sizes_and_an_image_without_boxes_is_each_image_alone(n
     R-CNN: its own sampled anchors and proposals, drawn as the loop draws them), whatever its
     neighbours hold: a batch of different sizes padded alike, one image without boxes, against
     torchvision's own float64 loss of each image alone."""
-    from alcli.tasks import batched
+    from alcli.tasks.detectors import batched
     model = build(name)
     g = torch.Generator().manual_seed(3)
     imgs = [images()[0], images()[0].flip(1), torch.rand(3, 63, 84, generator=g, dtype=torch.float64)]
@@ -254,7 +254,7 @@ def test_an_rcnns_rows_at_every_pyramid_level_are_pooled_at_their_own(monkeypatc
     """RoIAlign takes each proposal at its own level, chosen in the forward: gradnorm and the
     batched egl at proposals spread over the four levels (a level mapping of small boxes: the
     test's images are small) against the float64 loop."""
-    from alcli.tasks import roi_align
+    from alcli.tasks.detectors import roi_align
     model = rcnn_over_levels().double()
     imgs, pooled_levels = images(), set()
 
@@ -281,7 +281,7 @@ def test_an_rcnns_label_set_backward_runs_the_heads_at_its_own_proposals(monkeyp
     that set's proposals alone (rcnn._Parts), 3 pool backwards per batch and not 3 x 3; with the
     S backwards vmapped as one (as on CUDA) every set's rows, once. The scores are the loop's."""
     from alcli.gradnorm import ghost
-    from alcli.tasks import rcnn, roi_align
+    from alcli.tasks.detectors import rcnn, roi_align
     backwards = []
 
     class Counted(torch.autograd.Function):  # the pool's output, the backwards that reach it counted
@@ -311,7 +311,7 @@ def test_an_rcnns_next_batch_reuses_the_engines_layout():
     images of the same size, whose proposals fall differently across the levels, has the same
     inputs' shapes and learns none."""
     from alcli.gradnorm import layout
-    from alcli.tasks import rcnn
+    from alcli.tasks.detectors import rcnn
     model = rcnn_over_levels()
     g = torch.Generator().manual_seed(3)
     for batch in range(3):

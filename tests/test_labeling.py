@@ -16,7 +16,7 @@ from cli_errors import assert_one_error
 from alcli.cli import app
 from alcli.selection.export import labeling_config
 from alcli.tasks import TASKS
-from alcli.tasks.labelstudio import mask_to_rle, rle_to_mask
+from alcli.tasks.shared.labelstudio import mask_to_rle, rle_to_mask
 
 TOKEN = "s3cr3t-t0ken-never-shown"
 

@@ -3,6 +3,7 @@ registries they mirror."""
 from __future__ import annotations
 
 import ast
+import importlib
 from pathlib import Path
 
 import alcli
@@ -78,3 +79,60 @@ def test_config_names_mirror_the_registries():
     assert STRATEGY_NAMES == tuple(STRATEGIES)
     assert METHOD_NAMES == METHODS
     assert TASK_NAMES == ("auto", *TASKS)
+
+
+# what tasks/ may hold beside its task modules, and why: a newcomer opening it finds the tasks
+TASKS_NON_TASK_FILES = {
+    "__init__.py": "the registry (TASKS)",
+    "common.py": "the Task dataclass every task module fills, and the math tasks share",
+    "detectors": "the detectors' engine internals, which detection.py runs",
+    "shared": "the labels-as-given and Label Studio vocabulary the task modules describe themselves in",
+}
+
+
+def task_modules_defined(folder: Path) -> set[str]:
+    """The .py files directly in `folder` whose top level assigns TASK = Task(...)."""
+    found = set()
+    for path in folder.glob("*.py"):
+        for node in ast.parse(path.read_text()).body:
+            if (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "TASK"
+                                                     for t in node.targets)
+                    and isinstance(node.value, ast.Call) and getattr(node.value.func, "id", None) == "Task"):
+                found.add(path.name)
+    return found
+
+
+def test_tasks_top_level_holds_only_task_modules_and_the_listed_rest():
+    folder = ROOT / "tasks"
+    entries = {p.name for p in folder.iterdir() if p.name != "__pycache__"}
+    tasks = task_modules_defined(folder)
+    defined = {importlib.import_module(f"alcli.tasks.{name[:-3]}").TASK.name for name in tasks}
+    assert defined == set(TASKS) and len(tasks) == len(TASKS)  # one module per registered task
+    extra = entries - tasks - set(TASKS_NON_TASK_FILES)
+    assert not extra, (f"alcli/tasks/ holds {sorted(extra)}, which define no task: move them into "
+                       "a sub-package (detectors/, shared/) or list them here with a reason")
+    assert set(TASKS_NON_TASK_FILES) <= entries  # the list names nothing that is gone
+
+
+def private_imports_of_tasks() -> list[str]:
+    """`from <a module of alcli.tasks> import _name` anywhere in alcli: a name shared across
+    modules is public (or lives in the one module that uses it)."""
+    found = []
+    for path in ROOT.rglob("*.py"):
+        name = _module_name(path)
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            base = package
+            for _ in range(max(node.level - 1, 0)):
+                base = base.rpartition(".")[0]
+            source = (f"{base}.{node.module}" if node.module else base) if node.level else node.module
+            if source.startswith("alcli.tasks"):
+                found += [f"{path.relative_to(ROOT)}:{node.lineno} {a.name} from {source}"
+                          for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+    return found
+
+
+def test_no_private_name_is_imported_from_the_tasks():
+    assert not private_imports_of_tasks(), "\n".join(private_imports_of_tasks())

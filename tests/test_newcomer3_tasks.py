@@ -163,7 +163,7 @@ def test_pred_mask_is_relative_to_the_table_and_select_reads_it_from_anywhere(tm
     """score -o out/scores.csv names each mask relative to out/ (out/scores.csv.masks/...); select
     run from another folder reads it there: the brushes are the mask's own pixels."""
     import task_models as tm
-    from alcli.tasks.labelstudio import rle_to_mask
+    from alcli.tasks.shared.labelstudio import rle_to_mask
     from alcli.files.names import id_file
     rng = np.random.default_rng(0)
     (tmp_path / "imgs").mkdir()

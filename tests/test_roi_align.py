@@ -5,7 +5,7 @@ import pytest
 import torch
 from torchvision.ops import MultiScaleRoIAlign
 
-from alcli.tasks import roi_align
+from alcli.tasks.detectors import roi_align
 
 NAMES = ["0", "1", "2", "3"]
 

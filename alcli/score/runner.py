@@ -25,7 +25,8 @@ from ..files.classnames import class_name
 from ..pools.common import Batch, Pool, collate, collate_sized, decoded
 from ..files.table import clip_text
 from .. import tasks
-from ..tasks import TASKS, labels as task_labels
+from ..tasks import TASKS
+from ..tasks.shared import labels as task_labels
 from ..tasks.common import engine_loss, no_positions
 from .strategies import DEFAULT_TOP_CLASSES, STRATEGIES, StrategyInputs
 

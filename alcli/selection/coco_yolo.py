@@ -27,7 +27,7 @@ from typing import Mapping, Sequence
 from ..files.atomic import atomic_open
 from ..files.names import apart, file_names, id_path, stem_file
 from ..tasks import TASKS
-from ..tasks.labelstudio import _size, offered
+from ..tasks.shared.labelstudio import offered, row_size
 
 VISIBLE = 2  # COCO's and YOLO's keypoint visibility flag: labeled and visible
 POINTS = "keypoints"  # COCO's field of an annotation's and a category's keypoints
@@ -45,7 +45,7 @@ def _instances(rows: Sequence[Mapping], task: str):
         raise ValueError(f"COCO and YOLO files hold boxes, and {task} rows have none (detection and "
                          f"keypoint rows do)")
     for n, row in enumerate(rows, 1):
-        w, h = _size(row, n, "width"), _size(row, n, "height")
+        w, h = row_size(row, n, "width"), row_size(row, n, "height")
         found = []
         for (x0, y0, x1, y1), c, score, points in spec.instances(row, n):
             x0, x1 = (min(max(v, 0.0), w) for v in (x0, x1))

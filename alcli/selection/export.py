@@ -24,7 +24,7 @@ from ..files.atomic import atomic_open
 from ..files.redact import redacted
 from ..pools import open_source
 from ..tasks import TASKS
-from ..tasks.labelstudio import Tag, _plain, entities  # noqa: F401 - entities: the token pre-labels' spans
+from ..tasks.shared.labelstudio import Tag, entities, plain_value  # noqa: F401 - entities: the token pre-labels' spans
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 # what a labeling config's names may not hold: the characters XML 1.0 cannot hold, even as
@@ -108,7 +108,7 @@ def to_labelstudio(rows: Sequence[Mapping], image_root: str | None, model_versio
         data = {field: ref, "alcli_id": str(row["id"]),
                 "alcli_rank": int(row.get("rank", n)), "alcli_score": score}
         if row.get("pred") is not None:
-            data["alcli_pred"] = _plain(row["pred"])
+            data["alcli_pred"] = plain_value(row["pred"])
         result = regions(row, n, tag, class_names, ref)
         ls_task = {"data": data, "predictions": [{"model_version": str(model_version),
                                                   "score": score, "result": result}]}
@@ -240,7 +240,7 @@ def write_text(text: str, path: str) -> None:
 def write_json(obj, path: str) -> None:
     """Write one JSON document (e.g. Label Studio tasks) atomically; `-` = stdout. NaN is an error."""
     _atomic_write_text(path, json.dumps(obj, indent=2, ensure_ascii=False, allow_nan=False,
-                                        default=_plain) + "\n")
+                                        default=plain_value) + "\n")
 
 
 def write_folder(files: dict[str, bytes], folder: Path) -> None:

@@ -18,8 +18,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..gradnorm import call_model, grad_norms_per_target, logits_of
-from .common import (IGNORE, UTILITIES, Task, _categorical, _generator, _labels_to_dense, _mean_ce,
-                     aggregate, confidence, exact_dtype, position_loss)
+from .common import (IGNORE, UTILITIES, Task, aggregate, categorical, confidence, exact_dtype,
+                     labels_to_dense, mean_ce, position_loss, seeded_generator)
 
 NOT_SCORED = -1  # `words` of a token that is no target: prompt, padding, special tokens
 PAIR = 2  # completions kept in a row: the two answers of a pairwise-preference task
@@ -33,7 +33,7 @@ def is_causal_lm(model: nn.Module) -> bool:
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """logits [B, T, V], targets [B, T] (IGNORE where not scored) -> mean CE over scored tokens [B]."""
-    return _mean_ce(logits, targets, -1)
+    return mean_ce(logits, targets, -1)
 
 
 def lm_cotangent(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -276,7 +276,7 @@ def egl_completions(s) -> dict:
     for i, id_ in enumerate(s.ids):
         prompt = prompt_of(s, i)
         made, entropy = sample(s.model, prompt, count, s.temperature, s.max_new_tokens, stop,
-                               None if greedy else _generator(s.seed, id_))
+                               None if greedy else seeded_generator(s.seed, id_))
         prompts.append(prompt)
         completions.append(made)
         entropies.append(entropy.mean())
@@ -350,13 +350,13 @@ def pair(row) -> tuple[str, str, str]:
 
 
 def _dists(z: torch.Tensor) -> torch.Tensor:
-    return _categorical(z, -1)
+    return categorical(z, -1)
 
 
 TASK = Task(
     name="causal-lm", shape="[batch, tokens, vocabulary]", fits=lambda z: z.dim() == 3,
     names_model=is_causal_lm,
-    loss=lm_loss, dists=_dists, label_targets=_labels_to_dense, valid=next_scored,
+    loss=lm_loss, dists=_dists, label_targets=labels_to_dense, valid=next_scored,
     classes=lambda z: z.shape[-1], targets=answers, egl=egl_completions, uncertainty=uncertainty,
     table_loss=position_loss, columns=columns, extra_columns=perplexity,
     pred_values=lambda preds, extras, names: ["" for _ in preds],

@@ -17,9 +17,9 @@ from ..errors import PoolError, RunError
 from ..files.classnames import class_name
 from ..gradnorm.loss import cross_entropy
 from ..selection.diverse import badge_factors
-from . import labels as given
-from .common import Task, _categorical, all_positions, exact_dtype, grad_norms, predicted
-from .labelstudio import chosen, names_control, predicted_name
+from .shared import labels as given
+from .common import Task, all_positions, categorical, exact_dtype, grad_norms, predicted
+from .shared.labelstudio import chosen, names_control, predicted_name
 
 DEFAULT_TOP_CLASSES = 10  # egl over more classes than this sums the 10 most probable by default
 
@@ -97,7 +97,7 @@ def pred_values(preds: list[float], extras, names) -> list[int]:
 def refuse_for_classification(pool) -> None:
     """A pool holding other tasks' labels (lists, masks) scored as classification: one sentence."""
     where, value = next(iter(getattr(given.base(pool), "task_labels", None).values()))
-    raise PoolError(f"{where}: label {given._text(value)} is not a class index (an integer); label "
+    raise PoolError(f"{where}: label {given.label_text(value)} is not a class index (an integer); label "
                     f"lists, numbers and masks need --task multilabel, regression, "
                     f"token-classification or segmentation")
 
@@ -137,7 +137,7 @@ def prelabels(row, n, tag, names, ref) -> list[dict]:
 
 
 def _dists(z: torch.Tensor) -> torch.Tensor:
-    return _categorical(z, 1).reshape(z.shape[0], 1, z.shape[1])
+    return categorical(z, 1).reshape(z.shape[0], 1, z.shape[1])
 
 
 TASK = Task(

@@ -166,7 +166,7 @@ def all_positions(count: Callable[[torch.Tensor], int]) -> Callable:
 
 # --- losses and distributions shared by the tasks ------------------------------------------------
 
-def _mean_ce(logits: torch.Tensor, targets: torch.Tensor, class_dim: int) -> torch.Tensor:
+def mean_ce(logits: torch.Tensor, targets: torch.Tensor, class_dim: int) -> torch.Tensor:
     """Mean cross-entropy over each example's positions whose target is not IGNORE -> [B]
     (0 for an example with none). Written with gather, so torch.func can vmap it."""
     valid = targets != IGNORE
@@ -176,13 +176,13 @@ def _mean_ce(logits: torch.Tensor, targets: torch.Tensor, class_dim: int) -> tor
     return ce / valid.flatten(1).sum(1).clamp_min(1)
 
 
-def _categorical(logits: torch.Tensor, class_dim: int) -> torch.Tensor:
+def categorical(logits: torch.Tensor, class_dim: int) -> torch.Tensor:
     """[B, C, *positions] or [B, *positions, C] -> softmax probs [B, N, C] in the exact dtype."""
     z = logits.to(exact_dtype(logits)).movedim(class_dim, -1)
     return z.softmax(-1).reshape(z.shape[0], -1, z.shape[-1])
 
 
-def _labels_to_dense(labels: torch.Tensor, valid: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+def labels_to_dense(labels: torch.Tensor, valid: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
     """Position labels [..., B, N] -> targets shaped like the logits without the class dim, IGNORE
     where not valid."""
     return torch.where(valid, labels, torch.full_like(labels, IGNORE))
@@ -212,7 +212,8 @@ def undefined_as_nan(spec: Task, targets: torch.Tensor, values: torch.Tensor) ->
     return torch.where(empty, torch.full_like(values, float("nan")), values)
 
 
-def _generator(seed: int, id_) -> torch.Generator:
+def seeded_generator(seed: int, id_) -> torch.Generator:
+    """The generator of (seed, example id): an example's draws whatever its batch, order or shard."""
     digest = hashlib.blake2b(f"egl\0{seed}\0{id_}".encode(), digest_size=8).digest()
     return torch.Generator().manual_seed(int.from_bytes(digest, "big") >> 1)
 
@@ -220,7 +221,7 @@ def _generator(seed: int, id_) -> torch.Generator:
 def uniforms(ids: list, positions: int, samples: int, seed: int, device) -> torch.Tensor:
     """[S, B, N] uniforms, fixed by (seed, id): drawn position-major, so an example's first
     positions get the same draws whatever the batch's padding, batch size, order or shard."""
-    rows = [torch.rand(positions, samples, generator=_generator(seed, i), dtype=torch.float64)
+    rows = [torch.rand(positions, samples, generator=seeded_generator(seed, i), dtype=torch.float64)
             for i in ids]
     return torch.stack(rows, dim=1).permute(2, 1, 0).to(device)  # [N, B, S] -> [S, B, N]
 

@@ -23,8 +23,8 @@ or resume. The utilities (`--strategy`):
   score below --box-threshold.
 
 RetinaNet's, FCOS's and SSD's losses split by image, so their images go through the engine in one
-batch per padded size (alcli.tasks.batched); Faster R-CNN's too once its random choices are drawn
-(alcli.tasks.rcnn), and Mask and Keypoint R-CNN's with their second head. DETR's gradient
+batch per padded size (detectors.batched); Faster R-CNN's too once its random choices are drawn
+(detectors.rcnn), and Mask and Keypoint R-CNN's with their second head. DETR's gradient
 utilities run one backward per image and label set (a loop). The
 predictions come from one no-grad forward per group of same-sized images, which a batch of one
 would give; for the batched gradient utilities, from a pass they run anyway (detection.scored:
@@ -45,9 +45,10 @@ from torch import nn
 from ..errors import PoolError, RunError
 from ..files.classnames import class_name
 from ..gradnorm import auto_choice
-from . import batched, rcnn, roi_align
 from .common import Task, aggregate, exact_dtype, seeded_uniform, uniforms
-from .labelstudio import Tag, _json_list, _loose_list, _named, _size, class_index, names_control, offered
+from .detectors import batched, rcnn, roi_align
+from .shared.labelstudio import (Tag, class_index, json_list, loose_list, named_class,
+                                 names_control, offered, row_size)
 
 DETECTOR_CLASSES = ("GeneralizedRCNN", "RetinaNet", "FCOS", "SSD")  # torchvision's, by class name
 UTILITIES = ("egl", "gradnorm", "loss", "entropy", "margin", "least-confidence", "uncertain-boxes",
@@ -336,8 +337,8 @@ def scored(strategy: str, model: nn.Module, images: list[torch.Tensor], ids: lis
            ) -> tuple[list[dict], list[float], list[float] | None]:
     """(predictions per image, score per image, loss per image or None) for `strategy`: the
     one-stage detectors' gradient utilities decode their predictions from the engine's own
-    forward (alcli.tasks.batched), the R-CNNs' batched ones take them from the backbone pass their
-    random choices are drawn from (alcli.tasks.rcnn), the rest from predict."""
+    forward (detectors.batched), the R-CNNs' batched ones take them from the backbone pass their
+    random choices are drawn from (detectors.rcnn), the rest from predict."""
     def sets_of(position: int, found: dict) -> list[dict]:
         return label_sets(strategy, found, ids[position], settings, extra, target)
 
@@ -363,8 +364,8 @@ def box_target(found: dict) -> dict:
 def gradient_norms(model: nn.Module, images: list[torch.Tensor], sets: list[list[dict]], ids: list,
                    settings) -> tuple[list[list[float]], list[list[float]]]:
     """Each image's K target sets -> its K gradient norms and losses: RetinaNet's, FCOS's and
-    SSD's images through the engine batched (alcli.tasks.batched), Faster, Mask and Keypoint
-    R-CNN's too once their random choices are drawn (alcli.tasks.rcnn), else one image at a time
+    SSD's images through the engine batched (detectors.batched), Faster, Mask and Keypoint
+    R-CNN's too once their random choices are drawn (detectors.rcnn), else one image at a time
     (an R-CNN's backbone once per image for all K sets)."""
     per_set = [[s[j] for s in sets] for j in range(len(sets[0]))]
     if settings.method != "loop" and batched.kind(model) is not None:
@@ -456,9 +457,9 @@ def rows_of(images: list[torch.Tensor], found: list[dict], ids: list, scores: li
 def _rectangles(row, n, tag, names, ref) -> list[dict]:
     """Each box as `rectanglelabels` in percent of the image (x, y its top-left corner),
     clipped to the image, with the image's size in pixels and the box's score."""
-    w, h = (_size(row, n, key) for key in ("width", "height"))
+    w, h = (row_size(row, n, key) for key in ("width", "height"))
     out = []
-    for k, box in enumerate(_json_list(row, n, "boxes")):
+    for k, box in enumerate(json_list(row, n, "boxes")):
         if not (isinstance(box, list) and len(box) == 6 and
                 all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
                     for v in box)):
@@ -468,7 +469,7 @@ def _rectangles(row, n, tag, names, ref) -> list[dict]:
         if x1 < x0 or y1 < y0:
             raise ValueError(f"row {n} (id '{row.get('id')}'): box {k + 1} ends before it starts "
                              f"(x1 < x0 or y1 < y0); boxes are [x0, y0, x1, y1, ...]")
-        name = _named(int(index), names) if float(index).is_integer() else None
+        name = named_class(int(index), names) if float(index).is_integer() else None
         if name is None:
             continue
         x0, x1 = (min(max(v, 0.0), w) for v in (x0, x1))
@@ -483,7 +484,7 @@ def _rectangles(row, n, tag, names, ref) -> list[dict]:
 def instances(row, n) -> list[tuple]:
     """A row's boxes as (box, class, score, None) (Task.instances), checked as its pre-labels are."""
     _rectangles(row, n, Tag("label", "image"), None, None)  # a ValueError for a bad row
-    return [(b[:4], int(b[4]), float(b[5]), None) for b in _json_list(row, n, "boxes")]
+    return [(b[:4], int(b[4]), float(b[5]), None) for b in json_list(row, n, "boxes")]
 
 
 def _boxes(regions, names) -> dict:
@@ -502,9 +503,9 @@ def _boxes(regions, names) -> dict:
 
 
 def _unnamed(row, names) -> bool:
-    found = [int(b[4]) for b in _loose_list(row.get("boxes"))
+    found = [int(b[4]) for b in loose_list(row.get("boxes"))
              if isinstance(b, list) and len(b) == 6 and isinstance(b[4], (int, float))]
-    return any(_named(v, names) is None for v in found)
+    return any(named_class(v, names) is None for v in found)
 
 
 def refuses_given_boxes(task: str, reviewed: bool = False):

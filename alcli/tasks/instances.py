@@ -9,7 +9,7 @@ sampling seeded by (--seed, id)) at targets T that carry each instance's mask: t
 T̂ are the predicted instances scoring at least --box-threshold with their masks (pixels of
 probability at least 0.5); egl's label sets keep instance j with its mask with probability p_j.
 The cheap utilities are detection's, over the instances' box scores; the gradient ones go through
-the engine batched as Faster R-CNN's (alcli.tasks.rcnn: the mask head at each image's positive
+the engine batched as Faster R-CNN's (detectors.rcnn: the mask head at each image's positive
 proposals, its term normalised over that image's positives).
 
 Rows are detection's (score, pred, confidence, loss, uncertain, boxes, width, height) and `masks`:
@@ -27,7 +27,7 @@ from torch import nn
 from ..errors import RunError
 from . import detection
 from .common import Task
-from .labelstudio import names_control
+from .shared.labelstudio import names_control
 
 MASK_THRESHOLD = 0.5  # a pixel of a predicted mask belongs to the instance at this probability
 

@@ -9,7 +9,7 @@ sampling seeded by (--seed, id)) at targets T that carry each instance's keypoin
 T̂ are the predicted instances scoring at least --box-threshold with their predicted keypoints (all
 visible); egl's label sets keep instance j with its keypoints with probability p_j. The cheap
 utilities are detection's, over the instances' box scores; the gradient ones go through the engine
-batched as Faster R-CNN's (alcli.tasks.rcnn: the keypoint head at each image's positive proposals,
+batched as Faster R-CNN's (detectors.rcnn: the keypoint head at each image's positive proposals,
 its term normalised over that image's valid keypoints).
 
 Rows are detection's (score, pred: the instances' classes, confidence, loss, uncertain, boxes,
@@ -31,7 +31,7 @@ from torch import nn
 from ..errors import ConfigError, RunError
 from . import detection
 from .common import Task
-from .labelstudio import _json_list, _loose_list, _named, _size, class_index, names_control
+from .shared.labelstudio import class_index, json_list, loose_list, named_class, names_control, row_size
 
 POINT_WIDTH = 0.5  # a keypoint's drawn size in Label Studio, percent of the image width
 
@@ -110,7 +110,7 @@ def _keypoints_column(pseudo: dict) -> dict:
 
 
 def _points(row, n) -> list:
-    instances = _json_list(row, n, "keypoints")
+    instances = json_list(row, n, "keypoints")
     for j, points in enumerate(instances):
         if not (isinstance(points, list) and all(
                 isinstance(p, list) and len(p) == 3 and all(
@@ -135,11 +135,11 @@ def prelabels(row, n, tag, names, ref) -> list[dict]:
     """Each keypoint k of each instance j as a `keypointlabels` region named names[k], at its x, y
     in percent of the image (clipped to it), with the image's size in pixels and its score in
     0..1 (`point_score` of the row's heatmap logit)."""
-    w, h = (_size(row, n, key) for key in ("width", "height"))
+    w, h = (row_size(row, n, key) for key in ("width", "height"))
     out = []
     for j, points in enumerate(_points(row, n)):
         for k, (x, y, score) in enumerate(points):
-            name = _named(k, names)
+            name = named_class(k, names)
             if name is None:
                 continue
             x, y = min(max(x, 0.0), w), min(max(y, 0.0), h)
@@ -174,8 +174,8 @@ def _points_back(regions, names) -> dict:
 
 def _unnamed(row, names) -> bool:
     """A keypoint without a name (fewer names than keypoints) loses its region."""
-    counts = [len(p) for p in _loose_list(row.get("keypoints")) if isinstance(p, list)]
-    return any(_named(k, names) is None for k in range(max(counts, default=0)))
+    counts = [len(p) for p in loose_list(row.get("keypoints")) if isinstance(p, list)]
+    return any(named_class(k, names) is None for k in range(max(counts, default=0)))
 
 
 TASK = Task(

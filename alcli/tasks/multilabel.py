@@ -10,11 +10,11 @@ import json
 import torch
 import torch.nn.functional as F
 
-from . import labels as given
+from .shared import labels as given
 from ..files.classnames import class_name
 from .common import (Task, all_positions, egl_sampled, exact_dtype, given_or_predicted, hf_problem, named_set,
                      per_position, position_loss, predicted, refuse_single_labels, set_columns)
-from .labelstudio import _named, chosen, names_control, predicted_labels
+from .shared.labelstudio import chosen, named_class, names_control, predicted_labels
 
 
 def multilabel_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -36,15 +36,15 @@ def _predicted_set(spec: Task, logits: torch.Tensor, valid: torch.Tensor) -> tor
 
 def _label_set(value, where: str, classes: int, names) -> torch.Tensor:
     y = torch.zeros(classes, dtype=torch.float64)
-    for v in given._items(value):
-        y[given._class(v, where, classes, names)] = 1.0
+    for v in given.label_items(value):
+        y[given.label_class(v, where, classes, names)] = 1.0
     return y
 
 
 def label_shown(value, names) -> str:
     """The `label` cell: the labels by name where named (given as indices or names), joined by |;
     `[]` for an example labeled with none of them (an empty cell: not labeled)."""
-    items = [v.strip() if isinstance(v, str) else v for v in given._items(value)]
+    items = [v.strip() if isinstance(v, str) else v for v in given.label_items(value)]
     index = [int(v) if isinstance(v, str) and v.lstrip("-").isdigit() else v for v in items]
     return "|".join(str(class_name(v, names)) for v in index) or "[]"
 
@@ -75,7 +75,7 @@ def review_pred(units, suggested, names) -> dict:
 
 def prelabels(row, n, tag, names, ref) -> list[dict]:
     """Every label the model predicts (p > 1/2; the row's pred, joined by |)."""
-    chosen = [name for name in (_named(p, names) for p in predicted_labels(row, names))
+    chosen = [name for name in (named_class(p, names) for p in predicted_labels(row, names))
               if name is not None]
     return [tag.region(f"alcli-{n}", "choices", {"choices": chosen})] if chosen else []
 
@@ -93,7 +93,7 @@ TASK = Task(
     check_labels=refuse_single_labels("multilabel"),
     badge=badge, probe=lambda z, inputs: (TASK.loss, predicted(TASK, z, TASK.valid(z, inputs))),
     prelabels=prelabels,
-    unnamed=lambda row, names: any(_named(v, names) is None for v in predicted_labels(row, names)),
+    unnamed=lambda row, names: any(named_class(v, names) is None for v in predicted_labels(row, names)),
     control=names_control("multilabel", "Choices", "Choice", ' choice="multiple"'),
     from_annotation=lambda regions, names: {"label": "|".join(chosen(regions, "choices"))},
     joins_labels=True,  # its labels are written and read as a|b|c

@@ -14,8 +14,8 @@ import torch
 from ..errors import PoolError, RunError
 from .common import (Task, all_positions, exact_dtype, grad_norms, hf_problem, position_loss,
                      refuse_single_labels, utility)
-from .labels import _items, _text, reader
-from .labelstudio import _plain
+from .shared.labels import label_items, label_text, reader
+from .shared.labelstudio import plain_value
 
 
 def regression_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -104,18 +104,18 @@ def review_own(rows: list[list], names) -> list[dict]:
 
 
 def _values(value, where: str, outputs: int) -> torch.Tensor:
-    items = _items(value)
+    items = label_items(value)
     try:
         if any(isinstance(v, bool) for v in items):
             raise ValueError
         numbers = [float(v) for v in items]
     except (TypeError, ValueError):
-        raise PoolError(f"{where}: label {_text(value)} is not a number or a list of numbers "
+        raise PoolError(f"{where}: label {label_text(value)} is not a number or a list of numbers "
                         f"(a regression target)") from None
     if len(numbers) != outputs or not all(math.isfinite(v) for v in numbers):
-        raise PoolError(f"{where}: label {_text(value)} has {len(numbers)} finite values, but the "
+        raise PoolError(f"{where}: label {label_text(value)} has {len(numbers)} finite values, but the "
                         f"model has {outputs} outputs" if len(numbers) != outputs else
-                        f"{where}: label {_text(value)} is not finite")
+                        f"{where}: label {label_text(value)} is not finite")
     return torch.tensor(numbers, dtype=torch.float64)
 
 
@@ -132,7 +132,7 @@ def badge(logits: torch.Tensor, h: torch.Tensor, valid) -> tuple[torch.Tensor, t
 
 def prelabels(row, n, tag, names, ref) -> list[dict]:
     """With one output: the predicted value in a `<Number>` tag (several: none)."""
-    value = _plain(row.get("pred"))  # a table read back holds it as text ("-1.5")
+    value = plain_value(row.get("pred"))  # a table read back holds it as text ("-1.5")
     try:
         number = float(value) if not isinstance(value, bool) else math.nan
     except (TypeError, ValueError):  # several outputs ("0.5|2"), or none

@@ -22,12 +22,12 @@ from torch import nn
 from ..errors import PoolError, RunError, first_line
 from ..files.names import id_file
 from ..pools.common import Pool, crop_box, resized
-from .common import (IGNORE, Task, _categorical, _labels_to_dense, _mean_ce, all_positions,
-                     egl_sampled, given_or_predicted, named_set, per_position, position_badge,
+from .common import (IGNORE, Task, all_positions, categorical, egl_sampled, given_or_predicted,
+                     labels_to_dense, mean_ce, named_set, per_position, position_badge,
                      position_loss, predicted, refuse_single_labels, set_columns)
-from .labels import base, reader
-from .labelstudio import (_named, check_brush_size, mask_to_rle, names_control, offered,
-                          rle_to_mask)
+from .shared.labels import base, reader
+from .shared.labelstudio import (check_brush_size, mask_to_rle, named_class, names_control,
+                                 offered, rle_to_mask)
 
 MASK_IGNORE = 255  # a mask pixel of this value counts in no loss (65535 past 255 classes)
 
@@ -45,12 +45,12 @@ def ignore_value(classes: int) -> int:
 
 def segmentation_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """logits [B, C, H, W], targets [B, H, W] -> mean cross-entropy over valid pixels [B]."""
-    return _mean_ce(logits, targets, 1)
+    return mean_ce(logits, targets, 1)
 
 
 def _seg_targets(labels, valid, logits):
     h, w = logits.shape[2:]
-    return _labels_to_dense(labels, valid, logits).reshape(*labels.shape[:-1], h, w)
+    return labels_to_dense(labels, valid, logits).reshape(*labels.shape[:-1], h, w)
 
 
 def _mask(path, where: str, classes: int, size: tuple[int, int], pool: Pool) -> torch.Tensor:
@@ -114,7 +114,7 @@ def _brushes(row, n, tag, names, ref) -> list[dict]:
     h, w = m.shape
     out = []
     for index in np.unique(m).tolist():
-        name = _named(index, names)
+        name = named_class(index, names)
         if index == ignore_value(len(names or ())) or name is None or name not in offered(names or [name]):
             continue
         out.append(tag.region(f"alcli-{n}-{index}", "brushlabels", {
@@ -182,7 +182,7 @@ def _painted(regions, names) -> dict:
 
 
 def _dists(z: torch.Tensor) -> torch.Tensor:
-    return _categorical(z, 1)
+    return categorical(z, 1)
 
 
 TASK = Task(

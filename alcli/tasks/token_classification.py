@@ -18,16 +18,17 @@ import torch.nn.functional as F
 from ..errors import PoolError, RunError
 from ..files.table import MORE
 from ..files.classnames import class_name
-from .common import (IGNORE, Task, _categorical, _labels_to_dense, _mean_ce, egl_sampled, exact_dtype,
-                     given_or_predicted, named_set, per_position, position_badge, position_loss,
+from .common import (IGNORE, Task, categorical, egl_sampled, exact_dtype, given_or_predicted,
+                     labels_to_dense, mean_ce, named_set, per_position, position_badge, position_loss,
                      predicted, refuse_single_labels, set_columns)
-from .labels import _class, _text, reader
-from .labelstudio import _json_list, _loose_list, _named, entities, entity_labels, names_control
+from .shared.labels import label_class, label_text, reader
+from .shared.labelstudio import (entities, entity_labels, json_list, loose_list, named_class,
+                                 names_control)
 
 
 def token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """logits [B, T, C], targets [B, T] (IGNORE at padding) -> mean CE over valid tokens [B]."""
-    return _mean_ce(logits, targets, -1)
+    return mean_ce(logits, targets, -1)
 
 
 def valid_tokens(logits: torch.Tensor, inputs, words: torch.Tensor | None = None) -> torch.Tensor:
@@ -63,7 +64,7 @@ def _token_targets(value, where: str, words: torch.Tensor, text_words: int, clas
     value = [v or None for v in value.split("|")] if isinstance(value, str) else value
     if not isinstance(value, list):
         raise PoolError(f"{where}: token labels must be a list with one label per word, not "
-                        f"{_text(value)}")
+                        f"{label_text(value)}")
     if len(value) != text_words:
         raise PoolError(f"{where}: {len(value)} token labels for a text of {text_words} words "
                         f"(split on whitespace); give one label per word")
@@ -74,7 +75,7 @@ def _token_targets(value, where: str, words: torch.Tensor, text_words: int, clas
             continue
         seen.add(w)
         if value[w] is not None and value[w] != IGNORE:
-            out[t] = _class(value[w], where, classes, names)
+            out[t] = label_class(value[w], where, classes, names)
     return out
 
 
@@ -115,7 +116,7 @@ def _spans(row, n, tag, names, text) -> list[dict]:
     words = [m.span() for m in re.finditer(r"\S+", text)]
     if text.endswith(MORE) and words:  # a text cut short: its last word is cut too
         words.pop()
-    tags = [_named(t, names) for t in _json_list(row, n, "pred_words")]
+    tags = [named_class(t, names) for t in json_list(row, n, "pred_words")]
     if len(words) > len(tags):
         raise ValueError(f"row {n} (id '{row.get('id')}') predicts {len(tags)} words, but its "
                          f"text has {len(words)}; it is not the text that was scored")
@@ -151,13 +152,13 @@ def review_pred(units, suggested, names) -> dict:
 
 
 def _dists(z: torch.Tensor) -> torch.Tensor:
-    return _categorical(z, -1)
+    return categorical(z, -1)
 
 
 TASK = Task(
     name="token-classification", shape="[batch, tokens, classes]", fits=lambda z: z.dim() == 3,
     names_model=lambda model: type(model).__name__.endswith("ForTokenClassification"), from_rank=3,
-    loss=token_loss, dists=_dists, label_targets=_labels_to_dense,
+    loss=token_loss, dists=_dists, label_targets=labels_to_dense,
     valid=valid_tokens, classes=lambda z: z.shape[-1],
     targets=given_or_predicted, egl=egl_sampled, uncertainty=per_position, table_loss=position_loss,
     columns=set_columns(), pred_values=named_set,
@@ -167,8 +168,8 @@ TASK = Task(
     badge=position_badge(_dists, tokens=True),
     probe=lambda z, inputs: (TASK.loss, predicted(TASK, z, TASK.valid(z, inputs))),
     prelabels=_spans,
-    unnamed=lambda row, names: any(_named(t, names) is None
-                                   for t in _loose_list(row.get("pred_words")) if t is not None),
+    unnamed=lambda row, names: any(named_class(t, names) is None
+                                   for t in loose_list(row.get("pred_words")) if t is not None),
     shown_by_rows=lambda row: "pred_words" in row,
     control=names_control("token-classification", "Labels", labels=entity_labels),
     from_annotation=lambda regions, names: {"label": json.dumps(

@@ -8,8 +8,8 @@ batched forward of the backbone and head, which the engine's batched methods dif
                                                                       valid, foreground)
     per_image_loss(out, t)                    -> [B] = focal(valid) / n_fg + L1(foreground) / n_fg
 
-This is the per-image loss of alcli.tasks.detection (the image alone); alcli.tasks.batched runs
-it, and tests/test_detection.py compares the two.
+This is the per-image loss of alcli.tasks.detection (the image alone); alcli.tasks.detectors.batched
+runs it, and tests/test_detection.py compares the two.
 """
 from __future__ import annotations
 

@@ -20,8 +20,8 @@ from typing import Callable
 
 import torch
 
-from ..errors import PoolError
-from ..pools.common import Pool
+from ...errors import PoolError
+from ...pools.common import Pool
 
 
 def base(pool: Pool) -> Pool:
@@ -66,11 +66,12 @@ def reader(layout: Callable, read: Callable) -> Callable:
     return read_labels
 
 
-def _text(value) -> str:
+def label_text(value) -> str:
+    """A label as a message quotes it: a string in quotes, anything else as it is."""
     return repr(value) if isinstance(value, str) else str(value)
 
 
-def _class(value, where: str, classes: int, names: list[str] | None) -> int:
+def label_class(value, where: str, classes: int, names: list[str] | None) -> int:
     """One class index (or name) of a label list -> its index, within the model's classes."""
     if isinstance(value, str) and not value.strip().lstrip("-").isdigit():
         if not names or value.strip() not in names:
@@ -78,7 +79,7 @@ def _class(value, where: str, classes: int, names: list[str] | None) -> int:
                             f"{len(names or [])} class names known (--class-names)")
         return names.index(value.strip())
     if isinstance(value, (bool, float)) or not isinstance(value, (int, str)):
-        raise PoolError(f"{where}: label {_text(value)} is not a class index (an integer)")
+        raise PoolError(f"{where}: label {label_text(value)} is not a class index (an integer)")
     c = int(value)
     if not 0 <= c < classes:
         raise PoolError(f"{where}: label {c} is out of range: the model has {classes} classes "
@@ -86,7 +87,7 @@ def _class(value, where: str, classes: int, names: list[str] | None) -> int:
     return c
 
 
-def _items(value) -> list:
+def label_items(value) -> list:
     """A label list as given: a JSON list, `a|b`, or one label."""
     if isinstance(value, list):
         return value

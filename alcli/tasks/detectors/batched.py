@@ -1,5 +1,5 @@
 """The one-stage detectors (RetinaNet, FCOS, SSD) through the gradient engine: one module each
-(alcli.tasks.retinanet, .fcos, .ssd) with the same four names, whose per-image losses are
+(alcli.tasks.detectors.retinanet, .fcos, .ssd) with the same four names, whose per-image losses are
 per-example functions of one batched forward:
 
     servable(model)                              -> whether the module serves this detector
@@ -130,7 +130,7 @@ def norms(model: nn.Module, images: list[torch.Tensor],
     losses, None): one forward and the engine's backward per padded size. `target_sets` may be a
     function (an image's position, its predictions) -> its K targets: the predictions are then
     decoded from that forward, and come back third (per image {boxes, labels, scores})."""
-    from ..gradnorm import grad_norms_per_target
+    from ...gradnorm import grad_norms_per_target
     k = kind(model)
     heads_ = heads(model)
     found: list[dict | None] = [None] * len(images)

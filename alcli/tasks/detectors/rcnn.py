@@ -276,7 +276,7 @@ def norms(model: nn.Module, images: list[torch.Tensor],
     batched.one_size): the predictions then come from the backbone pass the choices are drawn
     from (its RPN and RoI heads in eval mode), and come back third, as model(images) gives them."""
     from torchvision.models.detection.rpn import concat_box_prediction_layers
-    from ..gradnorm import grad_norms_per_target
+    from ...gradnorm import grad_norms_per_target
     from .batched import in_order, padded_groups
     heads_ = heads(model)
     _ran.add(model)

@@ -54,7 +54,7 @@ def entity_labels(names: Sequence[str]) -> list[str]:
 def predicted_labels(row: Mapping, names: Sequence[str] | None = None) -> list:
     """A multilabel row's predicted labels: its pred split at | (names, or indices as numbers
     where they are not among `names`)."""
-    pred = _plain(row.get("pred"))
+    pred = plain_value(row.get("pred"))
     if pred is None or pred == "":
         return []
     if not isinstance(pred, str):
@@ -63,7 +63,7 @@ def predicted_labels(row: Mapping, names: Sequence[str] | None = None) -> list:
     return [int(p) if p.isdigit() and p not in known else p for p in pred.split("|") if p]
 
 
-def _loose_list(value) -> list:
+def loose_list(value) -> list:
     """A JSON list column read for a warning: [] where it is missing or bad (the export says why)."""
     try:
         parsed = json.loads(value) if isinstance(value, str) else value
@@ -72,9 +72,9 @@ def _loose_list(value) -> list:
     return parsed if isinstance(parsed, list) else []
 
 
-def _named(value, names: Sequence[str] | None) -> str | None:
+def named_class(value, names: Sequence[str] | None) -> str | None:
     """A class by name: a name as it is, an index by `names`; None when there is no name."""
-    value = _plain(value)
+    value = plain_value(value)
     if isinstance(value, str):
         return value or None
     if names and isinstance(value, int) and not isinstance(value, bool) and 0 <= value < len(names):
@@ -82,7 +82,9 @@ def _named(value, names: Sequence[str] | None) -> str | None:
     return None
 
 
-def _json_list(row: Mapping, n: int, key: str) -> list:
+def json_list(row: Mapping, n: int, key: str) -> list:
+    """Row n's column `key` as a JSON list (a pre-label's boxes, keypoints, words); a ValueError
+    naming the row where it is missing or not a list."""
     value = row.get(key)
     if value is None or value == "":
         raise ValueError(f"row {n} (id '{row.get('id')}') has no '{key}' column, which these "
@@ -96,8 +98,10 @@ def _json_list(row: Mapping, n: int, key: str) -> list:
     return parsed
 
 
-def _size(row: Mapping, n: int, key: str) -> int:
-    value = _plain(row.get(key))
+def row_size(row: Mapping, n: int, key: str) -> int:
+    """Row n's column `key` (width, height) as an image size in pixels; a ValueError naming the row
+    where it is not a positive integer."""
+    value = plain_value(row.get(key))
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
@@ -110,11 +114,11 @@ def predicted_name(row: Mapping, class_names: Sequence[str] | None) -> str | Non
     """The predicted class's name: that of index `pred_index` in `class_names` (a table of named
     classes says its index there), else `pred` itself when it is a name, the name of index
     `pred` in `class_names`, else None."""
-    index = _plain(row.get("pred_index"))
+    index = plain_value(row.get("pred_index"))
     if class_names and isinstance(index, int) and not isinstance(index, bool) and \
             0 <= index < len(class_names):
         return str(class_names[index])
-    pred = _plain(row.get("pred"))
+    pred = plain_value(row.get("pred"))
     if isinstance(pred, str) and pred:
         return pred
     if class_names and isinstance(pred, int) and not isinstance(pred, bool) and 0 <= pred < len(class_names):
@@ -122,7 +126,7 @@ def predicted_name(row: Mapping, class_names: Sequence[str] | None) -> str | Non
     return None
 
 
-def _plain(v):
+def plain_value(v):
     """numpy / torch scalars -> Python numbers, so json can write them."""
     return v.item() if hasattr(v, "item") and not isinstance(v, (str, bytes)) else v
 
