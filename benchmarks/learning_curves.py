@@ -314,6 +314,9 @@ def select_batch(method: str, net: nn.Module, x_unlabeled: torch.Tensor, budget:
     strategy, diverse, whole_pool, sampling = METHODS[method]
     options = dict(strategy=strategy, batch_size=512, device="cpu", seed=seed, quiet=True)
     options["diverse"] = diverse  # explicit both ways: select is diverse by default
+    # these pools hold no copies, and the curves in docs/benchmarks.md were measured before
+    # select's near-duplicate pass (issue 48), which a small MLP's features can trip
+    options["dedup"] = False
     if sampling != "top":
         options["sampling"] = sampling  # --sampling power: P(i) ∝ score_i (β = 1)
     if whole_pool:

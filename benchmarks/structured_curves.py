@@ -259,10 +259,12 @@ def select_batch(method: str, net: nn.Module, data: Data, x_unlabeled: torch.Ten
     strategy, diverse, aggregate = METHODS[method]
     if strategy == "mc-var":
         rows = [{"id": i, "score": float(v)} for i, v in enumerate(mc_variance(net, x_unlabeled))]
-        return [int(r["id"]) for r in alcli.select(rows, budget, diverse=False, quiet=True)]
+        return [int(r["id"]) for r in alcli.select(rows, budget, diverse=False, dedup=False, quiet=True)]
+    # dedup=False: these pools hold no copies, and the committed curves were measured before
+    # select's near-duplicate pass (issue 48), which a small net's features can trip
     rows = alcli.select(pool=x_unlabeled, model=net, budget=budget, strategy=strategy,
                         diverse=diverse, aggregate=aggregate, task=data.task, batch_size=256,
-                        device="cpu", seed=seed, quiet=True)
+                        device="cpu", seed=seed, quiet=True, dedup=False)
     return [int(r["id"]) for r in rows]
 
 

@@ -299,3 +299,15 @@ def test_bad_input_is_one_sentence(tmp_path):
                      "lab.csv.emb.npz", "width")
     assert_one_error(select(tmp_path, "-n", 3, "--dedup-threshold", "1.5"), "dedup", "threshold")
     assert_one_error(runner.invoke(app, ["duplicates", t, "-o", t]), t, "output over the input")
+
+
+def test_a_pool_with_fewer_distinct_rows_than_asked_fills_the_batch_and_says_so(tmp_path):
+    """Features that barely vary (an untrained model's) make most rows near-duplicates: the batch
+    still holds -n rows, the distinct ones first and then the best-ranked of those passed over."""
+    copies = {f"r{i:02d}": "r00" for i in range(1, N) if i not in (7, 20)}  # 3 distinct rows
+    ids, x = table(tmp_path, copies=copies)
+    result = select(tmp_path, "-n", 6, "--no-diverse")
+    got = batch_ids(result)
+    assert got == ["r00", "r01", "r02", "r03", "r07", "r20"]  # rank order: r00, r07, r20 + r01-r03
+    said = " ".join(result.stderr.split())
+    assert "only 3 rows are not near-duplicates" in said and "takes 3 near-duplicates to reach" in said

@@ -363,7 +363,21 @@ def dedup(settings, plan, ranked: list[dict], kept: list[dict], embeddings
     mine = [r for k, r in enumerate(kept) if first[k] == k]
     of_pool = [r for k, r in enumerate(kept) if k != first[k] < n]
     of_labeled = [r for k, r in enumerate(kept) if first[k] >= n]
-    return mine, of_pool, of_labeled, []
+    short = (settings.budget or 0) - len(mine)
+    if short <= 0 or not (of_pool or of_labeled):
+        return mine, of_pool, of_labeled, []
+    # fewer distinct rows than -n asks for (features that barely vary: an untrained model's): the
+    # batch is filled with the best-ranked of those passed over, and says so
+    order = {id(r): k for k, r in enumerate(kept)}
+    back = {id(r) for r in sorted(of_pool + of_labeled, key=lambda r: order[id(r)])[:short]}
+    note = (f"only {len(mine)} rows are not near-duplicates of one another or of a labeled example "
+            f"(cosine >= {settings.dedup_threshold:g} or the same content): the batch takes "
+            f"{len(back)} near-duplicates to reach {settings.where('budget')} {settings.budget}; "
+            f"features that barely vary (an untrained model's?) call for a higher "
+            f"--dedup-threshold or --no-dedup")
+    return ([r for r in kept if id(r) in back or first[order[id(r)]] == order[id(r)]],
+            [r for r in of_pool if id(r) not in back], [r for r in of_labeled if id(r) not in back],
+            [note])
 
 
 NO_FEATURES = ("no near-duplicate check: the rows have no embeddings (score writes them beside a "

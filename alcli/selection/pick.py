@@ -246,6 +246,8 @@ def pick(settings: Settings, rows: list[dict], plan: SelectPlan, *, embeddings=N
     if settings.typical:  # (one row per cluster: no near-duplicate pass)
         chosen, available = _typical(settings, plan, ranked, kept, embeddings), len(kept)
     else:
+        if TASKS[export_task(settings, plan.meta, ranked)].no_badge:  # (a task whose rows never
+            plan.dedup_missing = None  # have embeddings: nothing to check, nothing to say)
         kept, *passed, more = dedup(settings, plan, ranked, kept, embeddings)
         notes.extend(more)
         chosen, available = _chosen(settings, plan, kept, notes, embeddings)
