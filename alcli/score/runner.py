@@ -202,7 +202,7 @@ def _own_rows(spec, model: nn.Module, batch: Batch, settings: Settings, device: 
     """The rows of a task scoring its own batches (a detector's: alcli.tasks.detection), with
     each image's path."""
     given = {}  # alcli review's run: the given labels of a task that reads its own (detection)
-    if spec.review_given is not None and settings.strategy == "review":
+    if spec.review_given is not None and STRATEGIES[settings.strategy].given_rows:
         given = {"given": spec.review_given(pool, batch.ids, pool.classes)}
     with autocast(settings.precision, device):
         rows = spec.rows(model, images, batch.ids, settings, pool.classes, **given)

@@ -86,16 +86,18 @@ class Strategy:
     gradients: bool  # does it call the gradient engine?
     help: str
     at_targets: bool = False  # scores each example at its own targets (Task.unanswered is asked)
+    given_rows: bool = False  # reads a task's given labels that the rows carry (Task.review_given)
 
 
 STRATEGIES: dict[str, Strategy] = {}
 
 
-def strategy(name: str, *, gradients: bool = False, at_targets: bool = False):
+def strategy(name: str, *, gradients: bool = False, at_targets: bool = False,
+             given_rows: bool = False):
     """Register `fn` under `name`; its docstring's first line is its help."""
     def register(fn):
         STRATEGIES[name] = Strategy(name, fn, gradients, (fn.__doc__ or "").strip().splitlines()[0],
-                                    at_targets)
+                                    at_targets, given_rows)
         return fn
     return register
 
@@ -199,7 +201,7 @@ def uncertain_boxes(s: StrategyInputs) -> Columns:
                    f"model; use it with --task detection")
 
 
-@strategy("review", gradients=True, at_targets=True)
+@strategy("review", gradients=True, at_targets=True, given_rows=True)
 def review(s: StrategyInputs) -> Columns:
     """gradnorm, with the probabilities of each labeled decision (alcli review's run: a `units` column)."""
     if s.spec.review_units is None:
