@@ -168,6 +168,15 @@ SIMULATE = ("simulate", "pool.pt", "--eval", "pool.pt", "--arch", f"{TOY_MODULE}
             "-o", "curves.csv")
 
 
+def _signals_as_a_shell_leaves_them():
+    """The run starts as from a shell: SIGINT and SIGCHLD at their defaults, none blocked (a
+    disposition a test worker inherited or set, ignored or blocked, would pass to the run and
+    its training command: in the full suite the SIGINT went unanswered for 60 s)."""
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
+        signal.signal(signum, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
+
+
 def test_10_simulate_stopped_says_what_it_keeps_and_the_rerun_says_what_it_reuses(tmp_path):
     """Ctrl-C (SIGINT to the process; SIGTERM takes the same way out, with 143)."""
     signum = signal.SIGINT
@@ -176,7 +185,8 @@ def test_10_simulate_stopped_says_what_it_keeps_and_the_rerun_says_what_it_reuse
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(folder), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.Popen([sys.executable, "-m", "alcli", *map(str, SIMULATE)], cwd=folder,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_signals_as_a_shell_leaves_them)
     deadline = time.monotonic() + 60
     while not (folder / "waiting").exists():
         assert proc.poll() is None, proc.communicate()
