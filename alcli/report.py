@@ -185,8 +185,10 @@ def embedding_map(rnd: Round) -> tuple[str | None, str]:
     if rnd.scores == "-":
         return None, "no embeddings file for a table read from stdin"
     path = embeddings_path(rnd.scores)
+    no_badge = TASKS[from_rows(rnd.rows)].no_badge if rnd.rows else None
     if not os.path.isfile(path):
-        return None, f"no embeddings file {path} beside the table (alcli score --embeddings)"
+        return None, (f"no embeddings to map: {no_badge}" if no_badge else
+                      f"no embeddings file {path} beside the table (alcli score --embeddings)")
     ids, _, b = load_embeddings(path)
     points = pca_2d(b.double().numpy())
     keep = np.arange(len(ids))

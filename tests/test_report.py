@@ -204,6 +204,8 @@ def test_a_detection_rows_box_is_drawn_where_the_box_is(rounds):
         left_edge = grey[int(y0 + 5):int(y1 - 5), int(round(x0))]
         inside = grey[int(y0 + 5):int(y1 - 5), int((x0 + x1) / 2)]
         assert left_edge.mean() > 100 and inside.mean() < 15  # coloured edge, untouched inside
+    # a detector's rows never have embeddings: the map says why, not to score --embeddings
+    assert "no embeddings to map: a detector&#x27;s rows have no BADGE embeddings" in page
 
 
 def test_masks_are_painted_where_they_are(tmp_path):
