@@ -25,7 +25,7 @@ from .files.embeddings import embeddings_path, load_embeddings
 from .files.regular import check_regular
 from .files.table import MORE, read_meta, read_table, sidecar
 from .selection import stopping
-from .selection.export import _load_picture
+from .selection.export import load_picture, picture_file
 from .tasks import TASKS, from_rows
 from .tasks.shared.labelstudio import entities
 
@@ -241,7 +241,7 @@ def thumbnail(row: Mapping, n: int, path: str, instances,
     instances were drawn."""
     from PIL import Image, ImageDraw
     try:
-        pic = _load_picture(path, THUMB)
+        pic = load_picture(path, THUMB)
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError):
         return None, 0
     try:
@@ -297,8 +297,10 @@ def masks_of(row: Mapping, folder: str) -> list[tuple[int, np.ndarray]]:
         path = path if os.path.isfile(path) else os.path.join(folder, path)
         check_regular(path)
         with Image.open(path) as img:
+            if img.width * img.height > MAX_MASK_PIXELS:  # from the header, before decoding
+                raise ValueError("not a single-channel mask")
             m = np.array(img)
-        if m.ndim != 2 or m.size > MAX_MASK_PIXELS:
+        if m.ndim != 2:
             raise ValueError("not a single-channel mask")
         return [(int(c), m == c) for c in np.unique(m).tolist() if c not in (0, 255)]
     return []
@@ -385,10 +387,9 @@ def gallery(rnd: Round, image_dir: str | None) -> tuple[str, list[str]]:
 def picture_path(row: Mapping, image_dir: str | None) -> str:
     """The id under --image-dir when given, else the row's `path` (select's batch, a folder
     pool's table), else the id itself."""
-    rid = str(row["id"])
-    if image_dir is not None:
-        return rid if os.path.isabs(rid) else os.path.join(image_dir, rid)
-    return str(row["path"]) if row.get("path") not in (None, "") else rid
+    if image_dir is not None or row.get("path") in (None, ""):
+        return picture_file(str(row["id"]), image_dir)
+    return str(row["path"])
 
 
 def number(value) -> str:

@@ -321,7 +321,7 @@ def _to_rgb(im: Image.Image) -> Image.Image:
     return im.convert("RGB")
 
 
-def _load_picture(path: str, tile: int) -> Image.Image:
+def load_picture(path: str, tile: int) -> Image.Image:
     with Image.open(open_source(path)) as im:  # a file, a shard's member, a table's cell
         im.draft("RGB", (tile, tile))  # JPEG: decode at a reduced scale when much larger
         im = _to_rgb(ImageOps.exif_transpose(im))
@@ -350,6 +350,12 @@ def _fit(draw: ImageDraw.ImageDraw, text: str, font, width: int) -> str:
     return "..." + tail[lo:]
 
 
+def picture_file(row_id: str, image_root_dir: str | None) -> str:
+    """The picture an id names: the id itself, or under `image_root_dir` (absolute ids stay as
+    they are). The contact sheet's and the report's."""
+    return row_id if image_root_dir is None else os.path.join(image_root_dir, row_id)
+
+
 def contact_sheet(rows: Sequence[Mapping], image_root_dir: str | None, out_png: str, *,
                   tile: int = 160, columns: int = 8,
                   paths: Sequence[str] | None = None) -> list[str]:
@@ -371,10 +377,9 @@ def contact_sheet(rows: Sequence[Mapping], image_root_dir: str | None, out_png: 
         draw.rectangle([x0 + PAD, y0 + PAD, x0 + PAD + tile - 1, y0 + PAD + tile - 1],
                        fill=TILE_BACKGROUND)
         rid = str(row["id"])
-        path = (paths[i] if paths is not None else
-                rid if image_root_dir is None else os.path.join(image_root_dir, rid))
+        path = paths[i] if paths is not None else picture_file(rid, image_root_dir)
         try:
-            pic = _load_picture(path, tile)
+            pic = load_picture(path, tile)
             sheet.paste(pic, (x0 + PAD + (tile - pic.width) // 2, y0 + PAD + (tile - pic.height) // 2))
         except (OSError, ValueError, SyntaxError, Image.DecompressionBombError):
             failed.append(rid)
