@@ -362,12 +362,18 @@ def test_three_shards_merged_equal_one_process(in_ws, tmp_path):
         for key in ("rows", "skipped", "pool_size", "shard", "run"):
             assert meta[key] == one_meta[key]
 
-    # shards follow the ids, not the listing order
-    listing = [f"{p}" for p in sorted(pool.rglob("*.png"), reverse=True)]
-    lst = runner.invoke(app, ["score", "-", *common, "-c", str(in_ws.config), "--shard", "1/3"],
-                        input="\n".join(listing) + "\n")
-    fwd = runner.invoke(app, ["score", "-", *common, "-c", str(in_ws.config), "--shard", "1/3"],
-                        input="\n".join(reversed(listing)) + "\n")
+    # shards follow the ids, not the listing order; the ids relative to tmp_path, so that the
+    # shard's members do not hang on the temporary folder's name (an absolute id's hash)
+    listing = [str(p.relative_to(tmp_path)) for p in sorted(pool.rglob("*.png"), reverse=True)]
+    in_tmp = ["-m", str(in_ws.root / "model.pt"), *common[2:]]
+    os.chdir(tmp_path)
+    try:
+        lst = runner.invoke(app, ["score", "-", *in_tmp, "-c", str(in_ws.config), "--shard", "1/3"],
+                            input="\n".join(listing) + "\n")
+        fwd = runner.invoke(app, ["score", "-", *in_tmp, "-c", str(in_ws.config), "--shard", "1/3"],
+                            input="\n".join(reversed(listing)) + "\n")
+    finally:
+        os.chdir(in_ws.root)
     ids = sorted(r["id"] for r in parse_csv(lst.stdout))
     assert ids == sorted(r["id"] for r in parse_csv(fwd.stdout)) and 0 < len(ids) < 14
 
