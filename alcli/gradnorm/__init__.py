@@ -6,6 +6,7 @@ from .api import (
                   auto_choice,
                   cross_entropy,
                   explain,
+                  grad_dots_per_target,
                   grad_norms_per_target,
                   model_dtype,
                   per_example_grad_norms,
@@ -16,5 +17,6 @@ from .params import select_params
 from .plan import rule_names
 
 __all__ = ["METHODS", "EngineFallback", "UnsupportedModel", "auto_choice", "batch_slice", "call_model",
-           "cross_entropy", "explain", "grad_norms_per_target", "logits_of", "map_batch", "model_dtype",
+           "cross_entropy", "explain", "grad_dots_per_target",
+           "grad_norms_per_target", "logits_of", "map_batch", "model_dtype",
            "per_example_grad_norms", "rule_names", "select_params"]

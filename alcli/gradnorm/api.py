@@ -107,6 +107,38 @@ def grad_norms_per_target(model: nn.Module, inputs: torch.Tensor,
     raise UnsupportedModel("no method can serve this model: " + "; ".join(failures))
 
 
+def grad_dots_per_target(model: nn.Module, inputs: torch.Tensor,
+                         target_sets: Sequence[torch.Tensor] | Callable[[torch.Tensor], Sequence[torch.Tensor]],
+                         direction: dict[str, torch.Tensor], *, params=None, loss_fn: LossFn | None = None):
+    """Each example's loss gradient at each target set, its norm and its inner product with a
+    fixed vector V over the selected parameters (`direction`: each one's name -> V's part, of its
+    shape) -> ([K, B] norms, [K, B] inner products g_i·V, [B, C] logits), in float64 (float32 on
+    MPS). One ghost backward per target set gives both: the layer rules' per-example gradients,
+    factored where the factors are smaller (outer.dot), each taken as it arrives. The ghost
+    method only: UnsupportedModel where it cannot serve the model."""
+    if torch.is_inference_mode_enabled():
+        raise RuntimeError("per-example gradients cannot be computed inside torch.inference_mode(); "
+                           "call the engine outside it")
+    selection = selection_for(model, params)
+    if callable(target_sets):
+        targets_for = _checked(target_sets)
+    else:
+        fixed = list(target_sets)
+        targets_for = lambda logits: fixed  # noqa: E731
+    if batch_size(inputs) == 1:  # never a batch of one: see ONE_EXAMPLE_BUG
+        norms, dots, logits = grad_dots_per_target(model, repeat_first(inputs, 2), _twice(target_sets),
+                                                   direction, params=params, loss_fn=loss_fn)
+        return norms[:, :1], dots[:, :1], logits[:1]
+    by_id = {id(p): direction[n] for n, p in zip(selection.names, selection.params)}
+    with borrowed(model, selection.params, selection.modules, selection.all_params):
+        if batch_size(inputs) == 0:
+            norms, logits = _empty_batch(model, inputs, targets_for, selection, loss_fn)
+            return norms, norms.clone(), logits.detach()
+        both, logits = ghost_norms(model, inputs, targets_for, selection, loss_fn or cross_entropy,
+                                   direction=by_id)  # [K, 2, B]
+    return both[:, 0], both[:, 1], logits.detach()
+
+
 def _method(name: str, compile: bool):
     if compile and name == "ghost":
         return functools.partial(ghost_norms, compiled=True)

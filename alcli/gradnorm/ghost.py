@@ -59,9 +59,13 @@ class _Call:
 _verified: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def ghost_norms(model, inputs, targets_for, selection: ParamSelection, loss_fn, compiled: bool = False):
+def ghost_norms(model, inputs, targets_for, selection: ParamSelection, loss_fn, compiled: bool = False,
+                direction: dict | None = None):
     """-> [K, B] norms and [B, C] logits; `targets_for(logits)` gives the K target sets.
-    `compiled`: the rules' arithmetic of a backward runs as one torch.compile'd graph."""
+    `compiled`: the rules' arithmetic of a backward runs as one torch.compile'd graph.
+    `direction` (parameter id -> V, a tensor of the parameter's shape): [K, 2, B] instead, each
+    example's norm and its gradient's inner product with V, g_i·V, from the same backward (the
+    rules give per-example gradients, dense or factored, and `outer.dot` takes them; not compiled)."""
     plan = ghost_plan_for(model, selection, inputs)
     batch = batch_size(inputs)
     calls: dict[str, list[_Call]] = {name: [] for name in plan.modules}
@@ -155,23 +159,25 @@ def ghost_norms(model, inputs, targets_for, selection: ParamSelection, loss_fn, 
     taps = [tap for module_calls in calls.values() for call in module_calls for tap in call.taps]
     target_sets = targets_for(logits)
     if not taps or not logits.requires_grad:  # no selected parameter affects the loss
-        return torch.zeros(len(target_sets), batch, dtype=_acc_dtype(logits.device), device=logits.device), logits
+        shape = (len(target_sets), batch) if direction is None else (len(target_sets), 2, batch)
+        return torch.zeros(shape, dtype=_acc_dtype(logits.device), device=logits.device), logits
     cotangents = _cotangents(logits, target_sets, loss_fn)  # [K, *logits.shape]
     _k_batched[model] = len(target_sets) > 1 and _k_mode.get(model) != "per target" and \
         _vmap_chunk(len(target_sets), _largest(taps), logits.device) > 1
     with _no_autocast(logits.device):  # the rules square and sum in float32 or better
-        if compiled:
+        if compiled and direction is None:
             return _compiled_backwards(model, plan, uses, calls, taps, logits, cotangents, batch), logits
-        return _backwards(model, plan, uses, calls, taps, logits, cotangents, batch), logits
+        return _backwards(model, plan, uses, calls, taps, logits, cotangents, batch, direction), logits
 
 
-def _backwards(model, plan, uses, calls, taps, logits, cotangents, batch) -> torch.Tensor:
-    """[K, B] norms: the K output cotangents through ONE backward (vmapped over K) when the
-    model's backward and rules can be vmapped, else one backward per target set."""
+def _backwards(model, plan, uses, calls, taps, logits, cotangents, batch, direction=None) -> torch.Tensor:
+    """[K, B] norms ([K, 2, B] norms and inner products with a `direction`): the K output
+    cotangents through ONE backward (vmapped over K) when the model's backward and rules can be
+    vmapped, else one backward per target set."""
     k = cotangents.shape[0]
 
     def backward(cotangent, last):
-        return _backward(plan, uses, calls, taps, logits, cotangent, batch, last)
+        return _backward(plan, uses, calls, taps, logits, cotangent, batch, last, direction)
 
     if k == 1:
         return backward(cotangents[0], last=True).unsqueeze(0)
@@ -284,9 +290,10 @@ def _attention_for(model, tap_elements: int, device):
     return sdpa_kernel(SDPBackend.MATH) if batched else contextlib.nullcontext()
 
 
-def _backward(plan, uses, calls, taps, logits, cotangent, batch: int, last: bool) -> torch.Tensor:
-    """One backward of `cotangent` [*logits.shape] from the logits into the taps -> [B] norms."""
-    backward_pass = _Pass(plan, uses, last)
+def _backward(plan, uses, calls, taps, logits, cotangent, batch: int, last: bool, direction=None) -> torch.Tensor:
+    """One backward of `cotangent` [*logits.shape] from the logits into the taps -> [B] norms
+    ([2, B] norms and inner products with a `direction`)."""
+    backward_pass = _Pass(plan, uses, last, direction)
     hooks = backward_pass.hook_taps(calls)
     # fp16 gradients underflow below 6e-8: the cotangent is scaled up, and the norms back down
     scale = FP16_SCALE if logits.dtype == torch.float16 else 1.0
@@ -385,8 +392,10 @@ class _Pass:
     arrived, so output gradients (and, on the last pass, captured inputs) are freed as the
     backward proceeds instead of all being held at once."""
 
-    def __init__(self, plan: HookPlan, uses: dict, last: bool):
+    def __init__(self, plan: HookPlan, uses: dict, last: bool, direction: dict | None = None):
         self.plan, self.uses, self.last = plan, uses, last
+        self.direction = direction  # parameter id -> V (ghost_norms), or None: the norms alone
+        self.dots: list[torch.Tensor] = []   # per-example inner products with V [B], one per parameter
         self.sq: list[torch.Tensor] = []     # per-example squared norms [B], one per parameter and call
         self.small: list[torch.Tensor] = []  # per-example gradients [B, n] of small parameters
         # parameter id -> its uses' per-example gradients so far (outer.add: a dense sum, factors)
@@ -435,7 +444,9 @@ class _Pass:
         module, paths = self.plan.modules[name], self.plan.paths[name]
         wanted = self.wanted.get(name)
         if wanted is None:
-            wanted = self.wanted[name] = {path: self.uses[id(p)] > 1 for path, p in paths.items()}
+            # with a direction every rule gives per-example gradients (dense or factored) for the dot
+            wanted = self.wanted[name] = {path: self.direction is not None or self.uses[id(p)] > 1
+                                          for path, p in paths.items()}
         # bf16/fp16 (autocast) inputs and gradients: the rules square and sum in float32
         args, kwargs, grad_out = _float32((call.args, call.kwargs, grad_out))
         seen = RuleCall(args, kwargs, grad_out, call.cache, call.layout)
@@ -445,7 +456,9 @@ class _Pass:
             raise UnsupportedModel(f"module '{name}' ({type(module).__name__}): {err}") from err
         for path, value in result.items():
             key = id(paths[path])
-            if wanted[path]:
+            if self.direction is not None and self.uses[key] == 1:  # its whole gradient: taken now
+                self._norm_and_dot(outer.add([], value), key)
+            elif wanted[path]:
                 self.summed_grads[key] = outer.add(self.summed_grads.get(key, []), value)
             elif value.dim() > 1:  # a small per-example gradient [B, *shape]: squared in finish
                 self.small.append(value if value.dim() == 2 else value.reshape(value.shape[0], -1))
@@ -462,6 +475,11 @@ class _Pass:
                 if call.arrived is not None and any(g is not None for g in call.arrived):
                     self._run(name, call)
         acc = _acc_dtype(device)
+        if self.direction is not None:
+            for key, terms in self.summed_grads.items():
+                self._norm_and_dot(terms, key)
+            return torch.stack([_total(self.sq, batch, acc, device).clamp_min(0).sqrt(),
+                                _total(self.dots, batch, acc, device)])
         if self.small:  # one cat, square and sum for all of them: [B, sum n] -> [B]
             self.sq.append(torch.cat(self.small, 1).square().sum(1))
         for terms in self.summed_grads.values():
@@ -470,6 +488,19 @@ class _Pass:
             return torch.zeros(batch, dtype=acc, device=device)
         # one stack and one sum for the whole pass: [P, B] -> [B], accumulated in float64
         return torch.stack(self.sq).to(acc).sum(0).clamp_min(0).sqrt()
+
+    def _norm_and_dot(self, terms: list, key: int):
+        """A parameter's per-example gradient (its terms) -> its [B] squared norm and g·V."""
+        acc = _acc_dtype(self.direction[key].device)
+        self.sq.append(outer.sq_norm(terms, acc))
+        self.dots.append(outer.dot(terms, self.direction[key], acc))
+
+
+def _total(parts: list, batch: int, acc, device) -> torch.Tensor:
+    """[P, B] -> [B] in `acc` (zeros where there are none)."""
+    if not parts:
+        return torch.zeros(batch, dtype=acc, device=device)
+    return torch.stack([p.to(acc) for p in parts]).sum(0)
 
 
 _LOW = (torch.float16, torch.bfloat16)

@@ -94,6 +94,27 @@ def _inner(p, q) -> torch.Tensor:
     return (rows * cols).sum((1, 2))
 
 
+def dot(terms: list, v: torch.Tensor, acc: torch.dtype) -> torch.Tensor:
+    """[B] <sum of `terms`, V> for one fixed V of the parameter's shape (a linear map's [R, C]),
+    added up in `acc`. A factored term needs no [B, R, C] gradient: sum_t r_t^T V c_t, an
+    index row's r_t^T V being V's row idx_t."""
+    total = None
+    for p in terms:
+        part = _dot(p, v.to(p.cols.dtype if isinstance(p, Outer) else p.dtype)).to(acc)
+        total = part if total is None else total + part
+    return total
+
+
+def _dot(p, v: torch.Tensor) -> torch.Tensor:
+    if not isinstance(p, Outer):  # [B, *shape] . V: a matrix-vector product over the flattened shape
+        return p.reshape(p.shape[0], -1) @ v.reshape(-1)
+    if indexed(p):
+        picked = v[p.rows]                                             # [B, T, C]
+    else:
+        picked = p.rows @ v                                            # [B, T, R] @ [R, C] -> [B, T, C]
+    return (picked * p.cols).sum((1, 2))
+
+
 SQ_BLOCK = 1 << 22  # elements of the batch's per-example gradients squared at once in float64
 
 

@@ -1,9 +1,19 @@
 """`--strategy align --target TARGET`: each example's exact gradient alignment with a target set
 (LESS's selection, exact, with no projection). ḡ is the mean loss gradient of TARGET's labeled
-rows over the selected parameters (target.py, float64, once per run). One forward-mode pass of the
-model along ḡ gives every example's output tangent ż_i = J_i ḡ, and the inner product of its loss
-gradient with ḡ is the loss's derivative along it, g_i·ḡ = ∂L_i/∂z_i · ż_i (no per-example
-gradient formed). Per example:
+rows over the selected parameters (target.py, accumulated in float64, once per run). Two routes
+give g_i·ḡ:
+
+- ghost (labeled rows, `ROUTE`): the engine's one backward, the norm's own, also gives each
+  layer's per-example gradient, dense or as its factors, and g_i·ḡ = Σ_layers <G_i, V> with
+  V ḡ's slice (a linear layer's Σ_t g_itᵀ V a_it: outer.dot); no forward-mode pass.
+- jvp (rows without a label; labeled rows where the ghost method cannot serve the model or
+  another --method is asked for): one forward-mode pass of the model along ḡ gives every
+  example's output tangent ż_i = J_i ḡ, and g_i·ḡ = ∂L_i/∂z_i · ż_i, the loss's derivative along
+  it, for any label y at the cost of the loss alone. An unlabeled row needs g_i(y)·ḡ for every
+  label y (or egl's S label sets): one forward-mode pass, where the ghost route would take a
+  backward per label.
+
+Per example:
 
   labeled:   cos(g_i, ḡ) = g_i·ḡ / (‖g_i‖ ‖ḡ‖)              ‖g_i‖: the engine's exact norm
   unlabeled: sqrt(E_y~p[(g_i(y)·ḡ)²]) / ‖ḡ‖                   how far a label on this example can
@@ -21,8 +31,13 @@ from torch.func import functional_call, jvp
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ..errors import RunError
+from ..gradnorm import grad_dots_per_target
 from ..gradnorm.model_io import logits_of, model_args
 from ..gradnorm.params import selection_for
+from ..tasks.common import engine_targets
+
+ROUTE = "ghost"  # labeled rows' g_i·ḡ: "ghost" (beside the norm, in its backward) or "jvp"; the
+# benchmark (benchmarks/align.py) flips it to measure both
 
 
 @dataclass
@@ -32,6 +47,14 @@ class TargetGradient:
     norm: float
     rows: int      # the target rows it averages
     source: str    # the target pool, for messages
+
+
+def ghost_dots(s) -> tuple[torch.Tensor, torch.Tensor]:
+    """‖g_i‖ and g_i·ḡ [B] (float64) at each example's targets (`s.targets`), from the engine's
+    ghost backward; its forward sets `s.logits`. UnsupportedModel where ghost cannot serve."""
+    norms, dots, _ = grad_dots_per_target(s.model, s.inputs, engine_targets(s, lambda s: [s.targets]),
+                                          s.target.vectors, params=s.layers, loss_fn=s.spec.loss)
+    return norms[0].double(), dots[0].double()
 
 
 def output_tangent(model, inputs, layers, target: TargetGradient) -> tuple[torch.Tensor, torch.Tensor]:

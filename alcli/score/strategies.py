@@ -9,6 +9,7 @@ task object says (`s.spec`, alcli.tasks); the strategies here ask it.
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Callable
 
@@ -16,9 +17,11 @@ import torch
 from torch import nn
 
 from ..errors import RunError
+from ..gradnorm import UnsupportedModel
 from ..tasks import TASKS, DEFAULT_EGL_SAMPLES, Task
 from ..tasks.classification import DEFAULT_TOP_CLASSES  # noqa: F401 - the runner's note on --top-classes
 from ..tasks.common import exact_dtype, grad_norms, seeded_uniform, undefined_as_nan
+from . import align as align_route
 from .align import TargetGradient, along, output_tangent, unlabeled_spread
 
 Columns = dict[str, torch.Tensor]
@@ -129,21 +132,44 @@ def align(s: StrategyInputs) -> Columns:
     if s.target is None:
         raise RunError("--strategy align needs --target TARGET, a labeled pool whose mean loss "
                        "gradient the examples are aligned with")
-    z, zdot = output_tangent(s.model, s.inputs, s.layers, s.target)
-    if s.logits is None:
-        if s.check_logits is not None:
-            s.check_logits(z)
-        s.logits = z.detach()
-    known = _labeled(s).to(z.device)
-    score = torch.full((len(s.ids),), float("nan"), dtype=torch.float64, device=z.device)
+    dots = None
+    if _ghost_route(s):  # ‖g_i‖ and g_i·ḡ from one backward; its forward sets s.logits
+        try:
+            norms, dots = align_route.ghost_dots(s)
+        except UnsupportedModel:
+            _jvp_only[s.model] = True
+    if dots is None or not bool(_labeled(s).all()):  # ż = J ḡ by one forward-mode pass
+        z, zdot = output_tangent(s.model, s.inputs, s.layers, s.target)
+        if s.logits is None:
+            if s.check_logits is not None:
+                s.check_logits(z)
+            s.logits = z.detach()
+    device = s.logits.device
+    known = _labeled(s).to(device)
+    score = torch.full((len(s.ids),), float("nan"), dtype=torch.float64, device=device)
     if known.any():  # cos(g_i, ḡ) at the given label
-        targets = s.targets
-        norms = grad_norms(s, lambda s: [s.targets])[0].to(z.device, torch.float64)
-        score = torch.where(known, along(s.spec.loss, z, zdot, targets) / (norms * s.target.norm),
-                            score)
+        if dots is None:
+            dots = along(s.spec.loss, z, zdot, s.targets)
+            norms = grad_norms(s, lambda s: [s.targets])[0].to(device, torch.float64)
+        score = torch.where(known, dots.to(device) / (norms.to(device) * s.target.norm), score)
     if not known.all():  # sqrt(E_y[(g_i(y)·ḡ)²]) / ‖ḡ‖
         score = torch.where(known, score, unlabeled_spread(s, z, zdot) / s.target.norm)
     return {"score": score.to(exact_dtype(s.logits))}
+
+
+# models the ghost method cannot serve: align's labeled rows take the jvp route
+_jvp_only: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _ghost_route(s: StrategyInputs) -> bool:
+    """Do the batch's labeled rows (if it may have any) take the ghost route?"""
+    if align_route.ROUTE != "ghost" or s.method not in ("auto", "ghost") or s.model in _jvp_only:
+        return False
+    if s.spec.reads_prompts:
+        return True
+    if s.spec.given_labels:  # which rows have one is read with the logits
+        return s.given is not None
+    return bool((s.labels >= 0).any())
 
 
 def _labeled(s: StrategyInputs) -> torch.Tensor:

@@ -268,6 +268,14 @@ def grad_norms(s, choose: Callable, loss_fn=None) -> torch.Tensor:
 
     One forward: when `s.logits` is not known yet, the engine's forward provides it before the
     targets are chosen."""
+    norms, _ = grad_norms_per_target(s.model, s.inputs, engine_targets(s, choose), params=s.layers,
+                                     method=s.method, loss_fn=loss_fn or s.spec.loss, compile=s.compile)
+    return norms.detach().to(s.logits.device, exact_dtype(s.logits))
+
+
+def engine_targets(s, choose: Callable) -> Callable:
+    """The engine's `target_sets(logits)` for the sets `choose(s)` picks; it sets `s.logits` from
+    the engine's forward when they are not known yet."""
     def target_sets(logits: torch.Tensor) -> list[torch.Tensor]:
         # a batch of one runs as two copies (the engine's ONE_EXAMPLE_BUG): s keeps its own one
         copies = logits.shape[0] // max(len(s.ids), 1)
@@ -277,10 +285,7 @@ def grad_norms(s, choose: Callable, loss_fn=None) -> torch.Tensor:
             s.logits = logits[:len(s.ids)]
         sets = choose(s)
         return sets if copies == 1 else [t.repeat(copies, *[1] * (t.dim() - 1)) for t in sets]
-
-    norms, _ = grad_norms_per_target(s.model, s.inputs, target_sets, params=s.layers, method=s.method,
-                                     loss_fn=loss_fn or s.spec.loss, compile=s.compile)
-    return norms.detach().to(s.logits.device, exact_dtype(s.logits))
+    return target_sets
 
 
 def egl_sampled(s) -> dict:
