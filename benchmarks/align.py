@@ -1,8 +1,12 @@
 """`-s align` beside `-s gradnorm` (and `-s loss`, the forward alone) on causal LMs at long texts:
 the wall time and peak memory of whole `alcli score` runs, side by side, on the same pool (issue
-54). align computes the target's mean gradient once (one backward per target batch), then per
-batch one forward-mode pass along it and, for labeled rows, the engine's exact norm (gradnorm's
-pass), so its cost over gradnorm is that jvp pass plus the target's backward.
+54), for both of align's routes to g_i·ḡ (alcli/score/align.py). align computes the target's mean
+gradient once (one backward per target batch), then per batch either
+- ghost (the default): gradnorm's own backward, each layer's per-example gradient (dense or
+  factored) dotted with ḡ's slice beside its norm; or
+- jvp: one forward-mode pass along ḡ (attention on its math kernel), and gradnorm's pass for
+  the norm (the route before issue 54's ghost inner products; `align.ROUTE = "jvp"`, set here
+  in the child process).
 
 Models built here from their configs (no download): GPT-2 small's shape (12 layers, d = 768,
 12 heads; a 1,000-word vocabulary) and a tiny Llama (4 layers, d = 256). Texts: random words of a
@@ -65,6 +69,23 @@ def texts(n: int, length: int, seed: int) -> list[str]:
     return [" ".join(rng.choice(WORDS) for _ in range(length)) for _ in range(n)]
 
 
+# `python -c JVP_ROUTE score ...`: alcli with align's labeled rows on the jvp route
+JVP_ROUTE = ("import sys; import alcli.score.align as align; align.ROUTE = 'jvp'; "
+             "from alcli.cli import main; sys.argv[0] = 'alcli'; main()")
+
+
+def largest_difference(ghost: Path, jvp: Path) -> float:
+    """The largest |score| difference between the two routes' tables, row by row."""
+    import csv
+
+    def scores(path):
+        with open(path, newline="") as f:
+            return {r["id"]: float(r["score"]) for r in csv.DictReader(f)}
+    a, b = scores(ghost), scores(jvp)
+    assert a.keys() == b.keys()
+    return max(abs(a[i] - b[i]) for i in a)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true")
@@ -78,6 +99,7 @@ def main() -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": str(args.threads),
            "TOKENIZERS_PARALLELISM": "false"}
     rows, started = [], time.perf_counter()
+    runs = {"loss": [], "gradnorm": [], "align": [], "align-jvp": []}
     for kind in ("gpt2-small", "llama-tiny"):
         for length, n in lengths:
             folder = work / f"{kind}-{length}"
@@ -87,10 +109,12 @@ def main() -> None:
             (work / "target.jsonl").write_text("".join(
                 json.dumps({"text": t}) + "\n" for t in texts(2, length - 2, 2)))
             got = {}
-            for strategy in ("loss", "gradnorm", "align"):
-                cmd = [sys.executable, "-m", "alcli", "score", str(work / "pool.jsonl"), "-m", str(folder),
+            for name in runs:
+                strategy = name.split("-")[0]
+                start = ["-c", JVP_ROUTE] if name == "align-jvp" else ["-m", "alcli"]
+                cmd = [sys.executable, *start, "score", str(work / "pool.jsonl"), "-m", str(folder),
                        "--task", "causal-lm", "-s", strategy, "--max-length", str(length), "-b", "1",
-                       "--no-embeddings", "-q", "-o", str(work / f"{strategy}.csv")]
+                       "--no-embeddings", "-q", "-o", str(work / f"{name}.csv")]
                 if strategy == "align":
                     cmd += ["--target", str(work / "target.jsonl")]
                 t0 = time.perf_counter()
@@ -98,21 +122,25 @@ def main() -> None:
                 seconds = time.perf_counter() - t0
                 if proc.returncode:
                     sys.exit(f"{' '.join(cmd[2:])} failed: {proc.stderr[-2000:]}")
-                got[strategy] = (seconds, rss)
-                print(f"{kind} T={length} {strategy}: {seconds:.1f} s, peak RSS {rss / 2**20:.0f} MiB",
+                got[name] = (seconds, rss)
+                print(f"{kind} T={length} {name}: {seconds:.1f} s, peak RSS {rss / 2**20:.0f} MiB",
                       file=sys.stderr, flush=True)
+            got["max |ghost - jvp|"] = largest_difference(work / "align.csv", work / "align-jvp.csv")
             rows.append((kind, length, n, got))
     lines = [f"# python benchmarks/align.py{' --quick' if args.quick else ''}   ({args.threads} torch "
              f"threads, torch {torch.__version__}, python {platform.python_version()}, "
              f"{os.cpu_count()} CPUs)",
              "# whole `alcli score` runs (start included), one text per batch; align's target: 2 texts of T tokens",
+             "# align: the ghost route (default); jvp: the forward-mode route; /gn: over gradnorm's",
              "",
-             f"{'model':12s} {'T':>5s} {'texts':>5s}  {'loss s':>7s} {'gradnorm s':>10s} {'align s':>8s} "
-             f"{'align/gn':>8s}  {'loss MiB':>8s} {'gn MiB':>7s} {'align MiB':>9s} {'align/gn':>8s}"]
+             f"{'model':12s} {'T':>5s} {'texts':>5s}  {'loss s':>7s} {'gn s':>6s} {'ghost s':>7s} {'jvp s':>6s} "
+             f"{'ghost/gn':>8s} {'jvp/gn':>6s}  {'loss MiB':>8s} {'gn MiB':>6s} {'ghost MiB':>9s} {'jvp MiB':>7s} "
+             f"{'ghost/gn':>8s} {'jvp/gn':>6s}  {'max |ghost-jvp|':>15s}"]
     for kind, length, n, got in rows:
-        (ls, lm), (gs, gm), (as_, am) = got["loss"], got["gradnorm"], got["align"]
-        lines.append(f"{kind:12s} {length:5d} {n:5d}  {ls:7.1f} {gs:10.1f} {as_:8.1f} {as_ / gs:8.2f}  "
-                     f"{lm / 2**20:8.0f} {gm / 2**20:7.0f} {am / 2**20:9.0f} {am / gm:8.2f}")
+        (ls, lm), (gs, gm), (as_, am), (js, jm) = (got[k] for k in runs)
+        lines.append(f"{kind:12s} {length:5d} {n:5d}  {ls:7.1f} {gs:6.1f} {as_:7.1f} {js:6.1f} "
+                     f"{as_ / gs:8.2f} {js / gs:6.2f}  {lm / 2**20:8.0f} {gm / 2**20:6.0f} {am / 2**20:9.0f} "
+                     f"{jm / 2**20:7.0f} {am / gm:8.2f} {jm / gm:6.2f}  {got['max |ghost - jvp|']:15.1e}")
     lines.append(f"\nwall time {time.perf_counter() - started:.0f} s")
     text = "\n".join(lines) + "\n"
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -42,7 +42,8 @@ ROUTE = "ghost"  # labeled rows' g_i·ḡ: "ghost" (beside the norm, in its back
 
 @dataclass
 class TargetGradient:
-    """ḡ over the selected parameters (float64), by their names in model.named_parameters()."""
+    """ḡ over the selected parameters, by their names in model.named_parameters(): summed in
+    float64, kept in each parameter's dtype (float32 at least); its norm from the float64 sum."""
     vectors: dict[str, torch.Tensor]
     norm: float
     rows: int      # the target rows it averages

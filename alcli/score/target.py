@@ -56,12 +56,18 @@ def target_for(settings: Settings, model: nn.Module, device: torch.device, open_
         rows += len(batch.ids)
     if rows == 0:
         raise ConfigError(f"target {settings.target} holds no rows")
-    vectors = {n: acc / rows for n, acc in zip(selection.names, total)}
-    norm = float(torch.sqrt(sum((v * v).sum() for v in vectors.values())))
+    norm = float(torch.sqrt(sum((acc * acc).sum() for acc in total))) / rows
+    # kept in the parameters' dtype (float32 at least): both routes take ḡ in it, and a float64
+    # copy of a large model's ḡ would be align's largest cost in memory (GPT-2 small: 0.7 GB)
+    vectors = {n: (total.pop(0) / rows).to(_kept_dtype(p)) for n, p in zip(selection.names, selection.params)}
     if norm == 0:
         raise ConfigError(f"target {settings.target}: its mean loss gradient is zero over the "
                           f"selected parameters, so no direction to align with")
     return TargetGradient(vectors, norm, rows, str(settings.target))
+
+
+def _kept_dtype(p: torch.Tensor) -> torch.dtype:
+    return p.dtype if p.dtype in (torch.float32, torch.float64) else torch.float32
 
 
 def _task(settings: Settings, model: nn.Module, inputs, pool):
