@@ -136,6 +136,7 @@ def grad_dots_per_target(model: nn.Module, inputs: torch.Tensor,
             return norms, norms.clone(), logits.detach()
         both, logits = ghost_norms(model, inputs, targets_for, selection, loss_fn or cross_entropy,
                                    direction=by_id)  # [K, 2, B]
+    both = both.detach()
     return both[:, 0], both[:, 1], logits.detach()
 
 
