@@ -91,16 +91,19 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--models", default="gpt2-small,llama-tiny", help="which of gpt2-small, llama-tiny, in order")
+    ap.add_argument("--lengths", default="512:4,2048:2", help="T:texts in the pool, comma-separated")
+    ap.add_argument("--no-loss", action="store_true", help="leave out the loss runs (the forward alone)")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="align_bench_"))
-    lengths = [(32, 4), (64, 2)] if args.quick else [(512, 4), (2048, 2)]  # (T, texts in the pool)
+    lengths = [(32, 4), (64, 2)] if args.quick else [tuple(map(int, x.split(":"))) for x in args.lengths.split(",")]
     out = Path(args.out or (work / "align.txt" if args.quick else
                             REPO / "benchmarks" / "results" / "align-cpu-2core.txt"))
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": str(args.threads),
            "TOKENIZERS_PARALLELISM": "false"}
     rows, started = [], time.perf_counter()
-    runs = {"loss": [], "gradnorm": [], "align": [], "align-jvp": []}
-    for kind in ("gpt2-small", "llama-tiny"):
+    runs = ["gradnorm", "align", "align-jvp"] if args.no_loss else ["loss", "gradnorm", "align", "align-jvp"]
+    for kind in args.models.split(","):
         for length, n in lengths:
             folder = work / f"{kind}-{length}"
             build(kind, length + 8, folder, args.quick)
@@ -127,6 +130,10 @@ def main() -> None:
                       file=sys.stderr, flush=True)
             got["max |ghost - jvp|"] = largest_difference(work / "align.csv", work / "align-jvp.csv")
             rows.append((kind, length, n, got))
+            write_table(out, rows, args, started)  # after each row: a long run's rows so far are kept
+
+
+def write_table(out: Path, rows: list, args, started: float) -> None:
     lines = [f"# python benchmarks/align.py{' --quick' if args.quick else ''}   ({args.threads} torch "
              f"threads, torch {torch.__version__}, python {platform.python_version()}, "
              f"{os.cpu_count()} CPUs)",
@@ -137,7 +144,8 @@ def main() -> None:
              f"{'ghost/gn':>8s} {'jvp/gn':>6s}  {'loss MiB':>8s} {'gn MiB':>6s} {'ghost MiB':>9s} {'jvp MiB':>7s} "
              f"{'ghost/gn':>8s} {'jvp/gn':>6s}  {'max |ghost-jvp|':>15s}"]
     for kind, length, n, got in rows:
-        (ls, lm), (gs, gm), (as_, am), (js, jm) = (got[k] for k in runs)
+        (ls, lm), (gs, gm), (as_, am), (js, jm) = (got.get(k, (float("nan"),) * 2) for k in
+                                                   ("loss", "gradnorm", "align", "align-jvp"))
         lines.append(f"{kind:12s} {length:5d} {n:5d}  {ls:7.1f} {gs:6.1f} {as_:7.1f} {js:6.1f} "
                      f"{as_ / gs:8.2f} {js / gs:6.2f}  {lm / 2**20:8.0f} {gm / 2**20:6.0f} {am / 2**20:9.0f} "
                      f"{jm / 2**20:7.0f} {am / gm:8.2f} {jm / gm:6.2f}  {got['max |ghost - jvp|']:15.1e}")
