@@ -442,22 +442,28 @@ class _Pass:
         if call.out_rows:  # [B, k, C] -> [B, C, k]
             grad_out = grad_out.transpose(1, 2)
         module, paths = self.plan.modules[name], self.plan.paths[name]
+        entry = self.plan.rules[name]
         wanted = self.wanted.get(name)
         if wanted is None:
-            # with a direction every rule gives per-example gradients (dense or factored) for the dot
-            wanted = self.wanted[name] = {path: self.direction is not None or self.uses[id(p)] > 1
-                                          for path, p in paths.items()}
+            # with a direction, a rule without a dot of its own gives per-example gradients (dense
+            # or factored) for the driver to dot
+            by_driver = self.direction is not None and entry.dot is None
+            wanted = self.wanted[name] = {path: by_driver or self.uses[id(p)] > 1 for path, p in paths.items()}
         # bf16/fp16 (autocast) inputs and gradients: the rules square and sum in float32
         args, kwargs, grad_out = _float32((call.args, call.kwargs, grad_out))
         seen = RuleCall(args, kwargs, grad_out, call.cache, call.layout)
         try:
-            result = self.plan.rules[name].rule(module, seen, wanted)
+            result = entry.rule(module, seen, wanted)
+            if self.direction is not None and entry.dot is not None:  # the rule's own dot, for
+                # parameters used once (their norms come from the rule as without a direction)
+                own = {path: self.direction[id(p)] for path, p in paths.items() if not wanted[path]}
+                self.dots.extend(entry.dot(module, seen, own).values())
         except UnsupportedModel as err:
             raise UnsupportedModel(f"module '{name}' ({type(module).__name__}): {err}") from err
         for path, value in result.items():
             key = id(paths[path])
-            if self.direction is not None and self.uses[key] == 1:  # its whole gradient: taken now
-                self._norm_and_dot(outer.add([], value), key)
+            if self.direction is not None and self.uses[key] == 1 and entry.dot is None:  # its whole
+                self._norm_and_dot(outer.add([], value), key)                              # gradient: now
             elif wanted[path]:
                 self.summed_grads[key] = outer.add(self.summed_grads.get(key, []), value)
             elif value.dim() > 1:  # a small per-example gradient [B, *shape]: squared in finish
@@ -475,13 +481,13 @@ class _Pass:
                 if call.arrived is not None and any(g is not None for g in call.arrived):
                     self._run(name, call)
         acc = _acc_dtype(device)
+        if self.small:  # one cat, square and sum for all of them: [B, sum n] -> [B]
+            self.sq.append(torch.cat(self.small, 1).square().sum(1))
         if self.direction is not None:
             for key, terms in self.summed_grads.items():
                 self._norm_and_dot(terms, key)
             return torch.stack([_total(self.sq, batch, acc, device).clamp_min(0).sqrt(),
                                 _total(self.dots, batch, acc, device)])
-        if self.small:  # one cat, square and sum for all of them: [B, sum n] -> [B]
-            self.sq.append(torch.cat(self.small, 1).square().sum(1))
         for terms in self.summed_grads.values():
             self.sq.append(outer.sq_norm(terms, acc))
         if not self.sq:

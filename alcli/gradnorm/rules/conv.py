@@ -66,7 +66,24 @@ def weight_backward(module, x, g, rows: int = 0):
     return grad.view(batch, *module.weight.shape)
 
 
-@register(nn.Conv1d, nn.Conv2d, nn.Conv3d, layout="batch_first", blocks=True)
+def conv_dot(module, call, directions):
+    """<W grad_i, V> = sum_t g_it^T V a_it = <g_i, conv(x_i; V)>: one convolution of the input
+    with V as its weight, no per-example gradient [B, *weight.shape]; the bias's <sum_t g_it, V>."""
+    x, g = call.args[0], call.grad_out
+    rows = g.shape[1] if g.dim() == x.dim() + 1 else 0  # k rows per example: x [B*k, ...], g [B, k, ...]
+    out = {}
+    if "weight" in directions:
+        y = module._conv_forward(x, directions["weight"].to(x.dtype), None)   # [B(*k), C_out, *O]
+        if rows:
+            y = y.unflatten(0, (g.shape[0], rows))
+        out["weight"] = (y.to(g.dtype) * g).flatten(1).sum(1)
+    if "bias" in directions:
+        g_sum = (g.sum(1) if rows else g).flatten(2).sum(2)                   # [B, C_out]
+        out["bias"] = g_sum @ directions["bias"].to(g.dtype)
+    return out
+
+
+@register(nn.Conv1d, nn.Conv2d, nn.Conv3d, layout="batch_first", blocks=True, dot=conv_dot)
 def conv_rule(module, call, wanted):
     x = call.args[0]
     if x.dim() != len(module.kernel_size) + 2:

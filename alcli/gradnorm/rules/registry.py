@@ -35,6 +35,9 @@ class Entry(NamedTuple):
     blocks: bool = False              # "batch_first" rules that sum an example's k rows of a
                                       # [B*k, ...] input (a detector's head on its proposals): the
                                       # input stays [B*k, ...], the output gradient comes [B, k, ...]
+    dot: Callable | None = None       # (module, RuleCall, {path: V}) -> {path: [B] <g_i, V>} without
+                                      # per-example gradients (ghost_norms' direction); None: the
+                                      # driver dots the per-example gradients the rule gives
 
     @property
     def name(self) -> str:
@@ -64,12 +67,12 @@ RULES: dict = {}  # a module type, or "package.module.Class" for optional packag
 
 
 def register(*types, layout: str, claims_children: tuple = (), capture=None, accepts=None, rows=False,
-             blocks=False):
+             blocks=False, dot=None):
     """Register a rule for module types, or for classes named "package.module.Class" (types of
     optional packages such as transformers, matched without importing them)."""
     def wrap(rule: Rule) -> Rule:
         for module_type in types:
-            RULES[module_type] = Entry(rule, layout, claims_children, capture, accepts, rows, blocks)
+            RULES[module_type] = Entry(rule, layout, claims_children, capture, accepts, rows, blocks, dot)
         return rule
     return wrap
 
