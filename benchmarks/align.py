@@ -40,13 +40,13 @@ REPO = Path(__file__).resolve().parents[1]
 WORDS = [f"w{i}" for i in range(995)]
 
 
-def build(kind: str, positions: int, folder: Path, quick: bool) -> None:
+def build(kind: str, positions: int, folder: Path, quick: bool, gpt2_layers: int = 12) -> None:
     import transformers as tf
     from tokenizers import Tokenizer, models, pre_tokenizers
     torch.manual_seed(0)
     vocab = ["[PAD]", "[UNK]", "[BOS]", "[EOS]", "[SEP]"] + WORDS
     if kind == "gpt2-small":
-        width, layers, heads = (64, 2, 2) if quick else (768, 12, 12)
+        width, layers, heads = (64, 2, 2) if quick else (768, gpt2_layers, 12)
         model = tf.GPT2LMHeadModel(tf.GPT2Config(vocab_size=len(vocab), n_embd=width, n_layer=layers,
                                                  n_head=heads, n_positions=positions, pad_token_id=0))
     else:
@@ -94,6 +94,8 @@ def main() -> None:
     ap.add_argument("--models", default="gpt2-small,llama-tiny", help="which of gpt2-small, llama-tiny, in order")
     ap.add_argument("--lengths", default="512:4,2048:2", help="T:texts in the pool, comma-separated")
     ap.add_argument("--no-loss", action="store_true", help="leave out the loss runs (the forward alone)")
+    ap.add_argument("--gpt2-layers", type=int, default=12, help="GPT-2 small's width with this many of "
+                    "its 12 layers (a machine without the memory for all 12 at T = 2,048)")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="align_bench_"))
     lengths = [(32, 4), (64, 2)] if args.quick else [tuple(map(int, x.split(":"))) for x in args.lengths.split(",")]
@@ -106,7 +108,7 @@ def main() -> None:
     for kind in args.models.split(","):
         for length, n in lengths:
             folder = work / f"{kind}-{length}"
-            build(kind, length + 8, folder, args.quick)
+            build(kind, length + 8, folder, args.quick, args.gpt2_layers)
             (work / "pool.jsonl").write_text("".join(
                 json.dumps({"id": f"t{i}", "text": t}) + "\n" for i, t in enumerate(texts(n, length - 2, 1))))
             (work / "target.jsonl").write_text("".join(
@@ -139,6 +141,7 @@ def write_table(out: Path, rows: list, args, started: float) -> None:
              f"{os.cpu_count()} CPUs)",
              "# whole `alcli score` runs (start included), one text per batch; align's target: 2 texts of T tokens",
              "# align: the ghost route (default); jvp: the forward-mode route; /gn: over gradnorm's",
+             f"# gpt2-small: {args.gpt2_layers} of its 12 layers" if args.gpt2_layers != 12 else "#",
              "",
              f"{'model':12s} {'T':>5s} {'texts':>5s}  {'loss s':>7s} {'gn s':>6s} {'ghost s':>7s} {'jvp s':>6s} "
              f"{'ghost/gn':>8s} {'jvp/gn':>6s}  {'loss MiB':>8s} {'gn MiB':>6s} {'ghost MiB':>9s} {'jvp MiB':>7s} "

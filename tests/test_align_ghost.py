@@ -165,3 +165,24 @@ def test_engine_dots_on_a_tied_language_model():
         assert abs(float(dots[0, i] - gi @ flat_v)) <= 1e-12 * float(gi.norm() * flat_v.norm())
         assert abs(float(norms[0, i] - gi.norm())) <= 1e-12 * float(gi.norm())
     assert len(names) == len(params)
+
+
+@pytest.mark.parametrize("rows", [0, 3])
+def test_the_convolutions_own_dot_against_formed_gradients(rows):
+    """conv.conv_dot, <g_i, conv(x_i; V)>, against example i's weight and bias gradients formed
+    by autograd, for a call whose examples hold k rows each ([B*k, C, ...], a mask head's)."""
+    from alcli.gradnorm.rules.conv import conv_dot
+    from alcli.gradnorm.rules.registry import RuleCall
+    torch.manual_seed(0)
+    conv = nn.Conv2d(4, 6, 3, stride=2, padding=1, groups=2).double()
+    batch, k = 2, max(rows, 1)
+    x = torch.randn(batch * k, 4, 7, 7, dtype=F64)
+    g = torch.randn(batch, k, 6, 4, 4, dtype=F64)
+    v = {"weight": torch.randn(conv.weight.shape, dtype=F64), "bias": torch.randn(6, dtype=F64)}
+    call = RuleCall((x,), {}, g if rows else g[:, 0], {}, None)
+    got = conv_dot(conv, call, v)
+    for i in range(batch):
+        out = conv(x[i * k:(i + 1) * k])
+        gw, gb = torch.autograd.grad((out * g[i]).sum(), [conv.weight, conv.bias])
+        assert abs(float(got["weight"][i] - (gw * v["weight"]).sum())) < 1e-12
+        assert abs(float(got["bias"][i] - gb @ v["bias"])) < 1e-12
