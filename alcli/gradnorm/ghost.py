@@ -65,7 +65,8 @@ def ghost_norms(model, inputs, targets_for, selection: ParamSelection, loss_fn, 
     `compiled`: the rules' arithmetic of a backward runs as one torch.compile'd graph.
     `direction` (parameter id -> V, a tensor of the parameter's shape): [K, 2, B] instead, each
     example's norm and its gradient's inner product with V, g_i·V, from the same backward (the
-    rules give per-example gradients, dense or factored, and `outer.dot` takes them; not compiled)."""
+    rules give per-example gradients, dense or factored, and `outer.dot` takes them, or a rule
+    takes the dot itself, `Entry.dot`: convolutions; not compiled)."""
     plan = ghost_plan_for(model, selection, inputs)
     batch = batch_size(inputs)
     calls: dict[str, list[_Call]] = {name: [] for name in plan.modules}
