@@ -11,6 +11,7 @@ gradient is never formed. A term stays factors while all of the parameter's fact
 more numbers than its gradient (sum_p T_p (R + C) <= R C, an index row counting 1), which also
 keeps the pairwise products (N T_p (R + C) for N tokens in all) no dearer than forming each
 term's gradient (T_p R C); a term past that is added into the parameter's one dense sum.
+`dot` takes the sum's inner product with a fixed V [R, C] the same way: sum_t r_t^T V c_t.
 """
 from __future__ import annotations
 
