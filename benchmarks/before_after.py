@@ -7,7 +7,7 @@ the summed loss), the other engine and this one in rotating order, round after r
 
 - steady call ÷ floor, the median over rounds of each round's ratio;
 - first call ÷ steady call on fresh deep copies (every per-model cache cold), alternating which
-  engine goes first;
+  engine goes first (`--first-rounds` copies each);
 - aten dispatches and kernels of a steady call (call_cost.op_counts).
 
 Both engines' norms are checked against each other first (rtol 1e-4).
@@ -48,7 +48,7 @@ def import_before(checkout: str):
     return importlib.import_module("alcli_before.gradnorm")
 
 
-def compare(name: str, engines: dict, rounds: int) -> dict:
+def compare(name: str, engines: dict, rounds: int, first_rounds: int | None = None) -> dict:
     case = build_case(name, torch.device("cpu"))
     models = {who: copy.deepcopy(case.model) for who in engines}
     fns = {"floor": floor_fn(case)}
@@ -65,7 +65,7 @@ def compare(name: str, engines: dict, rounds: int) -> dict:
     reps = max(1, int(0.05 / (time.perf_counter() - start)))  # ~50 ms per timed sample
     times = interleaved_times(fns, rounds, reps)
     firsts = {who: [] for who in engines}
-    for r in range(max(3, rounds // 3)):
+    for r in range(first_rounds or max(3, rounds // 3)):
         for who in (list(engines) if r % 2 == 0 else list(engines)[::-1]):
             model = copy.deepcopy(case.model)
             run = lambda: engines[who].per_example_grad_norms(model, case.inputs, case.targets,  # noqa: E731
@@ -95,12 +95,14 @@ def main(argv=None) -> int:
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--first-rounds", type=int, default=None,
+                        help="fresh copies per engine for first ÷ steady (default: rounds / 3, at least 3)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     engines = {"before": import_before(args.before), "after": importlib.import_module("alcli.gradnorm")}
     print(f"torch {torch.__version__}, cpu, {torch.get_num_threads()} threads; before: {args.before}")
     for name in args.models.split(","):
-        row = compare(name, engines, args.rounds)
+        row = compare(name, engines, args.rounds, args.first_rounds)
         print(f"{name:<13} " + "  ".join(f"{k} {v:.2f}" + ("x" if "÷" in k else "") if isinstance(v, float)
                                          else f"{k} {v}" for k, v in row.items()), flush=True)
     return 0
