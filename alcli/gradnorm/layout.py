@@ -519,7 +519,8 @@ def _fingerprint(x: torch.Tensor, d: int, projections: dict | None = None) -> to
             gen = torch.Generator(device=rows.device).manual_seed((width << 20) + block)
             total += part @ torch.rand(part.shape[1], generator=gen, dtype=torch.float64, device=rows.device)
         return total
-    rows = torch.nan_to_num(rows.double())
+    # a fresh float64 copy is cleaned in place; float64 rows are the model's own, left as they are
+    rows = rows.double().nan_to_num_() if rows.dtype != torch.float64 else torch.nan_to_num(rows)
     key = (width, rows.device)
     weights = None if projections is None else projections.get(key)
     if weights is None:
