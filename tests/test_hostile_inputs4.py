@@ -1,0 +1,138 @@
+"""Round 4 of the hostile-input review (docs/hostile-inputs-4.md): embeddings files whose headers
+claim more than they hold, that inflate, or hold NaN or text; videos of decompression-bomb size."""
+from __future__ import annotations
+
+import io
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+from typer.testing import CliRunner
+
+from alcli.cli import app
+from alcli.files.embeddings import (EmbeddingsError, embeddings_run_id, load_embeddings,
+                                    open_features, save_embeddings)
+from alcli.pools import open_pool
+from alcli.pools.common import PoolOptions
+
+runner = CliRunner()
+N, C, D = 12, 3, 4
+
+
+def table(folder: Path) -> Path:
+    """A ranked table of N rows (no model needed) and its embeddings file, both honest."""
+    rng = np.random.default_rng(0)
+    ids = [f"x{i}" for i in range(N)]
+    path = folder / "t.csv"
+    path.write_text("rank,id,score,pred,confidence\n" + "".join(
+        f"{k + 1},{i},{N - k}.5,{k % C},0.5\n" for k, i in enumerate(ids)))
+    save_embeddings(str(path) + ".emb.npz", ids, rng.normal(size=(N, C)), rng.normal(size=(N, D)))
+    return path
+
+
+def rewrite(npz: Path, compress: bool = False, **members) -> None:
+    """The embeddings file again, with `members` (name -> array, or raw .npy bytes) replaced."""
+    arrays = dict(np.load(npz))
+    with zipfile.ZipFile(npz, "w", zipfile.ZIP_DEFLATED if compress else zipfile.ZIP_STORED) as zf:
+        for name, value in {**arrays, **members}.items():
+            if not isinstance(value, bytes):
+                buf = io.BytesIO()
+                np.save(buf, value)
+                value = buf.getvalue()
+            zf.writestr(name + ".npy", value)
+
+
+def claims(shape, tail: bytes = b"\0" * 64) -> bytes:
+    """A .npy member whose header claims `shape` float64 and whose data is `tail`."""
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, {"descr": "<f8", "fortran_order": False,
+                                               "shape": shape})
+    return buf.getvalue() + tail
+
+
+def readers(npz: Path):
+    return [lambda: load_embeddings(str(npz)), lambda: open_features(str(npz)),
+            lambda: embeddings_run_id(str(npz))]
+
+
+@pytest.mark.parametrize("compress", [False, True])
+def test_a_header_claiming_a_huge_shape_is_one_sentence_before_any_allocation(tmp_path, compress):
+    npz = Path(str(table(tmp_path)) + ".emb.npz")
+    rewrite(npz, compress, a=claims((10 ** 7, 10 ** 7)))  # 728 TiB claimed by a 200-byte member
+    for read in readers(npz):
+        with pytest.raises(EmbeddingsError, match=r"a\.npy claims shape \(10000000, 10000000\)"):
+            read()
+
+
+def test_a_member_that_inflates_a_thousandfold_is_refused_an_honest_compressed_one_read(tmp_path):
+    npz = Path(str(table(tmp_path)) + ".emb.npz")
+    honest = load_embeddings(str(npz))
+    rewrite(npz, compress=True)  # random floats: deflate saves little, the file still reads
+    again = load_embeddings(str(npz))
+    assert again[0] == honest[0] and np.array_equal(again[2].numpy(), honest[2].numpy())
+    rewrite(npz, compress=True, b=np.zeros((N, 200_000)))  # 19 MB of zeros in about 20 KB
+    assert npz.stat().st_size < 100_000
+    for read in readers(npz):
+        with pytest.raises(EmbeddingsError, match="b.npy inflates from .* more than 64 times"):
+            read()
+
+
+@pytest.mark.parametrize("member,value,says", [
+    ("b", "nan", "b row 5 holds NaN or infinity"),
+    ("b", "inf", "b row 5 holds NaN or infinity"),
+    ("a", "nan", "a row 5 holds NaN or infinity"),
+    ("a", "text", "a holds <U"),
+])
+def test_features_that_are_not_finite_floats_are_one_sentence(tmp_path, member, value, says):
+    npz = Path(str(table(tmp_path)) + ".emb.npz")
+    arrays = dict(np.load(npz))
+    x = arrays[member].astype(str) if value == "text" else arrays[member].copy()
+    if value != "text":
+        x[5, 1] = float(value)
+    rewrite(npz, **{member: x})
+    with pytest.raises(EmbeddingsError, match=says):
+        load_embeddings(str(npz))
+    if member == "b":
+        with pytest.raises(EmbeddingsError, match=says):
+            open_features(str(npz))
+
+
+def test_select_diverse_on_nan_features_exits_1_and_writes_no_batch(tmp_path):
+    """Before: rc 0 and a batch chosen by k-means++ over NaN distances (and dedup calling every
+    row a near-duplicate of every other)."""
+    path = table(tmp_path)
+    npz = Path(str(path) + ".emb.npz")
+    b = dict(np.load(npz))["b"]
+    b[:] = np.nan
+    rewrite(npz, b=b)
+    out = tmp_path / "batch.csv"
+    result = runner.invoke(app, ["select", str(path), "-n", "4", "--diverse", "-o", str(out),
+                                 "-q"])
+    assert result.exit_code == 1, result.output
+    assert "NaN or infinity" in result.stderr and str(npz) in result.stderr
+    assert "Traceback" not in result.stderr and not out.exists()
+
+
+def test_a_video_of_bomb_sized_frames_is_an_error_row_not_decoded(tmp_path, monkeypatch):
+    av = pytest.importorskip("av")
+    clip = tmp_path / "c.mp4"
+    with av.open(str(clip), "w") as out:  # two 32 x 32 frames
+        stream = out.add_stream("mpeg4", rate=10)
+        stream.width = stream.height = 32
+        stream.pix_fmt = "yuv420p"
+        for k in range(2):
+            frame = av.VideoFrame.from_ndarray(np.full((32, 32, 3), 40 * k, np.uint8), "rgb24")
+            for packet in stream.encode(frame):
+                out.mux(packet)
+        for packet in stream.encode():
+            out.mux(packet)
+    assert len(open_pool(str(clip), PoolOptions())) == 2
+    # PIL's limit lowered so that 32 x 32 = 1024 pixels is past twice it, as 14000 x 14000 is
+    # past twice the default (a 140 KB clip claims such frames)
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 500)
+    pool = open_pool(str(clip), PoolOptions())
+    assert len(pool) == 1
+    item = pool[0]
+    assert item.input is None and "frames of 32 x 32 pixels, more than 1000" in item.error
