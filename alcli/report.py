@@ -246,15 +246,15 @@ def thumbnail(row: Mapping, n: int, path: str, instances,
         return None, 0
     try:
         pic = overlay(pic, masks_of(row, folder))
-    except (OSError, ValueError, TypeError, KeyError, IndexError, SyntaxError,
+    except (OSError, ValueError, TypeError, KeyError, IndexError, SyntaxError, RecursionError,
             Image.DecompressionBombError):
-        pass  # a mask that cannot be read is not drawn; the picture still is
+        pass  # a mask that cannot be read is not drawn (json recurses once per level)
     drawn = 0
     if instances is not None:
         try:
             found = instances(row, n)
             scale = pic.width / float(row["width"])
-        except (ValueError, TypeError, KeyError, ZeroDivisionError):
+        except (ValueError, TypeError, KeyError, ZeroDivisionError, RecursionError):
             found = []
         draw = ImageDraw.Draw(pic)
         for box, cls, _, points in found:
@@ -325,7 +325,7 @@ def highlighted(row: Mapping, names: Sequence[str] | None) -> str:
     text = str(row["text"])
     try:
         tags = json.loads(row["pred_words"]) if isinstance(row.get("pred_words"), str) else None
-    except ValueError:
+    except (ValueError, RecursionError):
         tags = None
     words = [m.span() for m in re.finditer(r"\S+", text)]
     if text.endswith(MORE) and words:  # a text cut short: its last word is cut too

@@ -136,3 +136,38 @@ def test_a_video_of_bomb_sized_frames_is_an_error_row_not_decoded(tmp_path, monk
     assert len(pool) == 1
     item = pool[0]
     assert item.input is None and "frames of 32 x 32 pixels, more than 1000" in item.error
+
+
+DEEP = "[" * 20000 + "]" * 20000  # json's decoder recurses once per level: RecursionError
+
+
+def test_deeply_nested_cells_are_not_drawn_in_the_report(tmp_path):
+    """A `masks` or `pred_words` cell nested 20000 deep: the page is written (the text shown
+    plain, the picture without masks) instead of a RecursionError traceback."""
+    pytest.importorskip("matplotlib")
+    picture = tmp_path / "p.png"
+    Image.new("RGB", (8, 8), "white").save(picture)
+    images = tmp_path / "images.csv"
+    images.write_text(f"rank,id,score,pred,masks\n1,{picture},2.0,1,{DEEP}\n2,q,1.0,0,\n")
+    texts = tmp_path / "texts.csv"
+    texts.write_text(f"rank,id,score,pred,text,pred_words\n1,a,1.0,x,<b>hi</b> there,{DEEP}\n")
+    for t in (images, texts):
+        out = tmp_path / (t.stem + ".html")
+        result = runner.invoke(app, ["report", str(t), "-o", str(out), "-q"])
+        assert result.exit_code == 0, result.output
+        assert "Traceback" not in result.stderr
+    page = (tmp_path / "texts.html").read_text()
+    assert "&lt;b&gt;hi&lt;/b&gt; there" in page and "<b>hi" not in page
+    assert page.count("data:image/jpeg;base64,") == 0
+    assert (tmp_path / "images.html").read_text().count("data:image/jpeg;base64,") == 1
+
+
+def test_select_cost_boxes_on_a_deeply_nested_cell_is_one_sentence(tmp_path):
+    t = tmp_path / "t.csv"
+    t.write_text(f"rank,id,score,pred,boxes\n1,a,1.0,x,{DEEP}\n2,b,0.5,x,[]\n")
+    out = tmp_path / "b.csv"
+    result = runner.invoke(app, ["select", str(t), "--cost", "boxes", "-n", "1", "--no-diverse",
+                                 "--no-dedup", "-o", str(out), "-q"])
+    assert result.exit_code == 1 and not out.exists()
+    assert "row 'a' has no JSON list in its 'boxes' column" in result.stderr
+    assert "Traceback" not in result.stderr
