@@ -171,3 +171,34 @@ def test_select_cost_boxes_on_a_deeply_nested_cell_is_one_sentence(tmp_path):
     assert result.exit_code == 1 and not out.exists()
     assert "row 'a' has no JSON list in its 'boxes' column" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_target_row_with_a_nan_input_is_one_sentence_not_every_score_nan():
+    """Before: ḡ was NaN (norm NaN passes the `norm == 0` check), so every pool row scored NaN,
+    ranked in file order, rc 0."""
+    import torch
+    from torch import nn
+
+    from alcli.errors import ConfigError
+    from alcli.files.config import Settings
+    from alcli.pools.tensors import tensor_pool
+    from alcli.score.target import target_for
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 5), nn.Tanh(), nn.Linear(5, 3)).double()
+    xt, yt = torch.randn(5, 4, dtype=torch.float64), torch.tensor([0, 1, 2, 0, 1])
+    settings = Settings(strategy="align", target="t.pt", batch_size=2, task="classification")
+    ok = target_for(settings, model, torch.device("cpu"), lambda s: tensor_pool(xt, yt))
+    assert np.isfinite(ok.norm) and ok.norm > 0
+    xt[3, 2] = float("nan")  # row '3', in the second batch
+    with pytest.raises(ConfigError, match="target t.pt: the row '3' has a loss that is not finite"):
+        target_for(settings, model, torch.device("cpu"), lambda s: tensor_pool(xt, yt))
+
+
+def test_a_missing_target_does_not_name_the_configs_pool_key(in_ws, tmp_path):
+    """Before: "pool nope.pt (key 'pool' in CONFIG) does not exist", naming the wrong setting."""
+    config = tmp_path / "config.yaml"
+    config.write_text(in_ws.config.read_text() + f"\npool: {in_ws.pool}\n")
+    result = runner.invoke(app, ["score", "-c", str(config), "-m", "model.pt", "-q",
+                                 "-s", "align", "--target", "nope.pt", "-o", "o.csv"])
+    assert result.exit_code == 1 and "nope.pt does not exist" in result.stderr
+    assert "key 'pool'" not in result.stderr and "Traceback" not in result.stderr
