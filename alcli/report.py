@@ -24,6 +24,7 @@ from .errors import AlcliError, TableError
 from .files.embeddings import embeddings_path, load_embeddings
 from .files.regular import check_regular
 from .files.table import MORE, read_meta, read_table, sidecar
+from .pools import split_source
 from .selection import stopping
 from .selection.export import load_picture, picture_file
 from .tasks import TASKS, from_rows
@@ -382,6 +383,20 @@ def gallery(rnd: Round, image_dir: str | None) -> tuple[str, list[str]]:
                 body = f'<img src="{uri}" alt="{esc(rid)}">'
         cards.append(f'<figure>{body}<figcaption>{"".join(cells)}</figcaption></figure>')
     return '<div class="gallery">' + "".join(cards) + "</div>", unreadable
+
+
+def pictures(rnd: Round, image_dir: str | None) -> list[str]:
+    """The files the gallery reads (each card's picture, FILE of a FILE#PART such as a video's
+    frame; its pred_mask, as given and under the table's folder): the page may replace none."""
+    rows = rnd.batch if rnd.batch is not None else rnd.rows[:GALLERY_WITHOUT_BATCH]
+    folder = os.path.dirname(rnd.scores) or "."
+    files = []
+    for row in rows:
+        if row.get("text") in (None, ""):
+            files.append(split_source(picture_path(row, image_dir))[0])
+        if row.get("pred_mask") not in (None, ""):
+            files += [str(row["pred_mask"]), os.path.join(folder, str(row["pred_mask"]))]
+    return files
 
 
 def picture_path(row: Mapping, image_dir: str | None) -> str:

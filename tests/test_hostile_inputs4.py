@@ -202,3 +202,20 @@ def test_a_missing_target_does_not_name_the_configs_pool_key(in_ws, tmp_path):
                                  "-s", "align", "--target", "nope.pt", "-o", "o.csv"])
     assert result.exit_code == 1 and "nope.pt does not exist" in result.stderr
     assert "key 'pool'" not in result.stderr and "Traceback" not in result.stderr
+
+
+def test_the_report_never_replaces_a_picture_it_shows(tmp_path):
+    """Before: `report t.csv -o PICTURE` wrote the page over the gallery's own picture, rc 0."""
+    pytest.importorskip("matplotlib")
+    picture, mask = tmp_path / "p.png", tmp_path / "m.png"
+    Image.new("RGB", (8, 8), "white").save(picture)
+    Image.new("L", (8, 8), 1).save(mask)
+    t = tmp_path / "t.csv"
+    t.write_text(f"rank,id,score,pred,path,pred_mask\n1,a,2.0,1,{picture},m.png\n")
+    before = picture.read_bytes(), mask.read_bytes()
+    for out in (picture, mask):
+        result = runner.invoke(app, ["report", str(t), "-o", str(out), "-q"])
+        assert result.exit_code == 1 and "a picture the page shows" in result.stderr
+    assert (picture.read_bytes(), mask.read_bytes()) == before
+    ok = runner.invoke(app, ["report", str(t), "-o", str(tmp_path / "r.html"), "-q"])
+    assert ok.exit_code == 0 and (tmp_path / "r.html").exists()
