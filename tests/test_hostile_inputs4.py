@@ -219,3 +219,21 @@ def test_the_report_never_replaces_a_picture_it_shows(tmp_path):
     assert (picture.read_bytes(), mask.read_bytes()) == before
     ok = runner.invoke(app, ["report", str(t), "-o", str(tmp_path / "r.html"), "-q"])
     assert ok.exit_code == 0 and (tmp_path / "r.html").exists()
+
+
+def test_a_hostile_file_among_the_stdout_embeddings_is_passed_over(tmp_path):
+    """select on a table from a pipe looks through ./.alcli/*.emb.npz; a newer file whose
+    `scores` header claims [10^7, 10^7] raised MemoryError; now it is skipped."""
+    import os
+
+    from alcli.files.embeddings import find_for_rows
+    rng = np.random.default_rng(1)
+    ids, scores = ["a", "b"], [2.5, 1.5]
+    good, bad = tmp_path / "stdout-1.emb.npz", tmp_path / "stdout-2.emb.npz"
+    for path in (good, bad):
+        save_embeddings(str(path), ids, rng.normal(size=(2, C)), rng.normal(size=(2, D)),
+                        scores=scores)
+    rewrite(bad, compress=True, scores=claims((10 ** 7, 10 ** 7)))
+    os.utime(good, (1, 1))  # the hostile one is the newest, looked at first
+    rows = [{"id": i, "score": s} for i, s in zip(ids, scores)]
+    assert find_for_rows(tmp_path, rows) == str(good)

@@ -226,11 +226,12 @@ def find_for_rows(folder: Path, rows: Sequence[dict]) -> str | None:
     wanted = {str(r["id"]): r.get("score") for r in rows}
     for path in sorted(folder.glob(f"*{EMBEDDINGS_SUFFIX}"), key=_mtime, reverse=True):
         try:
+            _check_members(str(path))
             with np.load(path, allow_pickle=False) as z:
                 if "scores" not in z.files or "ids" not in z.files:
                     continue
                 scores = dict(zip((str(i) for i in z["ids"].tolist()), z["scores"].tolist()))
-        except (OSError, ValueError, zipfile.BadZipFile, EOFError):
+        except (OSError, ValueError, zipfile.BadZipFile, EOFError):  # EmbeddingsError among them
             continue
         if all(i in scores and _same(scores[i], s) for i, s in wanted.items()):
             return str(path)
