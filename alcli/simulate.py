@@ -328,9 +328,10 @@ def simulate(base: Settings, plan: Plan, say=lambda line: None, warn=None) -> li
                                       say, warn)
                         ran += done.pop("_ran")
                         now = stop_set(plan, strategy, seed, r)
-                        kappa = stopping.agreement(preds, now)["kappa"] \
+                        agreed = stopping.agreement(preds, now) \
                             if preds is not None and now is not None and r else None
-                        kappas.append(kappa)
+                        kappa = agreed["kappa"] if agreed else None
+                        kappas.append(stopping.counted(agreed) if agreed else None)
                         preds = now
                         rows.append({"strategy": strategy, "seed": seed, "round": r,
                                      "labels": done["labels"], "accuracy": done["accuracy"],
