@@ -237,3 +237,18 @@ def test_a_hostile_file_among_the_stdout_embeddings_is_passed_over(tmp_path):
     os.utime(good, (1, 1))  # the hostile one is the newest, looked at first
     rows = [{"id": i, "score": s} for i, s in zip(ids, scores)]
     assert find_for_rows(tmp_path, rows) == str(good)
+
+
+def test_a_row_naming_a_file_past_the_cell_cap_is_refused_before_it_is_read(tmp_path):
+    """R4-10: open_source (the report's and the contact sheet's pictures, a hand-off's frames)
+    read a row's file whole; a sparse file past the tables' cell cap is refused from its size."""
+    from alcli.pools import open_source
+    from alcli.pools.tables import MAX_CELL_BYTES
+    big = tmp_path / "big.png"
+    with open(big, "wb") as f:
+        f.truncate(MAX_CELL_BYTES + 1)  # sparse: nothing on disk, nothing to read
+    with pytest.raises(ValueError, match="larger than 256 MiB"):
+        open_source(str(big))
+    small = tmp_path / "small.png"
+    Image.new("RGB", (3, 2)).save(small)
+    assert Image.open(open_source(str(small))).size == (3, 2)
