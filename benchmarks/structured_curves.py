@@ -85,8 +85,8 @@ STRUCTURED = ("random", "entropy", "entropy-max", "margin", "least-confidence", 
 TASK_METHODS = {"regression": ("random", "mc-var", "egl", "egl+div"),
                 "segmentation": STRUCTURED, "token-classification": STRUCTURED,
                 # a detector's rows carry no BADGE factors: no +div
-                "detection": ("random", "entropy", "entropy-max", "margin", "least-confidence",
-                              "egl", "gradnorm")}
+                "detection": ("random", "entropy", "entropy-max", "least-confidence", "egl",
+                              "gradnorm")}
 # data set -> (task, test size, start labels, batch, max labels, epochs)
 PROTOCOLS = {"diabetes": ("regression", 142, 10, 10, 80, 100),
              "cars": ("regression", 112, 10, 10, 80, 100),
@@ -94,7 +94,7 @@ PROTOCOLS = {"diabetes": ("regression", 142, 10, 10, 80, 100),
              "digit_composites": ("segmentation", 80, 10, 10, 40, 20),
              "mosaics32": ("segmentation", 100, 10, 10, 50, 40),
              "pytokens": ("token-classification", 150, 10, 10, 50, 30),
-             "digit_boxes": ("detection", 100, 10, 10, 40, 40)}
+             "digit_boxes": ("detection", 100, 10, 10, 30, 30)}
 FCN_WIDTH = {"mosaics32": 16}  # channels of the FCN's convs per data set (default 8)
 QUICK = {"seeds": 2, "max_labels": 20, "pool": 60, "epochs": 5, "test": 40,
          "methods": "random,mc-var,egl+div,entropy-max,egl,gradnorm+div"}
@@ -614,7 +614,8 @@ def data_table(name: str, per_method: dict, meta: dict) -> list[str]:
     cheap = [m for m in aulc if METHODS[m][0] not in GRADIENT + ("random",)]
     best_cheap = max(cheap, key=lambda m: aulc[m].mean()) if cheap else None
     cs0 = next(iter(per_method.values()))
-    metric = {"regression": "R² (points)", "token-classification": "macro F1 (points)"}.get(
+    metric = {"regression": "R² (points)", "token-classification": "macro F1 (points)",
+              "detection": "mAP@0.5 (points)"}.get(
         PROTOCOLS[name][0], "mean IoU (points)")
     lines = [f"### {name} ({PROTOCOLS[name][0]}; {sizes(name, meta)}; {len(cs0)} seeds, "
              f"{cs0[0]['labels'][0]}..{cs0[0]['labels'][-1]} labels, batch "
