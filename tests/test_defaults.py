@@ -68,34 +68,35 @@ WORSE = [e - 2 + n for e, n in zip(EGL, NOISE)]
 def test_the_rule_picks_the_cheapest_setting_nothing_beats():
     pytest.importorskip("scipy")
     pick = _bench().pick_default
-    cheap = {"entropy": 0.1, "egl": 1.0, "gradnorm": 0.5}
-    # tied everywhere: the cheapest
-    tie = _data({"random": TIED, "egl": EGL, "entropy": TIED}, cheap)
+    # tied everywhere: the cheapest kind (a forward only < gradnorm < egl), whatever the seconds
+    tie = _data({"random": TIED, "egl": EGL, "gradnorm": TIED, "entropy": TIED}, {"entropy": 9.0})
     assert pick({"a": tie, "b": tie}) == ("entropy", "mean")
+    assert pick({"a": _data({"egl": EGL, "gradnorm": TIED}, {})}) == ("gradnorm", "mean")
     # cheaper but beaten on one data set: the dearer one nothing beats
-    lost = _data({"random": TIED, "egl": EGL, "entropy": WORSE}, cheap)
-    assert pick({"a": tie, "b": lost}) == ("egl", "mean")
-    # beaten by random counts as beaten: egl below random, entropy (noisy) tied with both
+    lost = _data({"random": TIED, "egl": EGL, "gradnorm": TIED, "entropy": WORSE}, {})
+    assert pick({"a": tie, "b": lost}) == ("gradnorm", "mean")
+    # beaten by random counts as beaten: entropy below random, egl (noisy) tied with both
     loose = [e + 1 + n for e, n in zip(EGL, [3.0, -2.5, 2.0, -1.0, 3.5, -3.0])]
-    below = _data({"random": [e + 1 for e in TIED], "egl": EGL, "entropy": loose},
-                  {"entropy": 2.0})
-    assert pick({"a": below}) == ("entropy", "mean")
+    below = _data({"random": [e + 1 for e in TIED], "egl": loose, "entropy": EGL}, {})
+    assert pick({"a": below}) == ("egl", "mean")
     # a peer (mc-var) beats but is never picked; nothing unbeaten: the fewest data sets beaten
-    peer = _data({"mc-var": BETTER, "egl": EGL, "gradnorm": WORSE}, cheap)
+    peer = _data({"mc-var": BETTER, "egl": EGL, "gradnorm": WORSE}, {})
     assert pick({"a": peer}) == ("gradnorm", "mean")              # both beaten once: the cheaper
-    assert pick({"a": peer, "b": _data({"egl": EGL, "gradnorm": WORSE}, cheap)}) == ("egl", "mean")
-    only = _data({"mc-var": BETTER, "egl": EGL, "gradnorm": EGL}, cheap)
-    assert pick({"a": only, "b": _data({"egl": WORSE, "gradnorm": EGL}, cheap)}) == \
-        ("gradnorm", "mean")                                      # beaten once against twice
+    assert pick({"a": peer, "b": _data({"egl": EGL, "gradnorm": WORSE}, {})}) == ("egl", "mean")
+    # equally cheap and unbeaten (the noisy one ties with both): the higher mean AULC
+    noisy = [e + 0.5 + n for e, n in zip(EGL, [3.0, -2.5, 2.0, -1.0, 3.5, -3.0])]
+    assert pick({"a": _data({"egl": EGL, "entropy": TIED, "entropy-max": noisy}, {})}) == \
+        ("entropy", "max")
+    assert pick({"a": _data({"egl": EGL, "entropy": noisy, "entropy-max": TIED}, {})}) == \
+        ("entropy", "mean")
     # the max aggregate is a setting of its own: its win does not count for the mean's
-    agg = _data({"egl": EGL, "entropy": WORSE, "entropy-max": BETTER}, cheap)
+    agg = _data({"egl": EGL, "entropy": WORSE, "entropy-max": BETTER}, {})
     assert pick({"a": agg}) == ("entropy", "max")
     # a setting counts by its better variant (plain or +div)
-    div = _data({"egl": EGL, "egl+div": BETTER, "gradnorm": WORSE, "gradnorm+div": BETTER},
-                {"gradnorm": 0.5, "gradnorm+div": 0.5})
+    div = _data({"egl": EGL, "egl+div": BETTER, "gradnorm": WORSE, "gradnorm+div": BETTER}, {})
     assert pick({"a": div}) == ("gradnorm", "mean")
     # classification's names (benchmarks/learning_curves.py): bait is the benchmark's, not alcli's
-    cls = _data({"egl+div": EGL, "bait": TIED, "margin+div": TIED}, {"margin+div": 0.1})
+    cls = _data({"egl+div": EGL, "bait": TIED, "margin+div": TIED}, {})
     assert pick({"a": cls}) == ("margin", "mean")
 
 
