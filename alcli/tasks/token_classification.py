@@ -180,6 +180,6 @@ TASK = Task(
         f"the model returns token-classification outputs of shape {list(z.shape)}, with no token "
         f"to score"),
     # the rule in docs/benchmarks.md over the constructed pytokens curves
-    # (structured-curves-defaults.json): egl lost to entropy (p 0.022), the best cheap utility
+    # (structured-curves-defaults.json): egl+div lost to entropy (p 0.008), the best cheap utility
     default_strategy="entropy",
 )
