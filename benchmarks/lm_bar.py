@@ -82,7 +82,7 @@ def main() -> None:
     out = Path(args.out or (work / "lm-bar.txt" if args.quick
                             else REPO / "benchmarks" / "results" / "lm-bar-cpu-2core.txt"))
 
-    paragraphs, _ = lm.corpus()
+    paragraphs, _, _ = lm.corpus()
     slices = lm.split(paragraphs, s["pretrain"], s["heldout"], s["limit"])
     tok = lm.train_tokenizer(slices["pretrain"], s["vocab"], s["max_length"])
     pad = tok.pad_token_id
