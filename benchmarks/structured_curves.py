@@ -121,7 +121,7 @@ GRADIENTS_PER_EXAMPLE = {"gradnorm": 1, "egl": 2}
 # CLASSIFICATION_EVIDENCE; tests/test_defaults.py rebuilds the rule's inputs from these
 CURVE_FILES = tuple(os.path.join(ROOT, "benchmarks", "results", f"structured-curves-{n}.json")
                     for n in ("regression", "mosaics-a", "mosaics-b", "digits-a", "digits-b",
-                              "mosaics32-a", "mosaics32-b", "pytokens"))
+                              "mosaics32-a", "mosaics32-b", "pytokens", "boxes"))
 
 
 @dataclass
