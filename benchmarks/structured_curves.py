@@ -1,5 +1,6 @@
-"""Learning curves for structured tasks (issue 51): regression and segmentation, every strategy
-alcli scores them with, and the per-task default strategy by one stated rule.
+"""Learning curves for structured tasks (issue 51): regression, segmentation, token classification
+and detection, every strategy alcli scores them with, and the per-task default strategy by one
+stated rule.
 
 Data that ships inside packages (no download):
 - regression: scikit-learn's diabetes (442 rows, 10 features, disease progression) and
@@ -12,6 +13,13 @@ Data that ships inside packages (no download):
   And digit composites: two of scikit-learn's digits 0-3 pasted on a dim crop of grass, each
   pixel labeled background or its digit (5 classes); the same FCN. And mosaics32: the mosaics
   at 32x32, an FCN of 16 channels, 40 epochs, 10..50 labels (a stronger model, where it fits).
+- token classification (constructed: no tagged corpus ships in a package): pytokens, windows of
+  24 tokens of the standard library's top-level modules, each tagged by its syntactic role
+  (_tag_tokens); a BiLSTM tagger (Tagger); score: test macro F1 (points).
+- detection: digit_boxes, one to three of scikit-learn's digits 0-3 pasted without overlap on
+  grass, with their boxes; torchvision's FCOS on a 3-conv backbone (tiny_fcos), trained with its
+  own loss; score: test mAP@0.5 (mean_ap, points). No +div: a detector's rows carry no BADGE
+  factors.
 
 A fixed test split (seed 0); the rest is the pool, its labels hidden from alcli. Per seed, INIT
 random pool examples start labeled; each round a model is trained from scratch on the labeled set
@@ -34,15 +42,20 @@ mean ± sd over seeds; paired two-sided t-tests of the AULC against random and a
 cheap utility (the non-gradient strategy with the highest mean AULC on that data set), with wins
 and losses over seeds; alcli.select's seconds per round. Then DEFAULT_RULE per task, whose inputs
 (per-seed AULC and seconds per round of each method) are written to --rule-json; tests/
-test_defaults.py re-applies the rule to the committed file and checks each task module's
-`default_strategy`.
+test_defaults.py rebuilds them from the committed curves (CURVE_FILES), re-applies the rule and
+checks each task module's `default_strategy` and `default_aggregate`.
 
     python benchmarks/structured_curves.py --quick              # smoke run, seconds
     # the committed run, in 3 processes (seeds 0-4 and 5-9 of the segmentation sets apart):
     python benchmarks/structured_curves.py --datasets diabetes,cars --json reg.json
     python benchmarks/structured_curves.py --datasets mosaics --pool-size 150 --seeds 5 \
         --first-seed 0 --json mos-a.json            # and --first-seed 5, digit_composites alike
-    python benchmarks/structured_curves.py --report-only --json reg.json,mos-a.json,... \
+    python benchmarks/structured_curves.py --datasets pytokens --pool-size 300 --seeds 10 \
+        --json tok.json
+    python benchmarks/structured_curves.py --datasets digit_boxes --pool-size 100 --test-size 50 \
+        --seeds 2 --first-seed 0 --json box-a.json  # 5 processes: --first-seed 0, 2, 4, 6, 8
+    # the report and the rule over the committed curves (CURVE_FILES; or --json A,B,...):
+    python benchmarks/structured_curves.py --report-only \
         --out benchmarks/results/structured-curves-cpu-2core \
         --rule-json benchmarks/results/structured-curves-defaults.json
 """
