@@ -271,5 +271,26 @@ def test_structured_curves_quick(tmp_path):
     assert set(recorded["inputs"]) == {"regression", "segmentation", "classification"}
     seeds = recorded["inputs"]["segmentation"]["mosaics"]["egl"]["aulc"]
     assert len(seeds) == 2 and all(0 <= s <= 100 for s in seeds)  # mean IoU in points
-    assert set(recorded["defaults"].values()) <= {"egl", "entropy", "margin", "least-confidence",
-                                                  "gradnorm"}
+    assert {strategy for strategy, _ in recorded["defaults"].values()} <= {
+        "egl", "entropy", "margin", "least-confidence", "gradnorm"}
+    assert {aggregate for _, aggregate in recorded["defaults"].values()} <= {"mean", "max"}
+
+
+def test_structured_curves_quick_tokens_and_boxes(tmp_path):
+    """--quick on the constructed token task (a BiLSTM tagger) and the digit boxes (a tiny FCOS):
+    their tables, scored by macro F1 and mAP@0.5 in points."""
+    for package in ("sklearn", "skimage", "scipy"):
+        pytest.importorskip(package)
+    out = tmp_path / "sc"
+    proc = subprocess.run([sys.executable, str(BENCH / "structured_curves.py"), "--quick",
+                           "--epochs", "2", "--datasets", "pytokens,digit_boxes",
+                           "--methods", "random,egl,entropy-max", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    text = Path(f"{out}.txt").read_text()
+    for name, metric in (("pytokens", "macro F1"), ("digit_boxes", "mAP@0.5")):
+        head, table = text.split(f"### {name} ", 1)[1].split("\n\n", 2)[:2]
+        assert metric in head
+        rows = {line.split("|")[1].strip(): line for line in table.splitlines()[2:]}
+        assert set(rows) == {"random", "egl", "entropy-max"}, rows
+        assert all(0 <= float(line.split("|")[2].split("±")[0]) <= 100 for line in rows.values())
