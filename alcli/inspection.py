@@ -41,9 +41,13 @@ class Inspection:
 
     @property
     def default_strategy(self) -> str | None:
-        """The task's --strategy when none is given (Task.default_strategy); None: task unknown."""
+        """The task's --strategy when none is given (Task.default_strategy, with its --aggregate
+        where that is not the mean); None: task unknown."""
         spec = tasks.TASKS.get(self.task)
-        return spec.default_strategy if spec is not None else None
+        if spec is None:
+            return None
+        aggregate = "" if spec.default_aggregate == "mean" else f" --aggregate {spec.default_aggregate}"
+        return spec.default_strategy + aggregate
 
 
 def inspect_model(settings: Settings, *, model: nn.Module | None = None, pool=None,

@@ -24,6 +24,7 @@ from .errors import AlcliError, TableError
 from .files.embeddings import embeddings_path, load_embeddings
 from .files.regular import check_regular
 from .files.table import MORE, read_meta, read_table, sidecar
+from .pools import split_source
 from .selection import stopping
 from .selection.export import load_picture, picture_file
 from .tasks import TASKS, from_rows
@@ -246,15 +247,15 @@ def thumbnail(row: Mapping, n: int, path: str, instances,
         return None, 0
     try:
         pic = overlay(pic, masks_of(row, folder))
-    except (OSError, ValueError, TypeError, KeyError, IndexError, SyntaxError,
+    except (OSError, ValueError, TypeError, KeyError, IndexError, SyntaxError, RecursionError,
             Image.DecompressionBombError):
-        pass  # a mask that cannot be read is not drawn; the picture still is
+        pass  # a mask that cannot be read is not drawn (json recurses once per level)
     drawn = 0
     if instances is not None:
         try:
             found = instances(row, n)
             scale = pic.width / float(row["width"])
-        except (ValueError, TypeError, KeyError, ZeroDivisionError):
+        except (ValueError, TypeError, KeyError, ZeroDivisionError, RecursionError):
             found = []
         draw = ImageDraw.Draw(pic)
         for box, cls, _, points in found:
@@ -325,7 +326,7 @@ def highlighted(row: Mapping, names: Sequence[str] | None) -> str:
     text = str(row["text"])
     try:
         tags = json.loads(row["pred_words"]) if isinstance(row.get("pred_words"), str) else None
-    except ValueError:
+    except (ValueError, RecursionError):
         tags = None
     words = [m.span() for m in re.finditer(r"\S+", text)]
     if text.endswith(MORE) and words:  # a text cut short: its last word is cut too
@@ -382,6 +383,20 @@ def gallery(rnd: Round, image_dir: str | None) -> tuple[str, list[str]]:
                 body = f'<img src="{uri}" alt="{esc(rid)}">'
         cards.append(f'<figure>{body}<figcaption>{"".join(cells)}</figcaption></figure>')
     return '<div class="gallery">' + "".join(cards) + "</div>", unreadable
+
+
+def pictures(rnd: Round, image_dir: str | None) -> list[str]:
+    """The files the gallery reads (each card's picture, FILE of a FILE#PART such as a video's
+    frame; its pred_mask, as given and under the table's folder): the page may replace none."""
+    rows = rnd.batch if rnd.batch is not None else rnd.rows[:GALLERY_WITHOUT_BATCH]
+    folder = os.path.dirname(rnd.scores) or "."
+    files = []
+    for row in rows:
+        if row.get("text") in (None, ""):
+            files.append(split_source(picture_path(row, image_dir))[0])
+        if row.get("pred_mask") not in (None, ""):
+            files += [str(row["pred_mask"]), os.path.join(folder, str(row["pred_mask"]))]
+    return files
 
 
 def picture_path(row: Mapping, image_dir: str | None) -> str:

@@ -7,7 +7,7 @@ the summed loss), the other engine and this one in rotating order, round after r
 
 - steady call ÷ floor, the median over rounds of each round's ratio;
 - first call ÷ steady call on fresh deep copies (every per-model cache cold), alternating which
-  engine goes first;
+  engine goes first (`--first-rounds` copies each);
 - aten dispatches and kernels of a steady call (call_cost.op_counts).
 
 Both engines' norms are checked against each other first (rtol 1e-4).
@@ -33,7 +33,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from call_cost import interleaved_times, op_counts  # noqa: E402
+from call_cost import CLOCKS, interleaved_times, op_counts  # noqa: E402
 from gradnorm import build_case, floor_fn  # noqa: E402
 
 warnings.filterwarnings("ignore")
@@ -48,7 +48,7 @@ def import_before(checkout: str):
     return importlib.import_module("alcli_before.gradnorm")
 
 
-def compare(name: str, engines: dict, rounds: int) -> dict:
+def compare(name: str, engines: dict, rounds: int, first_rounds: int | None = None, clock=time.perf_counter) -> dict:
     case = build_case(name, torch.device("cpu"))
     models = {who: copy.deepcopy(case.model) for who in engines}
     fns = {"floor": floor_fn(case)}
@@ -63,21 +63,21 @@ def compare(name: str, engines: dict, rounds: int) -> dict:
     start = time.perf_counter()
     fns["floor"]()
     reps = max(1, int(0.05 / (time.perf_counter() - start)))  # ~50 ms per timed sample
-    times = interleaved_times(fns, rounds, reps)
+    times = interleaved_times(fns, rounds, reps, clock)
     firsts = {who: [] for who in engines}
-    for r in range(max(3, rounds // 3)):
+    for r in range(first_rounds or max(3, rounds // 3)):
         for who in (list(engines) if r % 2 == 0 else list(engines)[::-1]):
             model = copy.deepcopy(case.model)
             run = lambda: engines[who].per_example_grad_norms(model, case.inputs, case.targets,  # noqa: E731
                                                               params=case.params)
-            start = time.perf_counter()
+            start = clock()
             run()
-            first = time.perf_counter() - start
+            first = clock() - start
             later = []
             for _ in range(3):
-                start = time.perf_counter()
+                start = clock()
                 run()
-                later.append(time.perf_counter() - start)
+                later.append(clock() - start)
             firsts[who].append(first / statistics.median(later))
     row = {"floor ms": 1e3 * statistics.median(times["floor"])}
     for who in engines:
@@ -95,12 +95,16 @@ def main(argv=None) -> int:
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--first-rounds", type=int, default=None,
+                        help="fresh copies per engine for first ÷ steady (default: rounds / 3, at least 3)")
+    parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                        help="wall time, or this thread's CPU time (steadier on a loaded machine)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     engines = {"before": import_before(args.before), "after": importlib.import_module("alcli.gradnorm")}
-    print(f"torch {torch.__version__}, cpu, {torch.get_num_threads()} threads; before: {args.before}")
+    print(f"torch {torch.__version__}, cpu, {torch.get_num_threads()} threads, {args.clock} clock; before: {args.before}")
     for name in args.models.split(","):
-        row = compare(name, engines, args.rounds)
+        row = compare(name, engines, args.rounds, args.first_rounds, CLOCKS[args.clock])
         print(f"{name:<13} " + "  ".join(f"{k} {v:.2f}" + ("x" if "÷" in k else "") if isinstance(v, float)
                                          else f"{k} {v}" for k, v in row.items()), flush=True)
     return 0

@@ -88,18 +88,23 @@ def wall_times(fn, device, calls: int) -> list[float]:
     return walls
 
 
-def interleaved_times(fns: dict, rounds: int, reps: int) -> dict[str, list[float]]:
+CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}  # cpu: this thread's CPU time, which
+# other jobs on a loaded machine do not add to (torch at one thread computes on the calling thread)
+
+
+def interleaved_times(fns: dict, rounds: int, reps: int, clock=time.perf_counter) -> dict[str, list[float]]:
     """Seconds per call of each of `fns`, one figure per round of `reps` calls: every round runs
-    every function, in an order rotated each round, so a CPU whose speed drifts slows all alike."""
+    every function, in an order rotated each round, so a CPU whose speed drifts slows all alike.
+    `clock`: one of CLOCKS."""
     times = {name: [] for name in fns}
     order = list(fns)
     for r in range(rounds):
         shift = r % len(order)
         for name in order[shift:] + order[:shift]:
-            start = time.perf_counter()
+            start = clock()
             for _ in range(reps):
                 fns[name]()
-            times[name].append((time.perf_counter() - start) / reps)
+            times[name].append((clock() - start) / reps)
     return times
 
 

@@ -47,7 +47,9 @@ ALL_MODELS = ("simple", "simple-conv2", "mlp", "resnet18", "transformer")  # the
 ISSUE11_BATCH = 32
 ISSUE11_MODELS = ("bert-small", "gpt2-small", "swin_t", "lstm")  # --models issue11
 GROUPS = {"issue11": ISSUE11_MODELS}
-KNOWN_MODELS = ALL_MODELS + ISSUE11_MODELS
+# issue 53's first calls: torchvision's resnet18 and mobilenet_v3_small at batch 8, 3x32x32 (the op counts' batch)
+SMALL_BATCH_MODELS = ("resnet18-b8", "mobilenet-b8")
+KNOWN_MODELS = ALL_MODELS + ISSUE11_MODELS + SMALL_BATCH_MODELS
 
 # torch.func's fallback for attention kernels without a batching rule warns on every call
 warnings.filterwarnings("ignore", message="There is a performance drop")
@@ -133,6 +135,8 @@ def build_case(name: str, device: torch.device) -> Case:
     default models (issue 2), 32 for issue 11's."""
     if name in ISSUE11_MODELS:
         return build_issue11_case(name, device)
+    if name in SMALL_BATCH_MODELS:
+        return build_small_batch_case(name, device)
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(1)
     y = torch.randint(0, 10, (BATCH,), generator=g)
@@ -158,6 +162,17 @@ def build_case(name: str, device: torch.device) -> Case:
         raise SystemExit(f"unknown model '{name}'; choose from {', '.join(KNOWN_MODELS)}")
     model = model.to(device).eval()
     return Case(name, title, model, x.to(device), y.to(device), params)
+
+
+def build_small_batch_case(name: str, device: torch.device) -> Case:
+    """resnet18 or mobilenet_v3_small, random weights, eval mode, batch 8 of 3x32x32, 10 classes."""
+    import torchvision
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(1)
+    arch = {"resnet18-b8": "resnet18", "mobilenet-b8": "mobilenet_v3_small"}[name]
+    model = getattr(torchvision.models, arch)(weights=None, num_classes=10).to(device).eval()
+    x, y = torch.randn(8, 3, 32, 32, generator=g), torch.randint(0, 10, (8,), generator=g)
+    return Case(name, f"torchvision {arch}, 3x32x32, batch 8", model, x.to(device), y.to(device), batch=8)
 
 
 def build_issue11_case(name: str, device: torch.device) -> Case:

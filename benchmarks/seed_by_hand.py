@@ -6,7 +6,7 @@ fc), with none of the engine's machinery (no hooks, plans, layouts, borrowing or
 Timed against the floor (a plain forward+backward of the summed loss) and the engine, interleaved
 in one process; the hand-written norms are checked against the engine's first.
 
-    python benchmarks/seed_by_hand.py [--batch 64] [--rounds 40]
+    python benchmarks/seed_by_hand.py [--batch 64] [--rounds 40] [--before DIR] [--clock cpu]
 
 What is left between the engine and this is the engine's fixed cost per call; what is left
 between this and the floor is arithmetic no driver can remove.
@@ -14,6 +14,7 @@ between this and the floor is arithmetic no driver can remove.
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import statistics
 import sys
@@ -26,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from alcli.gradnorm import per_example_grad_norms  # noqa: E402
 from alcli.gradnorm.rules.conv import unfold_patches  # noqa: E402
-from call_cost import interleaved_times  # noqa: E402
+from call_cost import CLOCKS, interleaved_times  # noqa: E402
 from gradnorm import build_case, floor_fn  # noqa: E402
 
 
@@ -56,6 +57,10 @@ def main(argv=None) -> int:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--before", help="another checkout (a git worktree): its engine timed beside, "
+                                             "as benchmarks/before_after.py does")
+    parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                        help="wall time, or this thread's CPU time (steadier on a loaded machine)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     case = build_case("simple", torch.device("cpu"))
@@ -63,14 +68,21 @@ def main(argv=None) -> int:
     model, x, y = case.model, case.inputs, case.targets
     fns = {"floor": floor_fn(case), "engine": lambda: per_example_grad_norms(model, x, y),
            "by hand": lambda: by_hand(model, x, y)}
+    if args.before:
+        from before_after import import_before
+        before, other = import_before(args.before), copy.deepcopy(model)
+        fns["before"] = lambda: before.per_example_grad_norms(other, x, y)
     engine, hand = fns["engine"]().double(), fns["by hand"]()
     if not torch.allclose(engine, hand, rtol=1e-4):
         raise SystemExit(f"the hand-written norms differ from the engine's by {(engine - hand).abs().max():.3g}")
-    times = interleaved_times(fns, args.rounds, 10)
-    print(f"torch {torch.__version__}, cpu, {torch.get_num_threads()} threads, seed SimpleModel, batch {args.batch}")
+    times = interleaved_times(fns, args.rounds, 10, CLOCKS[args.clock])
+    print(f"torch {torch.__version__}, cpu, {torch.get_num_threads()} threads, {args.clock} clock, seed SimpleModel, batch {args.batch}")
     for k, v in times.items():
         ratio = statistics.median(t / f for t, f in zip(v, times["floor"]))
         print(f"{k:8} {1e6 * statistics.median(v):8.0f} us  {ratio:.2f}x the floor")
+    for who in ("before", "engine") if args.before else ("engine",):
+        ratio = statistics.median(e / h for e, h in zip(times[who], times["by hand"]))
+        print(f"{who} ÷ by hand, the median of each round's ratio: {ratio:.2f}x")
     return 0
 
 

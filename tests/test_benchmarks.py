@@ -213,6 +213,32 @@ def test_lm_pruning_quick(tmp_path):
     assert result["base"][0] == pytest.approx(base, rel=1e-5)
 
 
+def test_lm_pruning_topic_split():
+    """--target-topic's texts: the group's held-out paragraphs cut alternately into the target and
+    the topic's test texts, the other topics' held-out ones the general test; each paragraph's
+    topic found here, from pydoc_data.topics itself, as the first topic (by name) holding it."""
+    import importlib.util
+    import re
+    from pydoc_data import topics
+    spec = importlib.util.spec_from_file_location("lm_pruning", BENCH / "lm_pruning.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    paragraphs, topic_of, _ = bench.corpus()
+    slices = bench.split(paragraphs, 0.3, 0.2, 0)
+    parts = bench.topic_split(slices["heldout"], topic_of, "data-model")
+    group = set(bench.GROUPS["data-model"])
+    first = {}
+    for name in sorted(topics.topics):
+        for block in re.split(r"\n\s*\n", topics.topics[name]):
+            first.setdefault(" ".join(block.split()), name)
+    topical = [t for t in slices["heldout"] if first[t] in group]
+    assert parts["target"] + parts["topic"] != [] and len(parts["target"]) - len(parts["topic"]) in (0, 1)
+    assert parts["target"] == topical[::2] and parts["topic"] == topical[1::2]
+    assert parts["general"] == [t for t in slices["heldout"] if first[t] not in group]
+    assert not set(parts["target"] + parts["topic"]) & set(slices["pool"] + slices["pretrain"])
+    assert sum(first[t] in group for t in slices["pool"]) > len(slices["pool"]) * 0.1
+
+
 def test_roi_pool_quick():
     """benchmarks/roi_pool.py at a few rows: its table, and the two pools equal in float64."""
     proc = subprocess.run([sys.executable, str(BENCH / "roi_pool.py"), "--rows", "64", "--rounds", "1"],
@@ -245,5 +271,26 @@ def test_structured_curves_quick(tmp_path):
     assert set(recorded["inputs"]) == {"regression", "segmentation", "classification"}
     seeds = recorded["inputs"]["segmentation"]["mosaics"]["egl"]["aulc"]
     assert len(seeds) == 2 and all(0 <= s <= 100 for s in seeds)  # mean IoU in points
-    assert set(recorded["defaults"].values()) <= {"egl", "entropy", "margin", "least-confidence",
-                                                  "gradnorm"}
+    assert {strategy for strategy, _ in recorded["defaults"].values()} <= {
+        "egl", "entropy", "margin", "least-confidence", "gradnorm"}
+    assert {aggregate for _, aggregate in recorded["defaults"].values()} <= {"mean", "max"}
+
+
+def test_structured_curves_quick_tokens_and_boxes(tmp_path):
+    """--quick on the constructed token task (a BiLSTM tagger) and the digit boxes (a tiny FCOS):
+    their tables, scored by macro F1 and mAP@0.5 in points."""
+    for package in ("sklearn", "skimage", "scipy"):
+        pytest.importorskip(package)
+    out = tmp_path / "sc"
+    proc = subprocess.run([sys.executable, str(BENCH / "structured_curves.py"), "--quick",
+                           "--epochs", "2", "--datasets", "pytokens,digit_boxes",
+                           "--methods", "random,egl,entropy-max", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    text = Path(f"{out}.txt").read_text()
+    for name, metric in (("pytokens", "macro F1"), ("digit_boxes", "mAP@0.5")):
+        head, table = text.split(f"### {name} ", 1)[1].split("\n\n", 2)[:2]
+        assert metric in head
+        rows = {line.split("|")[1].strip(): line for line in table.splitlines()[2:]}
+        assert set(rows) == {"random", "egl", "entropy-max"}, rows
+        assert all(0 <= float(line.split("|")[2].split("±")[0]) <= 100 for line in rows.values())

@@ -150,8 +150,9 @@ def test_gradnorm_without_labels_uses_the_prediction(in_ws):
 
 def test_egl_equals_its_definition_and_top_classes(in_ws):
     model = in_ws.net()
-    full = rows_of(score(in_ws, "pool", "-m", "model.pt"))  # egl is the default
-    top2 = {r["id"]: r for r in rows_of(score(in_ws, "pool", "-m", "model.pt", "--top-classes", "2"))}
+    full = rows_of(score(in_ws, "pool", "-m", "model.pt", "-s", "egl"))
+    top2 = {r["id"]: r for r in rows_of(score(in_ws, "pool", "-m", "model.pt", "-s", "egl",
+                                                "--top-classes", "2"))}
     for r in full:
         x = in_ws.image_input(r["id"])
         with torch.no_grad():

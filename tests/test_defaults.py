@@ -20,9 +20,7 @@ from alcli.tasks import TASKS
 
 ROOT = Path(__file__).resolve().parents[1]
 EVIDENCE = ROOT / "benchmarks" / "results" / "structured-curves-defaults.json"
-# classification's evidence: issue 39's rule over eight data sets (benchmarks/results/
-# learning-curves-issue39-cpu-2core.md, "=> keep egl+div"); the others have no curves yet
-INCUMBENT = "egl"
+INCUMBENT = ("egl", "mean")  # a task without learning curves keeps the exact gradient
 
 
 def _bench():
@@ -34,52 +32,72 @@ def _bench():
     return module
 
 
+def _default(task) -> tuple[str, str]:
+    return task.default_strategy, task.default_aggregate
+
+
 def test_each_default_is_the_rule_applied_to_its_recorded_evidence():
     pytest.importorskip("scipy")
     bench = _bench()
     evidence = json.loads(EVIDENCE.read_text())
     assert evidence["rule"] == bench.DEFAULT_RULE  # the rule stated is the rule applied
+    # the recorded inputs are the committed curves' (a curve changed without its inputs fails)
+    rebuilt = bench.all_inputs(bench.merge_json(list(bench.CURVE_FILES)))
+    assert json.loads(json.dumps(rebuilt)) == evidence["inputs"]
     for task, per_data in evidence["inputs"].items():
         picked = bench.pick_default(per_data)
-        assert picked == evidence["defaults"][task], task
-        assert TASKS[task].default_strategy == picked, \
-            f"{task}'s default_strategy differs from what the rule picks from its evidence"
+        assert list(picked) == evidence["defaults"][task], task
+        assert _default(TASKS[task]) == picked, \
+            f"{task}'s default differs from what the rule picks from its evidence"
     for name, task in TASKS.items():  # no evidence: the incumbent stays
         if name not in evidence["inputs"]:
-            assert task.default_strategy == INCUMBENT, name
+            assert _default(task) == INCUMBENT, name
 
 
 def _data(aulc: dict[str, list[float]], seconds: dict[str, float]) -> dict:
     return {m: {"aulc": v, "seconds": seconds.get(m, 1.0)} for m, v in aulc.items()}
 
 
-def test_the_rule_switches_only_on_a_significant_win_and_no_loss():
+EGL = [50.0, 51.0, 49.0, 50.5, 50.2, 49.8]
+NOISE = [0.1, -0.2, 0.15, -0.1, 0.05, 0.0]
+TIED = [e + n for e, n in zip(EGL, NOISE)]              # within noise of EGL: p > 0.05
+BETTER = [e + 2 + n for e, n in zip(EGL, NOISE)]        # +2 points every seed: p << 0.05
+WORSE = [e - 2 + n for e, n in zip(EGL, NOISE)]
+
+
+def test_the_rule_picks_the_cheapest_setting_nothing_beats():
     pytest.importorskip("scipy")
     pick = _bench().pick_default
-    egl = [50.0, 51.0, 49.0, 50.5, 50.2, 49.8]
-    noise = [0.1, -0.2, 0.15, -0.1, 0.05, 0.0]
-    better = [e + 2 + n for e, n in zip(egl, noise)]     # +2 points every seed: p << 0.05
-    tied = [e + n for e, n in zip(egl, noise)]           # within noise
-    worse = [e - 2 + n for e, n in zip(egl, noise)]
-    one = _data({"random": tied, "egl": egl, "entropy": better}, {"entropy": 0.1})
-    tie = _data({"random": tied, "egl": egl, "entropy": tied}, {"entropy": 0.1})
-    loss = _data({"random": tied, "egl": egl, "entropy": worse}, {"entropy": 0.1})
-    assert pick({"a": one, "b": tie}) == "entropy"        # better once, never worse
-    assert pick({"a": tie, "b": tie}) == INCUMBENT         # cheaper but never better: egl stays
-    assert pick({"a": one, "b": loss}) == INCUMBENT        # better once, worse once: egl stays
-    # random and the benchmark's own peers (mc-var) are never a default, however good
-    assert pick({"a": _data({"egl": egl, "random": better, "mc-var": better}, {})}) == INCUMBENT
-    # the max aggregate is not a default's option: entropy-max's win does not count for entropy
-    assert pick({"a": _data({"egl": egl, "entropy": tied, "entropy-max": better}, {})}) == INCUMBENT
+    # tied everywhere: the cheapest kind (a forward only < gradnorm < egl), whatever the seconds
+    tie = _data({"random": TIED, "egl": EGL, "gradnorm": TIED, "entropy": TIED}, {"entropy": 9.0})
+    assert pick({"a": tie, "b": tie}) == ("entropy", "mean")
+    assert pick({"a": _data({"egl": EGL, "gradnorm": TIED}, {})}) == ("gradnorm", "mean")
+    # cheaper but beaten on one data set: the dearer one nothing beats
+    lost = _data({"random": TIED, "egl": EGL, "gradnorm": TIED, "entropy": WORSE}, {})
+    assert pick({"a": tie, "b": lost}) == ("gradnorm", "mean")
+    # beaten by random counts as beaten: entropy below random, egl (noisy) tied with both
+    loose = [e + 1 + n for e, n in zip(EGL, [3.0, -2.5, 2.0, -1.0, 3.5, -3.0])]
+    below = _data({"random": [e + 1 for e in TIED], "egl": loose, "entropy": EGL}, {})
+    assert pick({"a": below}) == ("egl", "mean")
+    # a peer (mc-var) beats but is never picked; nothing unbeaten: the fewest data sets beaten
+    peer = _data({"mc-var": BETTER, "egl": EGL, "gradnorm": WORSE}, {})
+    assert pick({"a": peer}) == ("gradnorm", "mean")              # both beaten once: the cheaper
+    assert pick({"a": peer, "b": _data({"egl": EGL, "gradnorm": WORSE}, {})}) == ("egl", "mean")
+    # equally cheap and unbeaten (the noisy one ties with both): the higher mean AULC
+    noisy = [e + 0.5 + n for e, n in zip(EGL, [3.0, -2.5, 2.0, -1.0, 3.5, -3.0])]
+    assert pick({"a": _data({"egl": EGL, "entropy": TIED, "entropy-max": noisy}, {})}) == \
+        ("entropy", "max")
+    assert pick({"a": _data({"egl": EGL, "entropy": noisy, "entropy-max": TIED}, {})}) == \
+        ("entropy", "mean")
+    # the max aggregate is a setting of its own: its win does not count for the mean's
+    agg = _data({"egl": EGL, "entropy": WORSE, "entropy-max": BETTER}, {})
+    assert pick({"a": agg}) == ("entropy", "max")
+    # a setting counts by its better variant (plain or +div)
+    div = _data({"egl": EGL, "egl+div": BETTER, "gradnorm": WORSE, "gradnorm+div": BETTER}, {})
+    assert pick({"a": div}) == ("gradnorm", "mean")
     # classification's names (benchmarks/learning_curves.py): bait is the benchmark's, not alcli's
-    assert pick({"a": _data({"egl+div": egl, "bait": better, "margin+div": better}, {})}) == "margin"
-    # a strategy counts by its better variant (plain or +div), against egl's better one
-    div = _data({"egl": egl, "egl+div": tied, "gradnorm": worse, "gradnorm+div": better}, {})
-    assert pick({"a": div}) == "gradnorm"
-    # two qualify: the cheaper (mean select seconds per round) wins
-    two = _data({"egl": egl, "entropy": better, "margin": better},
-                {"entropy": 0.5, "margin": 0.2})
-    assert pick({"a": two}) == "margin"
+    cls = _data({"egl+div": EGL, "bait": TIED, "margin+div": TIED}, {})
+    assert pick({"a": cls}) == ("margin", "mean")
 
 
 class Regressor(nn.Module):
@@ -112,6 +130,26 @@ def test_score_takes_the_tasks_default_when_no_strategy_is_given(monkeypatch):
     assert _scores(alcli.score_pool((x,), net, strategy="egl", **options)) == egl  # given: kept
 
 
+def test_a_default_aggregate_comes_with_the_default_strategy_only(monkeypatch):
+    """segmentation's default (max entropy over pixels) against a float64 oracle; a given
+    --aggregate is kept, and a given --strategy takes the settings' aggregate, not the task's."""
+    torch.manual_seed(0)
+    x, net = torch.randn(6, 1, 5, 5), nn.Conv2d(1, 3, 3, padding=1)
+    monkeypatch.setitem(TASKS, "segmentation", dataclasses.replace(
+        TASKS["segmentation"], default_strategy="entropy", default_aggregate="max"))
+    with torch.no_grad():
+        p = net.double()(x.double()).softmax(1)                          # [B, C, H, W]
+    entropy = -(p * p.log()).sum(1).flatten(1)                           # [B, H*W]
+    net.float()
+    options = dict(task="segmentation", device="cpu", quiet=True)
+    found = _scores(alcli.score_pool((x,), net, **options))
+    assert np.allclose([found[i] for i in range(6)], entropy.max(1).values.numpy(), rtol=1e-5)
+    mean = _scores(alcli.score_pool((x,), net, aggregate="mean", **options))
+    assert np.allclose([mean[i] for i in range(6)], entropy.mean(1).numpy(), rtol=1e-5)
+    given = _scores(alcli.score_pool((x,), net, strategy="entropy", **options))
+    assert given == mean
+
+
 def test_a_config_key_counts_as_given(monkeypatch, tmp_path):
     torch.manual_seed(0)
     x, net = torch.randn(12, 4), Regressor()
@@ -125,13 +163,17 @@ def test_a_config_key_counts_as_given(monkeypatch, tmp_path):
     assert np.allclose([rows[i] for i in range(12)], oracle.numpy(), rtol=1e-5)
 
 
-def test_inspect_prints_the_tasks_default(in_ws):
-    for task in ("classification", "segmentation", "regression"):
+def test_inspect_prints_the_tasks_default(in_ws, monkeypatch):
+    monkeypatch.setitem(TASKS, "regression", dataclasses.replace(
+        TASKS["regression"], default_strategy="entropy", default_aggregate="top:0.5"))
+    shown = {"classification": TASKS["classification"].default_strategy,
+             "regression": "entropy --aggregate top:0.5"}
+    for task, default in shown.items():
         result = CliRunner().invoke(app, ["inspect", "-m", "model.pt", "-c", str(in_ws.config),
                                           "--task", task])
         assert result.exit_code == 0, result.stderr
-        assert f"default strategy: {TASKS[task].default_strategy} (when --strategy is not " \
-               f"given" in result.stdout, result.stdout
+        assert f"default strategy: {default} (when --strategy is not given" in result.stdout, \
+            result.stdout
 
 
 def test_a_strategy_a_command_sets_itself_is_kept():

@@ -24,6 +24,7 @@ from typer.testing import CliRunner
 
 from alcli.cli import app
 from alcli.files.embeddings import embeddings_run_id, load_embeddings
+from alcli.tasks import TASKS
 from conftest import parse_csv
 from interrupted import data_lines, start_score, wait_for_rows
 
@@ -97,7 +98,8 @@ def test_sigterm_and_sigkill_then_resume_give_the_uninterrupted_table(in_ws, tmp
     one_sentence(again, str(partial), "--resume")
     other = runner.invoke(app, ["score", str(pool), "-m", "model.pt", "-c", "config.yaml", "-b", "8",
                                 "-o", str(out), "--resume", "-s", "entropy"])
-    one_sentence(other, "strategy", "egl", "entropy")
+    # the first run took the classifier's default (Task.default_strategy)
+    one_sentence(other, "strategy", TASKS["classification"].default_strategy, "entropy")
 
     second = _start(in_ws, pool, out, "--resume", "--checkpoint-every", "40")
     wait_for_rows(second, partial, saved + 300)

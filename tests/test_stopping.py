@@ -124,3 +124,21 @@ def test_stop_bad_input_is_one_sentence(tmp_path, args, needle):
     assert out.returncode == 1 and out.stderr.startswith("alcli: error:"), out.stderr
     assert needle in out.stderr and len(out.stderr.strip().splitlines()) == 1
     assert "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("shared, stops", [(1, False), (99, False), (100, True)])
+def test_a_kappa_over_fewer_than_100_shared_ids_does_not_count(tmp_path, shared, stops):
+    """Four rounds agreeing on every shared id: kappa 1 each time, but the rule counts a kappa
+    only over at least 100 ids (one shared id stopped the loop with exit 0: hostile input R4-9)."""
+    names = []
+    for k in range(4):
+        preds = {f"s{i}": CLASSES[i % len(CLASSES)] for i in range(shared)}
+        preds.update({f"r{k}-{i}": CLASSES[0] for i in range(5)})  # each round's own ids
+        names.append(tmp_path / f"round{k}.csv")
+        write(names[-1], preds)
+    out = alcli("stop", *names, "--json", cwd=tmp_path)
+    got = json.loads(out.stdout)
+    assert [r["kappa"] for r in got["rounds"][1:]] == [1.0, 1.0, 1.0]
+    assert (out.returncode, got["stop"]) == ((0, True) if stops else (3, False)), out.stderr
+    text = alcli("stop", *names, cwd=tmp_path).stdout.splitlines()[-1]
+    assert text.startswith("stop:") if stops else f"share only {shared} ids" in text, text

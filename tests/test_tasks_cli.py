@@ -76,7 +76,7 @@ SCORES = {
 @pytest.mark.parametrize("task", SCORES)
 def test_score_then_select_ten_for_every_task(ws, task):
     out = f"{task}.csv"
-    run(ws, "score", *SCORES[task], "-b", "8", "-o", out, "-q")
+    run(ws, "score", *SCORES[task], "-s", "egl", "-b", "8", "-o", out, "-q")  # not the task's default
     rows = parse_csv((ws / out).read_text())
     assert len(rows) == (12 if task == "segmentation" else 14)
     assert all(float(r["score"]) > 0 for r in rows)
@@ -103,7 +103,8 @@ def summary_of(result) -> dict:
 def test_the_summary_names_the_engine_method_that_ran(ws, task):
     """Each task's gradients go through the engine with the task's own loss (regression egl: one
     output's value); `auto` settles on a method for it, and the summary names that method."""
-    done = run(ws, "score", *SCORES[task], "-b", "8", "-o", f"method-{task}.csv", "--log-format", "json")
+    done = run(ws, "score", *SCORES[task], "-s", "egl", "-b", "8", "-o", f"method-{task}.csv",
+               "--log-format", "json")
     facts = summary_of(done)
     assert facts["strategy"] == "egl"
     assert facts["method"] in ("ghost", "vmap", "loop"), facts

@@ -69,6 +69,8 @@ def report(
     check_outputs({"--output": dest}, inputs)
     began = time.perf_counter()
     rnd = round_page.read_round(scores, batch, previous or [], labels)
+    check_outputs({"--output": dest}, [("a picture the page shows", p)
+                                       for p in round_page.pictures(rnd, image_dir)])
     text, unreadable = round_page.page(rnd, image_dir, threshold, window)
     with atomic_open(dest, "w", encoding="utf-8") as f:
         f.write(text)

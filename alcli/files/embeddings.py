@@ -72,6 +72,7 @@ def load_embeddings(path: str, ids: Sequence[str] | None = None
     With `ids`, the rows come back in that order (a subset is fine, e.g. after exclusions); an id
     without an embedding is an error naming the id and the file.
     """
+    _check_members(path)
     try:
         with np.load(path, allow_pickle=False) as z:
             missing = [k for k in ("format", "ids", "a", "b") if k not in z.files]
@@ -89,6 +90,8 @@ def load_embeddings(path: str, ids: Sequence[str] | None = None
     if file_ids is None:
         raise EmbeddingsError(f"embeddings file {path} has ids that are not a 1-D list.")
     _check_factors(path, file_ids, a, b)
+    _check_values(path, "a", a)
+    _check_values(path, "b", b)
     a, b = torch.from_numpy(a), torch.from_numpy(b)
     if ids is None:
         return file_ids, a, b
@@ -107,6 +110,7 @@ def load_embeddings(path: str, ids: Sequence[str] | None = None
 def embeddings_run_id(path: str) -> str | None:
     """The run id the embeddings file records (None: written without a table, or by an older
     alcli)."""
+    _check_members(path)
     try:
         with np.load(path, allow_pickle=False) as z:
             return str(z["run_id"]) if "run_id" in z.files else None
@@ -124,6 +128,57 @@ def _check_factors(path: str, ids: list[str], a: np.ndarray, b: np.ndarray) -> N
     if len(set(ids)) != len(ids):
         dup = next(i for n, i in enumerate(ids) if i in ids[:n])
         raise EmbeddingsError(f"embeddings for {path} list id '{dup}' more than once.")
+
+
+MAX_INFLATION = 64  # a compressed member may hold this many times its stored bytes at most
+FINITE_BLOCK = 65536  # rows checked for NaN and infinity at a time (b may be a memory map)
+
+
+def _check_members(path: str) -> None:
+    """Each .npy member's header against the member's size in the zip, before numpy allocates
+    the shape a header claims (a 1 KB file can claim [10^7, 10^7]); a compressed member may not
+    inflate more than MAX_INFLATION times (float features barely compress; zeros do, 1000:1)."""
+    try:
+        with zipfile.ZipFile(path) as zf:
+            for info in zf.infolist():
+                if not info.filename.endswith(".npy"):
+                    continue
+                if (info.compress_type != zipfile.ZIP_STORED
+                        and info.file_size > MAX_INFLATION * max(info.compress_size, 1024)):
+                    raise EmbeddingsError(
+                        f"embeddings file {path}: member {info.filename} inflates from "
+                        f"{info.compress_size} to {info.file_size} bytes, more than "
+                        f"{MAX_INFLATION} times; write it with np.savez, uncompressed.")
+                with zf.open(info) as fh:
+                    version = np.lib.format.read_magic(fh)
+                    read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                                   else np.lib.format.read_array_header_2_0)
+                    shape, _, dtype = read_header(fh)
+                    header = fh.tell()
+                if dtype.hasobject:
+                    continue  # np.load refuses it (allow_pickle=False), in one sentence
+                claimed = header + math.prod(shape) * dtype.itemsize
+                if claimed != info.file_size:
+                    raise EmbeddingsError(
+                        f"embeddings file {path}: member {info.filename} claims shape "
+                        f"{tuple(shape)} of {dtype} ({claimed} bytes) but holds "
+                        f"{info.file_size} bytes.")
+    except EmbeddingsError:
+        raise
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError, KeyError) as err:
+        raise EmbeddingsError(f"cannot read embeddings file {path}: {err}.") from err
+
+
+def _check_values(path: str, name: str, x: np.ndarray) -> None:
+    """Features are floats, every one finite (a NaN row is no direction: diverse selection and
+    near-duplicate search would go on without a word); checked a block of rows at a time."""
+    if x.dtype.kind != "f":
+        raise EmbeddingsError(f"embeddings file {path}: {name} holds {x.dtype}, not floats.")
+    for s in range(0, len(x), FINITE_BLOCK):
+        bad = ~np.isfinite(np.asarray(x[s:s + FINITE_BLOCK])).all(axis=1)
+        if bad.any():
+            raise EmbeddingsError(f"embeddings file {path}: {name} row {s + int(bad.argmax())} "
+                                  f"holds NaN or infinity; score the pool again.")
 
 
 # --- one example's factors in a row of OUTPUT.partial -------------------------------------------
@@ -171,11 +226,12 @@ def find_for_rows(folder: Path, rows: Sequence[dict]) -> str | None:
     wanted = {str(r["id"]): r.get("score") for r in rows}
     for path in sorted(folder.glob(f"*{EMBEDDINGS_SUFFIX}"), key=_mtime, reverse=True):
         try:
+            _check_members(str(path))
             with np.load(path, allow_pickle=False) as z:
                 if "scores" not in z.files or "ids" not in z.files:
                     continue
                 scores = dict(zip((str(i) for i in z["ids"].tolist()), z["scores"].tolist()))
-        except (OSError, ValueError, zipfile.BadZipFile, EOFError):
+        except (OSError, ValueError, zipfile.BadZipFile, EOFError):  # EmbeddingsError among them
             continue
         if all(i in scores and _same(scores[i], s) for i, s in wanted.items()):
             return str(path)
@@ -201,6 +257,7 @@ def open_features(path: str) -> tuple[list[str], np.ndarray]:
     """(ids, b [N, D]) of an embeddings file, b a read-only memory map of the file (numpy's .npz
     is an uncompressed zip: the array lies in it as plain bytes), so that near-duplicate search
     reads it a block at a time; an array stored compressed is read whole."""
+    _check_members(path)
     try:
         with np.load(path, allow_pickle=False) as z:
             missing = [k for k in ("format", "ids", "b") if k not in z.files]
@@ -223,6 +280,7 @@ def open_features(path: str) -> tuple[list[str], np.ndarray]:
     ids = [str(i) for i in ids.tolist()]
     if len(set(ids)) != len(ids):
         raise EmbeddingsError(f"embeddings file {path} lists an id more than once.")
+    _check_values(path, "b", b)
     return ids, b
 
 

@@ -81,7 +81,7 @@ def grad_norms_per_target(model: nn.Module, inputs: torch.Tensor,
     if method != "auto":
         with borrowed(model, selection.params, selection.modules, selection.all_params):
             norms, logits = (run or _method(method, compile))(model, inputs, targets_for, selection, loss_fn)
-        return norms.to(_dtype(model, inputs)), logits.detach()
+        return norms.to(_dtype(selection, inputs)), logits.detach()
 
     key = (tuple(selection.names), id(loss_fn))
     known = _auto_choice.setdefault(model, {})
@@ -103,7 +103,7 @@ def grad_norms_per_target(model: nn.Module, inputs: torch.Tensor,
                 warnings.warn(EngineFallback(f"per-example gradient norms of {type(model).__name__} "
                                              f"use the slower '{name}' method: {known[key][1]}",
                                              name), stacklevel=3)
-        return norms.to(_dtype(model, inputs)), logits.detach()
+        return norms.to(_dtype(selection, inputs)), logits.detach()
     raise UnsupportedModel("no method can serve this model: " + "; ".join(failures))
 
 
@@ -225,6 +225,10 @@ def model_dtype(model: nn.Module) -> torch.dtype | None:
     return None
 
 
-def _dtype(model: nn.Module, inputs: torch.Tensor) -> torch.dtype:
-    """The dtype the norms come back in: the model's, else the inputs'."""
-    return model_dtype(model) or float_dtype(inputs) or torch.get_default_dtype()
+def _dtype(selection, inputs: torch.Tensor) -> torch.dtype:
+    """The dtype the norms come back in: the model's (its first floating-point parameter's, as
+    model_dtype; `selection.all_params` holds them in the model's order), else the inputs'."""
+    for p in selection.all_params:
+        if p.is_floating_point():
+            return p.dtype
+    return float_dtype(inputs) or torch.get_default_dtype()

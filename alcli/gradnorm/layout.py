@@ -9,7 +9,9 @@ any other way (the batch merged with another dim, [B*T, d] or packed tokens) is 
 MERGED, and rules that need the batch refuse it; at the full batch every batch dim must have
 size B. Sizes can still coincide (packed tokens with one token in each example), so the n
 examples are also run rotated by one and with their first two swapped: a true batch dim holds
-the same values, moved the same way. Because the result is cached
+the same values, moved the same way. The orders are laid end to end in one forward where that
+stays within twice the batch's rows ([3n, ...]: the rotation, the swap, the examples as they
+are), so a first call runs two probe forwards, the one example's and this one. Because the result is cached
 per model, hooked modules and example shape, a forward whose shapes depend on the data (an op
 such as nonzero or boolean masking) is refused: a later batch could lay out differently.
 
@@ -69,31 +71,37 @@ def call_layouts(model, inputs: torch.Tensor, modules: dict) -> dict[str, list[L
     """module name -> the Layout of each of its calls, in call order."""
     key = _layout_key(inputs, modules)
     per_model = _cache.setdefault(model, {})
-    first = _first_runs.pop(model, None)  # (key, shapes) of the use probe's one-example forward
     if key not in per_model:
+        first = _first_runs.pop(model, None)  # (key, shapes) of the use probe's one-example forward
         if first is not None and first[0] == (tuple(modules), example_key(inputs)):
             one = first[1]
         else:
             one = _one_example(model, inputs, modules)[0]
-        # the probe: n = min(B, 3) distinct examples of the batch (two copies of a lone one);
-        # its shapes against the one example's give the batch dims, its fingerprints along
-        # them are the reordering check's reference
+        # the probe: n = min(B, 3) distinct examples of the batch (two copies of a lone one),
+        # run in each order of _orders, several orders to a forward (_runs); its shapes against
+        # the one example's give the batch dims, its fingerprints along them the reordering check
         probe = first_n(inputs, 2) if batch_size(inputs) == 1 else map_batch(
             inputs, lambda t: t[_distinct_rows(inputs).to(t.device)])
         n = batch_size(probe)
+        runs = _runs(_orders(n) if batch_size(inputs) > 1 else [tuple(range(n))], n, batch_size(inputs))
         projections: dict = {}
-        probe_logits: list = []  # the probe's logits, as _logits_print
-        seen = _record(model, probe, modules, _probe_call(one, n, _fingerprinter(n, projections)), probe_logits)
+        run_logits: list = []  # each run's logits, as _logits_print
+        first = runs[0]
+        seen = _record(model, _in_orders(probe, first), modules,
+                       _probe_call(one, n * len(first), _fingerprinter(n * len(first), projections)), run_logits)
         for name in modules:
             if len(one[name]) != len(seen[name]):
                 raise UnsupportedModel(f"module '{name}' is called a different number of times for "
                                        "different batch sizes")
         layouts = {name: [layout for _, layout, _ in calls] for name, calls in seen.items()}
         many = {name: [shapes for shapes, _, _ in calls] for name, calls in seen.items()}
+        prints = [{name: [p for _, _, p in calls] for name, calls in seen.items()}]
+        for orders in runs[1:]:
+            prints.append(_record(model, _in_orders(probe, orders), modules,
+                                  _reordered_call(layouts, _fingerprinter(n * len(orders), projections)), run_logits))
         if batch_size(inputs) > 1:
-            prints = {name: [p for _, _, p in calls] for name, calls in seen.items()}
-            _mark_unreversed(model, probe, modules, layouts, prints, projections)
-        _mark_broadcast(model, probe, probe_logits[0], modules, layouts, many)
+            _mark_unreversed(modules, layouts, runs, prints, n)
+        _mark_broadcast(model, probe, _identity_logits(runs, run_logits, n), modules, layouts, many)
         if len(per_model) >= CACHED_LAYOUTS:  # text of many lengths: the oldest layout goes
             del per_model[next(iter(per_model))]
         largest = max((math.prod(shape) for calls in one.values() for _, outs in calls for shape in outs
@@ -105,8 +113,11 @@ def call_layouts(model, inputs: torch.Tensor, modules: dict) -> dict[str, list[L
 def largest_output(model, inputs, modules: dict) -> int:
     """The most elements one example puts in one output of a call of `modules` (from the
     one-example run of call_layouts)."""
-    call_layouts(model, inputs, modules)
-    return _cache[model][_layout_key(inputs, modules)][1]
+    known = _cache.get(model, {}).get(_layout_key(inputs, modules))
+    if known is None:
+        call_layouts(model, inputs, modules)
+        known = _cache[model][_layout_key(inputs, modules)]
+    return known[1]
 
 
 def _layout_key(inputs, modules: dict) -> tuple:
@@ -138,16 +149,39 @@ _first_runs: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model 
 
 def _one_example(model, inputs, modules: dict, covered: dict | None = None) -> tuple[dict, dict]:
     """(module name -> [(input shapes, output shapes) per call] for the first example, and with
-    `covered`, its outside uses); refuses a forward whose shapes depend on the data."""
-    with ModuleStack(model) as stack, _DataDependentShapes(stack) as watch:
-        uses, found = outside_use_watch(covered, stack.names) if covered is not None else (nullcontext(), {})
-        with uses:
-            one = _record(model, batch_slice(inputs, 0, 1), modules,
-                          lambda name, i, ins, outs: (_shapes(ins), _shapes(outs)))
+    `covered`, its outside uses); refuses a forward whose shapes depend on the data. The watches
+    run knowing only which hooked modules run; a forward where they find something runs again
+    under a ModuleStack (hooks on every module), which names where."""
+    one, watch, found = _watched_forward(model, inputs, modules, covered, _HookedNames())
+    if watch.op is not None or found:
+        with ModuleStack(model) as stack:
+            one, watch, found = _watched_forward(model, inputs, modules, covered, stack)
     if watch.op is not None:
         raise UnsupportedModel(f"{watch.where} {watch.what} ({watch.op}), so where the batch lies "
                                "can change from batch to batch")
     return one, found
+
+
+def _watched_forward(model, inputs, modules, covered, stack):
+    """The first example's forward under the watches, `stack` telling which modules run."""
+    with _DataDependentShapes(stack) as watch:
+        uses, found = outside_use_watch(covered, stack.names) if covered is not None else (nullcontext(), {})
+        with uses:
+            one = _record(model, batch_slice(inputs, 0, 1), modules,
+                          lambda name, i, ins, outs: (_shapes(ins), _shapes(outs)),
+                          running=stack.names if isinstance(stack, _HookedNames) else None)
+    return one, watch, found
+
+
+class _HookedNames:
+    """The hooked modules running now, outermost first (pushed and popped by _record): all the
+    use watch needs to tell a use outside the modules covering a parameter (they are hooked)."""
+
+    def __init__(self):
+        self.names: list[str] = []
+
+    def where(self) -> str:
+        return "the model"  # a ModuleStack's rerun names the module
 
 
 class _DataDependentShapes(TorchDispatchMode):
@@ -165,8 +199,10 @@ class _DataDependentShapes(TorchDispatchMode):
         return False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if self.op is None:
-            if torch.Tag.dynamic_output_shape in func.tags and not _integer_indexing(func, args):
+        if self.op is None and func not in _SHAPES_FROM_SHAPES:
+            if torch.Tag.dynamic_output_shape not in func.tags and func.overloadpacket not in _SORT_DIM_ARG:
+                _SHAPES_FROM_SHAPES.add(func)  # never looked at again
+            elif torch.Tag.dynamic_output_shape in func.tags and not _integer_indexing(func, args):
                 self.what = "has data-dependent shapes"
             elif _sorts_the_batch(func, args, kwargs or {}):
                 self.what = "orders the examples by their values"
@@ -186,6 +222,8 @@ def _sorts_the_batch(func, args, kwargs) -> bool:
 
 
 _SORT_DIM_ARG = {torch.ops.aten.sort: 1, torch.ops.aten.topk: 2, torch.ops.aten.kthvalue: 2}
+# ops whose output shapes follow their inputs' shapes and that sort nothing: the watch's fast path
+_SHAPES_FROM_SHAPES: set = set()
 
 
 def _integer_indexing(func, args) -> bool:
@@ -201,13 +239,48 @@ def _integer_indexing(func, args) -> bool:
 REORDER_EXAMPLES = 3  # the reordering probes' examples (all of a smaller batch)
 
 
-def _mark_unreversed(model, probe, modules, layouts, forward, projections):
-    """A batch dim whose rows are not the examples' own becomes MERGED (blocks: None): when the
-    probe's n examples (`forward`: their fingerprints per call) are rotated by one, or have their
-    first two swapped, its rows (blocks of k rows) must move the same way, each unchanged. A
-    rotation and a swap generate every reordering, so a model that reorders the examples inside
-    cannot pass (for n >= 3; a pair's one reordering commutes with itself, and a pair's layout
-    serves only pairs).
+def _orders(n: int) -> list[tuple]:
+    """The probe's n examples rotated by one and with their first two swapped (one order for
+    n = 2), then as they are: a rotation and a swap generate every reordering. The reorderings
+    come first, so a model that needs its examples in the batch's order (pack_padded_sequence
+    with enforce_sorted=True) fails on them."""
+    moved = dict.fromkeys([tuple(torch.arange(n).roll(1).tolist()), (1, 0, *range(2, n))])
+    return [*moved, tuple(range(n))]
+
+
+def _runs(orders: list, n: int, batch: int) -> list[list[tuple]]:
+    """The orders grouped into forwards: a forward takes the probe in several orders one after
+    the other ([3n, ...] for three), as many as keep it within twice the batch's rows (probes
+    keep no graph, so a probe forward of 2B rows holds less than the pass's forward of B)."""
+    per_run = max(1, min(len(orders), 2 * batch // n))
+    return [orders[i:i + per_run] for i in range(0, len(orders), per_run)]
+
+
+def _in_orders(probe, orders: list):
+    """The probe's examples in each of `orders`, one after the other along the batch."""
+    index = torch.tensor([i for order in orders for i in order])
+    return map_batch(probe, lambda t: t[index.to(t.device)])
+
+
+def _identity_logits(runs, run_logits, n: int):
+    """The logits of the probe in its own order (as _logits_print) out of the run holding it."""
+    for orders, logits in zip(runs, run_logits):
+        if tuple(range(n)) in orders and logits is not None:
+            at = orders.index(tuple(range(n)))
+            shape, rows = logits
+            if rows is None or shape[:1] != (n * len(orders),):
+                return None
+            return (n, *shape[1:]), rows[at * n:(at + 1) * n]
+    return None
+
+
+def _mark_unreversed(modules, layouts, runs, prints, n: int):
+    """A batch dim whose rows are not the examples' own becomes MERGED (blocks: None): where the
+    probe's n examples go in another order (`runs`: the orders of each forward; `prints`: its
+    fingerprints per call), its rows (blocks of k rows) must move the same way, each unchanged.
+    A rotation and a swap generate every reordering, so a model that reorders the examples
+    inside cannot pass (for n >= 3; a pair's one reordering commutes with itself, and a pair's
+    layout serves only pairs).
 
     The probe holds n = min(B, 3) distinct examples of the batch (copies would hide a
     reordering): which rows a fixed reordering moves does not depend on the batch size, and
@@ -215,23 +288,42 @@ def _mark_unreversed(model, probe, modules, layouts, forward, projections):
     Values are compared through a fingerprint per batch row (a fixed random projection of the
     row) along the dims that may hold the batch, so the check holds a few numbers per tensor,
     not the activations."""
-    n = batch_size(probe)
-    orders = {tuple(torch.arange(n).roll(1).tolist()), (1, 0, *range(2, n))}  # one order for n = 2
-    for order in map(torch.tensor, sorted(orders)):
-        moved = _record(model, map_batch(probe, lambda t: t[order.to(t.device)]), modules,
-                        _reordered_call(layouts, _fingerprinter(n, projections)))
-        for name in modules:
-            if len(forward[name]) != len(moved[name]):
+    moves = _Moves.of(runs, n)
+    checks = []  # (dims or blocks, leaf index, MERGED or None, (expected, got) fingerprints or None)
+    for name in modules:
+        for run in prints[1:]:
+            if len(run[name]) != len(prints[0][name]):
                 raise UnsupportedModel(f"module '{name}' is called a different number of times for "
                                        "the same examples in another order")
-            for layout, (f_in, f_out), (m_in, m_out) in zip(layouts[name], forward[name], moved[name]):
-                for dims, blocks, f_leaves, m_leaves in ((layout.in_dims, layout.in_blocks, f_in, m_in),
-                                                         (layout.out_dims, layout.out_blocks, f_out, m_out)):
-                    for i, (d, f, m) in enumerate(zip(dims, f_leaves, m_leaves)):
-                        if d is not None and d != MERGED and not _rows_follow((d, 1), f, m, order):
-                            dims[i] = MERGED
-                        if blocks[i] is not None and not _rows_follow(blocks[i], f, m, order):
-                            blocks[i] = None
+        for i, layout in enumerate(layouts[name]):
+            for side, dims, blocks in ((0, layout.in_dims, layout.in_blocks), (1, layout.out_dims, layout.out_blocks)):
+                leaves = [run[name][i][side] for run in prints]  # per run: per leaf {dim: fingerprint}
+                for j, d in enumerate(dims):
+                    per_run = [None if run is None else run[j] for run in leaves]
+                    if d is not None and d != MERGED:
+                        checks.append((dims, j, MERGED, _moved_rows((d, 1), moves, per_run)))
+                    if blocks[j] is not None:
+                        checks.append((blocks, j, None, _moved_rows(blocks[j], moves, per_run)))
+    same = _same_each([pair for *_, pair in checks if pair is not None])
+    for where, j, failed, pair in checks:
+        if pair is None or not next(same):
+            where[j] = failed
+
+
+def _same_each(pairs: list):
+    """_same of every (a, b) pair of 1-D float fingerprints, as an iterator of bools: computed
+    for all pairs at once (one comparison where all are equal to the bit, a dozen ops where not)."""
+    if not pairs or len({a.device for a, _ in pairs}) > 1:
+        return iter([_same(a, b) for a, b in pairs])
+    a, b = torch.cat([a for a, _ in pairs]), torch.cat([b for _, b in pairs])
+    if torch.equal(a, b):
+        return iter([True] * len(pairs))
+    lengths = torch.tensor([len(x) for x, _ in pairs], device=a.device)
+    # _same's tolerance, per pair: rtol 1e-4, atol 1e-6 * (1 + the largest finite |a| of the pair)
+    scale = torch.segment_reduce(torch.nan_to_num(a, nan=0.0, posinf=0.0, neginf=0.0).abs(), "max", lengths=lengths)
+    atol = (1e-6 * (1 + scale)).repeat_interleave(lengths)
+    close = ((a - b).abs() <= atol + 1e-4 * b.abs()) | (a == b) | (a.isnan() & b.isnan())
+    return iter(torch.segment_reduce(close.double(), "min", lengths=lengths).bool().tolist())
 
 
 def _distinct_rows(inputs) -> torch.Tensor:
@@ -252,15 +344,34 @@ def _distinct_rows(inputs) -> torch.Tensor:
     return torch.arange(n)
 
 
-def _rows_follow(block, f, m, order) -> bool:
-    """Does dim d, of size n*k with the examples as its outer factor (k = 1: a plain batch dim),
-    hold in the reordered run (`m`) the blocks of k rows of the first run (`f`) in the new order?
-    `f`, `m`: {dim: fingerprint of the rows along it} of one leaf."""
+def _moved_rows(block, moves, prints):
+    """(expected, got) fingerprints of dim d, of size n*k per order with the examples as its outer
+    factor (k = 1: a plain batch dim): the blocks of k rows of the examples as they are, moved as
+    each order moves them, and what the runs hold; None where a run has no such dim. `prints`:
+    per run, {dim: fingerprint of the rows along it} of one leaf; `moves`: _Moves of the runs."""
     d, k = block
-    n = order.shape[0]
-    if f is None or m is None or d not in f or d not in m or f[d].shape[0] != n * k:
-        return False
-    return _same(f[d].view(n, k)[order.to(f[d].device)].reshape(-1), m[d])
+    found = [None if run is None else run.get(d) for run in prints]
+    if any(f is None for f in found) or [f.shape[0] for f in found] != [rows * k for rows in moves.rows]:
+        return None
+    got = torch.cat(found) if len(found) > 1 else found[0]         # [all rows * k]
+    own = got.view(-1, k)[moves.own:moves.own + moves.n]           # [n, k]: the examples as they are
+    return own[moves.index.to(own.device)].reshape(-1), got
+
+
+@dataclass
+class _Moves:
+    """The probe's runs laid end to end: n examples, each run's rows, where the examples as they
+    are start, and for every row the example it holds."""
+    n: int
+    rows: list
+    own: int
+    index: torch.Tensor
+
+    @classmethod
+    def of(cls, runs: list, n: int) -> "_Moves":
+        orders = [order for run in runs for order in run]
+        return cls(n, [n * len(run) for run in runs], n * orders.index(tuple(range(n))),
+                   torch.tensor([i for order in orders for i in order]))
 
 
 def _probe_call(one: dict, n: int, prints):
@@ -408,7 +519,8 @@ def _fingerprint(x: torch.Tensor, d: int, projections: dict | None = None) -> to
             gen = torch.Generator(device=rows.device).manual_seed((width << 20) + block)
             total += part @ torch.rand(part.shape[1], generator=gen, dtype=torch.float64, device=rows.device)
         return total
-    rows = torch.nan_to_num(rows.double())
+    # a fresh float64 copy is cleaned in place; float64 rows are the model's own, left as they are
+    rows = rows.double().nan_to_num_() if rows.dtype != torch.float64 else torch.nan_to_num(rows)
     key = (width, rows.device)
     weights = None if projections is None else projections.get(key)
     if weights is None:
@@ -434,14 +546,15 @@ def _same(a, b) -> bool:
     return bool(torch.allclose(a, b, rtol=1e-4, atol=1e-6 * (1 + scale), equal_nan=True))
 
 
-def _record(model, inputs, modules, what, logits: list | None = None) -> dict[str, list]:
+def _record(model, inputs, modules, what, logits: list | None = None, running: list | None = None) -> dict[str, list]:
     """module name -> [what(name, index of the call, input leaves, output leaves) per call] for
     one forward of `inputs` (leaves of (args, kwargs) and of the output, a tensor or None each;
     `what` keeps what it needs, so the activations go as the forward frees them); the model's
     logits' _logits_print (None if its output holds none) appended to `logits` if given.
 
     `inputs` is a part of the batch, or the batch in another order: a model that cannot take
-    that (pack_padded_sequence with enforce_sorted=True) is refused, naming where it failed."""
+    that (pack_padded_sequence with enforce_sorted=True) is refused, naming where it failed.
+    `running`, if given, holds the names of the hooked modules running, outermost first."""
     seen: dict[str, list] = {name: [] for name in modules}
     handles = []
 
@@ -450,11 +563,18 @@ def _record(model, inputs, modules, what, logits: list | None = None) -> dict[st
 
     def hook(name):
         def record(module, args, kwargs, output):
+            if running is not None:
+                running.pop()
             seen[name].append(what(name, len(seen[name]), leaves((args, kwargs)), leaves(output)))
         return record
 
+    def push(name):
+        return lambda module, args: running.append(name)
+
     try:
         for name, module in modules.items():
+            if running is not None:
+                handles.append(module.register_forward_pre_hook(push(name)))
             handles.append(module.register_forward_hook(hook(name), with_kwargs=True))
         try:
             try:
@@ -462,6 +582,8 @@ def _record(model, inputs, modules, what, logits: list | None = None) -> dict[st
             except _SavedTensorsDropped:  # the forward runs a backward itself: again, with its graph
                 for calls in seen.values():
                     calls.clear()
+                if running is not None:
+                    running.clear()
                 output = call_model(model, inputs)
         except (torch.OutOfMemoryError, UnsupportedModel):
             raise

@@ -12,6 +12,7 @@ from ..errors import ConfigError, PoolError, first_line
 from ..files.regular import check_regular
 from . import (filelist, folder, hf_dataset, manifest, parquet, prompts, stores, tensors, text,
                video, webdataset)
+from .tables import MAX_CELL_BYTES
 from .common import IMAGE_EXTS, MANIFEST_EXTS, TENSOR_EXTS, Pool, PoolKind, PoolOptions
 
 
@@ -101,7 +102,13 @@ def open_source(path: str) -> io.BytesIO:
     base, part = split_source(path)
     check_regular(base)  # a FIFO would block
     if part is None:
-        return io.BytesIO(Path(base).read_bytes())
+        with open(base, "rb") as f:  # capped as a table's cell is: a row may name any file
+            if os.fstat(f.fileno()).st_size > MAX_CELL_BYTES:
+                raise ValueError(f"{base} is larger than {MAX_CELL_BYTES >> 20} MiB")
+            data = f.read(MAX_CELL_BYTES + 1)
+        if len(data) > MAX_CELL_BYTES:  # grown while read
+            raise ValueError(f"{base} is larger than {MAX_CELL_BYTES >> 20} MiB")
+        return io.BytesIO(data)
     return io.BytesIO(_part_kind(base).read_part(base, part))
 
 

@@ -75,10 +75,24 @@ def frame_id(name: str, time: float) -> str:
     return f"{name}#t={time:.3f}"
 
 
+def max_pixels() -> int:
+    """A frame's pixels at most: PIL's decompression-bomb limit, as for an image pool's files."""
+    return 2 * (Image.MAX_IMAGE_PIXELS or 89_478_485)
+
+
+def check_size(file, width: int, height: int) -> None:
+    """A ValueError when a frame of `width` x `height` would be a decompression bomb (a 140 KB
+    video can claim 14000 x 14000 frames, 590 MB each as RGB)."""
+    if width * height > max_pixels():
+        raise ValueError(f"video {file} has frames of {width} x {height} pixels, more than "
+                         f"{max_pixels()}")
+
+
 def _stream_pts(file: Path) -> tuple[list[int], object]:
     """(the video stream's frames' pts in presentation order, its time base), from the packets."""
     with _av().open(str(file)) as container:
         stream = container.streams.video[0]
+        check_size(file, stream.codec_context.width, stream.codec_context.height)
         pts = sorted(p.pts for p in container.demux(stream) if p.pts is not None and p.size)
         return pts, stream.time_base
 
@@ -137,6 +151,11 @@ def _seek(file: Path, pts: int):
     check_regular(file)
     container = _av().open(str(file))
     stream = container.streams.video[0]
+    try:
+        check_size(file, stream.codec_context.width, stream.codec_context.height)
+    except ValueError:
+        container.close()
+        raise
     container.seek(pts, stream=stream, backward=True, any_frame=False)
     return container, container.decode(stream)
 
@@ -199,6 +218,7 @@ def read_frame(file: str, part: str) -> bytes:
         raise ValueError(f"{file}#{part}: after '#' a video's frame is t=SECONDS") from None
     with _av().open(file) as container:
         stream = container.streams.video[0]
+        check_size(file, stream.codec_context.width, stream.codec_context.height)
         target = round(t / stream.time_base) if math.isfinite(t) else 0
         container.seek(max(target, 0), stream=stream, backward=True, any_frame=False)
         for frame in container.decode(stream):

@@ -37,16 +37,19 @@ def check(model: nn.Module, pool: Pool, settings: Settings, device: torch.device
     return classes
 
 
-DEFAULT_STRATEGY = Settings().strategy
+DEFAULT_STRATEGY, DEFAULT_AGGREGATE = Settings().strategy, Settings().aggregate
 
 
 def use_task_default(settings: Settings, task: str | None) -> None:
     """No --strategy given (no option, config key or argument, and still the settings' default:
     a command that runs a strategy of its own, review's or simulate's, sets another): the task's
-    own default (Task.default_strategy, chosen by the rule in docs/benchmarks.md)."""
+    own default (Task.default_strategy, chosen by the rule in docs/benchmarks.md), and its
+    --aggregate (Task.default_aggregate) unless one is given."""
     untold = "strategy" not in settings.sources and settings.strategy == DEFAULT_STRATEGY
     if task is not None and untold:
         settings.strategy = tasks.TASKS[task].default_strategy
+        if "aggregate" not in settings.sources and settings.aggregate == DEFAULT_AGGREGATE:
+            settings.aggregate = tasks.TASKS[task].default_aggregate
 
 
 def check_answers(pool: Pool, settings: Settings, task: str | None) -> None:

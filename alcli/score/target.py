@@ -30,7 +30,9 @@ def target_for(settings: Settings, model: nn.Module, device: torch.device, open_
     if settings.target is None:
         raise ConfigError("--strategy align needs --target POOL, a labeled pool whose mean loss "
                           "gradient the examples are aligned with")
-    pool = open_pool(dataclasses.replace(settings, pool=settings.target))
+    # the target opened as the pool; its messages name where the target came from, not the pool
+    sources = {**settings.sources, "pool": settings.sources.get("target", "")}
+    pool = open_pool(dataclasses.replace(settings, pool=settings.target, sources=sources))
     selection = selection_for(model, settings.layers)
     total = [torch.zeros_like(p, dtype=torch.float64) for p in selection.params]
     rows, spec = 0, None
@@ -48,8 +50,14 @@ def target_for(settings: Settings, model: nn.Module, device: torch.device, open_
                 missing = batch.ids[int((~known).nonzero()[0])]
                 raise ConfigError(f"target {settings.target}: the row '{missing}' has no label; "
                                   f"the target's gradient is taken at its labels")
-            grads = torch.autograd.grad(spec.loss(logits, targets).sum(), selection.params,
-                                        allow_unused=True)
+            losses = spec.loss(logits, targets)  # [B]
+            finite = torch.isfinite(losses.detach())
+            if not bool(finite.all()):  # one NaN row would make every pool score NaN, rc 0
+                bad = batch.ids[int((~finite).nonzero()[0])]
+                raise ConfigError(f"target {settings.target}: the row '{bad}' has a loss that "
+                                  f"is not finite (NaN or infinite input, or no labeled "
+                                  f"position); mend or drop it")
+            grads = torch.autograd.grad(losses.sum(), selection.params, allow_unused=True)
         for acc, g in zip(total, grads):
             if g is not None:
                 acc += g.double()

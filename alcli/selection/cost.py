@@ -23,7 +23,7 @@ def row_cost(row: Mapping, spec: str) -> float:
     if spec in MEASURES:
         try:
             items = json.loads(value) if isinstance(value, str) else value
-        except ValueError:
+        except (ValueError, RecursionError):  # json recurses once per level
             items = None
         if not isinstance(items, list):
             raise ValueError(f"--cost {spec}: row '{row.get('id')}' has no JSON list in its "

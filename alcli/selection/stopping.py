@@ -13,6 +13,10 @@ from typing import Mapping, Sequence
 
 THRESHOLD = 0.99  # Bloodgood & Vijay-Shanker's kappa
 WINDOW = 3  # kappas averaged
+# the fewest ids two rounds must share for their kappa to count: over fewer, one changed
+# prediction already moves kappa below 0.99, so 0.99 cannot be told from 1 (and one shared id
+# gives a kappa of 1 whatever the model does); Bloodgood & Vijay-Shanker's stop sets held 2,000
+MIN_STOP_SET = 100
 
 
 def predictions(rows: Sequence[Mapping]) -> dict[str, str]:
@@ -36,13 +40,19 @@ def kappa(a: Sequence[str], b: Sequence[str]) -> float:
 
 def agreement(older: Mapping[str, str], newer: Mapping[str, str]) -> dict:
     """Two rounds' predictions (id -> pred) over the ids both hold: how many, how many changed,
-    and their kappa (None when they share no id)."""
+    and their kappa (None when they share no id). The rule counts the kappa only over at least
+    MIN_STOP_SET ids (`counted`)."""
     common = [i for i in newer if i in older]
     if not common:
         return {"common": 0, "changed": 0, "kappa": None}
     a, b = [older[i] for i in common], [newer[i] for i in common]
     return {"common": len(common), "changed": sum(x != y for x, y in zip(a, b)),
             "kappa": kappa(a, b)}
+
+
+def counted(record: Mapping) -> float | None:
+    """An agreement's kappa as the rule counts it: None over fewer than MIN_STOP_SET ids."""
+    return record["kappa"] if record["common"] >= MIN_STOP_SET else None
 
 
 def verdicts(kappas: Sequence[float | None], threshold: float = THRESHOLD,
@@ -65,10 +75,10 @@ def rounds(preds: Sequence[Mapping[str, str]], threshold: float = THRESHOLD,
     per = [{"round": 0, "common": None, "changed": None, "kappa": None, "stop": False}]
     for k in range(1, len(preds)):
         per.append({"round": k, **agreement(preds[k - 1], preds[k])})
-    says = verdicts([p["kappa"] for p in per[1:]], threshold, window)
+    says = verdicts([counted(p) for p in per[1:]], threshold, window)
     for p, stop in zip(per[1:], says):
-        last = [q["kappa"] for q in per[max(1, p["round"] + 1 - window):p["round"] + 1]
-                if q["kappa"] is not None]
+        last = [counted(q) for q in per[max(1, p["round"] + 1 - window):p["round"] + 1]
+                if counted(q) is not None]
         p["mean_kappa"] = sum(last) / len(last) if last else None  # over up to `window` kappas
         p["stop"] = stop
     first = next((p["round"] for p in per if p["stop"]), None)
@@ -81,4 +91,9 @@ def verdict(result: dict) -> str:
     rule = f"the mean kappa of the last {result['window']} rounds reaches {result['threshold']}"
     if result["stop"]:
         return f"stop: {rule} (first at round {result['stop_round']})"
+    few = [r for r in result["rounds"][1:][-result["window"]:] if 0 < r["common"] < MIN_STOP_SET]
+    if few:
+        return (f"go on: rounds {few[-1]['round'] - 1} and {few[-1]['round']} share only "
+                f"{few[-1]['common']} ids with a prediction, and a kappa counts over at least "
+                f"{MIN_STOP_SET} (score the same stop set each round)")
     return f"go on: not yet {rule}"

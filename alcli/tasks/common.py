@@ -155,6 +155,7 @@ class Task:
     # --- --strategy when none is given: the rule in docs/benchmarks.md ("A default strategy per
     # task") over learning curves; tests/test_defaults.py re-applies it to the recorded evidence
     default_strategy: str = "egl"
+    default_aggregate: str = "mean"   # its --aggregate, when neither is given
 
 
 def all_positions(count: Callable[[torch.Tensor], int]) -> Callable:

@@ -166,5 +166,5 @@ TASK = Task(
     prelabels=prelabels, control=control, review_units=review_units, review_own=review_own,
     from_annotation=lambda regions, names: {"label": next(
         (r["value"]["number"] for r in regions if "number" in r.get("value", {})), None)},
-    default_strategy="egl",  # benchmarks/results/structured-curves-defaults.json (docs/benchmarks.md)
+    default_strategy="egl",  # the rule in docs/benchmarks.md: structured-curves-defaults.json
 )

@@ -59,11 +59,21 @@ def weight_backward(module, x, g, rows: int = 0):
         batch = x.shape[0]
         x, g = x.reshape(1, -1, *x.shape[2:]), g.reshape(1, -1, *g.shape[2:])
     shape = module.weight.shape  # the weight's values are read for the input gradient only: a stride-0 zero
-    weight = torch.zeros((), dtype=g.dtype, device=g.device).expand(batch * shape[0], *shape[1:])
+    weight = _zero(g.dtype, g.device).expand(batch * shape[0], *shape[1:])
     grad = torch.ops.aten.convolution_backward(
         g, x, weight, None, module.stride, padding, module.dilation, False, (0,) * spatial,
         batch * module.groups, (False, True, False))[1]                     # [N*C_out, C_in/groups, *K]
     return grad.view(batch, *module.weight.shape)
+
+
+_ZEROS: dict = {}  # (dtype, device) -> a 0-dim zero
+
+
+def _zero(dtype, device) -> torch.Tensor:
+    key = (dtype, device)
+    if key not in _ZEROS:
+        _ZEROS[key] = torch.zeros((), dtype=dtype, device=device)
+    return _ZEROS[key]
 
 
 def conv_dot(module, call, directions):
