@@ -10,6 +10,12 @@ accuracy is within 1 point of the end's (`within_1pt`), and the labels saved.
     python benchmarks/stopping.py            # 3 seeds, margin and random, 25 rounds of 20
     python benchmarks/stopping.py --dataset breast_cancer --seeds 5 --rounds 20 --budget 10
     python benchmarks/stopping.py --quick    # 1 seed, margin, 4 rounds: a smoke run
+    python benchmarks/stopping.py --dataset mnist1d --in-process --seeds 10 --rounds 12 --budget 40
+
+--in-process: the same loop without `alcli simulate` (its training command starts a Python per
+round: minutes a round on a loaded 2-core machine): the same MLP and training recipe as train.py,
+margin (the smallest gap of the two largest probabilities) or random batches, and simulate's own
+rule code (alcli.selection.stopping.agreement and verdicts on the eval split's predictions).
 
 digits: the 400-image test split (seed 0) is the eval pool; the other 1397 are the pool.
 """
@@ -78,6 +84,55 @@ def write_data(folder: Path, dataset: str = "digits") -> str:
     return (f"{dataset} ({len(pool)} pool, {len(test)} eval), MLP {x.shape[1]}-64-{classes}")
 
 
+def in_process(folder: Path, seeds: list[int], strategies: list[str], init: int, budget: int,
+               rounds: int) -> list[dict]:
+    """simulate's curves (strategy, seed, round, labels, accuracy, kappa, stop) computed here."""
+    import importlib.util
+    from alcli.selection import stopping
+    spec = importlib.util.spec_from_file_location("net", folder / "net.py")
+    net_module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(net_module)
+    pool, test = torch.load(folder / "pool.pt"), torch.load(folder / "test.pt")
+    torch.set_num_threads(1)
+    rows = []
+    for seed in seeds:
+        for strategy in strategies:
+            labeled = sorted(np.random.default_rng(seed).choice(len(pool["ids"]), init,
+                                                                replace=False).tolist())
+            pick_rng = np.random.default_rng(1000 + seed)
+            preds, kappas = None, []
+            for r in range(rounds + 1):
+                torch.manual_seed(seed)
+                net = net_module.Net()
+                opt = torch.optim.Adam(net.parameters(), lr=1e-2)
+                x, y = pool["x"][labeled], pool["y"][labeled]
+                for _ in range(200):  # train.py's recipe: full batch
+                    opt.zero_grad()
+                    torch.nn.functional.cross_entropy(net(x), y).backward()
+                    opt.step()
+                with torch.no_grad():
+                    test_pred = net(test["x"]).argmax(1)
+                    prob = net(pool["x"]).softmax(1)
+                now = {i: str(int(p)) for i, p in zip(test["ids"], test_pred)}
+                kappa = stopping.agreement(preds, now)["kappa"] if preds is not None else None
+                kappas.append(kappa)
+                preds = now
+                rows.append({"strategy": strategy, "seed": str(seed), "round": str(r),
+                             "labels": str(len(labeled)),
+                             "accuracy": f"{float((test_pred == test['y']).float().mean()):.6f}",
+                             "kappa": "" if kappa is None else f"{kappa:.6f}",
+                             "stop": str(int(r > 0 and stopping.verdicts(kappas[1:])[-1]))})
+                free = np.setdiff1d(np.arange(len(pool["ids"])), labeled)
+                if strategy == "margin":
+                    top2 = prob[free].topk(2, dim=1).values
+                    chosen = free[np.argsort((top2[:, 0] - top2[:, 1]).numpy(),
+                                             kind="stable")[:budget]]
+                else:
+                    chosen = pick_rng.choice(free, budget, replace=False)
+                labeled = sorted(labeled + chosen.tolist())
+    return rows
+
+
 def summary(curves: list[dict]) -> list[dict]:
     out = []
     for key in dict.fromkeys((r["strategy"], r["seed"]) for r in curves):
@@ -107,6 +162,7 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=20)
     ap.add_argument("--strategies", default="margin,random")
     ap.add_argument("--out", default="benchmarks/results/stopping.md")
+    ap.add_argument("--in-process", action="store_true", help="the loop here, not by simulate")
     ap.add_argument("--keep", metavar="CSV", help="simulate's curves file (default: a temporary one)")
     ap.add_argument("--curves", metavar="CSV", help="summarize this simulate curves file (a "
                     "run stopped part way) instead of running")
@@ -122,6 +178,19 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         what = f"{write_data(folder, args.dataset)}, {protocol}"
+        if args.in_process:
+            began = time.perf_counter()
+            curves = in_process(folder, [int(v) for v in range(int(seeds))] if seeds.isdigit()
+                                else [int(v) for v in seeds.split(",")],
+                                strategies.split(","), args.init, args.budget, rounds)
+            write(curves, rounds, time.perf_counter() - began, args.out,
+                  f"{what} (in process, not by simulate)")
+            if args.keep:
+                with open(args.keep, "w", newline="") as f:
+                    w = csv.DictWriter(f, list(curves[0]))
+                    w.writeheader()
+                    w.writerows(curves)
+            return
         # simulate rewrites the curves after every round: --keep keeps them if the run is cut short
         curves_file = Path(args.keep).resolve() if args.keep else folder / "curves.csv"
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(
