@@ -56,15 +56,17 @@ def settings_for(config=None, **options) -> Settings:
 def run_score(settings: Settings, *, model: nn.Module | None = None, pool=None, stdin=None,
               on_start: Callable[[int], None] | None = None,
               on_batch: Callable[[int], None] | None = None,
-              embeddings: bool | None = None) -> ScoreRun:
+              embeddings: bool | None = None,
+              narrow: Callable[[Pool], Pool] | None = None) -> ScoreRun:
     """Load, check, score and rank, keeping the rows in memory. `on_start(n)` and `on_batch(k)`
     drive a progress display. `embeddings` (default: the setting) also captures each example's
     BADGE factors: True asks for them, None takes them where the model has a head to take them
-    from, False does not."""
+    from, False does not. `narrow(pool)`: the opened pool as it is to be scored (simulate hides
+    its labels)."""
     wanted = settings.embeddings if embeddings is None else embeddings
     recorder = None if wanted is False else EmbeddingRecorder(optional=wanted is None)
     result = score(settings, None, model=model, pool=pool, stdin=stdin, on_start=on_start,
-                   on_batch=on_batch, embeddings=recorder)
+                   on_batch=on_batch, embeddings=recorder, narrow=narrow)
     rows = result.finished.rows
     if result.pool.given_ids is not None:  # the caller's ids, as given
         given = dict(zip(result.pool.ids, result.pool.given_ids))
@@ -217,9 +219,11 @@ def _exclude_files(files) -> list[str]:
 
 def run_select(settings: Settings, *, scores=None, model: nn.Module | None = None, pool=None,
                stdin=None, on_start: Callable[[int], None] | None = None,
-               on_batch: Callable[[int], None] | None = None, exclude_ids=None) -> Picked:
+               on_batch: Callable[[int], None] | None = None, exclude_ids=None,
+               narrow: Callable[[Pool], Pool] | None = None) -> Picked:
     """The batch from `scores` (ranked rows, a table file, or '-' for stdin), or, when None, from
-    scoring the pool first in this process (embeddings kept in memory for --diverse)."""
+    scoring the pool first in this process (embeddings kept in memory for --diverse; `narrow`
+    as run_score takes it)."""
     source = None if scores is None or isinstance(scores, list) else str(scores)
     if isinstance(scores, list):
         check_rows(scores)
@@ -230,7 +234,7 @@ def run_select(settings: Settings, *, scores=None, model: nn.Module | None = Non
         return pick(settings, scores, plan, embeddings=carried)
     if scores is None:
         scored = run_score(settings, model=model, pool=pool, stdin=stdin, on_start=on_start,
-                           on_batch=on_batch, embeddings=settings.typical or (
+                           on_batch=on_batch, narrow=narrow, embeddings=settings.typical or (
                                False if settings.diverse is False and not settings.dedup
                                else settings.diverse or settings.embeddings))
         plan.meta = {"task": scored.stats.task, "class_names": scored.pool.classes, **plan.meta}

@@ -54,11 +54,20 @@ def opened(settings: Settings, model: nn.Module | None = None, pool=None, stdin=
         if narrow is not None:
             the_pool = narrow(the_pool)
         the_pool.outputs = preflight.check(net, the_pool, settings, device)
-        the_pool.align_target = target_for(settings, net, device, lambda s: pool_for(s, net))
+        the_pool.align_target = target_for(settings, net, device, lambda s: checked_pool(s, net, device))
         yield Session(net, device, the_pool)
     finally:
         for m, mode in modes:
             m.training = mode
+
+
+def checked_pool(settings: Settings, model: nn.Module, device: torch.device) -> Pool:
+    """The pool `settings` name, opened and pre-flight checked as the run's own (align's target:
+    a label outside the model's classes, inputs the model cannot read, a prompt without an
+    answer, each one sentence naming it)."""
+    the_pool = pool_for(settings, model)
+    the_pool.outputs = preflight.check(model, the_pool, settings, device)
+    return the_pool
 
 
 def model_for(settings: Settings, model: nn.Module | None = None) -> nn.Module:

@@ -37,8 +37,9 @@ from .files.classnames import class_name, read_class_names
 from .files.config import DIVERSE_MODES, STRATEGY_NAMES, Settings
 from .files.outputs import check_not_input, inputs_of, is_under
 from .files.remote import is_url
+from .longrun.shard import SubPool
 from .pools import is_folder, open_pool
-from .pools.common import PoolOptions
+from .pools.common import Pool, PoolOptions
 from .selection import stopping
 
 PLACEHOLDERS = ("labeled", "model", "pool", "round", "seed", "strategy", "workdir")
@@ -233,9 +234,12 @@ def plot_formats() -> tuple[str, ...]:
         return IMAGE_FORMATS
 
 
-def pool_labels(settings: Settings, spec: str, what: str) -> tuple[list[str], list, list | None]:
+def pool_labels(settings: Settings, spec: str, what: str,
+                why: str = "simulate reveals the labels of the selected examples, so it needs a "
+                           "labeled pool") -> tuple[list[str], list, list | None]:
     """(ids, each one's label as the training command reads it, each one's file or None) of a
-    labeled pool; a pool without labels, or a row without one, is a PoolError naming it."""
+    labeled pool; a pool without labels, or a row without one, is a PoolError naming it (and
+    `why` labels are needed)."""
     names = read_class_names(settings.class_names, settings.where("class_names")) \
         if settings.class_names else None
     opts = PoolOptions(settings.labels_from_folders, settings.transform,
@@ -251,18 +255,50 @@ def pool_labels(settings: Settings, spec: str, what: str) -> tuple[list[str], li
     if not pool.has_labels:
         folders = " (pass --labels-from-folders for class subfolders)" \
             if is_folder(spec) and not settings.labels_from_folders else ""
-        raise PoolError(f"{what} {spec} has no labels{folders}; simulate reveals the labels of "
-                        f"the selected examples, so it needs a labeled pool")
+        raise PoolError(f"{what} {spec} has no labels{folders}; {why}")
     labels = getattr(pool, "labels", None)
     labels = [int(v) for v in (labels.tolist() if hasattr(labels, "tolist") else labels)] \
         if labels is not None else [int(pool[i].label) for i in range(len(pool))]
     missing = next((i for i, v in zip(pool.ids, labels) if v < 0), None)
     if missing is not None:
-        raise PoolError(f"{what} {spec}: the example '{missing}' has no label; simulate needs "
-                        f"every example labeled")
+        raise PoolError(f"{what} {spec}: the example '{missing}' has no label; {why}")
     paths = getattr(pool, "paths", None)
     shown = [class_name(v, pool.classes) for v in labels]
     return list(pool.ids), shown, [str(Path(p).resolve()) for p in paths] if paths else None
+
+
+ALIGN = "align"  # the strategy that reads --target (alcli.score.strategies)
+
+
+def check_target(base: Settings, plan: Plan) -> None:
+    """--target with align among the strategies, align with --target, and the target labeled in
+    every row, before any training (its labels against the model's classes: each round's
+    pre-flight)."""
+    aligned = any(s.partition("+")[0] == ALIGN for s in plan.strategies)
+    if base.target is None:
+        if aligned:
+            raise ConfigError("--strategies align needs --target POOL, a labeled pool whose mean "
+                              "loss gradient the examples are aligned with")
+        return
+    if not aligned:
+        raise ConfigError(f"{base.where('target')} is read by the align strategy alone; add align "
+                          f"to --strategies, or leave it out")
+    pool_labels(base, base.target, "the target", "align takes the target's mean loss gradient at "
+                                                 "its labels, so it needs every row labeled")
+
+
+class HiddenLabels(SubPool):
+    """The pool as each round's selection scores it: every example, its label hidden (-1), so that
+    no strategy reads the label of an example not yet selected (gradnorm: at the predicted class;
+    align: how far a label can move the target's loss); the labeled ones are excluded from the
+    batch."""
+
+    def __init__(self, pool: Pool):
+        super().__init__(pool, list(range(len(pool))))
+        self.has_labels = False
+
+    def __getitem__(self, i: int):
+        return self.base[i]._replace(label=-1)
 
 
 def simulate(base: Settings, plan: Plan, say=lambda line: None, warn=None) -> list[dict]:
@@ -275,6 +311,7 @@ def simulate(base: Settings, plan: Plan, say=lambda line: None, warn=None) -> li
         raise ConfigError(f"--init {plan.init} + --rounds {plan.rounds} x --budget {plan.budget} "
                           f"needs more labels than the pool {plan.pool} has ({len(ids)} examples)")
     pool_labels(base, plan.eval_pool, "the eval pool")  # labeled, before any training
+    check_target(base, plan)
     make_folder(plan.workdir, f"the work folder {plan.workdir}")
     same_plan(plan)
     kept, total = kept_rounds(plan, ids), len(plan.seeds) * len(plan.strategies) * (plan.rounds + 1)
@@ -566,7 +603,7 @@ def accuracy(base: Settings, eval_pool: str, model: Path) -> tuple[float, dict[s
     """The share of the eval pool the checkpoint predicts right (pred against label), and its
     predictions (id -> pred): the stop set of the stopping rule."""
     settings = dataclasses.replace(base, pool=eval_pool, model=str(model), strategy="margin",
-                                   sources=dict(base.sources))
+                                   target=None, sources=dict(base.sources))
     scored = run_score(settings, embeddings=False).rows
     rows = [r for r in scored if r.get("label") is not None]
     acc = sum(str(r["pred"]) == str(r["label"]) for r in rows) / len(rows)
@@ -596,9 +633,11 @@ def choose(base: Settings, plan: Plan, model: Path, strategy: str, seed: int,
     settings = dataclasses.replace(base, pool=plan.pool, model=str(model), strategy=name,
                                    budget=plan.budget, seed=seed, diverse=bool(mode),
                                    diverse_mode=mode or "badge", sampling="top", typical=False,
+                                   target=base.target if name == ALIGN else None,
                                    sources=dict(base.sources))
     try:
-        return [str(r["id"]) for r in run_select(settings, exclude_ids=labeled).rows]
+        return [str(r["id"]) for r in run_select(settings, exclude_ids=labeled,
+                                                 narrow=HiddenLabels).rows]
     except AlcliError as err:
         raise type(err)(f"round selection with {strategy} (seed {seed}): {err}") from None
 

@@ -21,6 +21,14 @@ save_pretrained into WORK/base. Then:
 
     nice -n 10 python benchmarks/lm_pruning.py [--out benchmarks/results/lm-pruning-cpu-2core.txt]
     python benchmarks/lm_pruning.py --quick       # tiny sizes, < 60 s (output to a temp dir)
+    nice -n 10 python benchmarks/lm_pruning.py --target-topic data-model
+
+`--target-topic GROUP` (a family of the manual's topics, GROUPS): the same corpus, split and model;
+the group's held-out paragraphs are cut in two (alternately, in sha256 order): the target
+(topic_target.jsonl, align's `--target`) and the topic's test texts. The pool is ranked by align
+with that target, by gradnorm and by loss; the fine-tuned copies are evaluated on the topic's test
+texts and on the held-out texts of the other topics (the general loss); `topic` (k random texts of
+the group from the pool: a selector that knows each text's topic) is a reference beside `all`.
 
 Writes OUT (the table) and OUT.json (every number, the selections' ids, the settings).
 """
@@ -58,16 +66,38 @@ QUICK = dict(FULL, limit=150, vocab=320, max_length=32, layers=1, width=32, head
              pretrain_steps=30, budget=0.2, steps=10, batch=8, seeds=2)
 
 
-def corpus() -> tuple[list[str], str]:
-    """The paragraphs of the reference manual's topics (sorted by topic name), and its file."""
+# --target-topic's families of the manual's topics (pydoc_data.topics' keys)
+GROUPS = {
+    "data-model": ("attribute-access", "callable-types", "context-managers", "customization",
+                   "numeric-types", "sequence-types", "specialattrs", "specialnames"),
+    "statements": ("assert", "assignment", "async", "augassign", "break", "class", "compound",
+                   "continue", "del", "else", "for", "function", "global", "if", "import",
+                   "nonlocal", "pass", "raise", "return", "try", "while", "with", "yield"),
+}
+
+
+def corpus() -> tuple[list[str], dict[str, str], str]:
+    """The paragraphs of the reference manual's topics (sorted by topic name), each one's topic
+    (the first that holds it), and its file."""
     from pydoc_data import topics
-    paragraphs = []
+    topic_of: dict[str, str] = {}
     for name in sorted(topics.topics):
         for block in re.split(r"\n\s*\n", topics.topics[name]):
             text = " ".join(block.split())
             if len(text.split()) >= MIN_WORDS:
-                paragraphs.append(text)
-    return list(dict.fromkeys(paragraphs)), topics.__file__
+                topic_of.setdefault(text, name)
+    return list(topic_of), topic_of, topics.__file__
+
+
+def topic_split(heldout: list[str], topic_of: dict[str, str], group: str) -> dict[str, list[str]]:
+    """--target-topic: the group's held-out paragraphs, alternately, as the target and the topic's
+    test texts; the other held-out paragraphs as the general test texts."""
+    topical = [t for t in heldout if topic_of[t] in GROUPS[group]]
+    if len(topical) < 2:
+        sys.exit(f"--target-topic {group}: {len(topical)} held-out paragraph(s) of the group; "
+                 f"a target and a test text need 2")
+    return {"target": topical[::2], "topic": topical[1::2],
+            "general": [t for t in heldout if topic_of[t] not in GROUPS[group]]}
 
 
 def split(paragraphs: list[str], pretrain: float, heldout: float, limit: int) -> dict[str, list[str]]:
@@ -239,15 +269,63 @@ def report(r: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def topic_report(r: dict) -> str:
+    """--target-topic's table: per selection, how many chosen texts are the topic's, and the loss
+    on the topic's test texts and on the other topics' held-out texts, paired against random."""
+    s, n, k, sizes = r["settings"], r["sizes"], r["k"], r["eval_sizes"]
+    lines = [
+        f"# python benchmarks/lm_pruning.py --target-topic {r['group']}{' --quick' if r['quick'] else ''}"
+        f"   ({r['machine']})",
+        f"# corpus, split, tokenizer and model as benchmarks/lm_pruning.py: {n['paragraphs']} paragraphs "
+        f"of {r['corpus_file']}; pretrain {n['pretrain']}, pool {n['pool']}, held-out {n['heldout']}; "
+        f"GPT-2 {s['layers']} layers, d={s['width']}, {r['parameters']:,} parameters, pretrained "
+        f"{s['pretrain_steps']} steps ({r['pretrain_s']:.0f} s)",
+        f"# topic group {r['group']}: the paragraphs of {', '.join(r['topics'])}",
+        f"#   in the pool: {r['pool_in_group']} of {n['pool']}; its {sizes['target'] + sizes['topic']} "
+        f"held-out paragraphs cut alternately into the target ({sizes['target']}, align's --target "
+        f"topic_target.jsonl) and the topic's test texts ({sizes['topic']}); general: the "
+        f"{sizes['general']} held-out paragraphs of the other topics",
+        f"# scores: python -m alcli score pool.jsonl -m base --task causal-lm -s gradnorm, -s loss and "
+        f"-s align --target topic_target.jsonl, side by side ({r['alcli_s']:.0f} s, startup included)",
+        f"# budget k = {k} ({s['budget']:.0%} of the pool); fine-tuning a copy of the base model: "
+        f"{s['steps']} steps, batch {s['batch']}, AdamW {s['lr']:g}, dropout 0.1; {s['seeds']} seeds "
+        f"(order, dropout, random's and topic's choice)",
+        f"# loss: the mean over texts of each one's mean next-token cross-entropy; base model: topic "
+        f"{r['base_by_eval']['topic'][0]:.4f}, general {r['base_by_eval']['general'][0]:.4f}",
+        "",
+        f"{'selection':20s} {'tokens/text':>11s} {'topic texts':>11s}  {'topic loss':>15s}  "
+        f"{'- random':>17s}  {'p':>8s}  {'general loss':>15s}  {'- random':>17s}  {'p':>8s}",
+    ]
+    for name in r["labels"]:
+        row = f"{r['labels'][name]:20s} {r['tokens'][name]:11.1f} {r['in_topic'][name]:11.1f}"
+        for e in ("topic", "general"):
+            mine = [x[0] for x in r[e][name]]
+            d, sd, p = paired_t(mine, [x[0] for x in r[e]["random"]])
+            vs, pv = ("·", "·") if name == "random" else (f"{d:+.4f} ± {sd:.4f}", f"{p:.3g}")
+            row += f"  {mean_sd(mine):>15s}  {vs:>17s}  {pv:>8s}"
+        lines.append(row)
+    lines += ["", "mean ± sample sd over seeds; - random: paired difference (negative: lower loss "
+              "than random), p: paired t-test; tokens/text: mean predicted tokens per chosen text; "
+              "topic texts: how many of the chosen texts are the group's (mean over seeds)",
+              "", "per seed (topic loss per text):"]
+    for name in r["labels"]:
+        lines.append(f"  {r['labels'][name]:20s} " + "  ".join(f"{x[0]:.4f}" for x in r["topic"][name]))
+    lines.append(f"\nwall time {r['wall_s']:.0f} s")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="tiny sizes, < 60 s")
     ap.add_argument("--out", help="the table (and OUT.json); default: a temp dir under --quick, "
-                    "else benchmarks/results/lm-pruning-cpu-2core.txt")
+                    "else benchmarks/results/lm-pruning-cpu-2core.txt (lm-pruning-topic-GROUP-"
+                    "cpu-2core.txt with --target-topic)")
     ap.add_argument("--work", help="folder for the model, pools and CSVs [default: a temp dir]")
     ap.add_argument("--seeds", type=int)
     ap.add_argument("--steps", type=int)
     ap.add_argument("--budget", type=float, help="k as a fraction of the pool")
+    ap.add_argument("--target-topic", choices=sorted(GROUPS), help="align toward one family of "
+                    "topics (its held-out half as the target), evaluated on that topic")
     ap.add_argument("--threads", type=int, default=1, help="torch threads, here and in alcli "
                     "(OMP_NUM_THREADS); on a shared 2-core machine 2 threads ran 15x slower than 1")
     args = ap.parse_args()
@@ -256,17 +334,21 @@ def main() -> None:
     logging.disable_progress_bar()
     s = dict(QUICK if args.quick else FULL)
     s.update({key: getattr(args, key) for key in ("seeds", "steps", "budget") if getattr(args, key)})
+    group = args.target_topic
     start = time.perf_counter()
     work = Path(args.work or tempfile.mkdtemp(prefix="lm_pruning_"))
     work.mkdir(parents=True, exist_ok=True)
-    out = Path(args.out or (work / "lm-pruning.txt" if args.quick
-                            else REPO / "benchmarks" / "results" / "lm-pruning-cpu-2core.txt"))
+    name = f"lm-pruning-topic-{group}-cpu-2core.txt" if group else "lm-pruning-cpu-2core.txt"
+    out = Path(args.out or (work / name if args.quick else REPO / "benchmarks" / "results" / name))
 
-    paragraphs, corpus_file = corpus()
+    paragraphs, topic_of, corpus_file = corpus()
     slices = split(paragraphs, s["pretrain"], s["heldout"], s["limit"])
+    # the texts each fine-tuned copy is evaluated on, and align's target
+    evals = topic_split(slices["heldout"], topic_of, group) if group else {"heldout": slices["heldout"]}
+    target_texts = evals.pop("target") if group else slices["heldout"]
     tok = train_tokenizer(slices["pretrain"], s["vocab"], s["max_length"])
     pad = tok.pad_token_id
-    seqs = {name: encode(tok, texts) for name, texts in slices.items()}
+    seqs = {name: encode(tok, texts) for name, texts in {**slices, **evals}.items()}
     base = build_model(tok, s)
     t0 = time.perf_counter()
     train(base, seqs["pretrain"], s["pretrain_steps"], s["batch"], s["pretrain_lr"], 0, pad)
@@ -278,30 +360,40 @@ def main() -> None:
     index = {i: n for n, i in enumerate(ids)}
     with open(work / "pool.jsonl", "w") as f:
         f.writelines(json.dumps({"id": i, "text": t}) + "\n" for i, t in zip(ids, slices["pool"]))
-    with open(work / "heldout.jsonl", "w") as f:
-        f.writelines(json.dumps({"text": t}) + "\n" for t in slices["heldout"])
+    target = work / ("topic_target.jsonl" if group else "heldout.jsonl")
+    with open(target, "w") as f:
+        f.writelines(json.dumps({"text": t}) + "\n" for t in target_texts)
     t0 = time.perf_counter()
     runs = {strategy: alcli_score(work / "pool.jsonl", work / "base", strategy, s["max_length"],
-                                  args.threads, work / f"{strategy}.csv", work / "heldout.jsonl")
+                                  args.threads, work / f"{strategy}.csv", target)
             for strategy in STRATEGIES}
     ranked = {strategy: ranked_ids(proc, work / f"{strategy}.csv") for strategy, proc in runs.items()}
     alcli_s = time.perf_counter() - t0
     k = max(1, round(len(ids) * s["budget"]))
+    in_group = [i for i, t in zip(ids, slices["pool"]) if group and topic_of[t] in GROUPS[group]]
     fixed = {"gradnorm": ranked["gradnorm"][:k], "loss": ranked["loss"][:k],
              "align": ranked["align"][:k], "gradnorm-bottom": ranked["gradnorm"][-k:], "all": ids}
     labels = {"gradnorm": "gradnorm top-k", "loss": "loss top-k", "align": "align top-k",
               "gradnorm-bottom": "gradnorm bottom-k", "random": "random", "all": "all pool (reference)"}
+    drawn = {"random": ids}
+    if group:  # the topic's own pool texts, drawn at random: a selector that knows the topic
+        del labels["gradnorm-bottom"]
+        labels = {**labels, "topic": "topic texts (oracle)"}
+        drawn["topic"] = in_group
     chosen = {name: [fixed[name]] * s["seeds"] if name in fixed else
-              [sorted(np.random.default_rng(seed).choice(ids, k, replace=False).tolist())
+              [sorted(np.random.default_rng(seed).choice(drawn[name], min(k, len(drawn[name])),
+                                                         replace=False).tolist())
                for seed in range(s["seeds"])] for name in labels}
 
-    heldout = {name: [] for name in labels}
+    scores = {e: {name: [] for name in labels} for e in evals}
     for seed in range(s["seeds"]):
         for name in labels:
             texts = [seqs["pool"][index[i]] for i in chosen[name][seed]]
             model = train(copy.deepcopy(base), texts, s["steps"], s["batch"], s["lr"], seed, pad)
-            heldout[name].append(heldout_loss(model, seqs["heldout"], pad))
-            print(f"seed {seed} {name:16s} held-out {heldout[name][-1][0]:.4f}", file=sys.stderr, flush=True)
+            for e in evals:
+                scores[e][name].append(heldout_loss(model, seqs[e], pad))
+            print(f"seed {seed} {name:16s} " + " ".join(f"{e} {scores[e][name][-1][0]:.4f}" for e in evals),
+                  file=sys.stderr, flush=True)
 
     from scipy.stats import spearmanr
     by_id = {}
@@ -314,15 +406,22 @@ def main() -> None:
                    f"transformers {__import__('transformers').__version__}, python {platform.python_version()}",
         "sizes": {"paragraphs": len(paragraphs), **{n: len(t) for n, t in slices.items()}},
         "vocab": len(tok), "parameters": sum(p.numel() for p in base.parameters()),
-        "pretrain_s": pretrain_s, "alcli_s": alcli_s, "base": heldout_loss(base, seqs["heldout"], pad),
-        "labels": labels, "chosen": chosen, "heldout": heldout,
+        "pretrain_s": pretrain_s, "alcli_s": alcli_s,
+        "base": heldout_loss(base, seqs["heldout"], pad),
+        "labels": labels, "chosen": chosen, **scores,
         "tokens": {name: statistics.mean(len(seqs["pool"][index[i]]) - 1 for sel in chosen[name] for i in sel)
                    for name in labels},
         "overlap": len(set(fixed["gradnorm"]) & set(fixed["loss"])),
         "rho": float(spearmanr([by_id["gradnorm"][i] for i in ids], [by_id["loss"][i] for i in ids])[0]),
     }
+    if group:
+        result.update(group=group, topics=GROUPS[group], pool_in_group=len(in_group),
+                      eval_sizes={"target": len(target_texts), **{e: len(t) for e, t in evals.items()}},
+                      base_by_eval={e: heldout_loss(base, seqs[e], pad) for e in evals},
+                      in_topic={name: statistics.mean(len(set(sel) & set(in_group)) for sel in chosen[name])
+                                for name in labels})
     result["wall_s"] = time.perf_counter() - start
-    text = report(result)
+    text = topic_report(result) if group else report(result)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
     Path(f"{out}.json").write_text(json.dumps(result, indent=1))

@@ -24,6 +24,15 @@ def invoke_in(cwd, *args, input=None):
         os.chdir(old)
 
 
+def completed_in(cwd, *args, input=None):
+    """`alcli ARGS` in this process, answered as subprocess.run answers (returncode, stdout,
+    stderr): for tests that check what a command says, not how a process starts or dies."""
+    import subprocess
+    result = invoke_in(cwd, *args, input=input)
+    return subprocess.CompletedProcess(["alcli", *map(str, args)], result.exit_code,
+                                       result.stdout, result.stderr)
+
+
 def ok(result):
     """A CliRunner result that exited 0 (else its output, in the assertion)."""
     assert result.exit_code == 0, result.stderr + result.stdout

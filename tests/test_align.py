@@ -168,8 +168,13 @@ def test_align_from_the_command_line(tmp_path):
         assert got[i] == pytest.approx(want, rel=1e-4, abs=1e-6), i
     # --target alone, align without --target, a target without labels: one sentence each
     torch.save({"x": xt}, tmp_path / "unlabeled.pt")
+    torch.save({"x": xt, "y": torch.tensor([0, 1, 2, 5, 1, 1])}, tmp_path / "past.pt")
+    torch.save({"x": torch.randn(6, 5), "y": yt}, tmp_path / "wide.pt")
     for args, culprit in [(["--target", "target.pt", "-s", "margin"], "is read by --strategy align alone"),
                           (["-s", "align"], "--strategy align needs --target POOL"),
-                          (["-s", "align", "--target", "unlabeled.pt"], "has no label")]:
+                          (["-s", "align", "--target", "unlabeled.pt"], "has no label"),
+                          # the target is pre-flight checked as a pool: its labels, its inputs
+                          (["-s", "align", "--target", "past.pt"], "example 3 of past.pt has label 5, but the model has 3 classes"),
+                          (["-s", "align", "--target", "wide.pt"], "cannot run on examples of shape [5] from wide.pt")]:
         assert_one_error(invoke_in(tmp_path, "score", "pool.pt", *arch, *args, "-o", "b.csv"),
                          culprit, str(args))

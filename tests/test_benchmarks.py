@@ -213,6 +213,32 @@ def test_lm_pruning_quick(tmp_path):
     assert result["base"][0] == pytest.approx(base, rel=1e-5)
 
 
+def test_lm_pruning_topic_split():
+    """--target-topic's texts: the group's held-out paragraphs cut alternately into the target and
+    the topic's test texts, the other topics' held-out ones the general test; each paragraph's
+    topic found here, from pydoc_data.topics itself, as the first topic (by name) holding it."""
+    import importlib.util
+    import re
+    from pydoc_data import topics
+    spec = importlib.util.spec_from_file_location("lm_pruning", BENCH / "lm_pruning.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    paragraphs, topic_of, _ = bench.corpus()
+    slices = bench.split(paragraphs, 0.3, 0.2, 0)
+    parts = bench.topic_split(slices["heldout"], topic_of, "data-model")
+    group = set(bench.GROUPS["data-model"])
+    first = {}
+    for name in sorted(topics.topics):
+        for block in re.split(r"\n\s*\n", topics.topics[name]):
+            first.setdefault(" ".join(block.split()), name)
+    topical = [t for t in slices["heldout"] if first[t] in group]
+    assert parts["target"] + parts["topic"] != [] and len(parts["target"]) - len(parts["topic"]) in (0, 1)
+    assert parts["target"] == topical[::2] and parts["topic"] == topical[1::2]
+    assert parts["general"] == [t for t in slices["heldout"] if first[t] not in group]
+    assert not set(parts["target"] + parts["topic"]) & set(slices["pool"] + slices["pretrain"])
+    assert sum(first[t] in group for t in slices["pool"]) > len(slices["pool"]) * 0.1
+
+
 def test_roi_pool_quick():
     """benchmarks/roi_pool.py at a few rows: its table, and the two pools equal in float64."""
     proc = subprocess.run([sys.executable, str(BENCH / "roi_pool.py"), "--rows", "64", "--rounds", "1"],

@@ -380,16 +380,23 @@ def test_a_parquet_pool_reads_as_its_jsonl_does(ws):
 
 def test_gradnorm_and_loss_refuse_a_row_without_an_answer(ws, tmp_path):
     """A prompt alone, an empty response, a response cut off at --max-length: one sentence before
-    any scoring, naming the row and pointing at egl; a pool mixing answered rows with them too."""
+    any scoring, naming the row and pointing at egl; a pool mixing answered rows with them too;
+    align's pool or target holding a prompt alone (a `text` row is its own answer: every token)."""
     (tmp_path / "empty.jsonl").write_text(json.dumps({"id": "e1", "prompt": "the cat", "response": ""}) + "\n"
                                           + json.dumps(ROWS[0]) + "\n")
     (tmp_path / "long.jsonl").write_text(json.dumps(ROWS[2]) + "\n")
     import shutil
     shutil.copy(ws / "pool.jsonl", tmp_path / "pool.jsonl")
     model = ws / "gpt2-right"
+    # align: a pool's prompt alone has no answer to take the cosine at, a target's no gradient
+    (tmp_path / "answered.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ANSWERED[:2]))
     cases = [(["pool.jsonl", "-s", "gradnorm"], "row q1 of pool pool.jsonl is a prompt without an answer"),
              (["pool.jsonl", "-s", "loss"], "--strategy loss needs an answer"),
-             (["empty.jsonl", "-s", "gradnorm"], "row e1 of pool empty.jsonl has an empty response")]
+             (["empty.jsonl", "-s", "gradnorm"], "row e1 of pool empty.jsonl has an empty response"),
+             (["pool.jsonl", "-s", "align", "--target", "answered.jsonl"],
+              "row q1 of pool pool.jsonl is a prompt without an answer, and --strategy align needs an answer"),
+             (["answered.jsonl", "-s", "align", "--target", "pool.jsonl"],
+              "row q1 of pool pool.jsonl is a prompt without an answer, and --strategy align needs an answer")]
     for args, words in cases:
         result = score_in(tmp_path, *args, "-m", model, "--no-embeddings", ok=False)
         assert_one_error(result, words, str(args))

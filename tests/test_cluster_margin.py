@@ -4,13 +4,13 @@ bounded memory (no block larger than chunk x m while clustering), and through th
 from __future__ import annotations
 
 import csv
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
 from torch.overrides import TorchFunctionMode
+
+from shell import completed_in
 
 from alcli.selection.cluster_margin import kmeans, round_robin, select_cluster_margin
 
@@ -161,8 +161,7 @@ def test_clustering_never_holds_a_candidates_x_clusters_block():
 
 
 def alcli(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "alcli", *map(str, args)], cwd=cwd,
-                          capture_output=True, text=True, timeout=600)
+    return completed_in(cwd, *args)  # in this process: an interpreter start costs more than the run
 
 
 def test_cli_score_then_select_cluster_margin_matches_the_oracle(workspace, tmp_path):

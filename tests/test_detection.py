@@ -8,8 +8,6 @@ import csv
 import io
 import json
 import math
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -20,6 +18,7 @@ torchvision = pytest.importorskip("torchvision")
 
 from alcli import tasks  # noqa: E402
 from alcli.tasks import detection  # noqa: E402
+from shell import completed_in
 
 SMALL = {"min_size": 64, "max_size": 96}
 # fewer anchors and proposals than the defaults, so that a test is quick: the same loss otherwise
@@ -401,8 +400,7 @@ def detector_files(tmp_path_factory):
 
 
 def alcli(*args, cwd, stdin=None):
-    return subprocess.run([sys.executable, "-m", "alcli", *args], cwd=cwd, input=stdin,
-                          capture_output=True, text=True)
+    return completed_in(cwd, *args, input=stdin)  # in this process: an interpreter start costs more
 
 
 def test_score_ranks_a_folder_of_images_of_any_size(detector_files):

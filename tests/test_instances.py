@@ -8,8 +8,6 @@ import copy
 import csv
 import json
 import math
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -20,6 +18,7 @@ torchvision = pytest.importorskip("torchvision")
 
 from alcli import tasks  # noqa: E402
 from alcli.tasks import instances  # noqa: E402
+from shell import completed_in  # noqa: E402
 from test_detection import rpn_labels_in_model_dtype  # noqa: E402
 
 SMALL = {"num_classes": 2, "min_size": 64, "max_size": 96, "rpn_pre_nms_top_n_train": 50,
@@ -141,9 +140,9 @@ def test_score_a_folder_with_a_state_dict_and_arch(tmp_path):
     rng = np.random.default_rng(0)
     for name, (h, w) in [("a.png", (60, 80)), ("b.png", (50, 50))]:
         Image.fromarray((rng.random((h, w, 3)) * 255).astype(np.uint8)).save(tmp_path / "imgs" / name)
-    done = subprocess.run([sys.executable, "-m", "alcli", "score", "imgs", "--model", "mask.pt", "--arch",
-                           "torchvision:maskrcnn_resnet50_fpn", "--arch-kwargs", json.dumps(kwargs),
-                           "-s", "entropy", "-o", "s.csv"], cwd=tmp_path, capture_output=True, text=True)
+    done = completed_in(tmp_path, "score", "imgs", "--model", "mask.pt", "--arch",
+                        "torchvision:maskrcnn_resnet50_fpn", "--arch-kwargs", json.dumps(kwargs),
+                        "-s", "entropy", "-o", "s.csv")
     assert done.returncode == 0, done.stderr
     rows = list(csv.DictReader(open(tmp_path / "s.csv")))
     assert sorted(r["id"] for r in rows) == ["a.png", "b.png"]

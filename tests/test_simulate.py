@@ -4,8 +4,6 @@ against the test's own float64 computations, and the bad inputs as one sentence.
 from __future__ import annotations
 
 import csv
-import os
-import subprocess
 import sys
 import tracemalloc
 
@@ -13,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 from sklearn.metrics import cohen_kappa_score
-from shell import PYTHON
+from shell import PYTHON, completed_in
 
 TOY = """import torch.nn as nn
 
@@ -68,9 +66,7 @@ def folder(tmp_path):
 
 
 def alcli(*args, cwd):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(cwd), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, "-m", "alcli", *map(str, args)], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=600)
+    return completed_in(cwd, *args)  # in this process: the rounds' training runs are the processes
 
 
 TRAIN_CMD = PYTHON + " train.py {labeled} {model} {workdir}/keep-{strategy}-{seed}-{round}"

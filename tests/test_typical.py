@@ -3,8 +3,6 @@ numpy float64 re-implementation, and through the CLI on a real scored table."""
 from __future__ import annotations
 
 import csv
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -12,6 +10,7 @@ import torch
 
 from alcli.selection import typical as typ
 from alcli.selection.typical import kmeans, select_typical, typicality
+from shell import completed_in
 
 
 def oracle_typicality(x: np.ndarray, k: int = 20) -> np.ndarray:
@@ -93,8 +92,7 @@ def test_a_cluster_over_the_sample_cap_is_judged_on_a_sample(monkeypatch):
 # --- the CLI ---------------------------------------------------------------------------------------
 
 def alcli(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "alcli", *map(str, args)], cwd=cwd,
-                          capture_output=True, text=True, timeout=300)
+    return completed_in(cwd, *args)  # in this process: an interpreter start costs more than the run
 
 
 def test_cli_score_then_select_typical_matches_the_oracle_on_the_table_embeddings(workspace, tmp_path):

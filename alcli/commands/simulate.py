@@ -13,7 +13,8 @@ from . import shared
 from .options import (
     Aggregate, Arch, ArchKwargs, BatchSize, BoxThreshold, MaxNewTokens, Temperature, CenterCrop, ClassNames, Compile, Config,
     Decode, Device, EglSamples, Ema, Grayscale, IdColumn, ImageColumn, LabelColumn,
-    LabelsFromFolders, Layers, MaxLength, Method, Normalize, Precision, Quiet, Resize, Split, Task, Every, Fps,
+    LabelsFromFolders, Layers, MaxLength, Method, Normalize, Precision, Quiet, Resize, Split, Target, Task,
+    Every, Fps,
     TextColumnOpt, TopClasses, Trust, TrustRemoteCode, Workers)
 
 EPILOG = """The training command's contract:
@@ -100,7 +101,7 @@ def simulate(
     split: Split = None, max_length: MaxLength = None, fps: Fps = None, every: Every = None,
     arch: Arch = None, arch_kwargs: ArchKwargs = None, ema: Ema = False,
     trust_checkpoint: Trust = False, trust_remote_code: TrustRemoteCode = False, task: Task = None,
-    top_classes: TopClasses = None, egl_samples: EglSamples = None, aggregate: Aggregate = None,
+    target: Target = None, top_classes: TopClasses = None, egl_samples: EglSamples = None, aggregate: Aggregate = None,
     box_threshold: BoxThreshold = None, temperature: Temperature = None,
     max_new_tokens: MaxNewTokens = None, layers: Layers = None,
     resize: Resize = None, center_crop: CenterCrop = None, grayscale: Grayscale = None,

@@ -76,16 +76,20 @@ def score(settings: Settings, dest: str | None, *, model: nn.Module | None = Non
           stdin=None, on_start: Callable[[int], None] | None = None,
           on_batch: Callable[[int], None] | None = None,
           say: Callable[[str], None] | None = None,
-          embeddings: EmbeddingRecorder | None = None) -> JobResult | None:
+          embeddings: EmbeddingRecorder | None = None,
+          narrow: Callable[[Pool], Pool] | None = None) -> JobResult | None:
     """Score the pool into the table `dest` (a path, or '-' for stdout), or, with `dest` None,
     into ranked rows in memory (`result.finished.rows`; no partial file, resume or torchrun).
-    Returns None on the torchrun ranks other than 0, which write nothing."""
+    `narrow`: the pool as the caller wants it scored (simulate: its labels hidden), in memory
+    only. Returns None on the torchrun ranks other than 0, which write nothing."""
     ctx = distributed.from_env() if dest is not None else None
     exclusion = Exclusion(settings) if dest is not None and settings.exclude else None
+    if narrow is not None and dest is not None:
+        raise ValueError("score(narrow=...) scores in memory only (dest None)")
     _check_options(settings, ctx, dest)
     device_spec = distributed.device_for(settings.device, ctx) if ctx else settings.device
     with distributed.session(ctx, device_spec), \
-            opened(settings, model, pool, stdin, device_spec, narrow=exclusion) as session:
+            opened(settings, model, pool, stdin, device_spec, narrow=exclusion or narrow) as session:
         full = session.pool
         if dest is not None:
             _check_records(settings, full)

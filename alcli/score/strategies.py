@@ -85,7 +85,8 @@ class Strategy:
     fn: Callable[[StrategyInputs], Columns]
     gradients: bool  # does it call the gradient engine?
     help: str
-    at_targets: bool = False  # scores each example at its own targets (Task.unanswered is asked)
+    at_targets: bool = False  # scores each example at its own targets where the task has them
+                              # (Task.unanswered is asked: a causal LM's prompt alone is refused)
     given_rows: bool = False  # reads a task's given labels that the rows carry (Task.review_given)
 
 
@@ -123,7 +124,7 @@ def gradnorm(s: StrategyInputs) -> Columns:
     return {"score": undefined_as_nan(s.spec, s.targets, norms)}
 
 
-@strategy("align", gradients=True)
+@strategy("align", gradients=True, at_targets=True)  # a causal LM's rows: each at its own answer
 def align(s: StrategyInputs) -> Columns:
     """Alignment with the --target set's mean gradient: the cosine at the example's label, else how far a label can move it."""
     if s.target is None:
