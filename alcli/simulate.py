@@ -248,6 +248,10 @@ def pool_labels(settings: Settings, spec: str, what: str,
                        id_column=settings.id_column, label_column=settings.label_column,
                        split=settings.split, fps=settings.fps, every=settings.every)
     pool = open_pool(spec, opts)
+    if not pool.has_labels and getattr(pool, "given_boxes", None):
+        raise PoolError(f"{what} {spec} holds boxes (a `boxes` column), and simulate reveals, "
+                        f"trains on and evaluates class labels only: detection pools are not "
+                        f"simulated (score, select --cost boxes and review run on them)")
     if not pool.has_labels:
         folders = " (pass --labels-from-folders for class subfolders)" \
             if is_folder(spec) and not settings.labels_from_folders else ""

@@ -4,6 +4,7 @@ the search costs at scale, and what `select` passes over on the demo.
     python benchmarks/duplicates.py copies           # demo digits + copies; texts + copies
     python benchmarks/duplicates.py scale --sizes 5000,20000,100000,300000 [--faiss-only-above 20000]
     python benchmarks/duplicates.py demo             # select -n 20 with and without dedup
+    python benchmarks/duplicates.py million [--rows 1000000 --d 384]  # alcli duplicates / select
     python benchmarks/duplicates.py all --quick      # every part, small (a test runs this)
 
 copies: 100 of the demo's 400 digit images (data/demo/pool) each get four copies (JPEG quality 75,
@@ -12,6 +13,13 @@ model (configs/default.yaml); per threshold, the recall of each kind of copy (it
 original), and the pair precision / recall / F1 of the groups (two rows in one group vs. planted
 from one original). Texts: numpy's docstrings' first sentences, 100 with a copy in other case and
 whitespace, grouped by the normalized text key.
+million: a table of N rows (id, score, pred) with its .emb.npz written by save_embeddings (as
+score writes it; D=384, a sentence encoder's width), 0.5% of the rows planted copies of another
+row with noise x(1 + sigma eps), sigma uniform in [0.01, 0.08] (cosines 0.997-1, around the
+threshold); `alcli duplicates` and `alcli select -n 100` (dedup on, with and without --diverse),
+each in a child process: wall time, peak RSS and PSS; then the recall of the groups against an
+exact search for a sample of rows (each sampled row's neighbours at or above the threshold among
+all N, by blocks from the memory map).
 scale: random-ish features (ReLU of normals, D=512) with 1% planted copies (+1% noise), stored as
 a .npy read through a memory map; each size in a child process: the exact blocked search and
 faiss's inverted file (index build, then query), wall time and the child's peak RSS (psutil).
@@ -19,6 +27,7 @@ faiss's inverted file (index build, then query), wall time and the child's peak 
 from __future__ import annotations
 
 import argparse
+import csv
 import io
 import json
 import os
@@ -233,6 +242,104 @@ def scale(sizes: list[int], d: int, threads: int, exact_up_to: int) -> list[str]
     return lines
 
 
+# --- million ------------------------------------------------------------------------------------
+
+def million_table(folder: Path, n: int, d: int, seed: int = 0, block: int = 65_536) -> np.ndarray:
+    """t.csv and t.csv.emb.npz of n rows; returns the planted pairs [P, 2] (original, copy)."""
+    from alcli.files.embeddings import save_embeddings
+    rng = np.random.default_rng(seed)
+    x = np.lib.format.open_memmap(folder / "x.npy", mode="w+", dtype=np.float32, shape=(n, d))
+    for s in range(0, n, block):
+        x[s:s + block] = np.maximum(rng.standard_normal((min(block, n - s), d), np.float32), 0)
+    planted = rng.choice(n, size=(n // 200, 2), replace=False)
+    sigma = rng.uniform(0.01, 0.08, len(planted)).astype(np.float32)
+    for (a, b), s in zip(planted, sigma):
+        x[b] = x[a] * (1 + s * rng.standard_normal(d, np.float32))
+    x.flush()
+    ids = [f"r{i:07d}" for i in range(n)]
+    score = rng.random(n)
+    with open(folder / "t.csv", "w") as fh:
+        fh.write("id,score,pred\n")
+        fh.writelines(f"{i},{v:.6f},{k % 10}\n" for k, (i, v) in enumerate(zip(ids, score)))
+    save_embeddings(str(folder / "t.csv.emb.npz"), ids, np.zeros((n, 2), np.float32), x)
+    del x
+    return planted
+
+
+def exact_neighbours(x, sample: np.ndarray, threshold: float, block: int = 65_536) -> dict:
+    """{sampled row: set of rows whose cosine with it is >= threshold}, by blocks of x."""
+    q = dup._unit(x[np.sort(sample)]).numpy()
+    rows = np.sort(sample)
+    found: dict[int, set] = {int(r): set() for r in rows}
+    for s in range(0, len(x), block):
+        cos = q @ dup._unit(x[s:s + block]).numpy().T                # [sample, block]
+        i, j = np.nonzero(cos >= threshold)
+        for a, b in zip(rows[i], j + s):
+            if a != b:
+                found[int(a)].add(int(b))
+    return found
+
+
+def million(n: int, d: int, sample: int) -> list[str]:
+    from _memory import run_measured
+    lines = [f"N={n:,} rows, D={d}, threshold {dup.THRESHOLD}, {n // 200:,} planted copies "
+             f"(sigma 0.01-0.08); OMP_NUM_THREADS={_env()['OMP_NUM_THREADS']}; load average "
+             f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs", "",
+             "| command | wall s | peak RSS MiB | peak PSS MiB | result |", "|---|---|---|---|---|"]
+    with tempfile.TemporaryDirectory(dir=os.environ.get("DUP_TMP")) as tmp:
+        tmp = Path(tmp)
+        t = time.perf_counter()
+        planted = million_table(tmp, n, d)
+        emb = tmp / "t.csv.emb.npz"
+        print(f"table written in {time.perf_counter() - t:.0f} s; embeddings file "
+              f"{emb.stat().st_size / 2**20:.0f} MiB", flush=True)
+        runs = [("duplicates", ["duplicates", "t.csv", "-o", "groups.csv"]),
+                ("select -n 100 --no-diverse", ["select", "t.csv", "-n", "100", "--no-diverse",
+                                                "-o", "b1.csv"]),
+                ("select -n 100", ["select", "t.csv", "-n", "100", "-o", "b2.csv"])]
+        for name, args in runs:
+            t = time.perf_counter()
+            done, pss, rss = run_measured([sys.executable, "-m", "alcli", *args], _env(), tmp)
+            wall = time.perf_counter() - t
+            said = done.stderr.strip().splitlines() or ["-"]
+            note = next((ln for ln in said if "passed over" in ln), said[-1])
+            note = note.split(" (")[0][:160].replace("|", "/")
+            if done.returncode:
+                note = f"failed: {done.stderr.strip()[-300:]}"
+            lines.append(f"| alcli {name} | {wall:.0f} | {rss / 2**20:.0f} | {pss / 2**20:.0f} | "
+                         f"{note} |")
+            print(lines[-1], flush=True)
+        with open(tmp / "groups.csv", newline="") as fh:
+            groups = list(csv.DictReader(fh))
+        group_of = {int(r["id"][1:]): int(r["group"]) for r in groups}
+        x = np.load(tmp / "x.npy", mmap_mode="r")
+        rng = np.random.default_rng(1)
+        pick = np.unique(np.concatenate([rng.choice(n, sample, replace=False),
+                                         planted[rng.choice(len(planted), sample // 2, replace=False)].ravel()]))
+        t = time.perf_counter()
+        truth = exact_neighbours(x, pick, dup.THRESHOLD)
+        with_dup = [r for r, nb in truth.items() if nb]
+        listed = sum(r in group_of for r in with_dup)
+        together = sum(any(group_of.get(r) == group_of.get(b) for b in truth[r]) for r in with_dup
+                       if r in group_of)
+        false = sum(1 for r, nb in truth.items() if not nb and r in group_of)
+        cos = (dup._unit(x[planted[:, 0]]) * dup._unit(x[planted[:, 1]])).sum(1).numpy()
+        above = cos >= dup.THRESHOLD
+        same = np.array([group_of.get(int(a), -1) == group_of.get(int(b), -2) for a, b in planted])
+        lines += ["", f"groups: {len({r['group'] for r in groups}):,}, rows listed "
+                  f"{len(groups):,}; exact search for {len(pick):,} sampled rows (half of them "
+                  f"from planted pairs) took {time.perf_counter() - t:.0f} s", "",
+                  "| measure | value |", "|---|---|",
+                  f"| sampled rows with a neighbour >= threshold (exact search) | {len(with_dup):,} |",
+                  f"| of them listed in a group (recall) | {listed:,} ({listed / max(1, len(with_dup)):.4f}) |",
+                  f"| of them in one group with such a neighbour | {together:,} ({together / max(1, len(with_dup)):.4f}) |",
+                  f"| sampled rows without one, listed anyway | {false:,} |",
+                  f"| planted pairs with cosine >= threshold | {int(above.sum()):,} of {len(planted):,} |",
+                  f"| of them in one group | {int(same[above].sum()):,} ({same[above].mean():.4f}) |",
+                  f"| planted pairs below the threshold put in one group | {int(same[~above].sum()):,} |"]
+    return lines
+
+
 # --- demo ---------------------------------------------------------------------------------------
 
 def demo(budget: int) -> list[str]:
@@ -268,13 +375,15 @@ def demo(budget: int) -> list[str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("part", choices=["copies", "scale", "demo", "all", "_child"])
+    ap.add_argument("part", choices=["copies", "scale", "demo", "million", "all", "_child"])
     ap.add_argument("--quick", action="store_true", help="small sizes, a few seconds")
     ap.add_argument("--sizes", default="5000,10000,20000,50000,100000")
     ap.add_argument("--exact-up-to", type=int, default=100_000, help="no exact search above")
     ap.add_argument("--d", type=int, default=512)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--budget", type=int, default=20)
+    ap.add_argument("--rows", type=int, default=1_000_000, help="million: the table's rows")
+    ap.add_argument("--sample", type=int, default=2000, help="million: rows checked by exact search")
     ap.add_argument("--file")
     ap.add_argument("--method")
     ap.add_argument("--threshold", type=float)
@@ -288,6 +397,9 @@ def main() -> None:
         out += ["## Planted copies", ""] + copies(args.quick) + [""]
     if args.part in ("scale", "all"):
         out += ["## Search at scale", ""] + scale(sizes, d, args.threads, args.exact_up_to) + [""]
+    if args.part == "million":
+        d = 384 if args.d == 512 and "--d" not in sys.argv else args.d
+        out += ["## One million rows", ""] + million(args.rows, d, args.sample) + [""]
     if args.part in ("demo", "all") and not args.quick:
         out += ["## select on the demo", ""] + demo(args.budget) + [""]
     print("\n".join(out))

@@ -119,3 +119,29 @@ def test_torchscript_is_refused():
     with pytest.raises(RunError, match="TorchScript"):
         with record(EmbeddingRecorder(), net, ["a"]):
             forward(net, torch.randn(1, 4), "pool")
+
+
+def test_loading_some_rows_reads_those_rows_not_the_whole_file(tmp_path):
+    """select's BADGE factors for its eligible rows: the members are memory maps, so asking for
+    10 of 20,000 rows allocates 10 rows (two whole copies of a million rows' features were
+    1.4 GB of select's peak); the rows are the ones saved, in the order asked."""
+    import tracemalloc
+    from alcli.files.embeddings import load_embeddings, save_embeddings
+    g = torch.Generator().manual_seed(0)
+    n, a, b = 20_000, torch.randn(20_000, 4, generator=g), torch.randn(20_000, 256, generator=g)
+    ids = [f"r{i}" for i in range(n)]
+    path = str(tmp_path / "t.csv.emb.npz")
+    save_embeddings(path, ids, a, b)
+    want = [ids[i] for i in (19_999, 3, 7_000)] + ids[100:107]
+    tracemalloc.start()
+    try:
+        got_ids, got_a, got_b = load_embeddings(path, want)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    # the finite check's block and the ids' index, not a copy of b (20 MB)
+    assert peak < b.numel() * 4 // 2, peak
+    rows = [ids.index(i) for i in want]
+    assert got_ids == want and torch.equal(got_a, a[rows]) and torch.equal(got_b, b[rows])
+    all_ids, all_a, all_b = load_embeddings(path)
+    assert all_ids == ids and torch.equal(all_a, a) and torch.equal(all_b, b)

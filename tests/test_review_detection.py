@@ -208,3 +208,28 @@ def test_bad_input_is_one_sentence(dws, tmp_path):
     # score still refuses the given boxes (it scores at the predicted ones), and points to review
     res = run(root, "score", "m.csv", "-m", "det.pt", *ARGS, "-s", "gradnorm", "-o", "s.csv")
     assert_one_error(res, "or check the boxes with alcli review", "score given boxes")
+
+
+@pytest.mark.parametrize("task", ["instance-segmentation", "keypoints"])
+def test_instance_and_keypoint_labels_are_refused_in_one_sentence(tmp_path, task):
+    """A Mask R-CNN's or a keypoint R-CNN's pool is not reviewed (its loss at the given labels
+    needs their masks or keypoints): one sentence, with a boxes column or without, nothing
+    written."""
+    import test_instances
+    import test_keypoints
+    arch, kwargs = (("maskrcnn_resnet50_fpn", test_instances.SMALL) if task == "instance-segmentation"
+                    else ("keypointrcnn_resnet50_fpn", test_keypoints.SMALL))
+    torch.manual_seed(0)
+    model = torchvision.models.get_model(arch, weights=None, weights_backbone=None, **kwargs).eval()
+    torch.save(model.state_dict(), tmp_path / "m.pt")
+    Image.new("RGB", (40, 30)).save(tmp_path / "a.png")
+    # (one manifest each, the model is slow to build: with a boxes column, and without)
+    manifest = ('id,path,boxes\na,a.png,"[[1, 2, 10, 12, 1]]"\n' if task == "keypoints"
+                else "id,path\na,a.png\n")
+    (tmp_path / "m.csv").write_text(manifest)
+    parts = "masks" if task == "instance-segmentation" else "keypoints"
+    res = run(tmp_path, "review", "m.csv", "-m", "m.pt", "--arch", f"torchvision:{arch}",
+              "--arch-kwargs", json.dumps(kwargs), "-q", "-o", "r.csv")
+    assert_one_error(res, f"alcli review does not check {task} labels: its loss at the given "
+                     f"labels needs their {parts}", manifest)
+    assert not (tmp_path / "r.csv").exists()

@@ -119,7 +119,13 @@ def test_simulate_bad_input_is_one_sentence(folder):
     torch.save({"x": torch.randn(20, 4)}, folder / "nolabels.pt")
     args = ("--eval", "test.pt", "--arch", "toy:Net", "--trust-checkpoint", "--init", 4, "-n", 2, "--rounds", 1,
             "--seeds", 1, "-o", "c.csv")
+    from PIL import Image
+    Image.new("RGB", (32, 24)).save(folder / "a.png")
+    (folder / "boxes.csv").write_text('id,path,boxes\na,a.png,"[[1, 2, 10, 12, 1]]"\n')
     cases = [(("nolabels.pt", "--train", TRAIN_CMD), "pool nolabels.pt has no labels"),
+             (("boxes.csv", "--train", TRAIN_CMD),
+              "the pool boxes.csv holds boxes (a `boxes` column), and simulate reveals, trains on "
+              "and evaluates class labels only: detection pools are not simulated"),
              (("pool.pt", "--train", PYTHON + " -c 'import sys; sys.exit(3)' {model}"),
               "the training command exited with code 3 in round 0 (strategy margin, seed 0)"),
              (("pool.pt", "--train", "true {model}"), "the training command wrote no checkpoint"),

@@ -79,7 +79,12 @@ def load_embeddings(path: str, ids: Sequence[str] | None = None
             if missing:
                 raise EmbeddingsError(f"embeddings file {path} is not an alcli embeddings file "
                                       f"(missing {', '.join(missing)}).")
-            fmt, file_ids, a, b = str(z["format"]), z["ids"], z["a"], z["b"]
+            fmt, file_ids = str(z["format"]), z["ids"]
+            # memory maps where the members are stored plainly: only the rows asked for are read
+            # into memory (a whole copy of a million rows' features is gigabytes)
+            a, b = (_member_map(path, name) for name in ("a", "b"))
+            a = z["a"] if a is None else a
+            b = z["b"] if b is None else b
     except EmbeddingsError:
         raise
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as err:
@@ -92,9 +97,8 @@ def load_embeddings(path: str, ids: Sequence[str] | None = None
     _check_factors(path, file_ids, a, b)
     _check_values(path, "a", a)
     _check_values(path, "b", b)
-    a, b = torch.from_numpy(a), torch.from_numpy(b)
     if ids is None:
-        return file_ids, a, b
+        return file_ids, torch.from_numpy(np.array(a)), torch.from_numpy(np.array(b))
     index = {i: n for n, i in enumerate(file_ids)}
     rows = []
     for i in ids:
@@ -103,8 +107,8 @@ def load_embeddings(path: str, ids: Sequence[str] | None = None
             raise EmbeddingsError(f"embeddings file {path} has no embedding for id '{i}'; "
                                   f"was it written by the same `score` run as the table?")
         rows.append(index[i])
-    take = torch.tensor(rows, dtype=torch.long)
-    return [str(i) for i in ids], a[take], b[take]
+    take = np.asarray(rows, dtype=np.int64)
+    return [str(i) for i in ids], torch.from_numpy(np.array(a[take])), torch.from_numpy(np.array(b[take]))
 
 
 def embeddings_run_id(path: str) -> str | None:
@@ -126,7 +130,8 @@ def _check_factors(path: str, ids: list[str], a: np.ndarray, b: np.ndarray) -> N
         raise EmbeddingsError(f"embeddings for {path} disagree on the number of examples: "
                               f"{len(ids)} ids, {a.shape[0]} rows of a, {b.shape[0]} rows of b.")
     if len(set(ids)) != len(ids):
-        dup = next(i for n, i in enumerate(ids) if i in ids[:n])
+        seen: set[str] = set()
+        dup = next(i for i in ids if i in seen or seen.add(i))  # the first id met twice
         raise EmbeddingsError(f"embeddings for {path} list id '{dup}' more than once.")
 
 
@@ -284,10 +289,10 @@ def open_features(path: str) -> tuple[list[str], np.ndarray]:
     return ids, b
 
 
-def _member_map(path: str) -> np.ndarray | None:
-    """b.npy inside the .npz as a memory map, or None when it is stored compressed."""
+def _member_map(path: str, name: str = "b") -> np.ndarray | None:
+    """NAME.npy inside the .npz as a memory map, or None when it is stored compressed."""
     with zipfile.ZipFile(path) as zf:
-        info = zf.getinfo("b.npy")
+        info = zf.getinfo(f"{name}.npy")
     if info.compress_type != zipfile.ZIP_STORED:
         return None
     with open(path, "rb") as fh:

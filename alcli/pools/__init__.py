@@ -112,6 +112,24 @@ def open_source(path: str) -> io.BytesIO:
     return io.BytesIO(_part_kind(base).read_part(base, part))
 
 
+def pixel_key(path: str) -> str | None:
+    """The exact-duplicate key of the picture a row's `path` names: sha1 of its decoded pixels
+    (as RGBA, with the size), so that one picture under two names, with other metadata, or saved
+    in another lossless format has one key; None when it cannot be read as an image. One picture
+    in memory at a time."""
+    import hashlib
+
+    from PIL import Image
+    try:
+        with Image.open(open_source(path)) as img:
+            rgba = img.convert("RGBA")
+    except (OSError, ValueError, Image.DecompressionBombError):
+        return None
+    digest = hashlib.sha1(f"{rgba.size[0]}x{rgba.size[1]}:".encode())
+    digest.update(rgba.tobytes())
+    return "pixels:" + digest.hexdigest()
+
+
 def extracted(path: str) -> bool:
     """Does a hand-off get the part of a file that `path` names as an image file of its own (a
     video's frame, for Label Studio)?"""

@@ -2,9 +2,14 @@
 
 Two rows are near-duplicates when the cosine of their features (the penultimate features b of
 TABLE.emb.npz, alcli/files/embeddings.py) is at least the threshold; exact duplicates when their
-content keys are equal: a text row's normalized text (lowercase, whitespace collapsed), else the
-bytes of its features (the model saw the very same input). Rows with one key are duplicates
-whatever their cosine (a case change moves a case-sensitive model's features).
+content keys are equal: a text row's normalized text (lowercase, whitespace collapsed), an image
+row's decoded pixels (alcli.pools.pixel_key of its `path`: one picture under two names or in two
+lossless formats), else the bytes of its features (the model saw the very same input). Rows with
+one key are duplicates whatever their cosine (a case change moves a case-sensitive model's
+features). Pictures are decoded only for the rows that may have a twin: those in a pair above the
+threshold or sharing their features' bytes with another row (one picture gives one model input,
+so its copies' features are equal or, at worst, a float's rounding apart); features that are the
+same for different pictures (a dead layer's zeros) no longer make them one group.
 
 Groups are made in rank order (leader clustering): the best-ranked row is its group's first
 member; a later row joins the most similar first member it is a near-duplicate of (a labeled
@@ -33,6 +38,7 @@ from ..errors import ConfigError
 from ..files.config import Settings
 from ..files.embeddings import EmbeddingsError, embeddings_path, embeddings_run_id, open_features
 from ..files.table import MORE, read_meta, read_table, sidecar
+from ..pools import pixel_key
 from .exclusions import ExclusionsError, excluded_ids, read_exclusion_files
 from .rank import rank
 
@@ -146,7 +152,7 @@ def pairs_faiss(x, threshold: float, ref=None, block: int = BLOCK, nprobe: int =
 
 
 def ivf_index(base, block: int = BLOCK):
-    """faiss's inverted-file index of base's unit rows [M, D] (the `dedup` extra)."""
+    """faiss's inverted-file index of base's unit rows [M, D], 8-bit codes (the `dedup` extra)."""
     import faiss
 
     faiss.omp_set_num_threads(torch.get_num_threads())
@@ -175,11 +181,15 @@ def search(index, x, threshold: float, ref=None, block: int = BLOCK, nprobe: int
 
 def _ivf_index(x, faiss, block: int):
     """An inverted-file index of x's unit rows (inner product): 4·sqrt(N) lists, trained (10
-    k-means iterations) on a strided sample of 39 rows a list, the rows added a block at a time."""
+    k-means iterations) on a strided sample of 39 rows a list, the rows added a block at a time.
+    The lists hold 8-bit codes of the rows (D bytes a row, a quarter of float32's; its inner
+    products off by about 1e-3 at most, well inside search's 0.01 margin, and every cosine is
+    recomputed from the features), so the index is no second float32 copy of the features."""
     n, d = x.shape
     lists = max(1, min(int(4 * np.sqrt(n)), n // 39))
     quantizer = faiss.IndexFlatIP(d)
-    index = faiss.IndexIVFFlat(quantizer, d, lists, faiss.METRIC_INNER_PRODUCT)
+    index = faiss.IndexIVFScalarQuantizer(quantizer, d, lists, faiss.ScalarQuantizer.QT_8bit,
+                                          faiss.METRIC_INNER_PRODUCT)
     index.cp.niter = 10
     step = max(1, n // (39 * lists))
     index.train(_unit(x[::step][:39 * lists]).numpy())
@@ -213,21 +223,23 @@ def find_pairs(x, threshold: float, ref=None, method: str = "auto"):
 
 
 def groups(x, threshold: float = THRESHOLD, *, keys=None, ref=None, ref_keys=None,
-           method: str = "auto") -> Groups:
+           method: str = "auto", pairs=None, ref_pairs=None) -> Groups:
     """Each row's group (see the module's docstring). x [N, D]: the pool's features in rank order;
     ref [M, D]: the labeled examples' (or None); keys, ref_keys: each row's exact key (None: no
-    key; default: none for ref, the features' bytes for x)."""
+    key; default: none for ref, the features' bytes for x); pairs, ref_pairs: find_pairs' of x,
+    and of x against ref, where the caller found them already."""
     if not 0 < threshold <= 1:
         raise ValueError(f"the near-duplicate threshold must be above 0 and at most 1; got {threshold}")
     n = len(x)
     keys = feature_keys(x) if keys is None else keys
     ref_keys = [None] * (0 if ref is None else len(ref)) if ref_keys is None else ref_keys
-    i, j, sim = find_pairs(x, threshold, None, method)
+    i, j, sim = find_pairs(x, threshold, None, method) if pairs is None else pairs
     # each row's better-ranked neighbours (i < j), as lists indexed by j
     order = np.argsort(j, kind="stable")
     i, j, sim = i[order], j[order], sim[order]
     starts = np.searchsorted(j, np.arange(n + 1))
-    labeled = _best_labeled(x, threshold, ref, method) if ref is not None and len(ref) else None
+    labeled = (_best_labeled(x, threshold, ref, method, ref_pairs)
+               if ref is not None and len(ref) else None)
     first = np.arange(n)
     similarity = np.ones(n, np.float32)
     seen = {k: n + r for r, k in enumerate(ref_keys) if k is not None}  # key -> its first row
@@ -253,10 +265,10 @@ def groups(x, threshold: float = THRESHOLD, *, keys=None, ref=None, ref_keys=Non
     return Groups(first, similarity, exact)
 
 
-def _best_labeled(x, threshold: float, ref, method: str):
+def _best_labeled(x, threshold: float, ref, method: str, pairs=None):
     """([N] the index of each row's most similar labeled row at or above threshold, else -1;
     [N] that cosine)."""
-    i, j, sim = find_pairs(x, threshold, ref, method)
+    i, j, sim = find_pairs(x, threshold, ref, method) if pairs is None else pairs
     best = np.full(len(x), -1)
     cos = np.full(len(x), -2.0, np.float32)
     order = np.argsort(sim, kind="stable")  # the largest written last
@@ -282,12 +294,36 @@ def _similarities(x, ref, first: np.ndarray, similarity: np.ndarray) -> None:
 
 # --- select: pass over the duplicates -------------------------------------------------------------
 
-def row_keys(rows: list[dict], x) -> list[str]:
+def row_keys(rows: list[dict], x, pictures=()) -> list[str]:
     """Each row's exact key: its normalized text where the row carries its whole text (not cut
-    at --text-width), else its features' bytes (x [N, D], aligned with rows)."""
+    at --text-width), its decoded pixels for the rows in `pictures` (indices) with a readable
+    `path`, else its features' bytes (x [N, D], aligned with rows)."""
     keys = feature_keys(x)
+    for k in pictures:
+        path = rows[k].get("path")
+        keys[k] = (pixel_key(path) if isinstance(path, str) and path else None) or keys[k]
     return [text_key(r["text"]) if isinstance(r.get("text"), str) and not r["text"].endswith(MORE)
             else k for r, k in zip(rows, keys)]
+
+
+def may_be_twins(x, ref, threshold: float, known: int):
+    """(pairs of x, pairs of x against ref, the pool rows and the first `known` ref rows whose
+    pictures are worth decoding): rows in a pair at or above the threshold, or whose features'
+    bytes another row shares."""
+    pairs = find_pairs(x, threshold)
+    ref_pairs = find_pairs(x, threshold, ref) if ref is not None and len(ref) else None
+    mine = feature_keys(x)
+    theirs = feature_keys(ref[:known]) if known else []
+    count: dict[str, int] = {}
+    for k in mine + theirs:
+        count[k] = count.get(k, 0) + 1
+    pool = {int(r) for r in np.concatenate([pairs[0], pairs[1]])}
+    pool |= {n for n, k in enumerate(mine) if count[k] > 1}
+    labeled = {n for n, k in enumerate(theirs) if count[k] > 1}
+    if ref_pairs is not None:
+        pool |= {int(r) for r in ref_pairs[0]}
+        labeled |= {int(r) for r in ref_pairs[1] if r < known}
+    return pairs, ref_pairs, sorted(pool), sorted(labeled)
 
 
 def grouped(kept: list[dict], labeled: list[dict], features: Features, threshold: float,
@@ -302,9 +338,15 @@ def grouped(kept: list[dict], labeled: list[dict], features: Features, threshold
     parts += [np.asarray(e, dtype=np.float32) for _, e in extra_labeled if len(e)]
     ref = np.concatenate(parts) if parts else None
     ref_ids = [str(r["id"]) for r in known] + [str(i) for ids, _ in extra_labeled for i in ids]
-    ref_keys = (row_keys(known, parts[0]) if known else []) + \
+    found = {}
+    pictures, labeled_pictures = (), ()
+    if any(r.get("path") for r in kept + known):  # an image pool: decode the possible twins
+        found["pairs"], found["ref_pairs"], pictures, labeled_pictures = \
+            may_be_twins(x, ref, threshold, len(known))
+    ref_keys = (row_keys(known, parts[0], labeled_pictures) if known else []) + \
         [None] * (len(ref_ids) - len(known))
-    return groups(x, threshold, keys=row_keys(kept, x), ref=ref, ref_keys=ref_keys), ref_ids
+    return groups(x, threshold, keys=row_keys(kept, x, pictures), ref=ref, ref_keys=ref_keys,
+                  **found), ref_ids
 
 
 def passed_note(of_pool: list[dict], of_labeled: list[dict], chosen: list[dict],

@@ -508,11 +508,17 @@ def _unnamed(row, names) -> bool:
     return any(named_class(v, names) is None for v in found)
 
 
-def refuses_given_boxes(task: str, reviewed: bool = False):
+def refuses_given_boxes(task: str, reviewed: bool = False, parts: str = ""):
     """Task.unanswered for a detector task: the sentence refusing a manifest's given boxes (a
     `boxes` or `label` column) for gradnorm and loss, which score each image at its predicted
-    boxes: given boxes are read only by alcli review (`reviewed`: detection's)."""
+    boxes: given boxes are read only by alcli review (`reviewed`: detection's). A task that adds
+    `parts` to its boxes (masks, keypoints) is not reviewed: its loss at the given labels needs
+    those parts as targets, and no pool kind reads them."""
     def given_boxes(pool, strategy: str) -> str | None:
+        if strategy == REVIEW and not reviewed:
+            return (f"alcli review does not check {task} labels: its loss at the given labels "
+                    f"needs their {parts}, which no pool reads; it reviews a detector's boxes "
+                    f"(--task detection) and class labels")
         path, columns = getattr(getattr(pool, "base", pool), "given_columns", (None, []))
         if not columns or (reviewed and strategy == REVIEW):
             return None

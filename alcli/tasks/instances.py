@@ -96,6 +96,6 @@ TASK = Task(
     control=names_control("instance-segmentation", "RectangleLabels"),
     sized_images=True, model_kind="an instance segmenter", needs_model=not_a_mask_detector,
     model_classes=detection.classes, predict=detection.predict, rows=rows, method=detection.method,
-    gradient_utilities=detection.GRADIENT_UTILITIES, unanswered=detection.refuses_given_boxes("instance-segmentation"),
+    gradient_utilities=detection.GRADIENT_UTILITIES, unanswered=detection.refuses_given_boxes("instance-segmentation", parts="masks"),
     default_strategy="egl",  # no learning curves yet: the incumbent (tests/test_defaults.py)
 )

@@ -189,6 +189,6 @@ TASK = Task(
     names_classes=False,  # --class-names names the keypoints
     sized_images=True, model_kind="a keypoint detector", needs_model=not_a_keypoint_detector,
     model_classes=model_classes, predict=detection.predict, rows=rows, method=detection.method,
-    gradient_utilities=detection.GRADIENT_UTILITIES, unanswered=detection.refuses_given_boxes("keypoints"),
+    gradient_utilities=detection.GRADIENT_UTILITIES, unanswered=detection.refuses_given_boxes("keypoints", parts="keypoints"),
     default_strategy="egl",  # no learning curves yet: the incumbent (tests/test_defaults.py)
 )
