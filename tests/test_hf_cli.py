@@ -82,7 +82,7 @@ def egl_oracle(model, inputs: dict | torch.Tensor) -> tuple[float, float]:
 
 @pytest.mark.parametrize("name", ["bert", "gpt2", "distilbert"])
 def test_text_pool_scored_with_the_directorys_model_and_tokenizer(hf_ws, name):
-    result = cli(hf_ws, "texts.txt", "-m", name, "-b", "3")
+    result = cli(hf_ws, "texts.txt", "-m", name, "-b", "3", "-s", "egl")
     # the K classes go through one vmapped backward: no op in it may lack a batching rule (torch's
     # "performance drop" warning; the fused attention kernels' backwards have none)
     assert "batching rule" not in result.stderr
@@ -125,7 +125,7 @@ def test_csv_text_column_and_every_engine_method_agree(hf_ws):
 
 
 def test_image_pool_uses_the_image_processors_size_and_mean_std(hf_ws):
-    rows = parse_csv(cli(hf_ws, "images", "-m", "vit", "-b", "2").stdout)
+    rows = parse_csv(cli(hf_ws, "images", "-m", "vit", "-b", "2", "-s", "egl").stdout)
     model = oracle_model(hf_ws / "vit")
     mean, std = torch.tensor(MEAN).view(3, 1, 1), torch.tensor(STD).view(3, 1, 1)
     assert len(rows) == 5

@@ -81,7 +81,7 @@ BASE = {
     "inspect": (["inspect", "-m", "lin.pt", *LINEAR], "lin.pt"),
     "review": (["review", "pool.pt", "-m", "lin.pt", *LINEAR, "-q", "-o", "-"], "lin.pt"),
     "duplicates": (["duplicates", "part0.csv", "-q"], "part0.csv"),
-    "stop": (["stop", "t.csv", "t.csv", "--window", "1"], "t.csv"),  # exit 0: the rule says stop
+    "stop": (["stop", "t.csv", "t.csv", "--window", "1"], "t.csv"),  # exit 3: too few ids to stop
     "report": (["report", "t.csv", "-q"], "t.csv"),
 }
 
@@ -212,13 +212,16 @@ def test_the_known_outputs_are_path_options():
 @pytest.mark.parametrize("command", sorted(BASE))
 def test_each_base_invocation_runs(folder, label_studio, command):
     """Each base gets as far as reading its victim: exit 0, but push, whose import the fake
-    server refuses (it answers no POST) after the table was read."""
+    server refuses (it answers no POST) after the table was read, and stop, whose rule says go
+    on (exit 3: a table of 3 rows is no stop set)."""
     args, victim = base(command, label_studio)
     result = run(folder, *args)
     no_traceback(result, command)
     if command == "push":
         assert result.exit_code == 1 and "POST /api/projects/1/import" in result.stderr, \
             result.stderr
+    elif command == "stop":
+        assert result.exit_code == 3 and "go on: " in result.stdout, result.stderr + result.stdout
     else:
         assert result.exit_code == 0, result.stderr + result.stdout
     assert (folder / victim).is_file()

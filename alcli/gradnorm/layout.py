@@ -10,8 +10,8 @@ MERGED, and rules that need the batch refuse it; at the full batch every batch d
 size B. Sizes can still coincide (packed tokens with one token in each example), so the n
 examples are also run rotated by one and with their first two swapped: a true batch dim holds
 the same values, moved the same way. The orders are laid end to end in one forward where that
-stays within twice the batch's rows ([3n, ...]: the rotation, the swap, the examples as they
-are), so a first call runs two probe forwards, the one example's and this one. Because the result is cached
+stays within the batch's rows ([3n, ...]: the rotation, the swap, the examples as they are;
+at B = 8, two of them and then the third), so a first call runs two or three probe forwards. Because the result is cached
 per model, hooked modules and example shape, a forward whose shapes depend on the data (an op
 such as nonzero or boolean masking) is refused: a later batch could lay out differently.
 
@@ -250,9 +250,9 @@ def _orders(n: int) -> list[tuple]:
 
 def _runs(orders: list, n: int, batch: int) -> list[list[tuple]]:
     """The orders grouped into forwards: a forward takes the probe in several orders one after
-    the other ([3n, ...] for three), as many as keep it within twice the batch's rows (probes
-    keep no graph, so a probe forward of 2B rows holds less than the pass's forward of B)."""
-    per_run = max(1, min(len(orders), 2 * batch // n))
+    the other ([3n, ...] for three), as many as keep it within the batch's rows: a device with
+    room for the batch and no more (the out-of-memory split's micro-batches) runs the probes."""
+    per_run = max(1, min(len(orders), batch // n))
     return [orders[i:i + per_run] for i in range(0, len(orders), per_run)]
 
 
