@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import benchmark_scripts
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 
@@ -33,12 +34,7 @@ def test_learning_curves_quick(tmp_path):
 
 
 def _learning_curves_module():
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("learning_curves", BENCH / "learning_curves.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass looks its module up there
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_scripts.load("learning_curves")
 
 
 def test_learning_curves_packaged_datasets_quick(tmp_path):
@@ -217,12 +213,9 @@ def test_lm_pruning_topic_split():
     """--target-topic's texts: the group's held-out paragraphs cut alternately into the target and
     the topic's test texts, the other topics' held-out ones the general test; each paragraph's
     topic found here, from pydoc_data.topics itself, as the first topic (by name) holding it."""
-    import importlib.util
     import re
     from pydoc_data import topics
-    spec = importlib.util.spec_from_file_location("lm_pruning", BENCH / "lm_pruning.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = benchmark_scripts.load("lm_pruning")
     paragraphs, topic_of, _ = bench.corpus()
     slices = bench.split(paragraphs, 0.3, 0.2, 0)
     parts = bench.topic_split(slices["heldout"], topic_of, "data-model")

@@ -3,9 +3,7 @@ over the learning curves recorded in benchmarks/results/, and used when no --str
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +15,7 @@ from typer.testing import CliRunner
 import alcli
 from alcli.cli import app
 from alcli.tasks import TASKS
+import benchmark_scripts
 
 ROOT = Path(__file__).resolve().parents[1]
 EVIDENCE = ROOT / "benchmarks" / "results" / "structured-curves-defaults.json"
@@ -24,12 +23,7 @@ INCUMBENT = ("egl", "mean")  # a task without learning curves keeps the exact gr
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("structured_curves",
-                                                  ROOT / "benchmarks" / "structured_curves.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass looks its module up there
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_scripts.load("structured_curves")
 
 
 def _default(task) -> tuple[str, str]:

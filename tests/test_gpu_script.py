@@ -1,7 +1,6 @@
 """benchmarks/gpu.py --dry-run: the GPU script on the CPU at tiny sizes, so that it does not crash on
 the day a GPU is lent. One test per section, each run in this process (no interpreter to start;
 pytest-xdist spreads them), its table checked; and the command line itself, in a process of its own."""
-import importlib.util
 import re
 import subprocess
 import sys
@@ -9,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import benchmark_scripts
 
 ROOT = Path(__file__).resolve().parents[1]
 # gpu.py's own filter, which the first test's warning capture would drop for the later ones
@@ -18,10 +18,7 @@ NUMBER = r"-?\d[\d.]*(?:e[-+]\d+)?[x%]?"  # 12, 0.25, 1.2e-05, 1.69x, 95%
 
 @pytest.fixture(scope="module")
 def gpu():
-    spec = importlib.util.spec_from_file_location("gpu", ROOT / "benchmarks" / "gpu.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_scripts.load("gpu")
 
 
 def dry_run(gpu, section: str) -> str:

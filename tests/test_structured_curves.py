@@ -2,25 +2,16 @@
 constructed token task's tags against a hand-tagged line, macro F1 against scikit-learn's."""
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+import benchmark_scripts
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("structured_curves",
-                                                  ROOT / "benchmarks" / "structured_curves.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass looks its module up there
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_scripts.load("structured_curves")
 
 
 def _boxes(*b):

@@ -61,18 +61,12 @@ def grad_norms_per_target(model: nn.Module, inputs: torch.Tensor,
     `compile`: the ghost method runs its layer rules and their sum as one torch.compile'd graph
     per (model, input signature), compiled on first use (seconds); other methods run as they are.
     """
-    if torch.is_inference_mode_enabled():
-        raise RuntimeError("per-example gradients cannot be computed inside torch.inference_mode(); "
-                           "call the engine outside it")
+    _outside_inference_mode()
     if method not in METHODS:
         raise ValueError(f"unknown method '{method}'; choose one of {', '.join(METHODS)}")
     loss_fn = loss_fn or cross_entropy
     selection = selection_for(model, params)
-    if callable(target_sets):
-        targets_for = _checked(target_sets)
-    else:
-        fixed = list(target_sets)
-        targets_for = lambda logits: fixed  # noqa: E731
+    targets_for = _targets(target_sets)
     if batch_size(inputs) == 1:  # never a batch of one: see ONE_EXAMPLE_BUG
         norms, logits = grad_norms_per_target(model, repeat_first(inputs, 2), _twice(target_sets),
                                               params=params, method=method, loss_fn=loss_fn, compile=compile)
@@ -116,15 +110,9 @@ def grad_dots_per_target(model: nn.Module, inputs: torch.Tensor,
     MPS). One ghost backward per target set gives both: the layer rules' per-example gradients,
     factored where the factors are smaller (outer.dot), each taken as it arrives. The ghost
     method only: UnsupportedModel where it cannot serve the model."""
-    if torch.is_inference_mode_enabled():
-        raise RuntimeError("per-example gradients cannot be computed inside torch.inference_mode(); "
-                           "call the engine outside it")
+    _outside_inference_mode()
     selection = selection_for(model, params)
-    if callable(target_sets):
-        targets_for = _checked(target_sets)
-    else:
-        fixed = list(target_sets)
-        targets_for = lambda logits: fixed  # noqa: E731
+    targets_for = _targets(target_sets)
     if batch_size(inputs) == 1:  # never a batch of one: see ONE_EXAMPLE_BUG
         norms, dots, logits = grad_dots_per_target(model, repeat_first(inputs, 2), _twice(target_sets),
                                                    direction, params=params, loss_fn=loss_fn)
@@ -138,6 +126,20 @@ def grad_dots_per_target(model: nn.Module, inputs: torch.Tensor,
                                    direction=by_id)  # [K, 2, B]
     both = both.detach()
     return both[:, 0], both[:, 1], logits.detach()
+
+
+def _outside_inference_mode() -> None:
+    if torch.is_inference_mode_enabled():
+        raise RuntimeError("per-example gradients cannot be computed inside torch.inference_mode(); "
+                           "call the engine outside it")
+
+
+def _targets(target_sets) -> Callable:
+    """The K target sets as a function of the logits: the caller's (checked), or a fixed list."""
+    if callable(target_sets):
+        return _checked(target_sets)
+    fixed = list(target_sets)
+    return lambda logits: fixed
 
 
 def _method(name: str, compile: bool):
