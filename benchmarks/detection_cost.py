@@ -11,6 +11,10 @@ default for cheap utilities) and picks the batch three ways:
     cost    alcli.select(rows, len(rows), cost="boxes", budget_cost=C)  score per predicted box,
             C = the predicted boxes (what --cost boxes counts) of topk's batch in that round,
             averaged over seeds (topk runs first for every seed), so both spend about as much
+    cost-gt the same with each row's true cost: cost="gt_boxes" (a column of the image's
+            ground-truth boxes, as a user's own cost estimate would be joined to the table),
+            C = topk's ground-truth boxes that round, averaged over seeds: the mechanism with a
+            cost that is exact, apart from the proxy
     random  alcli.select(rows, K) with strategy random
 
 then a fresh detector is trained on the labeled set (structured_curves.train: the same weights
@@ -41,7 +45,7 @@ import structured_curves as sc  # noqa: E402  (puts the checkout's alcli first o
 import alcli  # noqa: E402
 from alcli.selection.cost import row_cost  # noqa: E402
 
-METHODS = ("topk", "cost", "random")
+METHODS = ("topk", "cost", "cost-gt", "random")
 DEFAULTS = {"pool": 100, "test": 50, "init": 10, "batch": 10, "rounds": 3, "epochs": 20}
 
 
@@ -55,8 +59,11 @@ def pick(method: str, net, data: sc.Data, unlabeled: np.ndarray, k: int, budget_
     strategy = "random" if method == "random" else "least-confidence"
     rows = alcli.score_pool(pool=data.x[unlabeled], model=net, strategy=strategy, task="detection",
                             batch_size=256, device="cpu", seed=seed, quiet=True)
-    if method == "cost":
-        batch = alcli.select(rows, len(rows), cost="boxes", budget_cost=budget_cost, dedup=False,
+    if method.startswith("cost"):
+        for r in rows:  # the labeler's true cost, as a joined column
+            r["gt_boxes"] = gt_boxes(data, [unlabeled[int(r["id"])]])
+        spec = "gt_boxes" if method == "cost-gt" else "boxes"
+        batch = alcli.select(rows, len(rows), cost=spec, budget_cost=budget_cost, dedup=False,
                              seed=seed, quiet=True)
     else:  # plain ranking: no cost= (it would rank by score per cost)
         batch = alcli.select(rows, k, dedup=False, seed=seed, quiet=True)
@@ -104,7 +111,9 @@ def report(results: dict) -> str:
     lines = [f"# detection cost: digit_boxes, pool {a['pool']} / test {a['test']}, "
              f"{a['init']} start + {a['rounds']} rounds of {a['batch']} images (cost: "
              f"--budget-cost per round {', '.join(f'{b:g}' for b in results['budgets'])} "
-             f"predicted boxes), {a['epochs']} epochs, {len(seeds)} seeds; "
+             f"predicted boxes; cost-gt: "
+             f"{', '.join(f'{b:g}' for b in results.get('gt_budgets', []))} ground-truth boxes), "
+             f"{a['epochs']} epochs, {len(seeds)} seeds; "
              f"{results['machine']}", ""]
     per = {s: on_common_range({m: results["curves"][m][s] for m in METHODS}) for s in seeds}
     get = lambda m, key: np.array([results["curves"][m][s][key][-1] for s in seeds], float)  # noqa: E731
@@ -113,7 +122,7 @@ def report(results: dict) -> str:
     lines.append("method  | AULC over GT boxes | mAP@B*       | final mAP    | GT boxes at end | "
                  "images at end")
     for m in METHODS:
-        lines.append(f"{m:7s} | {aulc[m].mean():6.1f} ± {aulc[m].std(ddof=1):4.1f}      | "
+        lines.append(f"{m:8s}| {aulc[m].mean():6.1f} ± {aulc[m].std(ddof=1):4.1f}      | "
                      f"{at_b[m].mean():5.1f} ± {at_b[m].std(ddof=1):4.1f} | "
                      f"{get(m, 'map').mean():5.1f} ± {get(m, 'map').std(ddof=1):4.1f} | "
                      f"{get(m, 'boxes').mean():6.1f}          | {get(m, 'images').mean():5.1f}")
@@ -123,15 +132,16 @@ def report(results: dict) -> str:
         per_round = [np.mean([np.diff(results["curves"][m][s][k]) if k != "batch_cost"
                               else results["curves"][m][s][k] for s in seeds], 0)
                      for k in ("images", "batch_cost", "boxes")]
-        lines.append(f"{m:7s} | " + " | ".join(f"{i:.1f} / {c:.1f} / {g:.1f}"
+        lines.append(f"{m:8s}| " + " | ".join(f"{i:.1f} / {c:.1f} / {g:.1f}"
                                                for i, c, g in zip(*per_round)))
     lines += ["", "paired two-sided t-tests over seeds (difference of means; W/L seeds):"]
-    for m, other in (("cost", "topk"), ("cost", "random"), ("topk", "random")):
+    for m, other in (("cost", "topk"), ("cost-gt", "topk"), ("cost", "random"),
+                     ("cost-gt", "random"), ("topk", "random")):
         for name, v in (("AULC", aulc), ("mAP@B*", at_b)):
             d, p = sc.paired_t(v[m], v[other])
             w, l_ = int((v[m] > v[other]).sum()), int((v[m] < v[other]).sum())
             lines.append(f"  {m} - {other} {name}: {d:+.2f} points, p = {p:.3f}, W/L {w}/{l_}")
-    lines += ["", "B*: per seed the smallest final GT-box count of the three methods; AULC: mean "
+    lines += ["", "B*: per seed the smallest final GT-box count of the methods; AULC: mean "
               "mAP@0.5 (points) over [start, B*] GT boxes, linear between rounds.",
               f"per-seed wall time (s): {results.get('seconds', {})}"]
     return "\n".join(lines) + "\n"
@@ -169,11 +179,14 @@ def main(argv=None) -> int:
             results["seconds"][str(s)] = round(time.perf_counter() - t0)
             save()
             print(f"seed {s}: topk, random {results['seconds'][str(s)]} s", file=sys.stderr)
-        results["budgets"] = [float(b) for b in np.mean(
-            [results["curves"]["topk"][str(s)]["batch_cost"] for s in seeds], 0)]
+        topk = [results["curves"]["topk"][str(s)] for s in seeds]
+        results["budgets"] = [float(b) for b in np.mean([c["batch_cost"] for c in topk], 0)]
+        results["gt_budgets"] = [float(b) for b in np.mean([np.diff(c["boxes"]) for c in topk], 0)]
         for s in seeds:
             t0 = time.perf_counter()
             results["curves"]["cost"][str(s)] = run_curve(data, "cost", s, args, results["budgets"])
+            results["curves"]["cost-gt"][str(s)] = run_curve(data, "cost-gt", s, args,
+                                                             results["gt_budgets"])
             results["seconds"][str(s)] += round(time.perf_counter() - t0)
             save()
             print(f"seed {s}: cost done", file=sys.stderr)
