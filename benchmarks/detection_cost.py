@@ -4,8 +4,8 @@ for `select --cost boxes --budget-cost C` against plain top-k and random.
 `alcli simulate` serves class labels only, so this runs structured_curves.py's detection loop
 (digit_boxes: one to three digits pasted on grass with their boxes; tiny_fcos; test mAP@0.5) with
 alcli's own scoring and selection, in process. Per seed, INIT random pool images start labeled;
-each of ROUNDS rounds alcli scores the unlabeled pool with least-confidence (its detection
-default for cheap utilities) and picks the batch three ways:
+each of ROUNDS rounds alcli scores the unlabeled pool with least-confidence and picks the
+batch four ways:
 
     topk    alcli.select(rows, K)                                      K images
     cost    alcli.select(rows, len(rows), cost="boxes", budget_cost=C)  score per predicted box,
