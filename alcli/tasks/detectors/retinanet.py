@@ -16,6 +16,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .matching import matched_anchors
+
 
 def servable(model: nn.Module) -> bool:
     """torchvision's RetinaNet with its default L1 box loss (v2's GIoU is left to the loop)."""
@@ -31,17 +33,11 @@ def dense_targets(model: nn.Module, image_list, anchors: list[torch.Tensor], siz
                   targets: list[dict], dtype) -> torch.Tensor:
     """Per image and anchor: the one-hot class target, the encoded box target, and whether the
     anchor counts (not between the IoU thresholds) and is foreground -> [B, A, C + 6]."""
-    from torchvision.models.detection.transform import resize_boxes  # a detector's run has it loaded
-    from torchvision.ops import box_iou
     classes = model.head.classification_head.num_classes
     rows = []
     for a, target, original, size in zip(anchors, targets, originals, image_list.image_sizes):
         out = torch.zeros(a.shape[0], classes + 6, dtype=dtype, device=a.device)
-        boxes = resize_boxes(target["boxes"].to(a.dtype), original, size)
-        if boxes.numel() == 0:
-            matched = torch.full((a.shape[0],), -1, dtype=torch.long, device=a.device)
-        else:
-            matched = model.proposal_matcher(box_iou(boxes, a))
+        boxes, matched = matched_anchors(model, a, target, original, size)
         fg = matched >= 0
         out[fg, target["labels"][matched[fg]]] = 1.0
         out[fg, classes:classes + 4] = model.box_coder.encode_single(boxes[matched[fg]], a[fg]).to(dtype)

@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .matching import matched_anchors
+
 
 def servable(model: nn.Module) -> bool:
     return type(model).__name__ == "SSD"
@@ -26,16 +28,10 @@ def dense_targets(model: nn.Module, image_list, anchors: list[torch.Tensor], siz
                   targets: list[dict], dtype) -> torch.Tensor:
     """Per image and default box: its class (0: background), its encoded box target, whether it
     is matched, and the image's number of hard negatives (neg_to_pos_ratio x its positives)."""
-    from torchvision.models.detection.transform import resize_boxes
-    from torchvision.ops import box_iou
     rows = []
     for a, target, original, size in zip(anchors, targets, originals, image_list.image_sizes):
         out = torch.zeros(a.shape[0], 7, dtype=dtype, device=a.device)
-        boxes = resize_boxes(target["boxes"].to(a.dtype), original, size)
-        if boxes.numel() == 0:
-            matched = torch.full((a.shape[0],), -1, dtype=torch.long, device=a.device)
-        else:
-            matched = model.proposal_matcher(box_iou(boxes, a))
+        boxes, matched = matched_anchors(model, a, target, original, size)
         fg = matched >= 0
         out[fg, 0] = target["labels"][matched[fg]].to(dtype)
         out[fg, 1:5] = model.box_coder.encode_single(boxes[matched[fg]], a[fg]).to(dtype)
