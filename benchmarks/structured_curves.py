@@ -187,18 +187,23 @@ def _mosaics(n: int = 700, side: int = 24, seed: int = 0):
     return (xs - xs.mean()) / xs.std(), ys
 
 
-def _digit_composites(n: int = 700, side: int = 24, seed: int = 0):
-    """n images [n, 1, side, side] and pixel labels [n, side, side]: two of scikit-learn's 8x8
-    digits 0-3, scaled 2x, pasted at random places (the later on top) over a dim crop of
-    scikit-image's grass; a pixel is its digit's class + 1 where the digit's ink > 0.25, else
-    0 (background)."""
+def _digits_and_grass():
+    """scikit-learn's 8x8 digits 0-3 in [0, 1], their classes, and scikit-image's grass as floats:
+    what the composites and the digit boxes are pasted from."""
     import skimage.data
     from sklearn.datasets import load_digits
     from skimage.util import img_as_float
     raw = load_digits()
     keep = raw.target < DIGIT_CLASSES
-    digits, labels = raw.images[keep] / 16.0, raw.target[keep]
-    grass = img_as_float(skimage.data.grass())
+    return raw.images[keep] / 16.0, raw.target[keep], img_as_float(skimage.data.grass())
+
+
+def _digit_composites(n: int = 700, side: int = 24, seed: int = 0):
+    """n images [n, 1, side, side] and pixel labels [n, side, side]: two of scikit-learn's 8x8
+    digits 0-3, scaled 2x, pasted at random places (the later on top) over a dim crop of
+    scikit-image's grass; a pixel is its digit's class + 1 where the digit's ink > 0.25, else
+    0 (background)."""
+    digits, labels, grass = _digits_and_grass()
     rng = np.random.default_rng(seed)
     xs = np.zeros((n, 1, side, side), np.float32)
     ys = np.zeros((n, side, side), np.int64)
@@ -264,13 +269,7 @@ def _digit_boxes(n: int = 500, side: int = 48, seed: int = 0):
     """n RGB images [n, 3, side, side] in [0, 1] and their targets: one to three of scikit-learn's
     digits 0-3, scaled 2x, pasted without overlap over a dim crop of scikit-image's grass (grey,
     as 3 channels); a digit's box is its ink's (> 0.25) bounding box, its label the digit + 1."""
-    import skimage.data
-    from sklearn.datasets import load_digits
-    from skimage.util import img_as_float
-    raw = load_digits()
-    keep = raw.target < DIGIT_CLASSES
-    digits, labels = raw.images[keep] / 16.0, raw.target[keep]
-    grass = img_as_float(skimage.data.grass())
+    digits, labels, grass = _digits_and_grass()
     rng = np.random.default_rng(seed)
     xs = np.zeros((n, 1, side, side), np.float32)
     targets = []
