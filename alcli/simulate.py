@@ -40,6 +40,7 @@ from .files.remote import is_url
 from .longrun.shard import SubPool
 from .pools import is_folder, open_pool
 from .pools.common import Pool, PoolOptions
+from .score.strategies import STRATEGIES
 from .selection import stopping
 
 PLACEHOLDERS = ("labeled", "model", "pool", "round", "seed", "strategy", "workdir")
@@ -267,14 +268,17 @@ def pool_labels(settings: Settings, spec: str, what: str,
     return list(pool.ids), shown, [str(Path(p).resolve()) for p in paths] if paths else None
 
 
-ALIGN = "align"  # the strategy that reads --target (alcli.score.strategies)
+def reads_target(strategy: str) -> bool:
+    """Does a --strategies entry (NAME or NAME+MODE) take --target's gradient (align)?"""
+    found = STRATEGIES.get(strategy.partition("+")[0])
+    return found is not None and found.reads_target
 
 
 def check_target(base: Settings, plan: Plan) -> None:
     """--target with align among the strategies, align with --target, and the target labeled in
     every row, before any training (its labels against the model's classes: each round's
     pre-flight)."""
-    aligned = any(s.partition("+")[0] == ALIGN for s in plan.strategies)
+    aligned = any(reads_target(s) for s in plan.strategies)
     if base.target is None:
         if aligned:
             raise ConfigError("--strategies align needs --target POOL, a labeled pool whose mean "
@@ -634,7 +638,7 @@ def choose(base: Settings, plan: Plan, model: Path, strategy: str, seed: int,
     settings = dataclasses.replace(base, pool=plan.pool, model=str(model), strategy=name,
                                    budget=plan.budget, seed=seed, diverse=bool(mode),
                                    diverse_mode=mode or "badge", sampling="top", typical=False,
-                                   target=base.target if name == ALIGN else None,
+                                   target=base.target if reads_target(name) else None,
                                    sources=dict(base.sources))
     try:
         return [str(r["id"]) for r in run_select(settings, exclude_ids=labeled,

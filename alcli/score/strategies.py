@@ -91,17 +91,18 @@ class Strategy:
     at_targets: bool = False  # scores each example at its own targets where the task has them
                               # (Task.unanswered is asked: a causal LM's prompt alone is refused)
     given_rows: bool = False  # reads a task's given labels that the rows carry (Task.review_given)
+    reads_target: bool = False  # takes --target's mean gradient (score/target.py)
 
 
 STRATEGIES: dict[str, Strategy] = {}
 
 
 def strategy(name: str, *, gradients: bool = False, at_targets: bool = False,
-             given_rows: bool = False):
+             given_rows: bool = False, reads_target: bool = False):
     """Register `fn` under `name`; its docstring's first line is its help."""
     def register(fn):
         STRATEGIES[name] = Strategy(name, fn, gradients, (fn.__doc__ or "").strip().splitlines()[0],
-                                    at_targets, given_rows)
+                                    at_targets, given_rows, reads_target)
         return fn
     return register
 
@@ -127,7 +128,7 @@ def gradnorm(s: StrategyInputs) -> Columns:
     return {"score": undefined_as_nan(s.spec, s.targets, norms)}
 
 
-@strategy("align", gradients=True, at_targets=True)  # a causal LM's rows: each at its own answer
+@strategy("align", gradients=True, at_targets=True, reads_target=True)  # a causal LM's rows: each at its own answer
 def align(s: StrategyInputs) -> Columns:
     """Alignment with the --target set's mean gradient: the cosine at the example's label, else how far a label can move it."""
     if s.target is None:

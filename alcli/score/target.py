@@ -16,13 +16,13 @@ from ..gradnorm.params import selection_for
 from ..tasks import TASKS
 from .align import TargetGradient
 from .runner import _given, make_loader, to_model
-from .strategies import StrategyInputs
+from .strategies import STRATEGIES, StrategyInputs
 
 
 def target_for(settings: Settings, model: nn.Module, device: torch.device, open_pool) -> TargetGradient | None:
     """ḡ of `settings.target` for align (None for other strategies); `open_pool(settings)` opens a
     pool as the run opens its own (the same transforms, tokenizer and class names)."""
-    if settings.strategy != "align":
+    if not STRATEGIES[settings.strategy].reads_target:
         if settings.target is not None:
             raise ConfigError(f"{settings.where('target')} is read by --strategy align alone; "
                               f"add -s align, or leave it out")
