@@ -1,7 +1,8 @@
 """Ghost norms: one batched forward and one backward that stops at the selected layers' outputs.
 
-1. Forward hooks on every module that owns (or whose rule claims) a selected parameter record its
-   inputs and add a zero "tap" to its output: out + Z with Z a stride-0 zero leaf. dL/dZ is the
+1. Every module that owns (or whose rule claims) a selected parameter runs its forward through a
+   wrapper (a forward hook where the module holds a forward of its own) that records its inputs
+   and adds a zero "tap" to its output: out + Z with Z a stride-0 zero leaf. dL/dZ is the
    loss gradient at the output as the module produced it, even if later code modifies the output
    in place, and the backward never runs past the earliest tap.
 2. One backward of the summed loss into the taps: row i of dL/dZ is example i's own output
@@ -78,13 +79,12 @@ def ghost_norms(model, inputs, targets_for, selection: ParamSelection, loss_fn, 
             stack.append(name)
         return hook
 
-    def post_hook(name):
+    def tapper(name):
+        """(args, kwargs, output) of a call of module `name` -> its output, tapped."""
         module_calls, shared = calls[name], _broadcast_calls(plan, layouts, name)
         in_place = _output_unsaved(type(plan.modules[name]))
 
-        def hook(module, args, kwargs, output):
-            if verify:
-                stack.pop()
+        def tapped(args, kwargs, output):
             call = _new_call(args, kwargs)
             if isinstance(output, torch.Tensor) and output.is_floating_point():  # the common case
                 if shared and len(module_calls) in shared and args and isinstance(args[0], torch.Tensor):
@@ -103,6 +103,29 @@ def ghost_norms(model, inputs, targets_for, selection: ParamSelection, loss_fn, 
             except (AssertionError, TypeError, ValueError) as err:  # e.g. a PackedSequence
                 raise UnsupportedModel(f"module '{name}' returns a {type(output).__name__}, which "
                                        "cannot carry the taps") from err
+        return tapped
+
+    def tapping_forward(name, module):
+        """The module's own forward with its outputs tapped: what a forward hook would do, without
+        the hook machinery of Module.__call__ (a third of a small model's engine overhead)."""
+        own, tapped = module.forward, tapper(name)
+
+        def forward(*args, **kwargs):
+            if verify:
+                stack.append(name)
+                output = own(*args, **kwargs)
+                stack.pop()
+                return tapped(args, kwargs, output)
+            return tapped(args, kwargs, own(*args, **kwargs))
+        return forward
+
+    def post_hook(name):  # a module whose forward is an attribute of its own: tapped by a hook
+        tapped = tapper(name)
+
+        def hook(module, args, kwargs, output):
+            if verify:
+                stack.pop()
+            return tapped(args, kwargs, output)
         return hook
 
     def popped(module, args, kwargs, output):
@@ -131,6 +154,11 @@ def ghost_norms(model, inputs, targets_for, selection: ParamSelection, loss_fn, 
     patched = []
     try:
         for name, module in plan.modules.items():
+            own_forward = "forward" in module.__dict__ or isinstance(module, torch.jit.ScriptModule)
+            if plan.rules[name].capture is None and not own_forward:
+                module.__dict__["forward"] = tapping_forward(name, module)
+                patched.append(module)
+                continue
             if verify:
                 handles.append(module.register_forward_pre_hook(pre_hook(name), with_kwargs=True))
             if plan.rules[name].capture is None:
@@ -152,7 +180,7 @@ def ghost_norms(model, inputs, targets_for, selection: ParamSelection, loss_fn, 
         for handle in handles:
             handle.remove()
         for module in patched:
-            del module.forward
+            del module.__dict__["forward"]
 
     _check_unmodified(calls)
     _apply_layouts(plan, calls, layouts, batch)
