@@ -78,7 +78,9 @@ def grad_norms_per_target(model: nn.Module, inputs: torch.Tensor,
         return norms.to(_dtype(selection, inputs)), logits.detach()
 
     key = (tuple(selection.names), id(loss_fn))
-    known = _auto_choice.setdefault(model, {})
+    known = _auto_choice.get(model)
+    if known is None:
+        known = _auto_choice[model] = {}
     # start from the method that served this model before; a batch it cannot serve (a
     # data-dependent forward) moves on to the next ones
     start = AUTO_ORDER.index(known[key][0]) if key in known else 0

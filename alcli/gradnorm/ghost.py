@@ -191,8 +191,10 @@ def ghost_norms(model, inputs, targets_for, selection: ParamSelection, loss_fn, 
         shape = (len(target_sets), batch) if direction is None else (len(target_sets), 2, batch)
         return torch.zeros(shape, dtype=_acc_dtype(logits.device), device=logits.device), logits
     cotangents = _cotangents(logits, target_sets, loss_fn)  # [K, *logits.shape]
-    _k_batched[model] = len(target_sets) > 1 and _k_mode.get(model) != "per target" and \
+    k_batched = len(target_sets) > 1 and _k_mode.get(model) != "per target" and \
         _vmap_chunk(len(target_sets), _largest(taps), logits.device) > 1
+    if _k_batched.get(model) is not k_batched:
+        _k_batched[model] = k_batched
     with _no_autocast(logits.device):  # the rules square and sum in float32 or better
         if compiled and direction is None:
             return _compiled_backwards(model, plan, uses, calls, taps, logits, cotangents, batch), logits
@@ -531,7 +533,7 @@ class _Pass:
         if not self.sq:
             return torch.zeros(batch, dtype=acc, device=device)
         # one stack and one sum for the whole pass: [P, B] -> [B], accumulated in float64
-        return torch.stack(self.sq).to(acc).sum(0).clamp_min(0).sqrt()
+        return torch.stack(self.sq).sum(0, dtype=acc).clamp_min_(0).sqrt_()
 
     def _norm_and_dot(self, terms: list, key: int):
         """A parameter's per-example gradient (its terms) -> its [B] squared norm and g·V."""

@@ -32,9 +32,10 @@ def selection_for(model: nn.Module, params) -> ParamSelection:
     parameters and requires_grad flags stay the same (plans hang off the selection)."""
     key = (params,) if params is None or isinstance(params, str) else tuple(params)
     fingerprint = _structure(model)
-    known = _SELECTIONS.setdefault(model, {}).get(key)
+    per_model = _SELECTIONS.get(model)
+    known = None if per_model is None else per_model.get(key)
     if known is None or known[0] != fingerprint:
-        known = _SELECTIONS[model][key] = (fingerprint, select_params(model, params))
+        known = _SELECTIONS.setdefault(model, {})[key] = (fingerprint, select_params(model, params))
     return known[1]
 
 

@@ -102,7 +102,7 @@ def conv_rule(module, call, wanted):
     rows = g.shape[1] if g.dim() == x.dim() + 1 else 0  # k rows per example: x [B*k, ...], g [B, k, ...]
     batch, c_out = g.shape[0], g.shape[2 if rows else 1]
     out = {}
-    if "weight" in wanted and _by_weight_backward(module, g[0].numel() // c_out):  # T: an example's positions
+    if "weight" in wanted and _by_weight_backward(module, g.numel() // (batch * c_out)):  # T: an example's positions
         w = weight_backward(module, x, g, rows)
         out["weight"] = w if wanted["weight"] else w.square().flatten(1).sum(1)
     elif "weight" in wanted:
