@@ -17,32 +17,32 @@ def borrowed(model: nn.Module, grad_params: list[nn.Parameter], modules: list | 
     and `params` (every module and parameter, once each) may be given when already known.
     """
     modules = modules or list(model.modules())
-    modes = [(m, m.training) for m in modules]
+    training = [m for m in modules if m.__dict__["training"]]  # none, for a model scored in eval mode
     caches = [(m, m.__dict__["attention_bias_cache"]) for m in modules
               if isinstance(m.__dict__.get("attention_bias_cache"), dict)]
     params = params or list({id(p): p for m in modules for p in m._parameters.values() if p is not None}.values())
-    flags = [(p, p.requires_grad, p.grad) for p in params]
     wanted = {id(p) for p in grad_params}
+    flipped = [(p, p.requires_grad) for p in params if p.requires_grad != (id(p) in wanted)]
+    grads = [(p, p.grad) for p in params]
     grad_mode = torch.is_grad_enabled()
     try:
-        torch.set_grad_enabled(True)  # per-example gradients are wanted even under torch.no_grad()
-        for m in modules:
+        torch._C._set_grad_enabled(True)  # per-example gradients are wanted even under torch.no_grad()
+        for m in training:
             m.__dict__["training"] = False  # what model.eval() sets, without Module.__setattr__
         for m, _ in caches:
             m.__dict__["attention_bias_cache"] = _Recomputed()
-        for p, flag, _ in flags:
-            if flag != (id(p) in wanted):
-                p.requires_grad_(not flag)
+        for p, flag in flipped:
+            p.requires_grad_(not flag)
         yield model
     finally:
-        torch.set_grad_enabled(grad_mode)
-        for m, mode in modes:
-            m.__dict__["training"] = mode
+        torch._C._set_grad_enabled(grad_mode)
+        for m in training:
+            m.__dict__["training"] = True
         for m, cache in caches:
             m.__dict__["attention_bias_cache"] = cache
-        for p, flag, grad in flags:  # only what changed: setting a flag or .grad costs more than reading it
-            if p.requires_grad != flag:
-                p.requires_grad_(flag)
+        for p, flag in flipped:
+            p.requires_grad_(flag)
+        for p, grad in grads:  # only what changed: setting .grad costs more than reading it
             if p.grad is not grad:
                 p.grad = grad
 
