@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 import warnings
+import weakref
 
 from alcli.gradnorm import EngineFallback, UnsupportedModel, auto_choice, per_example_grad_norms
 
@@ -18,7 +19,8 @@ METHODS = ["loop", "auto", "ghost", "vmap", "replicate"]
 def snapshot(model: nn.Module):
     return {
         "modules": [(n, m, type(m), m.training, len(m._forward_hooks), len(m._forward_pre_hooks),
-                     len(m._backward_hooks), len(getattr(m, "_backward_pre_hooks", {})))
+                     len(m._backward_hooks), len(getattr(m, "_backward_pre_hooks", {})),
+                     m.__dict__.get("forward"))
                     for n, m in model.named_modules(remove_duplicate=False)],
         "params": [(n, p, p.detach().clone(), p.requires_grad, p.grad,
                     None if p.grad is None else p.grad.clone(), p.dtype,
@@ -34,7 +36,8 @@ def assert_unchanged(before, after):
     for b, a in zip(before["modules"], after["modules"]):
         assert a[2] is b[2], f"module {b[0]!r} changed type"
         assert a[3] == b[3], f"module {b[0]!r}: training flag {b[3]} -> {a[3]}"
-        assert a[4:] == b[4:], f"module {b[0]!r}: hooks left behind {b[4:]} -> {a[4:]}"
+        assert a[4:8] == b[4:8], f"module {b[0]!r}: hooks left behind {b[4:8]} -> {a[4:8]}"
+        assert a[8] is b[8], f"module {b[0]!r}: its forward replaced"
     assert len(before["params"]) == len(after["params"])
     for b, a in zip(before["params"], after["params"]):
         name = b[0]
@@ -222,3 +225,33 @@ def test_a_layer_frozen_or_replaced_between_calls_is_seen(method):
     model.conv2.weight = nn.Parameter(2 * model.conv2.weight.detach())  # same module, new tensor
     torch.testing.assert_close(per_example_grad_norms(model, x, targets, method=method),
                                oracle_norms(model, x, targets), rtol=1e-6, atol=1e-12)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_nothing_of_a_call_outlives_it_without_the_garbage_collector(method):
+    """What a call captures (each hooked module's inputs, its taps, the backward passes) is freed
+    by reference counting when the call returns: a reference cycle would hold a large model's
+    activations until Python's cyclic collector happens to run."""
+    import gc
+
+    from alcli.gradnorm import ghost, grad_norms_per_target
+    model, x, targets = build("simple")
+    per_example_grad_norms(model, x, targets, method=method)  # the first call's probes and caches
+    alive, created = weakref.WeakSet(), []
+
+    def init(self, *args):
+        original.__init__(self, *args)
+        alive.add(self)
+        created.append(1)
+
+    original, ghost._Call = ghost._Call, type("_Call", (ghost._Call,), {"__init__": init})
+    gc.collect()
+    gc.disable()
+    try:
+        per_example_grad_norms(model, x, targets, method=method)
+        grad_norms_per_target(model, x, [targets, (targets + 1) % 10], method=method)
+        assert len(alive) == 0, f"{len(alive)} of {len(created)} module calls outlive the engine call"
+    finally:
+        gc.enable()
+        ghost._Call = original
+    assert created or method in ("loop", "vmap", "replicate")  # the ghost pass ran and was watched

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import weakref
 
 import torch
@@ -38,10 +39,11 @@ from .uses import UseWatch
 
 class _Call:
     """One call of a hooked module: what its rule will see, and the driver's bookkeeping."""
-    __slots__ = ("args", "kwargs", "taps", "out_spec", "tapped", "versions", "arrived", "layout",
-                 "out_move", "out_blocks", "expanded", "out_rows", "cache")
+    __slots__ = ("name", "receiver", "args", "kwargs", "taps", "out_spec", "tapped", "versions", "arrived",
+                 "layout", "out_move", "out_blocks", "expanded", "out_rows", "cache", "__weakref__")
 
-    def __init__(self, args: tuple, kwargs: dict):
+    def __init__(self, name: str, receiver: list, args: tuple, kwargs: dict):
+        self.name, self.receiver = name, receiver  # receiver[0]: the backward pass its taps' gradients go to
         self.args, self.kwargs = args, kwargs
         self.taps: list = []       # stride-0 zero leaves, one per float output
         self.out_spec = None       # pytree spec of the output (None: a single tensor)
@@ -70,6 +72,7 @@ def ghost_norms(model, inputs, targets_for, selection: ParamSelection, loss_fn, 
     takes the dot itself, `Entry.dot`: convolutions; not compiled)."""
     plan = ghost_plan_for(model, selection, inputs)
     batch = batch_size(inputs)
+    receiver: list = [None]  # the _Pass running now, which the taps' hooks hand their gradients to
     calls: dict[str, list[_Call]] = {name: [] for name in plan.modules}
     stack: list[str] = []  # hooked modules running now, for UseWatch
     handles = []
@@ -85,7 +88,7 @@ def ghost_norms(model, inputs, targets_for, selection: ParamSelection, loss_fn, 
         in_place = _output_unsaved(type(plan.modules[name]))
 
         def tapped(args, kwargs, output):
-            call = _new_call(args, kwargs)
+            call = _new_call(name, receiver, args, kwargs)
             if isinstance(output, torch.Tensor) and output.is_floating_point():  # the common case
                 if shared and len(module_calls) in shared and args and isinstance(args[0], torch.Tensor):
                     # a shared [1, ...] call: tapped as the batch sees it, [B, ...]
@@ -137,7 +140,7 @@ def ghost_norms(model, inputs, targets_for, selection: ParamSelection, loss_fn, 
         capture = plan.rules[name].capture
 
         def forward(*args, **kwargs):
-            call = _new_call(args, kwargs)
+            call = _new_call(name, receiver, args, kwargs)
             calls[name].append(call)
             try:
                 output, call.args = capture(module, args, kwargs, lambda t: _tap(call, t))
@@ -198,17 +201,17 @@ def ghost_norms(model, inputs, targets_for, selection: ParamSelection, loss_fn, 
     with _no_autocast(logits.device):  # the rules square and sum in float32 or better
         if compiled and direction is None:
             return _compiled_backwards(model, plan, uses, calls, taps, logits, cotangents, batch), logits
-        return _backwards(model, plan, uses, calls, taps, logits, cotangents, batch, direction), logits
+        return _backwards(model, plan, uses, calls, taps, logits, cotangents, batch, receiver, direction), logits
 
 
-def _backwards(model, plan, uses, calls, taps, logits, cotangents, batch, direction=None) -> torch.Tensor:
+def _backwards(model, plan, uses, calls, taps, logits, cotangents, batch, receiver, direction=None) -> torch.Tensor:
     """[K, B] norms ([K, 2, B] norms and inner products with a `direction`): the K output
     cotangents through ONE backward (vmapped over K) when the model's backward and rules can be
     vmapped, else one backward per target set."""
     k = cotangents.shape[0]
 
     def backward(cotangent, last):
-        return _backward(plan, uses, calls, taps, logits, cotangent, batch, last, direction)
+        return _backward(plan, uses, calls, taps, logits, cotangent, batch, last, receiver, direction)
 
     if k == 1:
         return backward(cotangents[0], last=True).unsqueeze(0)
@@ -321,19 +324,17 @@ def _attention_for(model, tap_elements: int, device):
     return sdpa_kernel(SDPBackend.MATH) if batched else contextlib.nullcontext()
 
 
-def _backward(plan, uses, calls, taps, logits, cotangent, batch: int, last: bool, direction=None) -> torch.Tensor:
+def _backward(plan, uses, calls, taps, logits, cotangent, batch: int, last: bool, receiver, direction=None) -> torch.Tensor:
     """One backward of `cotangent` [*logits.shape] from the logits into the taps -> [B] norms
     ([2, B] norms and inner products with a `direction`)."""
-    backward_pass = _Pass(plan, uses, last, direction)
-    hooks = backward_pass.hook_taps(calls)
+    backward_pass = receiver[0] = _Pass(plan, uses, last, direction)
     # fp16 gradients underflow below 6e-8: the cotangent is scaled up, and the norms back down
     scale = FP16_SCALE if logits.dtype == torch.float16 else 1.0
     try:
         torch.autograd.grad(logits, taps, (cotangent * scale if scale != 1.0 else cotangent).to(logits.dtype),
                             retain_graph=not last, allow_unused=True)
     finally:
-        for hook in hooks:
-            hook.remove()
+        receiver[0] = None
     norms = backward_pass.finish(calls, batch, logits.device)
     return norms / scale if scale != 1.0 else norms
 
@@ -378,8 +379,8 @@ def _no_autocast(device):
     return contextlib.nullcontext()
 
 
-def _new_call(args, kwargs) -> _Call:
-    call = _Call(tuple(args), dict(kwargs))
+def _new_call(name: str, receiver: list, args, kwargs) -> _Call:
+    call = _Call(name, receiver, tuple(args), dict(kwargs))
     leaves = args if not kwargs and all(isinstance(a, torch.Tensor) for a in args) else tree_flatten((args, kwargs))[0]
     call.versions = [(t, t._version) for t in leaves if isinstance(t, torch.Tensor)]
     return call
@@ -415,11 +416,23 @@ def _tap(call: _Call, tensor: torch.Tensor, in_place: bool = False) -> torch.Ten
     in place (`in_place`) where the tensor is an op's own fresh result, not a view or a leaf."""
     tap = _zero(tensor.dtype, tensor.device).expand(tensor.shape)
     tap.requires_grad_()
+    # a weak reference: the call holds its taps, and a tap's hook must not hold the call
+    tap.register_hook(functools.partial(_arrived, call.receiver, weakref.ref(call), len(call.taps)))
     call.taps.append(tap)
     call.tapped.append(True)
     if in_place and tensor.grad_fn is not None and tensor._base is None:
         return tensor.add_(tap)
     return tensor + tap
+
+
+def _arrived(receiver: list, call_ref, i: int, grad):
+    """A tap's hook: its gradient to the backward pass running now; with none (the compiled
+    path) or no gradient (an output a custom backward left undefined, rcnn._Parts), autograd
+    keeps it."""
+    backward_pass, call = receiver[0], call_ref()
+    if backward_pass is None or call is None or grad is None:
+        return None
+    return backward_pass.on_grad(call, i, grad)
 
 
 def _untapped(call: _Call, leaf):
@@ -442,25 +455,15 @@ class _Pass:
         self.summed_grads: dict[int, list] = {}
         self.wanted: dict[str, dict] = {}  # module name -> {path: per-example gradient wanted}
 
-    def hook_taps(self, calls) -> list:
-        hooks = []
-        for name, module_calls in calls.items():
-            for call in module_calls:
-                call.arrived = [None] * len(call.taps)
-                for i, tap in enumerate(call.taps):
-                    hooks.append(tap.register_hook(self._on_grad(name, call, i)))
-        return hooks
-
-    def _on_grad(self, name, call, i):
-        def hook(grad):
-            if grad is None:  # an output whose gradient a custom backward left undefined (rcnn._Parts)
-                return None
-            call.arrived[i] = grad
-            if all(g is not None for g in call.arrived):
-                self._run(name, call)
-            # autograd.grad keeps what the hook returns: a stride-0 zero, not the gradient
-            return _zero(grad.dtype, grad.device).expand(grad.shape)
-        return hook
+    def on_grad(self, call: _Call, i: int, grad: torch.Tensor) -> torch.Tensor:
+        """Tap i of `call` got its gradient; the call's rule runs once all its taps have one."""
+        if call.arrived is None:
+            call.arrived = [None] * len(call.taps)
+        call.arrived[i] = grad
+        if all(g is not None for g in call.arrived):
+            self._run(call.name, call)
+        # autograd.grad keeps what the hook returns: a stride-0 zero, not the gradient
+        return _zero(grad.dtype, grad.device).expand(grad.shape)
 
     def _run(self, name, call):
         arrived, call.arrived = call.arrived, None
