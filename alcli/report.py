@@ -26,7 +26,7 @@ from .files.regular import check_regular
 from .files.table import MORE, read_meta, read_table, sidecar
 from .pools import split_source
 from .selection import stopping
-from .selection.export import load_picture, picture_file
+from .selection.export import OutsideImageDir, load_picture, picture_file
 from .tasks import TASKS, from_rows
 from .tasks.shared.labelstudio import entities
 
@@ -374,8 +374,10 @@ def gallery(rnd: Round, image_dir: str | None) -> tuple[str, list[str]]:
         if row.get("text") not in (None, ""):
             body = f'<p class="text">{highlighted(row, names)}</p>'
         else:
-            path = picture_path(row, image_dir)
-            uri, _ = thumbnail(row, k + 1, path, instances, table_folder)
+            try:
+                uri, _ = thumbnail(row, k + 1, picture_path(row, image_dir), instances, table_folder)
+            except OutsideImageDir:
+                uri = None
             if uri is None:
                 unreadable.append(rid)
                 body = '<div class="missing">unreadable</div>'
@@ -393,7 +395,10 @@ def pictures(rnd: Round, image_dir: str | None) -> list[str]:
     files = []
     for row in rows:
         if row.get("text") in (None, ""):
-            files.append(split_source(picture_path(row, image_dir))[0])
+            try:
+                files.append(split_source(picture_path(row, image_dir))[0])
+            except OutsideImageDir:
+                pass  # never read
         if row.get("pred_mask") not in (None, ""):
             files += [str(row["pred_mask"]), os.path.join(folder, str(row["pred_mask"]))]
     return files

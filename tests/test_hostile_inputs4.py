@@ -252,3 +252,27 @@ def test_a_row_naming_a_file_past_the_cell_cap_is_refused_before_it_is_read(tmp_
     small = tmp_path / "small.png"
     Image.new("RGB", (3, 2)).save(small)
     assert Image.open(open_source(str(small))).size == (3, 2)
+
+
+def test_with_an_image_dir_no_picture_from_outside_it_reaches_the_page_or_the_sheet(tmp_path):
+    """R4-12: with --image-dir the report and the contact sheet showed an absolute id's picture,
+    one climbing out with `..` and one through a link; now only pictures under the folder."""
+    pytest.importorskip("matplotlib")
+    from alcli.selection.export import contact_sheet
+    pool, private = tmp_path / "pool", tmp_path / "private"
+    pool.mkdir()
+    private.mkdir()
+    Image.new("RGB", (8, 8), "white").save(pool / "ok.png")
+    Image.new("RGB", (8, 8), "red").save(private / "secret.png")
+    (pool / "link.png").symlink_to(private / "secret.png")
+    ids = ["ok.png", str(private / "secret.png"), "../private/secret.png", "link.png"]
+    t = tmp_path / "t.csv"
+    t.write_text("rank,id,score,pred\n" + "".join(f"{k + 1},{i},{4 - k}.0,1\n" for k, i in enumerate(ids)))
+    out = tmp_path / "r.html"
+    result = runner.invoke(app, ["report", str(t), "--image-dir", str(pool), "-o", str(out), "-q"])
+    assert result.exit_code == 0, result.output
+    page = out.read_text()
+    assert page.count("data:image/jpeg;base64,") == 1 and page.count('class="missing"') == 3
+    rows = [{"id": i, "score": 1.0} for i in ids]
+    assert contact_sheet(rows, str(pool), str(tmp_path / "s.png")) == ids[1:]
+    assert contact_sheet(rows[:1], None, str(tmp_path / "s2.png"), paths=[str(pool / "ok.png")]) == []

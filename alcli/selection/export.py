@@ -22,7 +22,7 @@ from PIL import Image, ImageDraw, ImageFont, ImageOps
 
 from ..files.atomic import atomic_open
 from ..files.redact import redacted
-from ..pools import open_source
+from ..pools import open_source, split_source
 from ..tasks import TASKS
 from ..tasks.shared.labelstudio import Tag, entities, plain_value  # noqa: F401 - entities: the token pre-labels' spans
 
@@ -350,10 +350,22 @@ def _fit(draw: ImageDraw.ImageDraw, text: str, font, width: int) -> str:
     return "..." + tail[lo:]
 
 
+class OutsideImageDir(ValueError):
+    """An id that names a picture outside --image-dir."""
+
+
 def picture_file(row_id: str, image_root_dir: str | None) -> str:
-    """The picture an id names: the id itself, or under `image_root_dir` (absolute ids stay as
-    they are). The contact sheet's and the report's."""
-    return row_id if image_root_dir is None else os.path.join(image_root_dir, row_id)
+    """The picture an id names: the id itself, or under `image_root_dir`. The contact sheet's and
+    the report's. Under a given folder it stays there: an absolute id, one climbing out with
+    `..` or through a link is refused (OutsideImageDir), so a table from elsewhere cannot pull a
+    private picture into a page meant to be shared (hostile inputs R4-12)."""
+    if image_root_dir is None:
+        return row_id
+    path = os.path.join(image_root_dir, row_id)
+    root, file = os.path.realpath(image_root_dir), os.path.realpath(split_source(path)[0])
+    if os.path.commonpath([root, file]) != root:
+        raise OutsideImageDir(f"the id '{row_id}' names a picture outside --image-dir {image_root_dir}")
+    return path
 
 
 def contact_sheet(rows: Sequence[Mapping], image_root_dir: str | None, out_png: str, *,
@@ -377,9 +389,8 @@ def contact_sheet(rows: Sequence[Mapping], image_root_dir: str | None, out_png: 
         draw.rectangle([x0 + PAD, y0 + PAD, x0 + PAD + tile - 1, y0 + PAD + tile - 1],
                        fill=TILE_BACKGROUND)
         rid = str(row["id"])
-        path = paths[i] if paths is not None else picture_file(rid, image_root_dir)
         try:
-            pic = load_picture(path, tile)
+            pic = load_picture(paths[i] if paths is not None else picture_file(rid, image_root_dir), tile)
             sheet.paste(pic, (x0 + PAD + (tile - pic.width) // 2, y0 + PAD + (tile - pic.height) // 2))
         except (OSError, ValueError, SyntaxError, Image.DecompressionBombError):
             failed.append(rid)
