@@ -276,3 +276,51 @@ def test_with_an_image_dir_no_picture_from_outside_it_reaches_the_page_or_the_sh
     rows = [{"id": i, "score": 1.0} for i in ids]
     assert contact_sheet(rows, str(pool), str(tmp_path / "s.png")) == ids[1:]
     assert contact_sheet(rows[:1], None, str(tmp_path / "s2.png"), paths=[str(pool / "ok.png")]) == []
+
+
+def _resizing_video(path):
+    """An .mkv whose header says 32 x 32 and whose last two frames are 64 x 64 (mpeg4 packets
+    carry their own size, so the decoder follows the change)."""
+    av = pytest.importorskip("av")
+    parts = []
+    for size in (32, 64):
+        part = path.parent / f"{size}.m4v"
+        with av.open(str(part), "w", format="m4v") as out:
+            stream = out.add_stream("mpeg4", rate=10)
+            stream.width = stream.height = size
+            stream.pix_fmt = "yuv420p"
+            for k in range(2):
+                frame = av.VideoFrame.from_ndarray(np.full((size, size, 3), 60 * k, np.uint8), "rgb24")
+                for packet in stream.encode(frame):
+                    out.mux(packet)
+            for packet in stream.encode():
+                out.mux(packet)
+        parts.append(part)
+    with av.open(str(parts[0])) as first, av.open(str(path), "w") as out:
+        stream = out.add_stream_from_template(first.streams.video[0])
+        stream.time_base = first.streams.video[0].time_base
+        pts = 0
+        for part in parts:
+            with av.open(str(part)) as src:
+                for packet in src.demux(src.streams.video[0]):
+                    if packet.size:
+                        packet.stream, packet.pts, packet.dts = stream, pts * 100, pts * 100
+                        packet.time_base = stream.time_base
+                        out.mux(packet)
+                        pts += 1
+
+
+def test_frames_grown_past_the_limit_after_the_header_are_error_rows(tmp_path, monkeypatch):
+    """R4-13: the size check read the stream's header only; a stream that grows its frames
+    mid-stream had them converted to RGB unchecked."""
+    clip = tmp_path / "grows.mkv"
+    _resizing_video(clip)
+    assert [item.error for item in open_pool(str(clip), PoolOptions())] == [None] * 4
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)  # 32 x 32 passes twice it, 64 x 64 does not
+    items = list(open_pool(str(clip), PoolOptions()))
+    assert [item.error is None for item in items] == [True, True, False, False]
+    assert "frames of 64 x 64 pixels, more than 2000" in items[2].error
+    from alcli.pools.video import read_frame
+    with pytest.raises(ValueError, match="64 x 64"):
+        read_frame(str(clip), "t=0.300")
+    assert Image.open(io.BytesIO(read_frame(str(clip), "t=0.100"))).size == (32, 32)

@@ -88,9 +88,16 @@ def check_size(file, width: int, height: int) -> None:
                          f"{max_pixels()}")
 
 
+def _opened(file):
+    """The video open for reading. FFmpeg's stream probe decodes no frame (`skip_frame`): the
+    frame size is the container's header's, checked before any frame is decoded (a bomb's probe
+    cost 1 GB, hostile inputs R4-14); decoding later is not affected."""
+    return _av().open(str(file), options={"skip_frame": "all"})
+
+
 def _stream_pts(file: Path) -> tuple[list[int], object]:
     """(the video stream's frames' pts in presentation order, its time base), from the packets."""
-    with _av().open(str(file)) as container:
+    with _opened(file) as container:
         stream = container.streams.video[0]
         check_size(file, stream.codec_context.width, stream.codec_context.height)
         pts = sorted(p.pts for p in container.demux(stream) if p.pts is not None and p.size)
@@ -133,7 +140,7 @@ class VideoPool(Pool):
             container, decoder = _seek(self.files[f.video], f.pts)
             self._open = (f.video, container, decoder, -math.inf)
         video, container, decoder, _ = self._open
-        frame = _next_at(decoder, f.pts)
+        frame = _next_at(decoder, f.pts, self.files[f.video])
         self._open = (video, container, decoder, frame.pts)
         return frame.to_ndarray(format="rgb24")
 
@@ -149,7 +156,7 @@ class VideoPool(Pool):
 def _seek(file: Path, pts: int):
     """The video open, positioned at the keyframe at or before `pts`: (container, frame iterator)."""
     check_regular(file)
-    container = _av().open(str(file))
+    container = _opened(file)
     stream = container.streams.video[0]
     try:
         check_size(file, stream.codec_context.width, stream.codec_context.height)
@@ -160,9 +167,11 @@ def _seek(file: Path, pts: int):
     return container, container.decode(stream)
 
 
-def _next_at(decoder, pts: int):
-    """The first decoded frame at or after `pts` (the earlier ones are dropped as they come)."""
+def _next_at(decoder, pts: int, file):
+    """The first decoded frame at or after `pts` (the earlier ones are dropped as they come). Each
+    frame's own size is checked: a stream may change resolution after its header (R4-13)."""
     for frame in decoder:
+        check_size(file, frame.width, frame.height)
         if frame.pts is not None and frame.pts >= pts:
             return frame
     raise ValueError(f"no frame at pts {pts}")
@@ -216,12 +225,13 @@ def read_frame(file: str, part: str) -> bytes:
         t = float(part[2:])
     except ValueError:
         raise ValueError(f"{file}#{part}: after '#' a video's frame is t=SECONDS") from None
-    with _av().open(file) as container:
+    with _opened(file) as container:
         stream = container.streams.video[0]
         check_size(file, stream.codec_context.width, stream.codec_context.height)
         target = round(t / stream.time_base) if math.isfinite(t) else 0
         container.seek(max(target, 0), stream=stream, backward=True, any_frame=False)
         for frame in container.decode(stream):
+            check_size(file, frame.width, frame.height)
             if frame.pts is not None and round(float(frame.time), 3) >= round(t, 3):
                 out = io.BytesIO()
                 frame.to_image().save(out, "PNG")
