@@ -58,10 +58,6 @@ class _Call:
         self.cache: dict = {}      # the rule's, across target sets
 
 
-# model -> selection names already checked for parameters used outside their modules
-_verified: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
-
 def ghost_norms(model, inputs, targets_for, selection: ParamSelection, loss_fn, compiled: bool = False,
                 direction: dict | None = None):
     """-> [K, B] norms and [B, C] logits; `targets_for(logits)` gives the K target sets.
@@ -152,8 +148,7 @@ def ghost_norms(model, inputs, targets_for, selection: ParamSelection, loss_fn, 
         return forward
 
     layouts = call_layouts(model, inputs, plan.modules)
-    key = tuple(selection.names)
-    verify = key not in _verified.get(model, set()) and not selection.plans.get("uses checked")
+    verify = not selection.plans.get("uses checked")
     patched = []
     try:
         for name, module in plan.modules.items():
@@ -176,7 +171,7 @@ def ghost_norms(model, inputs, targets_for, selection: ParamSelection, loss_fn, 
             if verify:
                 with UseWatch(covering_modules(plan), stack):
                     logits = forward_logits(model, inputs)
-                _verified.setdefault(model, set()).add(key)
+                selection.plans["uses checked"] = True  # a selection is rebuilt when the model changes
             else:
                 logits = forward_logits(model, inputs)
     finally:
