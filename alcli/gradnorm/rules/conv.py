@@ -63,7 +63,7 @@ def weight_backward(module, x, g, rows: int = 0):
     grad = torch.ops.aten.convolution_backward(
         g, x, weight, None, module.stride, padding, module.dilation, False, (0,) * spatial,
         batch * module.groups, (False, True, False))[1]                     # [N*C_out, C_in/groups, *K]
-    return grad.view(batch, *module.weight.shape)
+    return grad.view(batch, *shape)
 
 
 _ZEROS: dict = {}  # (dtype, device) -> a 0-dim zero
@@ -117,7 +117,8 @@ def _by_weight_backward(module, steps: int) -> bool:
     would be a copy of x (a kernel, stride or padding other than 1, 1, 0) holding more numbers
     than the per-example gradient, T > C_out/groups (SSDlite's depthwise convolutions; a
     ResNet's early 3x3 ones). Elsewhere the patches' Gram product or a batched matmul is cheaper."""
-    view = (all(k == 1 for k in module.kernel_size) and all(s == 1 for s in module.stride)
+    ones = (1,) * len(module.kernel_size)
+    view = (module.kernel_size == ones and module.stride == ones
             and not any(module._reversed_padding_repeated_twice))
     return not view and steps > module.out_channels // module.groups
 
