@@ -36,10 +36,15 @@ TASK_OF = {"maskrcnn": (instances.kept, instances.target, instances.EXTRA),
 BOXES = (detection.kept, detection.box_target, ())
 
 
-def build(name: str, size: int) -> torch.nn.Module:
+def build(name: str, size: int, proposals: int | None = None) -> torch.nn.Module:
+    """`proposals`: an R-CNN's RPN proposals kept and boxes sampled per image (a dry run's few;
+    None: torchvision's 2000/1000 and 512)."""
     kw = {} if name.startswith("ssd") else {"min_size": size, "max_size": size}
     if name.startswith(("retinanet", "fcos")):
         kw["score_thresh"] = 0.01  # random heads score about 0.01: some boxes to learn from
+    if proposals and "rcnn" in name:
+        kw.update({f"rpn_{when}_nms_top_n_{mode}": proposals for when in ("pre", "post")
+                   for mode in ("train", "test")}, box_batch_size_per_image=proposals)
     torch.manual_seed(0)
     model = torchvision.models.get_model(name, weights=None, weights_backbone=None, num_classes=5, **kw).eval()
     if name.startswith("retinanet"):  # its prior puts every score near 0.01, under the 0.05 of the targets
@@ -69,12 +74,12 @@ def timed(fn, rounds: int, warm: bool = True, sync=lambda: None, warm_fn=None) -
 
 
 def measure(name: str, images: list[torch.Tensor], samples: int, rounds: int, loop: bool = True,
-            sync=lambda: None, warm: bool = True) -> dict:
+            sync=lambda: None, warm: bool = True, proposals: int | None = None) -> dict:
     """One detector's row: how `auto` runs it, the floor's seconds, gradnorm and egl ÷ the floor
     as `auto` runs them and on the per-image loop (None where `auto` is the loop or loop=False);
-    warm=False: no warm-up call (a dry run)."""
+    warm=False: no warm-up call (a dry run); proposals: build()'s."""
     device = images[0].device
-    model = build(name, images[0].shape[-1]).to(device)
+    model = build(name, images[0].shape[-1], proposals).to(device)
     kept, target, extra = next((t for prefix, t in TASK_OF.items() if name.startswith(prefix)), BOXES)
     ids = [f"img{i}" for i in range(len(images))]
     found = detection.predict(model, images)

@@ -315,7 +315,7 @@ def detection_table(device, dry: bool, say):
     images = [torch.rand(3, size, size, generator=g).to(device) for _ in range(n)]
     for name in ["fasterrcnn_mobilenet_v3_large_320_fpn"] if dry else DETECTORS:
         say(row(name, measure(name, images, samples, 1 if dry else 5, loop=not dry, sync=lambda: sync(device),
-                              warm=not dry)))
+                              warm=not dry, proposals=64 if dry else None)))
 
 
 def call_cost_table(device, dry: bool, say):

@@ -5,9 +5,22 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import benchmark_scripts
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def in_process(name: str, *args) -> int:
+    """benchmarks/NAME.py's main(ARGS) in this process (no interpreter start: each script's command
+    line itself runs in a process of its own in one test below), the global RNG and the thread
+    count left as they were."""
+    threads = torch.get_num_threads()
+    try:
+        with torch.random.fork_rng(devices=[]):
+            return benchmark_scripts.load(name).main([str(a) for a in args])
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_learning_curves_quick(tmp_path):
@@ -43,13 +56,10 @@ def test_learning_curves_packaged_datasets_quick(tmp_path):
     for package in ("sklearn", "skimage", "vega_datasets", "scipy"):
         pytest.importorskip(package)
     out, md = tmp_path / "lc", tmp_path / "table.md"
-    proc = subprocess.run([sys.executable, str(BENCH / "learning_curves.py"), "--datasets",
-                           "lfw,seattle_weather", "--models", "mlp", "--seeds", "2",
-                           "--batch-sizes", "10", "--max-labels", "30", "--epochs", "3",
-                           "--strategies", "egl,egl+div,margin+power,random", "--out", str(out),
-                           "--markdown", str(md), "--default-md", str(tmp_path / "default.md")],
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert in_process("learning_curves", "--datasets", "lfw,seattle_weather", "--models", "mlp",
+                      "--seeds", "2", "--batch-sizes", "10", "--max-labels", "30", "--epochs", "3",
+                      "--strategies", "egl,egl+div,margin+power,random", "--out", out,
+                      "--markdown", md, "--default-md", tmp_path / "default.md") == 0
     default = (tmp_path / "default.md").read_text()
     assert "| seattle_weather/mlp/b10 (2 seeds) | egl+div |" in default
     assert "Default rule (issue 39): keep egl+div only if" in default and "=> " in default
@@ -275,11 +285,8 @@ def test_structured_curves_quick_tokens_and_boxes(tmp_path):
     for package in ("sklearn", "skimage", "scipy"):
         pytest.importorskip(package)
     out = tmp_path / "sc"
-    proc = subprocess.run([sys.executable, str(BENCH / "structured_curves.py"), "--quick",
-                           "--epochs", "2", "--datasets", "pytokens,digit_boxes",
-                           "--methods", "random,egl,entropy-max", "--out", str(out)],
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert in_process("structured_curves", "--quick", "--epochs", "2", "--datasets", "pytokens,digit_boxes",
+                      "--methods", "random,egl,entropy-max", "--out", out) == 0
     text = Path(f"{out}.txt").read_text()
     for name, metric in (("pytokens", "macro F1"), ("digit_boxes", "mAP@0.5")):
         head, table = text.split(f"### {name} ", 1)[1].split("\n\n", 2)[:2]

@@ -36,10 +36,18 @@ THRESHOLD = 0.02
 IDS = ["wide", "square"]
 
 
+def box_pool(canonical_scale: int = 224):
+    """An R-CNN's box pool at 3 x 3 bins instead of 7 x 7: its box head's fc6 of 2.4M weights
+    instead of 12.8M, the largest cost of a float64 loop; fc7 and the predictors as torchvision's."""
+    from torchvision.ops import MultiScaleRoIAlign
+    return MultiScaleRoIAlign(["0", "1", "2", "3"], 3, 2, canonical_scale=canonical_scale)
+
+
 def build(name: str, dtype=torch.float64) -> torch.nn.Module:
     torch.manual_seed(0)
+    pool = {"box_roi_pool": box_pool()} if name.startswith("fasterrcnn") else {}
     model = torchvision.models.get_model(name, weights=None, weights_backbone=None, num_classes=3,
-                                         **DETECTORS[name])
+                                         **DETECTORS[name], **pool)
     return model.to(dtype).eval()
 
 
@@ -225,7 +233,7 @@ def test_an_rcnn_trained_at_several_sizes_draws_each_images_size_as_its_loss_doe
     (each was drawn unseeded once: a norm at the wrong size's features)."""
     torch.manual_seed(0)
     model = torchvision.models.get_model("fasterrcnn_mobilenet_v3_large_320_fpn", weights=None,
-                                         weights_backbone=None, num_classes=3,
+                                         weights_backbone=None, num_classes=3, box_roi_pool=box_pool(),
                                          **{**RCNN_SMALL, "min_size": (48, 64, 80)}).double().eval()
     imgs = images()
     wants = []
@@ -242,11 +250,9 @@ def test_an_rcnn_trained_at_several_sizes_draws_each_images_size_as_its_loss_doe
 def rcnn_over_levels() -> torch.nn.Module:
     """A ResNet-50 Faster R-CNN whose box pool maps the small test images' boxes over all four
     pyramid levels (canonical_scale 16 in place of 224)."""
-    from torchvision.ops import MultiScaleRoIAlign
     torch.manual_seed(0)
-    pool = MultiScaleRoIAlign(["0", "1", "2", "3"], 7, 2, canonical_scale=16)
     return torchvision.models.get_model("fasterrcnn_resnet50_fpn", weights=None, weights_backbone=None,
-                                        num_classes=3, box_roi_pool=pool, **RCNN_SMALL).eval()
+                                        num_classes=3, box_roi_pool=box_pool(16), **RCNN_SMALL).eval()
 
 
 def test_an_rcnns_rows_at_every_pyramid_level_are_pooled_at_their_own(monkeypatch):
@@ -507,7 +513,10 @@ def test_score_reads_a_detr_directory(tmp_path):
 def test_a_large_layer_s_norm_sums_its_squares_in_float64():
     """Faster R-CNN's fc6 (12.8M weights) in a float32 detector: its norm is the float64 norm of
     its float32 gradient; float32 summation (torch._foreach_norm) is off by about 3e-4 here."""
-    model, img = build("fasterrcnn_mobilenet_v3_large_320_fpn", torch.float32), images(torch.float32)[0]
+    torch.manual_seed(0)  # torchvision's own 7 x 7 box pool: the full fc6
+    model = torchvision.models.get_model("fasterrcnn_mobilenet_v3_large_320_fpn", weights=None, weights_backbone=None,
+                                         num_classes=3, **RCNN_SMALL).eval()
+    img = images(torch.float32)[0]
     fc6 = model.roi_heads.box_head.fc6.weight
     assert fc6.numel() > 12_000_000
     target = {"boxes": torch.tensor([[5.0, 6.0, 40.0, 50.0], [30.0, 10.0, 70.0, 30.0]]),

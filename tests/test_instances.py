@@ -19,7 +19,7 @@ torchvision = pytest.importorskip("torchvision")
 from alcli import tasks  # noqa: E402
 from alcli.tasks import instances  # noqa: E402
 from shell import completed_in  # noqa: E402
-from test_detection import rpn_labels_in_model_dtype  # noqa: E402
+from test_detection import box_pool, rpn_labels_in_model_dtype  # noqa: E402
 
 SMALL = {"num_classes": 2, "min_size": 64, "max_size": 96, "rpn_pre_nms_top_n_train": 50,
          "rpn_post_nms_top_n_train": 50, "rpn_pre_nms_top_n_test": 50, "rpn_post_nms_top_n_test": 50,
@@ -30,10 +30,12 @@ IDS = ["wide", "square"]
 
 def build(dtype=torch.float64) -> torch.nn.Module:
     """maskrcnn_resnet50_fpn without weights, its mask head narrowed (one 3x3 convolution of 16
-    channels instead of four of 256: the float64 loop would take long)."""
+    channels instead of four of 256: the float64 loop would take long), its box pool 3 x 3
+    (test_detection.box_pool)."""
     from torchvision.models.detection.mask_rcnn import MaskRCNNHeads, MaskRCNNPredictor
     torch.manual_seed(0)
-    model = torchvision.models.get_model("maskrcnn_resnet50_fpn", weights=None, weights_backbone=None, **SMALL)
+    model = torchvision.models.get_model("maskrcnn_resnet50_fpn", weights=None, weights_backbone=None,
+                                         box_roi_pool=box_pool(), **SMALL)
     model.roi_heads.mask_head = MaskRCNNHeads(256, (16,), 1)
     model.roi_heads.mask_predictor = MaskRCNNPredictor(16, 16, SMALL["num_classes"])
     return model.to(dtype).eval()

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import csv
 import math
-import subprocess
-import sys
 
 import pytest
 
 from alcli.files.config import SAMPLINGS as CONFIG_SAMPLINGS
 from alcli.selection.choose import choose
 from alcli.selection.sampling import SAMPLINGS
+from shell import completed_in
 
 SCORES = {"a": 4.0, "b": 2.0, "c": 1.0, "d": 1.0}
 
@@ -88,8 +87,7 @@ def table(tmp_path):
 
 
 def select(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "alcli", "select", *args], cwd=cwd,
-                          capture_output=True, text=True)
+    return completed_in(cwd, "select", *args)  # in this process: an interpreter start costs more
 
 
 def test_select_draws_a_batch_on_the_command_line(tmp_path):
