@@ -411,8 +411,9 @@ def _tap(call: _Call, tensor: torch.Tensor, in_place: bool = False) -> torch.Ten
     in place (`in_place`) where the tensor is an op's own fresh result, not a view or a leaf."""
     tap = _zero(tensor.dtype, tensor.device).expand(tensor.shape)
     tap.requires_grad_()
-    # a weak reference: the call holds its taps, and a tap's hook must not hold the call
-    tap.register_hook(functools.partial(_arrived, call.receiver, weakref.ref(call), len(call.taps)))
+    # the hook as Tensor.register_hook stores it, without the handle a fresh leaf never needs (a
+    # third of a tap's cost); a weak reference: the call holds its taps, a tap's hook not the call
+    tap._backward_hooks = {0: functools.partial(_arrived, call.receiver, weakref.ref(call), len(call.taps))}
     call.taps.append(tap)
     call.tapped.append(True)
     if in_place and tensor.grad_fn is not None and tensor._base is None:
