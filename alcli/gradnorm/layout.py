@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 import weakref
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -67,8 +67,12 @@ class Layout:
 _cache: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def call_layouts(model, inputs: torch.Tensor, modules: dict) -> dict[str, list[Layout]]:
-    """module name -> the Layout of each of its calls, in call order."""
+def call_layouts(model, inputs: torch.Tensor, modules: dict, deferred: bool = False) -> dict[str, list[Layout]]:
+    """module name -> the Layout of each of its calls, in call order. `deferred`: the probe's
+    examples as they are, which the reordering check compares the other orders against, may be
+    left to the caller's own forward of these `inputs` (ghost's pass, under `checked_in_pass`:
+    one probe forward fewer); until that forward has run, the layouts are not checked for
+    reordering, and a call for other inputs or without `deferred` runs that order itself."""
     key = _layout_key(inputs, modules)
     per_model = _cache.setdefault(model, {})
     if key not in per_model:
@@ -80,10 +84,14 @@ def call_layouts(model, inputs: torch.Tensor, modules: dict) -> dict[str, list[L
         # the probe: n = min(B, 3) distinct examples of the batch (two copies of a lone one),
         # run in each order of _orders, several orders to a forward (_runs); its shapes against
         # the one example's give the batch dims, its fingerprints along them the reordering check
-        probe = first_n(inputs, 2) if batch_size(inputs) == 1 else map_batch(
-            inputs, lambda t: t[_distinct_rows(inputs).to(t.device)])
+        rows = torch.arange(2) if batch_size(inputs) == 1 else _distinct_rows(inputs)
+        probe = first_n(inputs, 2) if batch_size(inputs) == 1 else map_batch(inputs, lambda t: t[rows.to(t.device)])
         n = batch_size(probe)
-        runs = _runs(_orders(n) if batch_size(inputs) > 1 else [tuple(range(n))], n, batch_size(inputs))
+        reorders = batch_size(inputs) > 1
+        orders = _orders(n) if reorders else [tuple(range(n))]
+        if reorders and deferred:
+            orders = orders[:-1]  # the examples as they are: the pass's own forward (or _finish)
+        runs = _runs(orders, n, batch_size(inputs))
         projections: dict = {}
         run_logits: list = []  # each run's logits, as _logits_print
         first = runs[0]
@@ -99,15 +107,99 @@ def call_layouts(model, inputs: torch.Tensor, modules: dict) -> dict[str, list[L
         for orders in runs[1:]:
             prints.append(_record(model, _in_orders(probe, orders), modules,
                                   _reordered_call(layouts, _fingerprinter(n * len(orders), projections)), run_logits))
-        if batch_size(inputs) > 1:
-            _mark_unreversed(modules, layouts, runs, prints, n)
-        _mark_broadcast(model, probe, _identity_logits(runs, run_logits, n), modules, layouts, many)
         if len(per_model) >= CACHED_LAYOUTS:  # text of many lengths: the oldest layout goes
+            _pending.get(model, {}).pop(next(iter(per_model)), None)
             del per_model[next(iter(per_model))]
         largest = max((math.prod(shape) for calls in one.values() for _, outs in calls for shape in outs
                        if shape is not None), default=0)
         per_model[key] = layouts, largest
+        if reorders and deferred:
+            _pending.setdefault(model, {})[key] = _Pending(_reference(inputs), rows, probe, n, runs, prints, projections)
+            if _broadcast_candidates(modules, layouts, many):  # they need the examples' own logits
+                run_logits.append(_finish(model, key, modules))
+                runs.append([tuple(range(n))])
+        elif reorders:
+            _mark_unreversed(modules, layouts, runs, prints, n)
+        _mark_broadcast(model, probe, _identity_logits(runs, run_logits, n), modules, layouts, many)
+    else:
+        pending = _pending.get(model, {}).get(key)
+        if pending is not None and (not deferred or pending.inputs() is not inputs):
+            _finish(model, key, modules)  # a check left to a pass that will not come
     return per_model[key][0]
+
+
+@dataclass
+class _Pending:
+    """A reordering check waiting for the examples as they are: the batch they are rows `rows` of
+    (a reference: ghost's pass of these very inputs gives them, `checked_in_pass`), the probe
+    holding them, its n, and the other orders' runs and fingerprints."""
+    inputs: object = None
+    rows: torch.Tensor = None
+    probe: object = None
+    n: int = 0
+    runs: list = None
+    prints: list = None
+    projections: dict = None
+
+
+_pending: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> {layout key: _Pending}
+
+
+def _reference(inputs):
+    """() -> `inputs` while they live: a weak reference where they take one (a tensor)."""
+    try:
+        return weakref.ref(inputs)
+    except TypeError:  # a dict or tuple of tensors: held until the check finishes
+        return lambda: inputs
+
+
+def _finish(model, key, modules):
+    """Run the pending check's examples as they are in a probe forward of their own and finish
+    the check; -> that forward's logits, as _logits_print (None when nothing was pending)."""
+    pending = _pending.get(model, {}).get(key)
+    if pending is None:
+        return None
+    logits: list = []
+    layouts = _cache[model][key][0]
+    prints = _record(model, pending.probe, modules,
+                     _reordered_call(layouts, _fingerprinter(pending.n, pending.projections)), logits)
+    _mark_unreversed(modules, layouts, [*pending.runs, [tuple(range(pending.n))]], [*pending.prints, prints], pending.n)
+    del _pending[model][key]
+    return logits[0]
+
+
+@contextmanager
+def checked_in_pass(model, inputs, modules: dict):
+    """Around the first forward of `inputs` after `call_layouts(..., deferred=True)`: that
+    forward's rows of the probe's examples serve as the examples as they are, and the reordering
+    check finishes when it returns (not when it raises: the check then waits for the next pass).
+    A forward whose calls do not match the probe's in number is left to the pass to refuse."""
+    pending = _pending.get(model)
+    key = _layout_key(inputs, modules) if pending else None
+    pending = pending.get(key) if pending else None
+    if pending is None or pending.inputs() is not inputs:
+        yield
+        return
+    layouts = _cache[model][key][0]
+    seen: dict[str, list] = {name: [] for name in modules}
+    record = _reordered_call(layouts, _fingerprinter(pending.n, pending.projections,
+                                                     (batch_size(inputs), pending.rows)))
+
+    def hook(name):
+        def prints(module, args, kwargs, output):
+            seen[name].append(record(name, len(seen[name]), _leaves((args, kwargs)), _leaves(output)))
+        return prints
+
+    handles = [module.register_forward_hook(hook(name), with_kwargs=True) for name, module in modules.items()]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+    if all(len(seen[name]) == len(layouts[name]) for name in modules):
+        _mark_unreversed(modules, layouts, [*pending.runs, [tuple(range(pending.n))]],
+                         [*pending.prints, seen], pending.n)
+        del _pending[model][key]
 
 
 def largest_output(model, inputs, modules: dict) -> int:
@@ -115,7 +207,7 @@ def largest_output(model, inputs, modules: dict) -> int:
     one-example run of call_layouts)."""
     known = _cache.get(model, {}).get(_layout_key(inputs, modules))
     if known is None:
-        call_layouts(model, inputs, modules)
+        call_layouts(model, inputs, modules, deferred=True)
         known = _cache[model][_layout_key(inputs, modules)]
     return known[1]
 
@@ -398,34 +490,52 @@ def _reordered_call(layouts: dict, prints):
     return record
 
 
-def _fingerprinter(n: int, projections: dict):
+def _fingerprinter(n: int, projections: dict, select: tuple | None = None):
     """One run's (Layout, input leaves, output leaves) of a call -> (input prints, output prints):
     per leaf {dim: fingerprint of the rows along it} for the dims the Layout may hold the batch
     in (a batch dim of size n, or the outer factor of n blocks), None for a leaf with none. A
     tensor several calls see is fingerprinted once; none is kept alive for it (a weak reference
-    tells it is still the same tensor)."""
+    tells it is still the same tensor). `select` = (B, rows): the run is a batch of B examples
+    of which the n at `rows` are fingerprinted (a dim of size B, or of B blocks of k rows)."""
     done: dict = {}  # (id of a tensor, dim) -> (weak reference to it, fingerprint)
 
     def prints(leaves, dims, blocks) -> list:
         out = []
         for leaf, d, block in zip(leaves, dims, blocks):
-            wanted = [x for x in (d, block[0] if block else None) if x is not None and x != MERGED]
+            wanted = [x for x in ((d, 1) if d is not None and d != MERGED else None, block) if x is not None]
             if leaf is None or not wanted:
                 out.append(None)
                 continue
             found = {}
-            for x in wanted:
+            for x, k in wanted:
                 hit = done.get((id(leaf), x))
                 if hit is None or hit[0]() is not leaf:
-                    if not (x < leaf.dim() and leaf.shape[x] and leaf.shape[x] % n == 0):
+                    rows = _rows(leaf, x, k, n, select)
+                    if rows is None:
                         continue
-                    hit = done[id(leaf), x] = (weakref.ref(leaf), _fingerprint(leaf, x, projections))
+                    hit = done[id(leaf), x] = (weakref.ref(leaf), _fingerprint(rows, x, projections))
                 found[x] = hit[1]
             out.append(found)
         return out
 
     return lambda layout, ins, outs: (prints(ins, layout.in_dims, layout.in_blocks),
                                       prints(outs, layout.out_dims, layout.out_blocks))
+
+
+def _rows(leaf, d: int, k: int, n: int, select):
+    """`leaf` if its dim d holds n examples (n * k rows), or with `select` = (B, rows) the rows of
+    the examples `rows` out of B (blocks of k); None where dim d is not that size."""
+    if d >= leaf.dim():
+        return None
+    if select is None:
+        return leaf if leaf.shape[d] and leaf.shape[d] % n == 0 else None
+    batch, rows = select
+    if leaf.shape[d] != batch * k:
+        return None
+    if k == 1 and rows.tolist() == list(range(n)):
+        return leaf.narrow(d, 0, n)  # the common case: the batch's first n examples
+    index = (rows.to(leaf.device)[:, None] * k + torch.arange(k, device=leaf.device)).reshape(-1)
+    return leaf.index_select(d, index)
 
 
 def _mark_broadcast(model, probe, plain, modules, layouts, shapes):
@@ -436,10 +546,7 @@ def _mark_broadcast(model, probe, plain, modules, layouts, shapes):
     changing one row (by random signs) changes that example's output, and every other example's
     output is exactly the same whichever other row is changed. Outputs are compared through each
     example's fingerprint, so no run's logits are kept ([n, T, V] each for a language model)."""
-    candidates = {(name, i) for name in modules for i, (layout, (ins, out)) in
-                  enumerate(zip(layouts[name], shapes[name]))
-                  if layout.in_dims[:1] == [None] and layout.out_dims == [None]
-                  and ins and ins[0] and ins[0][0] == 1 and out[0] and out[0][0] == 1}
+    candidates = _broadcast_candidates(modules, layouts, shapes)
     if not candidates:
         return
     rows = batch_size(probe)
@@ -460,6 +567,15 @@ def _mark_broadcast(model, probe, plain, modules, layouts, shapes):
             return
     for name, i in calls:
         layouts[name][i].broadcast = True
+
+
+def _broadcast_candidates(modules, layouts, shapes) -> set:
+    """(name, call index) of the calls whose first input and only output are shared by all
+    examples with a leading 1 (`shapes`: the probe's, per call)."""
+    return {(name, i) for name in modules for i, (layout, (ins, out)) in
+            enumerate(zip(layouts[name], shapes[name]))
+            if layout.in_dims[:1] == [None] and layout.out_dims == [None]
+            and ins and ins[0] and ins[0][0] == 1 and out[0] and out[0][0] == 1}
 
 
 def _expanded_logits(model, probe, modules, candidates, row):
@@ -558,14 +674,11 @@ def _record(model, inputs, modules, what, logits: list | None = None, running: l
     seen: dict[str, list] = {name: [] for name in modules}
     handles = []
 
-    def leaves(tree) -> list:
-        return [leaf if isinstance(leaf, torch.Tensor) else None for leaf in _flat(tree)]
-
     def hook(name):
         def record(module, args, kwargs, output):
             if running is not None:
                 running.pop()
-            seen[name].append(what(name, len(seen[name]), leaves((args, kwargs)), leaves(output)))
+            seen[name].append(what(name, len(seen[name]), _leaves((args, kwargs)), _leaves(output)))
         return record
 
     def push(name):
@@ -620,6 +733,11 @@ def _forward(model, inputs):
     _SavedTensorsDropped when the forward itself differentiates."""
     with torch.autograd.graph.saved_tensors_hooks(_dropped, _unpack_dropped):
         return call_model(model, inputs)
+
+
+def _leaves(tree) -> list:
+    """The leaves of `tree` (a call's (args, kwargs), or its output): a tensor or None each."""
+    return [leaf if isinstance(leaf, torch.Tensor) else None for leaf in _flat(tree)]
 
 
 def _flat(tree) -> list:

@@ -53,7 +53,7 @@ def _lift_shared(model, selection, inputs, plan: HookPlan, lifted: dict) -> Hook
     base, lifted = plan, dict(lifted)
     depth = max((name.count(".") + 1 for name in plan.modules), default=0)
     for _ in range(depth + 1):  # each round moves parameters at least one level up
-        layouts = call_layouts(model, inputs, plan.modules)
+        layouts = call_layouts(model, inputs, plan.modules, deferred=True)
         shared = [name for name, calls in layouts.items() if calls and name and all(
             (not c.broadcast or plan.rules[name].layout == "own")  # ghost broadcasts no "own" call
             and all(d is None for d in c.out_dims) for c in calls)]
@@ -65,7 +65,7 @@ def _lift_shared(model, selection, inputs, plan: HookPlan, lifted: dict) -> Hook
                 return base
             lifted.update((id(p), parent) for p in plan.paths[name].values())
         plan = make_plan(model, selection, lifted)
-        called = call_layouts(model, inputs, plan.modules)
+        called = call_layouts(model, inputs, plan.modules, deferred=True)
         if any(not called[name] for name in set(lifted.values())):
             return base  # an ancestor never called: nothing would see those parameters
     return base
