@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from alcli.gradnorm import UnsupportedModel, per_example_grad_norms
-from alcli.gradnorm.layout import _runs, _same, _same_each
+from alcli.gradnorm.layout import MERGED, _runs, _same, _same_each, call_layouts
 
 from gradnorm_zoo import one_thread  # noqa: F401  (autouse fixture)
 
@@ -75,10 +75,11 @@ class Moves(nn.Module):
 
 
 @pytest.mark.parametrize("how", ["flip", "roll"])
-@pytest.mark.parametrize("batch", [3, 4, 5, 9])
+@pytest.mark.parametrize("batch", [3, 4, 5, 6, 8, 9])
 def test_a_model_moving_its_examples_is_refused_whatever_the_runs(how, batch):
-    """At B = 3 and 4 the orders take two forwards, from 5 on one: either way the rows that do
-    not follow their examples are found, and `auto` gives the float64 loop's norms."""
+    """At B = 3 to 5 the two reorderings take two forwards, from 6 on one, and the examples as
+    they are are the pass's own rows: either way the rows that do not follow their examples are
+    found, and `auto` gives the float64 loop's norms."""
     torch.manual_seed(0)
     model = Moves(how).double().eval()
     x, y = torch.randn(batch, 3, dtype=torch.float64), torch.arange(batch) % 2
@@ -88,6 +89,71 @@ def test_a_model_moving_its_examples_is_refused_whatever_the_runs(how, batch):
         warnings.simplefilter("ignore")
         auto = per_example_grad_norms(model, x, y, method="auto")
     torch.testing.assert_close(auto, _loop_norms(model, x, y), rtol=1e-12, atol=0)
+
+
+class MovesWhenFull(Moves):
+    """Reverses its batch only at 8 examples or more: probes of fewer rows never see it."""
+
+    def forward(self, x):
+        return super().forward(x) if x.shape[0] >= 8 else self.head(torch.tanh(self.lin(x)))
+
+
+def test_a_model_moving_only_the_full_batch_is_refused():
+    """The examples as they are come from the pass itself, so a reordering that only a batch of
+    B rows takes (the probes run 6) is still found (before, probes of 6 and 3 rows let the pass
+    give other examples' norms)."""
+    torch.manual_seed(0)
+    model = MovesWhenFull("flip").double()
+    x, y = torch.randn(8, 3, dtype=torch.float64), torch.arange(8) % 2
+    with pytest.raises(UnsupportedModel, match="merges the batch"):
+        per_example_grad_norms(model, x, y, method="ghost")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        auto = per_example_grad_norms(model, x, y, method="auto")
+    torch.testing.assert_close(auto, _loop_norms(model, x, y), rtol=1e-12, atol=0)
+
+
+class FailsOnce(Moves):
+    """Reverses its batch, and fails its first forward of `rows` rows (the pass)."""
+
+    def __init__(self, rows: int):
+        super().__init__("flip")
+        self.fail_at = rows
+
+    def forward(self, x):
+        if x.shape[0] == self.fail_at:
+            self.fail_at = None
+            raise torch.OutOfMemoryError("no room")
+        return super().forward(x)
+
+
+@pytest.mark.parametrize("second", ["same", "other"])
+def test_a_pass_that_fails_leaves_the_check_to_the_next_call(second):
+    """The check waits for a pass that returns: after the first pass failed, the next call (the
+    same batch, or another one, as the out-of-memory split's micro-batches) still finds the
+    reordering and is refused."""
+    torch.manual_seed(0)
+    model = FailsOnce(rows=8).double()
+    x, y = torch.randn(8, 3, dtype=torch.float64), torch.arange(8) % 2
+    with pytest.raises(torch.OutOfMemoryError):
+        per_example_grad_norms(model, x, y, method="ghost")
+    if second == "other":
+        x, y = torch.randn(4, 3, dtype=torch.float64), torch.arange(4) % 2
+    with pytest.raises(UnsupportedModel, match="merges the batch"):
+        per_example_grad_norms(model, x, y, method="ghost")
+
+
+@pytest.mark.parametrize("how", ["flip", "keep"])
+def test_layouts_asked_for_without_a_pass_are_checked_in_a_probe(how):
+    """call_layouts(deferred=True) leaves the examples as they are to the caller's pass; a
+    caller without one (replicate, another batch) gets them run as a probe of their own, so the
+    layouts it sees are checked: the reversed Linear's dims MERGED, a plain one's kept."""
+    torch.manual_seed(0)
+    model = Moves("flip").double() if how == "flip" else Counted().double()
+    x = torch.randn(8, 3, dtype=torch.float64)
+    modules = {"lin": model.lin, "head": model.head}
+    call_layouts(model, x, modules, deferred=True)
+    assert call_layouts(model, x, modules)["lin"][0].in_dims == ([MERGED] if how == "flip" else [0])
 
 
 class MaskRows(nn.Module):

@@ -185,17 +185,11 @@ def checked_in_pass(model, inputs, modules: dict):
     record = _reordered_call(layouts, _fingerprinter(pending.n, pending.projections,
                                                      (batch_size(inputs), pending.rows)))
 
-    def hook(name):
-        def prints(module, args, kwargs, output):
-            seen[name].append(record(name, len(seen[name]), _leaves((args, kwargs)), _leaves(output)))
-        return prints
+    def prints(name, args, kwargs, output):
+        seen[name].append(record(name, len(seen[name]), _leaves((args, kwargs)), _leaves(output)))
 
-    handles = [module.register_forward_hook(hook(name), with_kwargs=True) for name, module in modules.items()]
-    try:
+    with _each_call(modules, prints):
         yield
-    finally:
-        for handle in handles:
-            handle.remove()
     if all(len(seen[name]) == len(layouts[name]) for name in modules):
         _mark_unreversed(modules, layouts, [*pending.runs, [tuple(range(pending.n))]],
                          [*pending.prints, seen], pending.n)
@@ -381,7 +375,7 @@ def _mark_unreversed(modules, layouts, runs, prints, n: int):
     row) along the dims that may hold the batch, so the check holds a few numbers per tensor,
     not the activations."""
     moves = _Moves.of(runs, n)
-    checks = []  # (dims or blocks, leaf index, MERGED or None, (expected, got) fingerprints or None)
+    checks = []  # (dims or blocks, leaf index, MERGED or None, (d, k), per run: {dim: fingerprint})
     for name in modules:
         for run in prints[1:]:
             if len(run[name]) != len(prints[0][name]):
@@ -393,13 +387,37 @@ def _mark_unreversed(modules, layouts, runs, prints, n: int):
                 for j, d in enumerate(dims):
                     per_run = [None if run is None else run[j] for run in leaves]
                     if d is not None and d != MERGED:
-                        checks.append((dims, j, MERGED, _moved_rows((d, 1), moves, per_run)))
+                        checks.append((dims, j, MERGED, (d, 1), per_run))
                     if blocks[j] is not None:
-                        checks.append((blocks, j, None, _moved_rows(blocks[j], moves, per_run)))
-    same = _same_each([pair for *_, pair in checks if pair is not None])
-    for where, j, failed, pair in checks:
-        if pair is None or not next(same):
+                        checks.append((blocks, j, None, blocks[j], per_run))
+    follow = _rows_follow([(block, per_run) for *_, block, per_run in checks], moves)
+    for (where, j, failed, _, _), ok in zip(checks, follow):
+        if not ok:
             where[j] = failed
+
+
+def _rows_follow(checks: list, moves) -> list[bool]:
+    """Per (block, prints) of a leaf (see _moved_rows): do its rows move as the runs moved the
+    examples? A tensor several calls see holds one fingerprint per run, checked once; plain
+    batch dims on one device are checked all at once (a few ops for the lot)."""
+    unique: dict = {}  # (k, the runs' fingerprints' ids) -> the runs' fingerprints
+    keys = []
+    for (d, k), prints in checks:
+        found = [None if run is None else run.get(d) for run in prints]
+        if any(f is None for f in found) or [f.shape[0] for f in found] != [rows * k for rows in moves.rows]:
+            keys.append(None)  # a run without the dim: not the examples' own rows
+            continue
+        keys.append((k, *map(id, found)))
+        unique.setdefault(keys[-1], found)
+    plain = [key for key, found in unique.items() if key[0] == 1 and found[0].device == moves.index.device]
+    others = [key for key in unique if key[0] != 1 or key not in plain]
+    pairs = [_moved_rows((0, key[0]), moves, [{0: f} for f in unique[key]]) for key in others]
+    if plain:
+        got = torch.cat([torch.stack([unique[key][r] for key in plain]) for r in range(len(moves.rows))], 1)
+        expected = got[:, moves.own:moves.own + moves.n][:, moves.index]  # [checks, all rows]
+        pairs += list(zip(expected.unbind(0), got.unbind(0)))
+    same = dict(zip(others + plain, _same_each(pairs)))
+    return [key is not None and same[key] for key in keys]
 
 
 def _same_each(pairs: list):
@@ -498,6 +516,8 @@ def _fingerprinter(n: int, projections: dict, select: tuple | None = None):
     tells it is still the same tensor). `select` = (B, rows): the run is a batch of B examples
     of which the n at `rows` are fingerprinted (a dim of size B, or of B blocks of k rows)."""
     done: dict = {}  # (id of a tensor, dim) -> (weak reference to it, fingerprint)
+    if select is not None and select[1].tolist() == list(range(n)):
+        select = (select[0], None)  # the common case: the batch's first n examples
 
     def prints(leaves, dims, blocks) -> list:
         out = []
@@ -524,7 +544,8 @@ def _fingerprinter(n: int, projections: dict, select: tuple | None = None):
 
 def _rows(leaf, d: int, k: int, n: int, select):
     """`leaf` if its dim d holds n examples (n * k rows), or with `select` = (B, rows) the rows of
-    the examples `rows` out of B (blocks of k); None where dim d is not that size."""
+    the examples `rows` out of B (blocks of k; rows None: the first n); None where dim d is not
+    that size."""
     if d >= leaf.dim():
         return None
     if select is None:
@@ -532,8 +553,8 @@ def _rows(leaf, d: int, k: int, n: int, select):
     batch, rows = select
     if leaf.shape[d] != batch * k:
         return None
-    if k == 1 and rows.tolist() == list(range(n)):
-        return leaf.narrow(d, 0, n)  # the common case: the batch's first n examples
+    if rows is None:
+        return leaf.narrow(d, 0, n * k)  # the batch's first n examples
     index = (rows.to(leaf.device)[:, None] * k + torch.arange(k, device=leaf.device)).reshape(-1)
     return leaf.index_select(d, index)
 
@@ -626,7 +647,8 @@ def _fingerprint(x: torch.Tensor, d: int, projections: dict | None = None) -> to
     not (they would hold megabytes, and the projection itself costs as much), and long rows go
     PRINT_BLOCK columns at a time, so neither their weights nor a float64 copy of them is ever
     whole (a language model's logits: [n, T * V], hundreds of millions of columns)."""
-    rows = x.detach().movedim(d, 0).reshape(x.shape[d], -1)
+    x = x.detach()
+    rows = (x.movedim(d, 0) if d else x).reshape(x.shape[d], -1)
     width = rows.shape[1]
     if width > KEPT_PROJECTION:
         total = torch.zeros(rows.shape[0], dtype=torch.float64, device=rows.device)
@@ -672,23 +694,13 @@ def _record(model, inputs, modules, what, logits: list | None = None, running: l
     that (pack_padded_sequence with enforce_sorted=True) is refused, naming where it failed.
     `running`, if given, holds the names of the hooked modules running, outermost first."""
     seen: dict[str, list] = {name: [] for name in modules}
-    handles = []
 
-    def hook(name):
-        def record(module, args, kwargs, output):
-            if running is not None:
-                running.pop()
-            seen[name].append(what(name, len(seen[name]), _leaves((args, kwargs)), _leaves(output)))
-        return record
+    def record(name, args, kwargs, output):
+        if running is not None:
+            running.pop()
+        seen[name].append(what(name, len(seen[name]), _leaves((args, kwargs)), _leaves(output)))
 
-    def push(name):
-        return lambda module, args: running.append(name)
-
-    try:
-        for name, module in modules.items():
-            if running is not None:
-                handles.append(module.register_forward_pre_hook(push(name)))
-            handles.append(module.register_forward_hook(hook(name), with_kwargs=True))
+    with _each_call(modules, record, running.append if running is not None else None):
         try:
             try:
                 output = _forward(model, inputs)
@@ -704,13 +716,48 @@ def _record(model, inputs, modules, what, logits: list | None = None, running: l
             raise UnsupportedModel(f"{_where_it_fails(model, inputs)} fails on part of the batch or the "
                                    f"batch in another order, which finding the batch dims needs "
                                    f"({first_line(err)})") from err
-    finally:
-        for handle in handles:
-            handle.remove()
     if logits is not None:
         found = _logits_or_none(output)
         logits.append(_logits_print(found) if found is not None else None)
     return seen
+
+
+@contextmanager
+def _each_call(modules: dict, after, before=None):
+    """`after(name, args, kwargs, output)` after each call of each of `modules` (and `before(name)`
+    before it), by a wrapper of the module's forward, as ghost taps it (no hook machinery in
+    Module.__call__); a forward already an attribute of the module (ghost's own wrapper, in its
+    pass) is wrapped and put back after. A TorchScript module takes hooks instead."""
+    handles, patched = [], []
+    try:
+        for name, module in modules.items():
+            if isinstance(module, torch.jit.ScriptModule):
+                if before is not None:
+                    handles.append(module.register_forward_pre_hook(lambda m, a, name=name: before(name)))
+                handles.append(module.register_forward_hook(
+                    lambda m, a, k, out, name=name: after(name, a, k, out), with_kwargs=True))
+                continue
+            patched.append((module, module.__dict__.get("forward")))
+            module.__dict__["forward"] = _wrapped(module.forward, name, after, before)
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+        for module, own in patched:
+            if own is None:
+                del module.__dict__["forward"]
+            else:
+                module.__dict__["forward"] = own
+
+
+def _wrapped(forward, name, after, before):
+    def call(*args, **kwargs):
+        if before is not None:
+            before(name)
+        output = forward(*args, **kwargs)
+        after(name, args, kwargs, output)
+        return output
+    return call
 
 
 class _SavedTensorsDropped(RuntimeError):
