@@ -2,6 +2,7 @@
 refuses every model the probes exist to catch (gradnorm/layout.py)."""
 from __future__ import annotations
 
+import copy
 import warnings
 
 import pytest
@@ -48,6 +49,27 @@ def test_the_first_call_probes_in_as_few_forwards_as_the_batch_allows(batch, pro
     assert model.rows == [max(batch, 2)]
     for norms in (first, again):
         torch.testing.assert_close(norms, expected, rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("low", ["autocast", "bf16 model", "tf32-like matmuls"])
+def test_low_precision_runs_the_examples_as_they_are_as_a_probe(low):
+    """Where another batch size changes an example's rows by more than rounding (half precision,
+    autocast, reduced-precision float32 matmuls), the pass's rows cannot stand for a probe's: the
+    examples as they are stay a probe forward of their own, and the pass's norms are the loop's."""
+    torch.manual_seed(0)
+    model = Counted().bfloat16() if low == "bf16 model" else Counted()
+    x, y = torch.randn(8, 3, dtype=next(model.parameters()).dtype), torch.arange(8) % 2
+    precision = torch.get_float32_matmul_precision()
+    try:
+        if low == "tf32-like matmuls":
+            torch.set_float32_matmul_precision("high")
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=low == "autocast"):
+            norms = per_example_grad_norms(model, x, y, method="ghost")
+    finally:
+        torch.set_float32_matmul_precision(precision)
+    assert model.rows == [1, 6, 3, 8]
+    expected = _loop_norms(copy.deepcopy(model).double(), x.double(), y)  # bf16 keeps 8 bits
+    torch.testing.assert_close(norms.double(), expected, rtol=3e-2, atol=0)
 
 
 def test_runs_keep_every_order_once_within_the_batch():

@@ -10,8 +10,10 @@ MERGED, and rules that need the batch refuse it; at the full batch every batch d
 size B. Sizes can still coincide (packed tokens with one token in each example), so the n
 examples are also run rotated by one and with their first two swapped: a true batch dim holds
 the same values, moved the same way. The orders are laid end to end in one forward where that
-stays within the batch's rows ([3n, ...]: the rotation, the swap, the examples as they are;
-at B = 8, two of them and then the third), so a first call runs two or three probe forwards. Because the result is cached
+stays within the batch's rows ([2n, ...]: the rotation and the swap, from B = 6), and the rows
+they are compared with, the examples as they are, are those of ghost's own pass of the batch
+(checked_in_pass; a caller without such a pass runs them as one more probe), so a first call
+runs two or three probe forwards: the one example's, then one or two. Because the result is cached
 per model, hooked modules and example shape, a forward whose shapes depend on the data (an op
 such as nonzero or boolean masking) is refused: a later batch could lay out differently.
 
@@ -28,7 +30,7 @@ from __future__ import annotations
 
 import math
 import weakref
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -47,7 +49,7 @@ from .model_io import (
     map_batch,
     tensors,
 )
-from .uses import ModuleStack, outside_use_watch
+from .uses import ModuleStack, outside_uses
 
 MERGED = -1
 
@@ -88,8 +90,9 @@ def call_layouts(model, inputs: torch.Tensor, modules: dict, deferred: bool = Fa
         probe = first_n(inputs, 2) if batch_size(inputs) == 1 else map_batch(inputs, lambda t: t[rows.to(t.device)])
         n = batch_size(probe)
         reorders = batch_size(inputs) > 1
+        deferred = deferred and reorders and _rows_agree_across_batches(model, inputs)
         orders = _orders(n) if reorders else [tuple(range(n))]
-        if reorders and deferred:
+        if deferred:
             orders = orders[:-1]  # the examples as they are: the pass's own forward (or _finish)
         runs = _runs(orders, n, batch_size(inputs))
         projections: dict = {}
@@ -113,7 +116,7 @@ def call_layouts(model, inputs: torch.Tensor, modules: dict, deferred: bool = Fa
         largest = max((math.prod(shape) for calls in one.values() for _, outs in calls for shape in outs
                        if shape is not None), default=0)
         per_model[key] = layouts, largest
-        if reorders and deferred:
+        if deferred:
             _pending.setdefault(model, {})[key] = _Pending(_reference(inputs), rows, probe, n, runs, prints, projections)
             if _broadcast_candidates(modules, layouts, many):  # they need the examples' own logits
                 run_logits.append(_finish(model, key, modules))
@@ -126,6 +129,20 @@ def call_layouts(model, inputs: torch.Tensor, modules: dict, deferred: bool = Fa
         if pending is not None and (not deferred or pending.inputs() is not inputs):
             _finish(model, key, modules)  # a check left to a pass that will not come
     return per_model[key][0]
+
+
+def _rows_agree_across_batches(model, inputs) -> bool:
+    """Whether an example's rows in a pass of B examples may stand for its rows in a probe of
+    fewer: float32 or float64 arithmetic, which another batch size changes by rounding only
+    (about 1e-7, inside the check's rtol 1e-4). Half precision, autocast and TF32 (alcli's CUDA
+    sessions turn it on, with cuDNN's kernels picked per shape) change them by about 1e-3: there
+    the examples as they are stay a probe forward, as the other orders are."""
+    device = tensors(inputs)[0].device
+    if device.type not in ("cpu", "cuda") or torch.is_autocast_enabled(device.type):
+        return False
+    if torch.get_float32_matmul_precision() != "highest" or (device.type == "cuda" and torch.backends.cudnn.allow_tf32):
+        return False
+    return all(p.dtype in (torch.float32, torch.float64) for p in model.parameters() if p.is_floating_point())
 
 
 @dataclass
@@ -217,7 +234,7 @@ CACHED_LAYOUTS = 64  # per model: example shapes (text lengths, image sizes) who
 
 def first_example_uses(model, inputs, modules: dict, covered: dict) -> dict[int, str | None] | None:
     """The parameters the first example's forward uses outside their covering modules
-    (`covered`: plan.covering_modules; see uses.outside_use_watch), from the same forward that
+    (`covered`: plan.covering_modules; see uses.outside_uses), from the same forward that
     gives call_layouts its one-example shapes for `modules` (kept for its next call); None when
     that forward fails (call_layouts meets it again and says why)."""
     try:
@@ -249,13 +266,13 @@ def _one_example(model, inputs, modules: dict, covered: dict | None = None) -> t
 
 
 def _watched_forward(model, inputs, modules, covered, stack):
-    """The first example's forward under the watches, `stack` telling which modules run."""
-    with _DataDependentShapes(stack) as watch:
-        uses, found = outside_use_watch(covered, stack.names) if covered is not None else (nullcontext(), {})
-        with uses:
-            one = _record(model, batch_slice(inputs, 0, 1), modules,
-                          lambda name, i, ins, outs: (_shapes(ins), _shapes(outs)),
-                          running=stack.names if isinstance(stack, _HookedNames) else None)
+    """The first example's forward under the watches (one dispatch mode for both), `stack`
+    telling which modules run."""
+    uses, found = outside_uses(covered, stack.names) if covered is not None else (None, {})
+    with _DataDependentShapes(stack, uses) as watch:
+        one = _record(model, batch_slice(inputs, 0, 1), modules,
+                      lambda name, i, ins, outs: (_shapes(ins), _shapes(outs)),
+                      running=stack.names if isinstance(stack, _HookedNames) else None)
     return one, watch, found
 
 
@@ -271,11 +288,14 @@ class _HookedNames:
 
 
 class _DataDependentShapes(TorchDispatchMode):
-    """Notes the first op whose output shape depends on tensor values, or that sorts the examples."""
+    """Notes the first op whose output shape depends on tensor values, or that sorts the examples;
+    with `uses` (uses.outside_uses), also every tensor an op takes (the use watch, at the level of
+    aten ops: a parameter reaches them as itself, and metadata such as its shape never does)."""
 
-    def __init__(self, stack):
+    def __init__(self, stack, uses=None):
         super().__init__()
         self.stack = stack
+        self.uses = uses
         self.op = self.where = self.what = None
 
     @classmethod
@@ -294,6 +314,10 @@ class _DataDependentShapes(TorchDispatchMode):
                 self.what = "orders the examples by their values"
             if self.what is not None:
                 self.op, self.where = str(func.overloadpacket.__name__), self.stack.where()
+        if self.uses is not None:
+            self.uses(args)
+            if kwargs:
+                self.uses(tuple(kwargs.values()))
         return func(*args, **(kwargs or {}))
 
 
@@ -327,16 +351,16 @@ REORDER_EXAMPLES = 3  # the reordering probes' examples (all of a smaller batch)
 
 def _orders(n: int) -> list[tuple]:
     """The probe's n examples rotated by one and with their first two swapped (one order for
-    n = 2), then as they are: a rotation and a swap generate every reordering. The reorderings
-    come first, so a model that needs its examples in the batch's order (pack_padded_sequence
-    with enforce_sorted=True) fails on them."""
+    n = 2), then as they are (left to ghost's pass where call_layouts may defer it): a rotation
+    and a swap generate every reordering. The reorderings come first, so a model that needs its
+    examples in the batch's order (pack_padded_sequence with enforce_sorted=True) fails on them."""
     moved = dict.fromkeys([tuple(torch.arange(n).roll(1).tolist()), (1, 0, *range(2, n))])
     return [*moved, tuple(range(n))]
 
 
 def _runs(orders: list, n: int, batch: int) -> list[list[tuple]]:
     """The orders grouped into forwards: a forward takes the probe in several orders one after
-    the other ([3n, ...] for three), as many as keep it within the batch's rows: a device with
+    the other ([2n, ...] for two), as many as keep it within the batch's rows: a device with
     room for the batch and no more (the out-of-memory split's micro-batches) runs the probes."""
     per_run = max(1, min(len(orders), batch // n))
     return [orders[i:i + per_run] for i in range(0, len(orders), per_run)]
