@@ -409,6 +409,8 @@ def _mark_unreversed(modules, layouts, runs, prints, n: int):
             for side, dims, blocks in ((0, layout.in_dims, layout.in_blocks), (1, layout.out_dims, layout.out_blocks)):
                 leaves = [run[name][i][side] for run in prints]  # per run: per leaf {dim: fingerprint}
                 for j, d in enumerate(dims):
+                    if (d is None or d == MERGED) and blocks[j] is None:
+                        continue  # no dim that may hold the batch
                     per_run = [None if run is None else run[j] for run in leaves]
                     if d is not None and d != MERGED:
                         checks.append((dims, j, MERGED, (d, 1), per_run))
@@ -511,13 +513,22 @@ class _Moves:
 def _probe_call(one: dict, n: int, prints):
     """The probe's record of a call: (its shapes, its Layout against the one example's call,
     its fingerprints along the dims that Layout may hold the batch in)."""
+    known: dict = {}  # (one example's shapes, the probe's) -> (dims, blocks): calls repeat shapes
+
+    def batch_dims(a: list, b: list) -> tuple[list, list]:
+        key = (tuple(a), tuple(b))
+        if key not in known:
+            known[key] = _dims(a, b, n), _blocks(a, b, n)
+        dims, blocks = known[key]
+        return list(dims), list(blocks)  # each Layout's own lists (the reordering check marks them)
+
     def record(name, i, ins, outs):
         shapes = (_shapes(ins), _shapes(outs))
         if i >= len(one[name]):  # called more often than for one example: refused after the run
             return shapes, None, None
         (a_in, a_out), (b_in, b_out) = one[name][i], shapes
-        layout = Layout(_dims(a_in, b_in, n), _dims(a_out, b_out, n),
-                        in_blocks=_blocks(a_in, b_in, n), out_blocks=_blocks(a_out, b_out, n))
+        (in_dims, in_blocks), (out_dims, out_blocks) = batch_dims(a_in, b_in), batch_dims(a_out, b_out)
+        layout = Layout(in_dims, out_dims, in_blocks=in_blocks, out_blocks=out_blocks)
         return shapes, layout, prints(layout, ins, outs)
     return record
 
@@ -546,7 +557,9 @@ def _fingerprinter(n: int, projections: dict, select: tuple | None = None):
     def prints(leaves, dims, blocks) -> list:
         out = []
         for leaf, d, block in zip(leaves, dims, blocks):
-            wanted = [x for x in ((d, 1) if d is not None and d != MERGED else None, block) if x is not None]
+            wanted = ((d, 1),) if d is not None and d != MERGED else ()
+            if block is not None:
+                wanted += (block,)
             if leaf is None or not wanted:
                 out.append(None)
                 continue

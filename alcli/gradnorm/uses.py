@@ -80,10 +80,12 @@ def outside_uses(covered: dict, names: list) -> tuple[Callable, dict[int, str | 
 
     def note(args):
         for arg in args:
-            for leaf in (arg if isinstance(arg, (list, tuple)) else (arg,)):
-                entry = covered.get(id(leaf))
-                if entry is not None and not entry[1].intersection(names):
-                    record(id(leaf), entry)
+            entry = covered.get(id(arg))
+            if entry is not None:
+                if not entry[1].intersection(names):
+                    record(id(arg), entry)
+            elif isinstance(arg, (list, tuple)):  # torch.cat's tensors
+                note(arg)
 
     return note, found
 
