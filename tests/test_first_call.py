@@ -29,13 +29,14 @@ class Counted(nn.Module):
 
 
 @pytest.mark.parametrize("batch, probes", [(1, [1, 2]), (2, [1, 2]), (3, [1, 3, 3]),
-                                           (5, [1, 3, 3]), (6, [1, 6]), (8, [1, 6]), (9, [1, 6])])
+                                           (5, [1, 3, 3]), (6, [1, 6]), (8, [1, 6]), (9, [1, 9])])
 def test_the_first_call_probes_in_as_few_forwards_as_the_batch_allows(batch, probes):
-    """The one-example forward, then the probe's examples rotated and swapped, laid end to end in
-    forwards of at most the batch's rows (6 rows from B = 6, one order a forward below); the
-    examples as they are are the pass's own forward, after them, and nothing but it runs on the
-    next call. No probe runs more rows than the batch: a device with room for B rows and no more
-    (the out-of-memory split's micro-batches) must get through a first call."""
+    """The one-example forward, then the probe's examples in every order laid end to end in
+    forwards of at most the batch's rows: three orders of three in one forward from B = 9;
+    below, the rotation and the swap (6 rows from B = 6, one order a forward below), and the
+    examples as they are are the pass's own rows, which saves a forward. Nothing but the pass
+    runs on the next call. No probe runs more rows than the batch: a device with room for B rows
+    and no more (the out-of-memory split's micro-batches) must get through a first call."""
     torch.manual_seed(0)
     model = Counted().double()
     x, y = torch.randn(batch, 3, dtype=torch.float64), torch.arange(batch) % 2

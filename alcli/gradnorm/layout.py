@@ -10,10 +10,11 @@ MERGED, and rules that need the batch refuse it; at the full batch every batch d
 size B. Sizes can still coincide (packed tokens with one token in each example), so the n
 examples are also run rotated by one and with their first two swapped: a true batch dim holds
 the same values, moved the same way. The orders are laid end to end in one forward where that
-stays within the batch's rows ([2n, ...]: the rotation and the swap, from B = 6), and the rows
-they are compared with, the examples as they are, are those of ghost's own pass of the batch
-(checked_in_pass; a caller without such a pass runs them as one more probe), so a first call
-runs two or three probe forwards: the one example's, then one or two. Because the result is cached
+stays within the batch's rows ([3n, ...] from B = 9: the rotation, the swap, the examples as
+they are). Below that, the rows the reorderings are compared with, the examples as they are,
+are those of ghost's own pass of the batch (checked_in_pass; a caller without such a pass runs
+them as one more probe), so a first call runs two or three probe forwards: the one example's,
+then one ([2n, ...] from B = 6, or [3n, ...]) or two. Because the result is cached
 per model, hooked modules and example shape, a forward whose shapes depend on the data (an op
 such as nonzero or boolean masking) is refused: a later batch could lay out differently.
 
@@ -90,8 +91,10 @@ def call_layouts(model, inputs: torch.Tensor, modules: dict, deferred: bool = Fa
         probe = first_n(inputs, 2) if batch_size(inputs) == 1 else map_batch(inputs, lambda t: t[rows.to(t.device)])
         n = batch_size(probe)
         reorders = batch_size(inputs) > 1
-        deferred = deferred and reorders and _rows_agree_across_batches(model, inputs)
         orders = _orders(n) if reorders else [tuple(range(n))]
+        # the pass stands for the examples as they are where that saves a probe forward (B < 3n)
+        deferred = deferred and reorders and _rows_agree_across_batches(model, inputs) and \
+            len(_runs(orders[:-1], n, batch_size(inputs))) < len(_runs(orders, n, batch_size(inputs)))
         if deferred:
             orders = orders[:-1]  # the examples as they are: the pass's own forward (or _finish)
         runs = _runs(orders, n, batch_size(inputs))
