@@ -66,9 +66,11 @@ def test_low_precision_runs_the_examples_as_they_are_as_a_probe(low):
             torch.set_float32_matmul_precision("high")
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=low == "autocast"):
             norms = per_example_grad_norms(model, x, y, method="ghost")
+            # a pair: a layout of its own, found in the pass's own call_layouts (the plan is kept)
+            per_example_grad_norms(model, x[:2], y[:2], method="ghost")
     finally:
         torch.set_float32_matmul_precision(precision)
-    assert model.rows == [1, 6, 3, 8]
+    assert model.rows == [1, 6, 3, 8, 1, 2, 2, 2]
     expected = _loop_norms(copy.deepcopy(model).double(), x.double(), y)  # bf16 keeps 8 bits
     torch.testing.assert_close(norms.double(), expected, rtol=3e-2, atol=0)
 

@@ -30,7 +30,7 @@ from .layout import MERGED, call_layouts, check_batch, checked_in_pass, largest_
 from .loss import cross_entropy, cross_entropy_cotangents
 from .model_io import batch_size, forward_logits, tensors
 from .params import ParamSelection
-from .plan import HookPlan, covering_modules, ghost_plan_for
+from .plan import HookPlan, covering_modules, ghost_plan_for, pass_may_check
 from .rules import RuleCall
 from .rules.registry import target_vmap
 from .uses import UseWatch
@@ -148,7 +148,7 @@ def ghost_norms(model, inputs, targets_for, selection: ParamSelection, loss_fn, 
             return output
         return forward
 
-    layouts = call_layouts(model, inputs, plan.modules, deferred=True)  # checked_in_pass finishes them
+    layouts = call_layouts(model, inputs, plan.modules, pass_may_check(selection))  # checked_in_pass finishes them
     key = tuple(selection.names)
     verify = key not in _verified.get(model, set()) and not selection.plans.get("uses checked")
     patched = []

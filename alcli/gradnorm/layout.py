@@ -71,11 +71,12 @@ _cache: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def call_layouts(model, inputs: torch.Tensor, modules: dict, deferred: bool = False) -> dict[str, list[Layout]]:
-    """module name -> the Layout of each of its calls, in call order. `deferred`: the probe's
-    examples as they are, which the reordering check compares the other orders against, may be
-    left to the caller's own forward of these `inputs` (ghost's pass, under `checked_in_pass`:
-    one probe forward fewer); until that forward has run, the layouts are not checked for
-    reordering, and a call for other inputs or without `deferred` runs that order itself."""
+    """module name -> the Layout of each of its calls, in call order. `deferred` (the caller's
+    pass will come, and the model's parameters are float32 or float64): the probe's examples as
+    they are, which the reordering check compares the other orders against, may be left to the
+    caller's own forward of these `inputs` (ghost's pass, under `checked_in_pass`: one probe
+    forward fewer); until that forward has run, the layouts are not checked for reordering, and
+    a call for other inputs or without `deferred` runs that order itself."""
     key = _layout_key(inputs, modules)
     per_model = _cache.setdefault(model, {})
     if key not in per_model:
@@ -93,7 +94,7 @@ def call_layouts(model, inputs: torch.Tensor, modules: dict, deferred: bool = Fa
         reorders = batch_size(inputs) > 1
         orders = _orders(n) if reorders else [tuple(range(n))]
         # the pass stands for the examples as they are where that saves a probe forward (B < 3n)
-        deferred = deferred and reorders and _rows_agree_across_batches(model, inputs) and \
+        deferred = deferred and reorders and _rows_agree_across_batches(inputs) and \
             len(_runs(orders[:-1], n, batch_size(inputs))) < len(_runs(orders, n, batch_size(inputs)))
         if deferred:
             orders = orders[:-1]  # the examples as they are: the pass's own forward (or _finish)
@@ -134,18 +135,18 @@ def call_layouts(model, inputs: torch.Tensor, modules: dict, deferred: bool = Fa
     return per_model[key][0]
 
 
-def _rows_agree_across_batches(model, inputs) -> bool:
+def _rows_agree_across_batches(inputs) -> bool:
     """Whether an example's rows in a pass of B examples may stand for its rows in a probe of
     fewer: float32 or float64 arithmetic, which another batch size changes by rounding only
-    (about 1e-7, inside the check's rtol 1e-4). Half precision, autocast and TF32 (alcli's CUDA
-    sessions turn it on, with cuDNN's kernels picked per shape) change them by about 1e-3: there
-    the examples as they are stay a probe forward, as the other orders are."""
+    (about 1e-7, inside the check's rtol 1e-4). Autocast and TF32 (alcli's CUDA sessions turn it
+    on, with cuDNN's kernels picked per shape) change them by about 1e-3, as half-precision
+    parameters do (the caller's `deferred` says there are none): there the examples as they are
+    stay a probe forward, as the other orders are."""
     device = tensors(inputs)[0].device
     if device.type not in ("cpu", "cuda") or torch.is_autocast_enabled(device.type):
         return False
-    if torch.get_float32_matmul_precision() != "highest" or (device.type == "cuda" and torch.backends.cudnn.allow_tf32):
-        return False
-    return all(p.dtype in (torch.float32, torch.float64) for p in model.parameters() if p.is_floating_point())
+    return torch.get_float32_matmul_precision() == "highest" and not (
+        device.type == "cuda" and torch.backends.cudnn.allow_tf32)
 
 
 @dataclass
@@ -221,7 +222,7 @@ def largest_output(model, inputs, modules: dict) -> int:
     one-example run of call_layouts)."""
     known = _cache.get(model, {}).get(_layout_key(inputs, modules))
     if known is None:
-        call_layouts(model, inputs, modules, deferred=True)
+        call_layouts(model, inputs, modules)
         known = _cache[model][_layout_key(inputs, modules)]
     return known[1]
 
