@@ -440,7 +440,7 @@ def _rows_follow(checks: list, moves) -> list[bool]:
         keys.append((k, *map(id, found)))
         unique.setdefault(keys[-1], found)
     plain = [key for key, found in unique.items() if key[0] == 1 and found[0].device == moves.index.device]
-    others = [key for key in unique if key[0] != 1 or key not in plain]
+    others = list(unique.keys() - set(plain))
     pairs = [_moved_rows((0, key[0]), moves, [{0: f} for f in unique[key]]) for key in others]
     if plain:
         got = torch.cat([torch.stack([unique[key][r] for key in plain]) for r in range(len(moves.rows))], 1)
