@@ -27,11 +27,11 @@ from ..errors import first_line
 from . import outer
 from .compiled import compile_once
 from .errors import UnsupportedModel
-from .layout import MERGED, call_layouts, check_batch, largest_output
+from .layout import MERGED, call_layouts, check_batch, checked_in_pass, largest_output
 from .loss import cross_entropy, cross_entropy_cotangents
 from .model_io import batch_size, forward_logits, tensors
 from .params import ParamSelection
-from .plan import HookPlan, covering_modules, ghost_plan_for
+from .plan import HookPlan, covering_modules, ghost_plan_for, pass_may_check
 from .rules import RuleCall
 from .rules.registry import target_vmap
 from .uses import UseWatch
@@ -147,7 +147,7 @@ def ghost_norms(model, inputs, targets_for, selection: ParamSelection, loss_fn, 
             return output
         return forward
 
-    layouts = call_layouts(model, inputs, plan.modules)
+    layouts = call_layouts(model, inputs, plan.modules, pass_may_check(selection))  # checked_in_pass finishes them
     verify = not selection.plans.get("uses checked")
     patched = []
     try:
@@ -167,7 +167,8 @@ def ghost_norms(model, inputs, targets_for, selection: ParamSelection, loss_fn, 
             if "forward" not in module.__dict__:
                 module.forward = capturing_forward(name, module)
                 patched.append(module)
-        with _attention_for(model, batch * largest_output(model, inputs, plan.modules), tensors(inputs)[0].device):
+        with _attention_for(model, batch * largest_output(model, inputs, plan.modules), tensors(inputs)[0].device), \
+                checked_in_pass(model, inputs, plan.modules):
             if verify:
                 with UseWatch(covering_modules(plan), stack):
                     logits = forward_logits(model, inputs)

@@ -10,8 +10,11 @@ MERGED, and rules that need the batch refuse it; at the full batch every batch d
 size B. Sizes can still coincide (packed tokens with one token in each example), so the n
 examples are also run rotated by one and with their first two swapped: a true batch dim holds
 the same values, moved the same way. The orders are laid end to end in one forward where that
-stays within the batch's rows ([3n, ...]: the rotation, the swap, the examples as they are;
-at B = 8, two of them and then the third), so a first call runs two or three probe forwards. Because the result is cached
+stays within the batch's rows ([3n, ...] from B = 9: the rotation, the swap, the examples as
+they are). Below that, the rows the reorderings are compared with, the examples as they are,
+are those of ghost's own pass of the batch (checked_in_pass; a caller without such a pass runs
+them as one more probe), so a first call runs two or three probe forwards: the one example's,
+then one ([2n, ...] from B = 6, or [3n, ...]) or two. Because the result is cached
 per model, hooked modules and example shape, a forward whose shapes depend on the data (an op
 such as nonzero or boolean masking) is refused: a later batch could lay out differently.
 
@@ -28,7 +31,7 @@ from __future__ import annotations
 
 import math
 import weakref
-from contextlib import nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -47,7 +50,7 @@ from .model_io import (
     map_batch,
     tensors,
 )
-from .uses import ModuleStack, outside_use_watch
+from .uses import ModuleStack, outside_uses
 
 MERGED = -1
 
@@ -67,8 +70,13 @@ class Layout:
 _cache: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def call_layouts(model, inputs: torch.Tensor, modules: dict) -> dict[str, list[Layout]]:
-    """module name -> the Layout of each of its calls, in call order."""
+def call_layouts(model, inputs: torch.Tensor, modules: dict, deferred: bool = False) -> dict[str, list[Layout]]:
+    """module name -> the Layout of each of its calls, in call order. `deferred` (the caller's
+    pass will come, and the model's parameters are float32 or float64): the probe's examples as
+    they are, which the reordering check compares the other orders against, may be left to the
+    caller's own forward of these `inputs` (ghost's pass, under `checked_in_pass`: one probe
+    forward fewer); until that forward has run, the layouts are not checked for reordering, and
+    a call for other inputs or without `deferred` runs that order itself."""
     key = _layout_key(inputs, modules)
     per_model = _cache.setdefault(model, {})
     if key not in per_model:
@@ -80,10 +88,17 @@ def call_layouts(model, inputs: torch.Tensor, modules: dict) -> dict[str, list[L
         # the probe: n = min(B, 3) distinct examples of the batch (two copies of a lone one),
         # run in each order of _orders, several orders to a forward (_runs); its shapes against
         # the one example's give the batch dims, its fingerprints along them the reordering check
-        probe = first_n(inputs, 2) if batch_size(inputs) == 1 else map_batch(
-            inputs, lambda t: t[_distinct_rows(inputs).to(t.device)])
+        rows = torch.arange(2) if batch_size(inputs) == 1 else _distinct_rows(inputs)
+        probe = first_n(inputs, 2) if batch_size(inputs) == 1 else map_batch(inputs, lambda t: t[rows.to(t.device)])
         n = batch_size(probe)
-        runs = _runs(_orders(n) if batch_size(inputs) > 1 else [tuple(range(n))], n, batch_size(inputs))
+        reorders = batch_size(inputs) > 1
+        orders = _orders(n) if reorders else [tuple(range(n))]
+        # the pass stands for the examples as they are where that saves a probe forward (B < 3n)
+        deferred = deferred and reorders and _rows_agree_across_batches(inputs) and \
+            len(_runs(orders[:-1], n, batch_size(inputs))) < len(_runs(orders, n, batch_size(inputs)))
+        if deferred:
+            orders = orders[:-1]  # the examples as they are: the pass's own forward (or _finish)
+        runs = _runs(orders, n, batch_size(inputs))
         projections: dict = {}
         run_logits: list = []  # each run's logits, as _logits_print
         first = runs[0]
@@ -99,15 +114,107 @@ def call_layouts(model, inputs: torch.Tensor, modules: dict) -> dict[str, list[L
         for orders in runs[1:]:
             prints.append(_record(model, _in_orders(probe, orders), modules,
                                   _reordered_call(layouts, _fingerprinter(n * len(orders), projections)), run_logits))
-        if batch_size(inputs) > 1:
-            _mark_unreversed(modules, layouts, runs, prints, n)
-        _mark_broadcast(model, probe, _identity_logits(runs, run_logits, n), modules, layouts, many)
         if len(per_model) >= CACHED_LAYOUTS:  # text of many lengths: the oldest layout goes
+            _pending.get(model, {}).pop(next(iter(per_model)), None)
             del per_model[next(iter(per_model))]
         largest = max((math.prod(shape) for calls in one.values() for _, outs in calls for shape in outs
                        if shape is not None), default=0)
         per_model[key] = layouts, largest
+        if deferred:
+            _pending.setdefault(model, {})[key] = _Pending(_reference(inputs), rows, probe, n, runs, prints, projections)
+            if _broadcast_candidates(modules, layouts, many):  # they need the examples' own logits
+                run_logits.append(_finish(model, key, modules))
+                runs.append([tuple(range(n))])
+        elif reorders:
+            _mark_unreversed(modules, layouts, runs, prints, n)
+        _mark_broadcast(model, probe, _identity_logits(runs, run_logits, n), modules, layouts, many)
+    else:
+        pending = _pending.get(model, {}).get(key)
+        if pending is not None and (not deferred or pending.inputs() is not inputs):
+            _finish(model, key, modules)  # a check left to a pass that will not come
     return per_model[key][0]
+
+
+def _rows_agree_across_batches(inputs) -> bool:
+    """Whether an example's rows in a pass of B examples may stand for its rows in a probe of
+    fewer: float32 or float64 arithmetic, which another batch size changes by rounding only
+    (about 1e-7, inside the check's rtol 1e-4). Autocast and TF32 (alcli's CUDA sessions turn it
+    on, with cuDNN's kernels picked per shape) change them by about 1e-3, as half-precision
+    parameters do (the caller's `deferred` says there are none): there the examples as they are
+    stay a probe forward, as the other orders are."""
+    device = tensors(inputs)[0].device
+    if device.type not in ("cpu", "cuda") or torch.is_autocast_enabled(device.type):
+        return False
+    return torch.get_float32_matmul_precision() == "highest" and not (
+        device.type == "cuda" and torch.backends.cudnn.allow_tf32)
+
+
+@dataclass
+class _Pending:
+    """A reordering check waiting for the examples as they are: the batch they are rows `rows` of
+    (a reference: ghost's pass of these very inputs gives them, `checked_in_pass`), the probe
+    holding them, its n, and the other orders' runs and fingerprints."""
+    inputs: object = None
+    rows: torch.Tensor = None
+    probe: object = None
+    n: int = 0
+    runs: list = None
+    prints: list = None
+    projections: dict = None
+
+
+_pending: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> {layout key: _Pending}
+
+
+def _reference(inputs):
+    """() -> `inputs` while they live: a weak reference where they take one (a tensor)."""
+    try:
+        return weakref.ref(inputs)
+    except TypeError:  # a dict or tuple of tensors: held until the check finishes
+        return lambda: inputs
+
+
+def _finish(model, key, modules):
+    """Run the pending check's examples as they are in a probe forward of their own and finish
+    the check; -> that forward's logits, as _logits_print (None when nothing was pending)."""
+    pending = _pending.get(model, {}).get(key)
+    if pending is None:
+        return None
+    logits: list = []
+    layouts = _cache[model][key][0]
+    prints = _record(model, pending.probe, modules,
+                     _reordered_call(layouts, _fingerprinter(pending.n, pending.projections)), logits)
+    _mark_unreversed(modules, layouts, [*pending.runs, [tuple(range(pending.n))]], [*pending.prints, prints], pending.n)
+    del _pending[model][key]
+    return logits[0]
+
+
+@contextmanager
+def checked_in_pass(model, inputs, modules: dict):
+    """Around the first forward of `inputs` after `call_layouts(..., deferred=True)`: that
+    forward's rows of the probe's examples serve as the examples as they are, and the reordering
+    check finishes when it returns (not when it raises: the check then waits for the next pass).
+    A forward whose calls do not match the probe's in number is left to the pass to refuse."""
+    pending = _pending.get(model)
+    key = _layout_key(inputs, modules) if pending else None
+    pending = pending.get(key) if pending else None
+    if pending is None or pending.inputs() is not inputs:
+        yield
+        return
+    layouts = _cache[model][key][0]
+    seen: dict[str, list] = {name: [] for name in modules}
+    record = _reordered_call(layouts, _fingerprinter(pending.n, pending.projections,
+                                                     (batch_size(inputs), pending.rows)))
+
+    def prints(name, args, kwargs, output):
+        seen[name].append(record(name, len(seen[name]), _leaves((args, kwargs)), _leaves(output)))
+
+    with _each_call(modules, prints):
+        yield
+    if all(len(seen[name]) == len(layouts[name]) for name in modules):
+        _mark_unreversed(modules, layouts, [*pending.runs, [tuple(range(pending.n))]],
+                         [*pending.prints, seen], pending.n)
+        del _pending[model][key]
 
 
 def largest_output(model, inputs, modules: dict) -> int:
@@ -131,7 +238,7 @@ CACHED_LAYOUTS = 64  # per model: example shapes (text lengths, image sizes) who
 
 def first_example_uses(model, inputs, modules: dict, covered: dict) -> dict[int, str | None] | None:
     """The parameters the first example's forward uses outside their covering modules
-    (`covered`: plan.covering_modules; see uses.outside_use_watch), from the same forward that
+    (`covered`: plan.covering_modules; see uses.outside_uses), from the same forward that
     gives call_layouts its one-example shapes for `modules` (kept for its next call); None when
     that forward fails (call_layouts meets it again and says why)."""
     try:
@@ -163,13 +270,13 @@ def _one_example(model, inputs, modules: dict, covered: dict | None = None) -> t
 
 
 def _watched_forward(model, inputs, modules, covered, stack):
-    """The first example's forward under the watches, `stack` telling which modules run."""
-    with _DataDependentShapes(stack) as watch:
-        uses, found = outside_use_watch(covered, stack.names) if covered is not None else (nullcontext(), {})
-        with uses:
-            one = _record(model, batch_slice(inputs, 0, 1), modules,
-                          lambda name, i, ins, outs: (_shapes(ins), _shapes(outs)),
-                          running=stack.names if isinstance(stack, _HookedNames) else None)
+    """The first example's forward under the watches (one dispatch mode for both), `stack`
+    telling which modules run."""
+    uses, found = outside_uses(covered, stack.names) if covered is not None else (None, {})
+    with _DataDependentShapes(stack, uses) as watch:
+        one = _record(model, batch_slice(inputs, 0, 1), modules,
+                      lambda name, i, ins, outs: (_shapes(ins), _shapes(outs)),
+                      running=stack.names if isinstance(stack, _HookedNames) else None)
     return one, watch, found
 
 
@@ -185,11 +292,14 @@ class _HookedNames:
 
 
 class _DataDependentShapes(TorchDispatchMode):
-    """Notes the first op whose output shape depends on tensor values, or that sorts the examples."""
+    """Notes the first op whose output shape depends on tensor values, or that sorts the examples;
+    with `uses` (uses.outside_uses), also every tensor an op takes (the use watch, at the level of
+    aten ops: a parameter reaches them as itself, and metadata such as its shape never does)."""
 
-    def __init__(self, stack):
+    def __init__(self, stack, uses=None):
         super().__init__()
         self.stack = stack
+        self.uses = uses
         self.op = self.where = self.what = None
 
     @classmethod
@@ -208,6 +318,10 @@ class _DataDependentShapes(TorchDispatchMode):
                 self.what = "orders the examples by their values"
             if self.what is not None:
                 self.op, self.where = str(func.overloadpacket.__name__), self.stack.where()
+        if self.uses is not None:
+            self.uses(args)
+            if kwargs:
+                self.uses(tuple(kwargs.values()))
         return func(*args, **(kwargs or {}))
 
 
@@ -241,16 +355,16 @@ REORDER_EXAMPLES = 3  # the reordering probes' examples (all of a smaller batch)
 
 def _orders(n: int) -> list[tuple]:
     """The probe's n examples rotated by one and with their first two swapped (one order for
-    n = 2), then as they are: a rotation and a swap generate every reordering. The reorderings
-    come first, so a model that needs its examples in the batch's order (pack_padded_sequence
-    with enforce_sorted=True) fails on them."""
+    n = 2), then as they are (left to ghost's pass where call_layouts may defer it): a rotation
+    and a swap generate every reordering. The reorderings come first, so a model that needs its
+    examples in the batch's order (pack_padded_sequence with enforce_sorted=True) fails on them."""
     moved = dict.fromkeys([tuple(torch.arange(n).roll(1).tolist()), (1, 0, *range(2, n))])
     return [*moved, tuple(range(n))]
 
 
 def _runs(orders: list, n: int, batch: int) -> list[list[tuple]]:
     """The orders grouped into forwards: a forward takes the probe in several orders one after
-    the other ([3n, ...] for three), as many as keep it within the batch's rows: a device with
+    the other ([2n, ...] for two), as many as keep it within the batch's rows: a device with
     room for the batch and no more (the out-of-memory split's micro-batches) runs the probes."""
     per_run = max(1, min(len(orders), batch // n))
     return [orders[i:i + per_run] for i in range(0, len(orders), per_run)]
@@ -289,7 +403,7 @@ def _mark_unreversed(modules, layouts, runs, prints, n: int):
     row) along the dims that may hold the batch, so the check holds a few numbers per tensor,
     not the activations."""
     moves = _Moves.of(runs, n)
-    checks = []  # (dims or blocks, leaf index, MERGED or None, (expected, got) fingerprints or None)
+    checks = []  # (dims or blocks, leaf index, MERGED or None, (d, k), per run: {dim: fingerprint})
     for name in modules:
         for run in prints[1:]:
             if len(run[name]) != len(prints[0][name]):
@@ -299,15 +413,41 @@ def _mark_unreversed(modules, layouts, runs, prints, n: int):
             for side, dims, blocks in ((0, layout.in_dims, layout.in_blocks), (1, layout.out_dims, layout.out_blocks)):
                 leaves = [run[name][i][side] for run in prints]  # per run: per leaf {dim: fingerprint}
                 for j, d in enumerate(dims):
+                    if (d is None or d == MERGED) and blocks[j] is None:
+                        continue  # no dim that may hold the batch
                     per_run = [None if run is None else run[j] for run in leaves]
                     if d is not None and d != MERGED:
-                        checks.append((dims, j, MERGED, _moved_rows((d, 1), moves, per_run)))
+                        checks.append((dims, j, MERGED, (d, 1), per_run))
                     if blocks[j] is not None:
-                        checks.append((blocks, j, None, _moved_rows(blocks[j], moves, per_run)))
-    same = _same_each([pair for *_, pair in checks if pair is not None])
-    for where, j, failed, pair in checks:
-        if pair is None or not next(same):
+                        checks.append((blocks, j, None, blocks[j], per_run))
+    follow = _rows_follow([(block, per_run) for *_, block, per_run in checks], moves)
+    for (where, j, failed, _, _), ok in zip(checks, follow):
+        if not ok:
             where[j] = failed
+
+
+def _rows_follow(checks: list, moves) -> list[bool]:
+    """Per (block, prints) of a leaf (see _moved_rows): do its rows move as the runs moved the
+    examples? A tensor several calls see holds one fingerprint per run, checked once; plain
+    batch dims on one device are checked all at once (a few ops for the lot)."""
+    unique: dict = {}  # (k, the runs' fingerprints' ids) -> the runs' fingerprints
+    keys = []
+    for (d, k), prints in checks:
+        found = [None if run is None else run.get(d) for run in prints]
+        if any(f is None for f in found) or [f.shape[0] for f in found] != [rows * k for rows in moves.rows]:
+            keys.append(None)  # a run without the dim: not the examples' own rows
+            continue
+        keys.append((k, *map(id, found)))
+        unique.setdefault(keys[-1], found)
+    plain = [key for key, found in unique.items() if key[0] == 1 and found[0].device == moves.index.device]
+    others = list(unique.keys() - set(plain))
+    pairs = [_moved_rows((0, key[0]), moves, [{0: f} for f in unique[key]]) for key in others]
+    if plain:
+        got = torch.cat([torch.stack([unique[key][r] for key in plain]) for r in range(len(moves.rows))], 1)
+        expected = got[:, moves.own:moves.own + moves.n][:, moves.index]  # [checks, all rows]
+        pairs += list(zip(expected.unbind(0), got.unbind(0)))
+    same = dict(zip(others + plain, _same_each(pairs)))
+    return [key is not None and same[key] for key in keys]
 
 
 def _same_each(pairs: list):
@@ -377,13 +517,22 @@ class _Moves:
 def _probe_call(one: dict, n: int, prints):
     """The probe's record of a call: (its shapes, its Layout against the one example's call,
     its fingerprints along the dims that Layout may hold the batch in)."""
+    known: dict = {}  # (one example's shapes, the probe's) -> (dims, blocks): calls repeat shapes
+
+    def batch_dims(a: list, b: list) -> tuple[list, list]:
+        key = (tuple(a), tuple(b))
+        if key not in known:
+            known[key] = _dims(a, b, n), _blocks(a, b, n)
+        dims, blocks = known[key]
+        return list(dims), list(blocks)  # each Layout's own lists (the reordering check marks them)
+
     def record(name, i, ins, outs):
         shapes = (_shapes(ins), _shapes(outs))
         if i >= len(one[name]):  # called more often than for one example: refused after the run
             return shapes, None, None
         (a_in, a_out), (b_in, b_out) = one[name][i], shapes
-        layout = Layout(_dims(a_in, b_in, n), _dims(a_out, b_out, n),
-                        in_blocks=_blocks(a_in, b_in, n), out_blocks=_blocks(a_out, b_out, n))
+        (in_dims, in_blocks), (out_dims, out_blocks) = batch_dims(a_in, b_in), batch_dims(a_out, b_out)
+        layout = Layout(in_dims, out_dims, in_blocks=in_blocks, out_blocks=out_blocks)
         return shapes, layout, prints(layout, ins, outs)
     return record
 
@@ -398,34 +547,57 @@ def _reordered_call(layouts: dict, prints):
     return record
 
 
-def _fingerprinter(n: int, projections: dict):
+def _fingerprinter(n: int, projections: dict, select: tuple | None = None):
     """One run's (Layout, input leaves, output leaves) of a call -> (input prints, output prints):
     per leaf {dim: fingerprint of the rows along it} for the dims the Layout may hold the batch
     in (a batch dim of size n, or the outer factor of n blocks), None for a leaf with none. A
     tensor several calls see is fingerprinted once; none is kept alive for it (a weak reference
-    tells it is still the same tensor)."""
+    tells it is still the same tensor). `select` = (B, rows): the run is a batch of B examples
+    of which the n at `rows` are fingerprinted (a dim of size B, or of B blocks of k rows)."""
     done: dict = {}  # (id of a tensor, dim) -> (weak reference to it, fingerprint)
+    if select is not None and select[1].tolist() == list(range(n)):
+        select = (select[0], None)  # the common case: the batch's first n examples
 
     def prints(leaves, dims, blocks) -> list:
         out = []
         for leaf, d, block in zip(leaves, dims, blocks):
-            wanted = [x for x in (d, block[0] if block else None) if x is not None and x != MERGED]
+            wanted = ((d, 1),) if d is not None and d != MERGED else ()
+            if block is not None:
+                wanted += (block,)
             if leaf is None or not wanted:
                 out.append(None)
                 continue
             found = {}
-            for x in wanted:
+            for x, k in wanted:
                 hit = done.get((id(leaf), x))
                 if hit is None or hit[0]() is not leaf:
-                    if not (x < leaf.dim() and leaf.shape[x] and leaf.shape[x] % n == 0):
+                    rows = _rows(leaf, x, k, n, select)
+                    if rows is None:
                         continue
-                    hit = done[id(leaf), x] = (weakref.ref(leaf), _fingerprint(leaf, x, projections))
+                    hit = done[id(leaf), x] = (weakref.ref(leaf), _fingerprint(rows, x, projections))
                 found[x] = hit[1]
             out.append(found)
         return out
 
     return lambda layout, ins, outs: (prints(ins, layout.in_dims, layout.in_blocks),
                                       prints(outs, layout.out_dims, layout.out_blocks))
+
+
+def _rows(leaf, d: int, k: int, n: int, select):
+    """`leaf` if its dim d holds n examples (n * k rows), or with `select` = (B, rows) the rows of
+    the examples `rows` out of B (blocks of k; rows None: the first n); None where dim d is not
+    that size."""
+    if d >= leaf.dim():
+        return None
+    if select is None:
+        return leaf if leaf.shape[d] and leaf.shape[d] % n == 0 else None
+    batch, rows = select
+    if leaf.shape[d] != batch * k:
+        return None
+    if rows is None:
+        return leaf.narrow(d, 0, n * k)  # the batch's first n examples
+    index = (rows.to(leaf.device)[:, None] * k + torch.arange(k, device=leaf.device)).reshape(-1)
+    return leaf.index_select(d, index)
 
 
 def _mark_broadcast(model, probe, plain, modules, layouts, shapes):
@@ -436,10 +608,7 @@ def _mark_broadcast(model, probe, plain, modules, layouts, shapes):
     changing one row (by random signs) changes that example's output, and every other example's
     output is exactly the same whichever other row is changed. Outputs are compared through each
     example's fingerprint, so no run's logits are kept ([n, T, V] each for a language model)."""
-    candidates = {(name, i) for name in modules for i, (layout, (ins, out)) in
-                  enumerate(zip(layouts[name], shapes[name]))
-                  if layout.in_dims[:1] == [None] and layout.out_dims == [None]
-                  and ins and ins[0] and ins[0][0] == 1 and out[0] and out[0][0] == 1}
+    candidates = _broadcast_candidates(modules, layouts, shapes)
     if not candidates:
         return
     rows = batch_size(probe)
@@ -460,6 +629,15 @@ def _mark_broadcast(model, probe, plain, modules, layouts, shapes):
             return
     for name, i in calls:
         layouts[name][i].broadcast = True
+
+
+def _broadcast_candidates(modules, layouts, shapes) -> set:
+    """(name, call index) of the calls whose first input and only output are shared by all
+    examples with a leading 1 (`shapes`: the probe's, per call)."""
+    return {(name, i) for name in modules for i, (layout, (ins, out)) in
+            enumerate(zip(layouts[name], shapes[name]))
+            if layout.in_dims[:1] == [None] and layout.out_dims == [None]
+            and ins and ins[0] and ins[0][0] == 1 and out[0] and out[0][0] == 1}
 
 
 def _expanded_logits(model, probe, modules, candidates, row):
@@ -510,7 +688,8 @@ def _fingerprint(x: torch.Tensor, d: int, projections: dict | None = None) -> to
     not (they would hold megabytes, and the projection itself costs as much), and long rows go
     PRINT_BLOCK columns at a time, so neither their weights nor a float64 copy of them is ever
     whole (a language model's logits: [n, T * V], hundreds of millions of columns)."""
-    rows = x.detach().movedim(d, 0).reshape(x.shape[d], -1)
+    x = x.detach()
+    rows = (x.movedim(d, 0) if d else x).reshape(x.shape[d], -1)
     width = rows.shape[1]
     if width > KEPT_PROJECTION:
         total = torch.zeros(rows.shape[0], dtype=torch.float64, device=rows.device)
@@ -556,26 +735,13 @@ def _record(model, inputs, modules, what, logits: list | None = None, running: l
     that (pack_padded_sequence with enforce_sorted=True) is refused, naming where it failed.
     `running`, if given, holds the names of the hooked modules running, outermost first."""
     seen: dict[str, list] = {name: [] for name in modules}
-    handles = []
 
-    def leaves(tree) -> list:
-        return [leaf if isinstance(leaf, torch.Tensor) else None for leaf in _flat(tree)]
+    def record(name, args, kwargs, output):
+        if running is not None:
+            running.pop()
+        seen[name].append(what(name, len(seen[name]), _leaves((args, kwargs)), _leaves(output)))
 
-    def hook(name):
-        def record(module, args, kwargs, output):
-            if running is not None:
-                running.pop()
-            seen[name].append(what(name, len(seen[name]), leaves((args, kwargs)), leaves(output)))
-        return record
-
-    def push(name):
-        return lambda module, args: running.append(name)
-
-    try:
-        for name, module in modules.items():
-            if running is not None:
-                handles.append(module.register_forward_pre_hook(push(name)))
-            handles.append(module.register_forward_hook(hook(name), with_kwargs=True))
+    with _each_call(modules, record, running.append if running is not None else None):
         try:
             try:
                 output = _forward(model, inputs)
@@ -591,13 +757,48 @@ def _record(model, inputs, modules, what, logits: list | None = None, running: l
             raise UnsupportedModel(f"{_where_it_fails(model, inputs)} fails on part of the batch or the "
                                    f"batch in another order, which finding the batch dims needs "
                                    f"({first_line(err)})") from err
-    finally:
-        for handle in handles:
-            handle.remove()
     if logits is not None:
         found = _logits_or_none(output)
         logits.append(_logits_print(found) if found is not None else None)
     return seen
+
+
+@contextmanager
+def _each_call(modules: dict, after, before=None):
+    """`after(name, args, kwargs, output)` after each call of each of `modules` (and `before(name)`
+    before it), by a wrapper of the module's forward, as ghost taps it (no hook machinery in
+    Module.__call__); a forward already an attribute of the module (ghost's own wrapper, in its
+    pass) is wrapped and put back after. A TorchScript module takes hooks instead."""
+    handles, patched = [], []
+    try:
+        for name, module in modules.items():
+            if isinstance(module, torch.jit.ScriptModule):
+                if before is not None:
+                    handles.append(module.register_forward_pre_hook(lambda m, a, name=name: before(name)))
+                handles.append(module.register_forward_hook(
+                    lambda m, a, k, out, name=name: after(name, a, k, out), with_kwargs=True))
+                continue
+            patched.append((module, module.__dict__.get("forward")))
+            module.__dict__["forward"] = _wrapped(module.forward, name, after, before)
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+        for module, own in patched:
+            if own is None:
+                del module.__dict__["forward"]
+            else:
+                module.__dict__["forward"] = own
+
+
+def _wrapped(forward, name, after, before):
+    def call(*args, **kwargs):
+        if before is not None:
+            before(name)
+        output = forward(*args, **kwargs)
+        after(name, args, kwargs, output)
+        return output
+    return call
 
 
 class _SavedTensorsDropped(RuntimeError):
@@ -620,6 +821,11 @@ def _forward(model, inputs):
     _SavedTensorsDropped when the forward itself differentiates."""
     with torch.autograd.graph.saved_tensors_hooks(_dropped, _unpack_dropped):
         return call_model(model, inputs)
+
+
+def _leaves(tree) -> list:
+    """The leaves of `tree` (a call's (args, kwargs), or its output): a tensor or None each."""
+    return [leaf if isinstance(leaf, torch.Tensor) else None for leaf in _flat(tree)]
 
 
 def _flat(tree) -> list:

@@ -7,6 +7,8 @@ missed, so the first forward of a model runs under this watch and such a use is 
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch.overrides import TorchFunctionMode
 
@@ -61,12 +63,14 @@ def _shallow_tensors(args, kwargs):
             yield from (v for v in value if isinstance(v, torch.Tensor))
 
 
-def outside_use_watch(covered: dict, names: list) -> tuple[UseWatch, dict[int, str | None]]:
-    """A UseWatch that records, in the dict it returns, every parameter used with none of its
-    covering modules running (`names`: a ModuleStack's running modules): parameter id -> name
-    of the module whose own forward uses it, the innermost running module that is an ancestor
-    of all its covering modules (never the root), or None for a use in the root or in two such
-    modules. After a forward under it, {} means there is no outside use."""
+def outside_uses(covered: dict, names: list) -> tuple[Callable, dict[int, str | None]]:
+    """(note, found): note(args) records, in `found`, every parameter among `args` (an op's
+    arguments, lists of tensors included) used with none of its covering modules running
+    (`names`: the running modules): parameter id -> name of the module whose own forward uses it,
+    the innermost running module that is an ancestor of all its covering modules (never the
+    root), or None for a use in the root or in two such modules. The first example's forward
+    calls it for every aten op (layout._DataDependentShapes); after it, {} means there is no
+    outside use."""
     found: dict[int, str | None] = {}
 
     def record(pid, entry):
@@ -74,7 +78,16 @@ def outside_use_watch(covered: dict, names: list) -> tuple[UseWatch, dict[int, s
         user = owners[-1] if owners else None
         found[pid] = user if found.get(pid, user) == user else None
 
-    return UseWatch(covered, names, record), found
+    def note(args):
+        for arg in args:
+            entry = covered.get(id(arg))
+            if entry is not None:
+                if not entry[1].intersection(names):
+                    record(id(arg), entry)
+            elif isinstance(arg, (list, tuple)):  # torch.cat's tensors
+                note(arg)
+
+    return note, found
 
 
 class ModuleStack:
