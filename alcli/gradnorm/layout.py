@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 import weakref
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -128,8 +128,8 @@ def call_layouts(model, inputs: torch.Tensor, modules: dict, deferred: bool = Fa
         elif reorders:
             _mark_unreversed(modules, layouts, runs, prints, n)
         _mark_broadcast(model, probe, _identity_logits(runs, run_logits, n), modules, layouts, many)
-    else:
-        pending = _pending.get(model, {}).get(key)
+    elif _pending.get(model):
+        pending = _pending[model].get(key)
         if pending is not None and (not deferred or pending.inputs() is not inputs):
             _finish(model, key, modules)  # a check left to a pass that will not come
     return per_model[key][0]
@@ -189,12 +189,19 @@ def _finish(model, key, modules):
     return logits[0]
 
 
-@contextmanager
 def checked_in_pass(model, inputs, modules: dict):
     """Around the first forward of `inputs` after `call_layouts(..., deferred=True)`: that
     forward's rows of the probe's examples serve as the examples as they are, and the reordering
     check finishes when it returns (not when it raises: the check then waits for the next pass).
-    A forward whose calls do not match the probe's in number is left to the pass to refuse."""
+    A forward whose calls do not match the probe's in number is left to the pass to refuse.
+    A steady call, with no check waiting, gets a context that does nothing."""
+    if not _pending.get(model):
+        return nullcontext()
+    return _checking_in_pass(model, inputs, modules)
+
+
+@contextmanager
+def _checking_in_pass(model, inputs, modules: dict):
     pending = _pending.get(model)
     key = _layout_key(inputs, modules) if pending else None
     pending = pending.get(key) if pending else None
