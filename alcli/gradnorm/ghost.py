@@ -375,9 +375,13 @@ def _no_autocast(device):
     return contextlib.nullcontext()
 
 
-def _new_call(name: str, receiver: list, args, kwargs) -> _Call:
-    call = _Call(name, receiver, tuple(args), dict(kwargs))
-    leaves = args if not kwargs and all(isinstance(a, torch.Tensor) for a in args) else tree_flatten((args, kwargs))[0]
+def _new_call(name: str, receiver: list, args: tuple, kwargs: dict) -> _Call:
+    """`args` and `kwargs` as the call got them (its own tuple and dict: kept, not copied)."""
+    call = _Call(name, receiver, args, kwargs)
+    if not kwargs and len(args) == 1 and isinstance(args[0], torch.Tensor):  # the common call
+        call.versions = [(args[0], args[0]._version)]
+        return call
+    leaves = tree_flatten((args, kwargs))[0]
     call.versions = [(t, t._version) for t in leaves if isinstance(t, torch.Tensor)]
     return call
 
@@ -417,7 +421,7 @@ def _tap(call: _Call, tensor: torch.Tensor, in_place: bool = False) -> torch.Ten
     tap._backward_hooks = {0: functools.partial(_arrived, call.receiver, weakref.ref(call), len(call.taps))}
     call.taps.append(tap)
     call.tapped.append(True)
-    if in_place and tensor.grad_fn is not None and tensor._base is None:
+    if in_place and not tensor.is_leaf and tensor._base is None:  # is_leaf: no grad_fn object made
         return tensor.add_(tap)
     return tensor + tap
 
