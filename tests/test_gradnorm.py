@@ -313,6 +313,30 @@ def test_taps_in_place_only_where_the_backward_never_reads_the_output():
                                rtol=1e-10, atol=0)
 
 
+class InputChangedAfterUse(nn.Module):
+    """`lin` runs on h, then h is changed in place: the input the rule would read is no longer
+    the one the layer saw (the backward to the taps never reaches lin's own saved input, so
+    autograd would not notice)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin, self.head = nn.Linear(4, 4), nn.Linear(4, 3)
+
+    def forward(self, x):
+        h = x * 1.0
+        y = self.lin(h)
+        h.mul_(3.0)
+        return self.head(y + h)
+
+
+def test_an_input_changed_in_place_after_its_layer_ran_is_refused_not_misread():
+    model = InputChangedAfterUse().double()
+    x, y = torch.randn(5, 4, dtype=torch.float64), torch.tensor([0, 1, 2, 0, 1])
+    for _ in range(2):  # the first call and a steady one
+        with pytest.raises(UnsupportedModel, match="modified in place after the module ran"):
+            per_example_grad_norms(model, x, y, method="ghost")
+
+
 # --------------------------------------------------------------------------------- batch edges
 @pytest.mark.parametrize("method", METHODS)
 def test_batch_of_one(method):
