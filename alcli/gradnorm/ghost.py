@@ -27,6 +27,7 @@ from ..errors import first_line
 from . import outer
 from .compiled import compile_once
 from .errors import UnsupportedModel
+from .forwards import each_call
 from .layout import MERGED, call_layouts, check_batch, checked_in_pass, largest_output
 from .loss import cross_entropy, cross_entropy_cotangents
 from .model_io import batch_size, forward_logits, tensors
@@ -104,28 +105,10 @@ def ghost_norms(model, inputs, targets_for, selection: ParamSelection, loss_fn, 
                                        "cannot carry the taps") from err
         return tapped
 
-    def tapping_forward(name, module):
-        """The module's own forward with its outputs tapped: what a forward hook would do, without
-        the hook machinery of Module.__call__ (about 10 us per module and call on a CPU)."""
-        own, tapped = module.forward, tapper(name)
-
-        def forward(*args, **kwargs):
-            if verify:
-                stack.append(name)
-                output = own(*args, **kwargs)
-                stack.pop()
-                return tapped(args, kwargs, output)
-            return tapped(args, kwargs, own(*args, **kwargs))
-        return forward
-
-    def post_hook(name):  # a module whose forward is an attribute of its own: tapped by a hook
-        tapped = tapper(name)
-
-        def hook(module, args, kwargs, output):
-            if verify:
-                stack.pop()
-            return tapped(args, kwargs, output)
-        return hook
+    def tapped_after(name, args, kwargs, output):  # each_call's `after`: the output, tapped
+        if verify:
+            stack.pop()
+        return tappers[name](args, kwargs, output)
 
     def popped(module, args, kwargs, output):
         stack.pop()
@@ -149,25 +132,21 @@ def ghost_norms(model, inputs, targets_for, selection: ParamSelection, loss_fn, 
 
     layouts = call_layouts(model, inputs, plan.modules, pass_may_check(selection))  # checked_in_pass finishes them
     verify = not selection.plans.get("uses checked")
+    tappers = {name: tapper(name) for name in plan.modules if plan.rules[name].capture is None}
     patched = []
     try:
         for name, module in plan.modules.items():
-            own_forward = "forward" in module.__dict__ or isinstance(module, torch.jit.ScriptModule)
-            if plan.rules[name].capture is None and not own_forward:
-                module.__dict__["forward"] = tapping_forward(name, module)
-                patched.append(module)
-                continue
-            if verify:
-                handles.append(module.register_forward_pre_hook(pre_hook(name), with_kwargs=True))
-            if plan.rules[name].capture is None:
-                handles.append(module.register_forward_hook(post_hook(name), with_kwargs=True))
+            if name in tappers:
                 continue
             if verify:  # its capturing forward records the call
+                handles.append(module.register_forward_pre_hook(pre_hook(name), with_kwargs=True))
                 handles.append(module.register_forward_hook(popped, with_kwargs=True))
             if "forward" not in module.__dict__:
                 module.forward = capturing_forward(name, module)
                 patched.append(module)
-        with _attention_for(model, batch * largest_output(model, inputs, plan.modules), tensors(inputs)[0].device), \
+        with each_call({name: plan.modules[name] for name in tappers}, tapped_after,
+                       stack.append if verify else None), \
+                _attention_for(model, batch * largest_output(model, inputs, plan.modules), tensors(inputs)[0].device), \
                 checked_in_pass(model, inputs, plan.modules):
             if verify:
                 with UseWatch(covering_modules(plan), stack):

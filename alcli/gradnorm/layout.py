@@ -50,6 +50,7 @@ from .model_io import (
     map_batch,
     tensors,
 )
+from .forwards import each_call
 from .uses import ModuleStack, outside_uses
 
 MERGED = -1
@@ -202,9 +203,8 @@ def checked_in_pass(model, inputs, modules: dict):
 
 @contextmanager
 def _checking_in_pass(model, inputs, modules: dict):
-    pending = _pending.get(model)
-    key = _layout_key(inputs, modules) if pending else None
-    pending = pending.get(key) if pending else None
+    key = _layout_key(inputs, modules)
+    pending = _pending[model].get(key)  # checked_in_pass found the model's checks
     if pending is None or pending.inputs() is not inputs:
         yield
         return
@@ -216,7 +216,7 @@ def _checking_in_pass(model, inputs, modules: dict):
     def prints(name, args, kwargs, output):
         seen[name].append(record(name, len(seen[name]), _leaves((args, kwargs)), _leaves(output)))
 
-    with _each_call(modules, prints):
+    with each_call(modules, prints):
         yield
     if all(len(seen[name]) == len(layouts[name]) for name in modules):
         _mark_unreversed(modules, layouts, [*pending.runs, [tuple(range(pending.n))]],
@@ -748,7 +748,7 @@ def _record(model, inputs, modules, what, logits: list | None = None, running: l
             running.pop()
         seen[name].append(what(name, len(seen[name]), _leaves((args, kwargs)), _leaves(output)))
 
-    with _each_call(modules, record, running.append if running is not None else None):
+    with each_call(modules, record, running.append if running is not None else None):
         try:
             try:
                 output = _forward(model, inputs)
@@ -768,44 +768,6 @@ def _record(model, inputs, modules, what, logits: list | None = None, running: l
         found = _logits_or_none(output)
         logits.append(_logits_print(found) if found is not None else None)
     return seen
-
-
-@contextmanager
-def _each_call(modules: dict, after, before=None):
-    """`after(name, args, kwargs, output)` after each call of each of `modules` (and `before(name)`
-    before it), by a wrapper of the module's forward, as ghost taps it (no hook machinery in
-    Module.__call__); a forward already an attribute of the module (ghost's own wrapper, in its
-    pass) is wrapped and put back after. A TorchScript module takes hooks instead."""
-    handles, patched = [], []
-    try:
-        for name, module in modules.items():
-            if isinstance(module, torch.jit.ScriptModule):
-                if before is not None:
-                    handles.append(module.register_forward_pre_hook(lambda m, a, name=name: before(name)))
-                handles.append(module.register_forward_hook(
-                    lambda m, a, k, out, name=name: after(name, a, k, out), with_kwargs=True))
-                continue
-            patched.append((module, module.__dict__.get("forward")))
-            module.__dict__["forward"] = _wrapped(module.forward, name, after, before)
-        yield
-    finally:
-        for handle in handles:
-            handle.remove()
-        for module, own in patched:
-            if own is None:
-                del module.__dict__["forward"]
-            else:
-                module.__dict__["forward"] = own
-
-
-def _wrapped(forward, name, after, before):
-    def call(*args, **kwargs):
-        if before is not None:
-            before(name)
-        output = forward(*args, **kwargs)
-        after(name, args, kwargs, output)
-        return output
-    return call
 
 
 class _SavedTensorsDropped(RuntimeError):
